@@ -1,0 +1,149 @@
+"""The library entry points the CLI and notebooks share: open sources, get frames and a report."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import cached_property
+from pathlib import Path
+
+import polars as pl
+
+from analyzer import __version__
+from analyzer.detect import detect
+from analyzer.errors import AuditInputError
+from analyzer.evidence import Evidence, combine
+from analyzer.report.schema import (
+    Finding,
+    InputRecord,
+    LimitationRecord,
+    Report,
+    RunVerdict,
+    Summary,
+)
+from analyzer.sources import load_path
+from analyzer.timeline import deployments, submissions
+
+DEFAULT_SERVER = "default"
+
+
+@dataclass
+class Audit:
+    """An opened set of sources: canonical frames, timelines, verdicts and the report."""
+
+    evidence: Evidence
+    project: str | None = None
+    run: str | None = None
+    _verdicts: list[RunVerdict] = field(default_factory=list, init=False)
+
+    @cached_property
+    def runs(self) -> pl.DataFrame:
+        runs = self.evidence.runs
+        if self.project:
+            runs = runs.filter(pl.col("project") == self.project)
+        if self.run:
+            runs = runs.filter(
+                (pl.col("run_name") == self.run) | pl.col("run_id").str.starts_with(self.run.lower())
+            )
+        return runs
+
+    @cached_property
+    def submissions(self) -> pl.DataFrame:
+        subs = submissions(self.evidence)
+        return subs.join(self.runs.select("server", "run_id"), on=["server", "run_id"], how="semi")
+
+    @cached_property
+    def deployments(self) -> pl.DataFrame:
+        deps = deployments(self.evidence, self.submissions)
+        return deps.join(self.runs.select("server", "run_id"), on=["server", "run_id"], how="semi")
+
+    @cached_property
+    def events(self) -> pl.DataFrame:
+        return self.evidence.events.join(
+            self.runs.select("server", "run_id"), on=["server", "run_id"], how="semi"
+        )
+
+    @cached_property
+    def _detected(self) -> tuple[list[RunVerdict], list[Finding]]:
+        return detect(self.runs, self.submissions, self.events)
+
+    @property
+    def verdicts(self) -> list[RunVerdict]:
+        return self._detected[0]
+
+    @property
+    def findings(self) -> list[Finding]:
+        return self._detected[1]
+
+    @cached_property
+    def report(self) -> Report:
+        verdicts, findings = self._detected
+        limitations = [
+            LimitationRecord(code=lim.code, message=lim.message, source=lim.source)
+            for lim in self.evidence.limitations
+        ]
+        if not self.evidence.runs.height and not self.evidence.events.height:
+            limitations.append(
+                LimitationRecord(
+                    code="no_run_evidence",
+                    message="the inputs hold no run or job records: the audit cannot decide "
+                    "whether any incident happened",
+                    source="audit",
+                )
+            )
+        return Report(
+            generated_by=f"dstack-audit {__version__}",
+            inputs=[_input_record(i) for i in self.evidence.inputs],
+            limitations=limitations,
+            summary=Summary(
+                runs=len(verdicts),
+                findings=len(findings),
+                victims=sum(len(f.victims) for f in findings),
+                by_verdict=dict(Counter(v.verdict for v in verdicts)),
+            ),
+            runs=sorted(verdicts, key=lambda v: (v.server, v.project or "", v.run_name, v.run_id)),
+            findings=sorted(findings, key=lambda f: (f.server, f.project or "", f.run_name)),
+        )
+
+
+def _input_record(info) -> InputRecord:
+    return InputRecord(
+        path=info.path,
+        kind=info.kind,
+        sha256=info.sha256,
+        size=info.size,
+        mtime=datetime.fromtimestamp(info.mtime, UTC) if info.mtime is not None else None,
+        records=info.records,
+        unparsed=info.unparsed,
+        server_version=info.server_version,
+        notes=info.notes,
+    )
+
+
+def open_sources(
+    paths: Iterable[str | Path],
+    *,
+    project: str | None = None,
+    run: str | None = None,
+    server: str = DEFAULT_SERVER,
+) -> Audit:
+    """Read every input (read-only) and combine them into one audit.
+
+    >>> audit = open_sources(["samples/v0.22.5/seed"])  # doctest: +SKIP
+    >>> audit.report.findings[0].victims[0].job_name  # doctest: +SKIP
+    'web-0-0'
+    """
+    parts = []
+    given = list(paths)
+    if not given:
+        raise AuditInputError("audit", "no input given", "name a server.db, an export folder or a log")
+    for path in given:
+        parts.extend(load_path(Path(path), server))
+    return Audit(combine(parts), project=project, run=run)
+
+
+def audit(paths: Iterable[str | Path], **options) -> Report:
+    """Audit the given sources and return the report (what `dstack-audit audit` prints)."""
+    return open_sources(paths, **options).report

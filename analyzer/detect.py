@@ -1,0 +1,484 @@
+"""The rules (reference section 11) and a verdict for every run.
+
+A candidate run is a service that failed (or is failing) with JOB_FAILED or
+RETRY_LIMIT_EXCEEDED. Inside it, the culprits are the latest submissions whose own failure
+failed the run, and the victims are healthy replicas the run's termination cascade stopped
+(TERMINATED_BY_SERVER without a message). Comparing their deployments sorts each victim into
+`collateral_termination` (culprit newer) or `same_deployment_collateral`; everything else
+that the cascade stopped is listed with the reason it is not a victim.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import polars as pl
+
+from analyzer.catalogue import IN_PLACE_FIELDS
+from analyzer.model import (
+    FINISHED_JOB_STATUSES,
+    NORMAL_JOB_REASONS,
+    RETRY_STOP_MESSAGES,
+    RUN_FAILURE_REASONS,
+    SERVER_STOP_JOB_REASONS,
+)
+from analyzer.report.schema import (
+    Culprit,
+    EvidenceItem,
+    Finding,
+    OtherJob,
+    RunVerdict,
+    Victim,
+)
+from analyzer.timeline import HEALTH_PROOFS, UNHEALTHY_PROOFS
+
+Row = dict[str, Any]
+
+
+def is_own_failure(job: Row) -> bool:
+    """A job that failed by itself (reference 5.4 fail class, or a server stop with a message
+    that is not a retry step); cascade kills (TERMINATED_BY_SERVER, no message) are not."""
+    reason = job["termination_reason"]
+    message = job["termination_reason_message"]
+    if reason in NORMAL_JOB_REASONS:
+        return False
+    if reason in SERVER_STOP_JOB_REASONS:
+        return message is not None and not any(message.startswith(m) for m in RETRY_STOP_MESSAGES)
+    if reason is not None:
+        return True
+    return job["status"] == "failed"
+
+
+def is_cascade_stop(job: Row) -> bool:
+    return (
+        job["termination_reason"] == "terminated_by_server"
+        and job["termination_reason_message"] is None
+        and job["status"] in ("terminated", "terminating")
+    )
+
+
+def _fmt_time(value: datetime | None) -> str:
+    return value.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z" if value else "unknown time"
+
+
+def _job_label(job: Row) -> str:
+    return f"{job['job_name']} (job {job['job_id']}, deployment {job['deployment_num']})"
+
+
+def _failed_at(job: Row) -> datetime | None:
+    return job["terminating_at"] or job["finished_at"] or job["last_processed_at"]
+
+
+@dataclass
+class RunJudgement:
+    verdict: str
+    why: str
+    findings: list[Finding] = field(default_factory=list)
+
+
+@dataclass
+class _Context:
+    run: Row
+    jobs: list[Row]
+    events: list[Row]
+
+    def run_event(self, kind: str, **match: Any) -> Row | None:
+        for event in self.events:
+            if event["kind"] == kind and all(event[k] == v for k, v in match.items()):
+                return event
+        return None
+
+
+def _evidence_from_event(event: Row, text: str | None = None) -> EvidenceItem:
+    prefix = f"{event['entity_type']} {event['entity_name']}: " if event["entity_name"] else ""
+    actor = f" (actor: {event['actor']})" if event["actor"] and event["actor"] != "system" else ""
+    return EvidenceItem(
+        time=event["time"],
+        source="; ".join(event["provenance"] or []),
+        text=text or f"{prefix}{event['message']}{actor}",
+    )
+
+
+def _evidence_from_job(job: Row, text: str, time: datetime | None) -> EvidenceItem:
+    return EvidenceItem(time=time, source=job["provenance"], text=text)
+
+
+def _job_events(ctx: _Context, job_id: str) -> list[Row]:
+    return [e for e in ctx.events if e["entity_type"] == "job" and e["entity_id"] == job_id]
+
+
+def _culprit_created_in_its_deployment(ctx: _Context, culprit: Row) -> tuple[bool, str]:
+    """Reference 11.1.5: the culprit was created by the redeploy, not bumped in place."""
+    dep = culprit["deployment_num"]
+    if culprit["created_deployment"] is not None:
+        if culprit["created_deployment"] == dep:
+            return True, f"created after the update to deployment {dep} (events)"
+        return False, f"created in deployment {culprit['created_deployment']}, bumped to {dep}"
+    older = [j for j in ctx.jobs if j["deployment_num"] is not None and j["deployment_num"] < dep]
+    if older and all(culprit["created_at"] > j["created_at"] for j in older):
+        return True, "created after every job of the older deployments (table times)"
+    fingerprints = {j["spec_fingerprint"] for j in older}
+    if older and culprit["spec_fingerprint"] not in fingerprints:
+        return True, "its job spec differs from the older deployment's in a rolling field"
+    return False, "could not prove the culprit was created by the redeploy (no events)"
+
+
+def _judge_candidate(ctx: _Context) -> RunJudgement:
+    run = ctx.run
+    run_reason = run["termination_reason"]
+    terminating = ctx.run_event("run_status", new_status="terminating")
+    run_terminating_at = terminating["time"] if terminating else None
+
+    considered = [
+        j
+        for j in ctx.jobs
+        if run_terminating_at is None or j["created_at"] is None or j["created_at"] <= run_terminating_at
+    ]
+    latest: dict[tuple[Any, Any], Row] = {}
+    for job in considered:
+        slot = (job["replica_num"], job["job_num"])
+        if slot not in latest or (job["submission_num"] or 0) > (latest[slot]["submission_num"] or 0):
+            latest[slot] = job
+    culprits = [j for j in latest.values() if is_own_failure(j)]
+    if not culprits:
+        return RunJudgement(
+            "inconclusive",
+            f"the run failed with {run_reason} but no job that failed by itself is in the evidence "
+            "(rows deleted, or events past their TTL)",
+        )
+
+    victims: dict[str, list[tuple[Row, list[Row]]]] = defaultdict(list)
+    also: list[OtherJob] = []
+    undecided: list[str] = []
+    culprit_ids = {c["job_id"] for c in culprits}
+    for job in ctx.jobs:
+        if job["job_id"] in culprit_ids:
+            continue
+        if not is_cascade_stop(job):
+            if job["status"] not in FINISHED_JOB_STATUSES and job["status"] != "terminating":
+                undecided.append(
+                    f"{_job_label(job)} was still {job['status']} at the end of the evidence: "
+                    "snapshot taken before the cascade reached it"
+                )
+            continue
+        stop = job["stopped_at"] or job["last_processed_at"]
+        triggering = [
+            c
+            for c in culprits
+            if (c["created_at"] is None or stop is None or stop >= c["created_at"])
+            and (
+                job["terminating_at"] is None
+                or c["terminating_at"] is None
+                or job["terminating_at"] >= c["terminating_at"]
+            )
+        ]
+        if not triggering:
+            also.append(_other(job, "stopped before any culprit failed"))
+            continue
+        if not job["has_provisioning_data"]:
+            also.append(_other(job, "never got an instance (no provisioning data)"))
+            continue
+        if job["health"] == "not_healthy":
+            proof = UNHEALTHY_PROOFS.get(job["health_proof"], job["health_proof"])
+            also.append(_other(job, f"not healthy when stopped: {proof}"))
+            continue
+        if job["health"] != "healthy":
+            undecided.append(
+                f"{_job_label(job)} was stopped by the cascade but its health cannot be decided"
+                + (f" ({job['health_proof']})" if job["health_proof"] else "")
+            )
+            continue
+        dep = job["deployment_num"]
+        if dep is None:
+            undecided.append(f"{_job_label(job)}: deployment number unknown")
+            continue
+        newer = [c for c in triggering if c["deployment_num"] is not None and c["deployment_num"] > dep]
+        same = [c for c in triggering if c["deployment_num"] == dep]
+        older = [c for c in triggering if c["deployment_num"] is not None and c["deployment_num"] < dep]
+        if newer and (same or older):
+            undecided.append(
+                f"{_job_label(job)}: replicas of a newer and of its own or an older deployment "
+                "failed before the cascade; either may have failed the run"
+            )
+        elif newer:
+            victims["collateral_termination"].append((job, newer))
+        elif same:
+            victims["same_deployment_collateral"].append((job, same))
+        elif older:
+            also.append(
+                _other(
+                    job,
+                    "newer than the failing replica: killed by an older deployment's own failure "
+                    "(deployment-agnostic cascade, not a rollout incident)",
+                )
+            )
+        else:
+            undecided.append(f"{_job_label(job)}: the failing replica's deployment is unknown")
+
+    findings = [
+        _finding(ctx, category, entries, culprits, also, run_terminating_at, terminating)
+        for category, entries in victims.items()
+    ]
+    if findings:
+        category = (
+            "collateral_termination"
+            if "collateral_termination" in victims
+            else "same_deployment_collateral"
+        )
+        counts = ", ".join(f"{len(v)} {k}" for k, v in victims.items())
+        why = f"healthy replicas killed by the run's {run_reason} cascade: {counts}"
+        if undecided:
+            why += "; also undecided: " + "; ".join(undecided)
+            for finding in findings:
+                finding.notes.extend(undecided)
+        return RunJudgement(category, why, findings)
+    if undecided:
+        return RunJudgement("inconclusive", "; ".join(undecided))
+    failed = ", ".join(f"{c['job_name']} ({c['termination_reason']})" for c in culprits)
+    why = f"the run failed ({run_reason}: {failed}) but no healthy replica was stopped by it"
+    if also:
+        why += "; stopped but not victims: " + "; ".join(f"{o.job_name}: {o.why_not_victim}" for o in also)
+    return RunJudgement("no_healthy_victim", why)
+
+
+def _other(job: Row, why: str) -> OtherJob:
+    return OtherJob(
+        job_id=job["job_id"],
+        job_name=job["job_name"],
+        deployment_num=job["deployment_num"],
+        status=job["status"],
+        why_not_victim=why,
+    )
+
+
+def _finding(
+    ctx: _Context,
+    category: str,
+    entries: list[tuple[Row, list[Row]]],
+    all_culprits: list[Row],
+    also: list[OtherJob],
+    run_terminating_at: datetime | None,
+    terminating_event: Row | None,
+) -> Finding:
+    run = ctx.run
+    culprit_ids: dict[str, Row] = {}
+    for _, culprits in entries:
+        for culprit in culprits:
+            culprit_ids[culprit["job_id"]] = culprit
+    culprits = sorted(culprit_ids.values(), key=lambda c: _failed_at(c) or datetime.max)
+    victim_rows = [victim for victim, _ in entries]
+    victim_ids = {v["job_id"] for v in victim_rows}
+    notes: list[str] = []
+    confidence = "confirmed"
+
+    update = None
+    if category == "collateral_termination":
+        update_dep = max(c["deployment_num"] for c in culprits)
+        update = ctx.run_event("run_updated", deployment_num=update_dep)
+        for culprit in culprits:
+            proven, how = _culprit_created_in_its_deployment(ctx, culprit)
+            notes.append(f"{culprit['job_name']}: {how}")
+            if not proven:
+                confidence = "suspected"
+        if update and update["changed_fields"]:
+            fields = {f.strip() for f in update["changed_fields"].split(",")}
+            if fields <= IN_PLACE_FIELDS:
+                notes.append(
+                    "the update changed only fields applied in place; the older replicas kept "
+                    "their deployment number in the database, which decides"
+                )
+    else:
+        update_dep = max(c["deployment_num"] for c in culprits)
+        update = ctx.run_event("run_updated", deployment_num=update_dep)
+
+    evidence: list[EvidenceItem] = []
+    if update:
+        evidence.append(_evidence_from_event(update))
+    else:
+        evidence.append(
+            EvidenceItem(
+                time=None,
+                source=run["provenance"],
+                text=(
+                    f"run {run['run_name']}: status {run['status']}, termination_reason "
+                    f"{run['termination_reason']}, deployment_num {run['deployment_num']} "
+                    "(no event records when the update was applied)"
+                ),
+            )
+        )
+    for culprit in culprits:
+        evidence.extend(_culprit_evidence(ctx, culprit))
+    if terminating_event:
+        evidence.append(_evidence_from_event(terminating_event))
+    for victim in victim_rows:
+        evidence.extend(_victim_evidence(ctx, victim))
+    final = ctx.run_event("run_status", old_status="terminating")
+    if final:
+        evidence.append(_evidence_from_event(final))
+    elif run["status"] == "terminating":
+        notes.append("snapshot taken mid-cascade: the run is still TERMINATING")
+    evidence.sort(key=lambda item: (item.time is None, item.time or datetime.min))
+
+    stopped_too = [
+        _other(j, f"same or newer deployment than the culprit ({j['deployment_num']})")
+        for j in ctx.jobs
+        if is_cascade_stop(j)
+        and j["job_id"] not in victim_ids
+        and j["job_id"] not in culprit_ids
+        and not any(o.job_id == j["job_id"] for o in also)
+        and j["deployment_num"] is not None
+        and j["deployment_num"] >= min(c["deployment_num"] for c in culprits)
+    ]
+    return Finding(
+        category=category,  # type: ignore[arg-type]
+        confidence=confidence,  # type: ignore[arg-type]
+        server=run["server"],
+        run_id=run["run_id"],
+        run_name=run["run_name"],
+        project=run["project"],
+        victims=[
+            Victim(
+                job_id=v["job_id"],
+                job_name=v["job_name"],
+                replica_num=v["replica_num"],
+                deployment_num=v["deployment_num"],
+                submission_num=v["submission_num"],
+                healthy_since=v["healthy_since"],
+                terminated_at=v["stopped_at"],
+                health_proof=HEALTH_PROOFS.get(v["health_proof"], v["health_proof"]),
+            )
+            for v in victim_rows
+        ],
+        culprits=[
+            Culprit(
+                job_id=c["job_id"],
+                job_name=c["job_name"],
+                replica_num=c["replica_num"],
+                deployment_num=c["deployment_num"],
+                submission_num=c["submission_num"],
+                termination_reason=c["termination_reason"] or c["event_reason"],
+                termination_reason_message=c["termination_reason_message"] or c["event_message"],
+                exit_status=c["exit_status"],
+                failed_at=_failed_at(c),
+            )
+            for c in culprits
+        ],
+        run_termination_reason=run["termination_reason"],
+        update_deployment_num=update_dep,
+        changed_fields=update["changed_fields"] if update else None,
+        updated_by=update["actor"] if update else None,
+        also_stopped=[o for o in also if o.job_id not in victim_ids] + stopped_too,
+        evidence=evidence,
+        notes=notes,
+    )
+
+
+def _culprit_evidence(ctx: _Context, culprit: Row) -> list[EvidenceItem]:
+    events = _job_events(ctx, culprit["job_id"])
+    items = [
+        _evidence_from_event(e)
+        for e in events
+        if e["kind"] == "job_created" or (e["kind"] == "job_status" and e["new_status"] == "terminating")
+    ]
+    if not any(e["kind"] == "job_status" and e["new_status"] == "terminating" for e in events):
+        message = culprit["termination_reason_message"]
+        items.append(
+            _evidence_from_job(
+                culprit,
+                f"job {culprit['job_name']} (deployment {culprit['deployment_num']}, submission "
+                f"{culprit['submission_num']}): {culprit['status']}, "
+                f"{culprit['termination_reason']}" + (f" ({message})" if message else "")
+                + (f", exit status {culprit['exit_status']}" if culprit["exit_status"] is not None else "")
+                + " (time: last processed; the failure happened at or before it)",
+                culprit["last_processed_at"],
+            )
+        )
+    return items
+
+
+def _victim_evidence(ctx: _Context, victim: Row) -> list[EvidenceItem]:
+    events = _job_events(ctx, victim["job_id"])
+    items = [
+        _evidence_from_event(e)
+        for e in events
+        if e["kind"] in ("job_ready", "job_registered")
+        or (e["kind"] == "job_status" and e["new_status"] in ("terminating", "terminated"))
+    ]
+    proof = HEALTH_PROOFS.get(victim["health_proof"], victim["health_proof"])
+    items.append(
+        _evidence_from_job(
+            victim,
+            f"job {victim['job_name']} (deployment {victim['deployment_num']}, submission "
+            f"{victim['submission_num']}): {victim['status']}, {victim['termination_reason']} "
+            f"with no message; healthy: {proof}",
+            None if any(e["kind"] == "job_status" for e in events) else victim["last_processed_at"],
+        )
+    )
+    return items
+
+
+def _plain_verdict(run: Row) -> tuple[str, str] | None:
+    """Verdicts that need no look inside the run; None for candidate runs."""
+    run_type = run["run_type"]
+    reason = run["termination_reason"]
+    status = run["status"]
+    if run_type is not None and run_type != "service":
+        return "no_incident", f"a {run_type} run: rolling deployments exist for services only"
+    if reason in RUN_FAILURE_REASONS and status in ("failed", "terminating"):
+        return None
+    if status in ("pending", "submitted", "provisioning", "running"):
+        return "no_incident", f"run still {status} at the end of the evidence"
+    if reason:
+        return "no_incident", f"run ended with {reason}, not a job failure"
+    return "no_incident", f"run {status or 'in an unknown state'} without a job failure"
+
+
+def detect(
+    runs: pl.DataFrame, subs: pl.DataFrame, events: pl.DataFrame
+) -> tuple[list[RunVerdict], list[Finding]]:
+    verdicts: list[RunVerdict] = []
+    findings: list[Finding] = []
+    candidates = []
+    for run in runs.iter_rows(named=True):
+        plain = _plain_verdict(run)
+        if plain is None:
+            candidates.append(run)
+        else:
+            verdicts.append(_verdict(run, *plain))
+    if not candidates:
+        return verdicts, findings
+
+    keys = pl.DataFrame(
+        {"server": [r["server"] for r in candidates], "run_id": [r["run_id"] for r in candidates]}
+    )
+    jobs_by_run: dict[tuple[str, str], list[Row]] = defaultdict(list)
+    for job in subs.join(keys, on=["server", "run_id"]).iter_rows(named=True):
+        jobs_by_run[(job["server"], job["run_id"])].append(job)
+    events_by_run: dict[tuple[str, str], list[Row]] = defaultdict(list)
+    for event in events.join(keys, on=["server", "run_id"]).iter_rows(named=True):
+        events_by_run[(event["server"], event["run_id"])].append(event)
+
+    for run in candidates:
+        key = (run["server"], run["run_id"])
+        judgement = _judge_candidate(_Context(run, jobs_by_run[key], events_by_run[key]))
+        verdicts.append(_verdict(run, judgement.verdict, judgement.why))
+        findings.extend(judgement.findings)
+    return verdicts, findings
+
+
+def _verdict(run: Row, verdict: str, why: str) -> RunVerdict:
+    return RunVerdict(
+        server=run["server"],
+        run_id=run["run_id"],
+        run_name=run["run_name"],
+        project=run["project"],
+        run_type=run["run_type"],
+        status=run["status"],
+        termination_reason=run["termination_reason"],
+        deployment_num=run["deployment_num"],
+        verdict=verdict,  # type: ignore[arg-type]
+        why=why,
+    )

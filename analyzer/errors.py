@@ -1,0 +1,14 @@
+"""Errors the CLI turns into one line on stderr and exit code 2."""
+
+
+class AuditInputError(Exception):
+    """An input cannot be used: the message names the input and what is wrong with it."""
+
+    def __init__(self, source: str, problem: str, hint: str | None = None) -> None:
+        self.source = source
+        self.problem = problem
+        self.hint = hint
+        text = f"{source}: {problem}"
+        if hint:
+            text += f" ({hint})"
+        super().__init__(text)

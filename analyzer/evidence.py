@@ -1,0 +1,84 @@
+"""All inputs of one audit combined into one canonical model.
+
+The same run, job or event may arrive from several inputs (a database and its exports, the
+events table and the log): it becomes one row that keeps every provenance, never two rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from analyzer.model import EVENTS_SCHEMA, JOBS_SCHEMA, RUNS_SCHEMA, conform
+from analyzer.sources import InputInfo, Limitation, SourceData
+
+
+@dataclass
+class Evidence:
+    runs: pl.DataFrame
+    jobs: pl.DataFrame
+    events: pl.DataFrame
+    inputs: list[InputInfo] = field(default_factory=list)
+    limitations: list[Limitation] = field(default_factory=list)
+    has_tables: bool = False
+
+    @property
+    def end_of_evidence(self) -> object:
+        """The latest moment any input speaks of (runs, jobs or events)."""
+        candidates = [
+            self.runs["last_processed_at"].max(),
+            self.jobs["last_processed_at"].max(),
+            self.events["time"].max(),
+        ]
+        known = [c for c in candidates if c is not None]
+        return max(known) if known else None
+
+
+def _first_per_key(frames: list[pl.DataFrame], schema: dict, key: list[str]) -> pl.DataFrame:
+    if not frames:
+        return pl.DataFrame(schema=schema)
+    stacked = pl.concat([conform(f, schema).collect() for f in frames], how="vertical")
+    with_prov = stacked.group_by(key, maintain_order=True).agg(
+        pl.all().exclude("provenance").first(),
+        pl.col("provenance").unique(maintain_order=True).str.join("; "),
+    )
+    return conform(with_prov, schema).collect()
+
+
+def _merge_events(frames: list[pl.DataFrame]) -> pl.DataFrame:
+    """One row per real event: equal (server, entity, message, time) rows from several inputs
+    are the same event seen twice; their provenances are kept together."""
+    if not frames:
+        return pl.DataFrame(schema=EVENTS_SCHEMA)
+    stacked = pl.concat([conform(f, EVENTS_SCHEMA).collect() for f in frames], how="vertical")
+    key = ["server", "entity_type", "entity_id", "message", "time"]
+    merged = (
+        stacked.with_columns(pl.col("time").fill_null(pl.lit(None)))
+        .group_by(key, maintain_order=True)
+        .agg(
+            pl.all().exclude("provenance").first(),
+            pl.col("provenance").list.explode(keep_nulls=False, empty_as_null=False).unique(maintain_order=True),
+        )
+    )
+    return conform(merged, EVENTS_SCHEMA).collect()
+
+
+def combine(parts: list[SourceData]) -> Evidence:
+    loaded = [p for p in parts if p.runs.height or p.jobs.height or p.events.height or p.has_tables]
+    evidence = Evidence(
+        runs=_first_per_key([p.runs for p in loaded], RUNS_SCHEMA, ["server", "run_id"]),
+        jobs=_first_per_key([p.jobs for p in loaded], JOBS_SCHEMA, ["server", "job_id"]),
+        events=_merge_events([p.events for p in loaded]),
+        has_tables=any(p.has_tables for p in parts),
+    )
+    for part in parts:
+        evidence.inputs.extend(part.inputs)
+        for limitation in part.limitations:
+            if all(
+                (limitation.code, limitation.message) != (known.code, known.message)
+                for known in evidence.limitations
+            ):
+                evidence.limitations.append(limitation)
+    evidence.events = evidence.events.sort(["server", "time", "seq"], nulls_last=True)
+    return evidence

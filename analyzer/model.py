@@ -1,0 +1,208 @@
+"""The canonical model: every source maps into these frames, declared once here.
+
+Normalised values: ids are lowercase dashed UUIDs (or the 6-hex prefix a log shows), times are
+UTC, enum values are dstack's lowercase *values* (``terminated_by_server``), never NAMEs.
+Every row keeps where it came from in ``provenance`` (``table:primary key`` or ``file:line``).
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+UTC_TIME = pl.Datetime("us", "UTC")
+
+RUNS_SCHEMA: dict[str, pl.DataType] = {
+    "server": pl.String(),
+    "run_id": pl.String(),
+    "project": pl.String(),
+    "run_name": pl.String(),
+    "run_type": pl.String(),  # service | task | dev-environment | None when unknown
+    "status": pl.String(),
+    "termination_reason": pl.String(),
+    "deployment_num": pl.Int64(),
+    "submitted_at": UTC_TIME,
+    "last_processed_at": UTC_TIME,
+    "deleted": pl.Boolean(),
+    "user": pl.String(),
+    "provenance": pl.String(),
+}
+
+JOBS_SCHEMA: dict[str, pl.DataType] = {
+    "server": pl.String(),
+    "run_id": pl.String(),
+    "job_id": pl.String(),
+    "job_name": pl.String(),
+    "replica_num": pl.Int64(),
+    "job_num": pl.Int64(),
+    "submission_num": pl.Int64(),
+    "deployment_num": pl.Int64(),
+    "status": pl.String(),
+    "termination_reason": pl.String(),
+    "termination_reason_message": pl.String(),
+    "exit_status": pl.Int64(),
+    "submitted_at": UTC_TIME,
+    "last_processed_at": UTC_TIME,
+    "has_provisioning_data": pl.Boolean(),
+    "price": pl.Float64(),  # $/hour of the instance the job ran on (job_provisioning_data)
+    "instance_name": pl.String(),
+    "fleet_name": pl.String(),
+    "replica_group": pl.String(),
+    "ready": pl.Boolean(),  # jobs.ready (0.21.1+); null when the source has no such column
+    "graceful_termination_attempts": pl.Int64(),
+    "remove_at": UTC_TIME,
+    "running_at": UTC_TIME,
+    "probe_count": pl.Int64(),  # probes declared in job_spec_data
+    "probe_rows": pl.Int64(),  # probes rows found (null: the source has no probes table)
+    "probes_below_ready_after": pl.Int64(),
+    "min_probe_streak": pl.Int64(),
+    "spec_fingerprint": pl.String(),  # hash of the JobSpec fields a rolling deployment changes
+    "provenance": pl.String(),
+}
+
+# One row per state change or fact about a run or job, from the events table, a log line, or
+# (for servers without events) derived from table rows.
+EVENTS_SCHEMA: dict[str, pl.DataType] = {
+    "server": pl.String(),
+    "source": pl.String(),  # the input path the row came from
+    "seq": pl.Int64(),  # order inside its source (ties of equal time keep this order)
+    "time": UTC_TIME,  # null when only a time of day is known
+    "time_text": pl.String(),  # the time as the source wrote it
+    "time_basis": pl.String(),  # how `time` was obtained (see TIME_BASES)
+    "kind": pl.String(),  # see EVENT_KINDS
+    "entity_type": pl.String(),  # run | job
+    "entity_id": pl.String(),
+    "entity_name": pl.String(),
+    "run_id": pl.String(),
+    "old_status": pl.String(),
+    "new_status": pl.String(),
+    "termination_reason": pl.String(),
+    "termination_message": pl.String(),
+    "deployment_num": pl.Int64(),
+    "changed_fields": pl.String(),
+    "actor": pl.String(),
+    "message": pl.String(),
+    "provenance": pl.List(pl.String()),
+}
+
+EVENT_KINDS = (
+    "run_submitted",
+    "run_status",
+    "run_updated",
+    "run_scaling",
+    "job_created",
+    "job_status",
+    "job_updated",
+    "job_ready",
+    "job_registered",
+    "job_unregistered",
+    "graceful_stop",
+    "job_exit_status",
+)
+
+TIME_BASES = (
+    "db_utc",  # a database timestamp, UTC by dstack's contract
+    "log_wrapper_utc",  # docker/kubectl/journald time in front of the line
+    "log_local_offset_inferred",  # local log time shifted by an offset aligned with the DB
+    "log_local_offset_given",  # local log time shifted by --log-tz
+    "log_local_assumed_utc",  # local log time, zone unknown, taken as UTC (said in limitations)
+    "time_of_day_only",  # rich log without a date
+)
+
+# Log records as the log readers hand them to the message catalogue.
+LOG_RECORDS_SCHEMA: dict[str, pl.DataType] = {
+    "file": pl.String(),
+    "line": pl.Int64(),  # first physical line of the record, 1-based
+    "line_count": pl.Int64(),  # physical lines the record spans
+    "format": pl.String(),  # rich | standard | json
+    "wrapper": pl.String(),  # docker | journald | None
+    "local_time": pl.Datetime("ms"),  # naive local time (standard/json); null for rich
+    "time_of_day": pl.Time(),  # always set when the record has any time
+    "day_offset": pl.Int64(),  # rich: days rolled over since the file's first record
+    "wrapper_time": UTC_TIME,  # time written by docker/kubectl/journald, UTC
+    "level": pl.String(),
+    "logger": pl.String(),
+    "message": pl.String(),
+}
+
+FINISHED_JOB_STATUSES = ("terminated", "aborted", "failed", "done")
+FINISHED_RUN_STATUSES = ("terminated", "failed", "done")
+
+# JobTerminationReason classes (reference 5.4).
+NORMAL_JOB_REASONS = (
+    "terminated_by_user",
+    "scaled_down",
+    "done_by_runner",
+    "aborted_by_user",
+)
+SERVER_STOP_JOB_REASONS = (
+    "terminated_by_server",
+    "inactivity_duration_exceeded",
+    "terminated_due_to_utilization_policy",
+    "max_duration_exceeded",
+)
+# Messages that mark a server stop as a resubmission/retry step, not a failure.
+RETRY_STOP_MESSAGES = ("Run is to be resubmitted", "Replica is to be retried")
+RUN_FAILURE_REASONS = ("job_failed", "retry_limit_exceeded")
+
+
+def empty_frame(schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    return pl.DataFrame(schema=schema)
+
+
+def conform(frame: pl.DataFrame | pl.LazyFrame, schema: dict[str, pl.DataType]) -> pl.LazyFrame:
+    """Select exactly the schema's columns, in order, with its types (missing ones as nulls)."""
+    lazy = frame.lazy()
+    present = set(lazy.collect_schema().names())
+    return lazy.select(
+        [
+            (pl.col(name) if name in present else pl.lit(None)).cast(dtype).alias(name)
+            for name, dtype in schema.items()
+        ]
+    )
+
+
+def normalise_id(expr: pl.Expr) -> pl.Expr:
+    """32-hex or dashed UUID text -> lowercase dashed form; other text (a log prefix) kept."""
+    hexed = expr.cast(pl.String).str.strip_chars().str.to_lowercase().str.replace_all("-", "")
+    dashed = pl.concat_str(
+        [
+            hexed.str.slice(0, 8),
+            hexed.str.slice(8, 4),
+            hexed.str.slice(12, 4),
+            hexed.str.slice(16, 4),
+            hexed.str.slice(20, 12),
+        ],
+        separator="-",
+    )
+    return (
+        pl.when(hexed.str.contains(r"^[0-9a-f]{32}$"))
+        .then(dashed)
+        .when(hexed == "")
+        .then(pl.lit(None, pl.String))
+        .otherwise(hexed)
+    )
+
+
+def normalise_enum(expr: pl.Expr) -> pl.Expr:
+    """Enum NAME (DB) or value (API) -> the lowercase value with underscores, as in reports."""
+    text = expr.cast(pl.String).str.strip_chars()
+    return pl.when(text == "").then(pl.lit(None, pl.String)).otherwise(text.str.to_lowercase())
+
+
+def parse_db_time(expr: pl.Expr) -> pl.Expr:
+    """SQLite/PostgreSQL/CSV/API time text (naive UTC or with Z/+00:00) -> UTC datetime."""
+    text = (
+        expr.cast(pl.String)
+        .str.strip_chars()
+        .str.replace(r"(Z|[+-]00:?00)$", "")
+        .str.replace("T", " ")
+    )
+    return (
+        pl.when(text == "")
+        .then(pl.lit(None, UTC_TIME))
+        .otherwise(
+            text.str.to_datetime("%Y-%m-%d %H:%M:%S%.f", time_unit="us", strict=False)
+            .fill_null(text.str.to_datetime("%Y-%m-%d %H:%M:%S", time_unit="us", strict=False))
+            .dt.replace_time_zone("UTC")
+        )
+    )

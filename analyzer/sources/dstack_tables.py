@@ -1,0 +1,419 @@
+"""dstack's tables (from any backend) -> the canonical model.
+
+Every backend (SQLite file, CSV/Parquet exports, later PostgreSQL) hands over the raw tables as
+all-text columns; this module is the one place that knows dstack's schema and its encodings
+(reference sections 2-4), so a database and its exports give the same canonical rows.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import polars as pl
+
+from analyzer import catalogue
+from analyzer.model import normalise_enum, normalise_id, parse_db_time
+from analyzer.sources import Limitation, SourceData
+
+# Only the columns the audit needs are read: secrets (tokens, keys, env) are never loaded,
+# except job_spec_data, which is reduced to a fingerprint and a few plain fields in polars.
+TABLE_COLUMNS: dict[str, list[str]] = {
+    "runs": [
+        "id", "project_id", "user_id", "submitted_at", "run_name", "status", "run_spec",
+        "deleted", "last_processed_at", "termination_reason", "service_spec", "deployment_num",
+    ],
+    "jobs": [
+        "id", "run_id", "run_name", "job_num", "job_name", "submission_num", "submitted_at",
+        "last_processed_at", "status", "termination_reason", "termination_reason_message",
+        "job_spec_data", "job_provisioning_data", "remove_at", "used_instance_id", "replica_num",
+        "exit_status", "deployment_num", "fleet_id", "graceful_termination_attempts", "ready",
+        "running_at",
+    ],
+    "events": ["id", "message", "recorded_at", "actor_user_id"],
+    "event_targets": [
+        "id", "event_id", "entity_project_id", "entity_type", "entity_id", "entity_name",
+        "entity_run_id",
+    ],
+    "probes": ["id", "job_id", "probe_num", "success_streak"],
+    "instances": ["id", "name", "fleet_id", "price"],
+    "fleets": ["id", "name"],
+    "projects": ["id", "name", "original_name", "deleted"],
+    "users": ["id", "name", "original_name", "deleted"],
+    "alembic_version": ["version_num"],
+}
+REQUIRED_TABLES = ("runs", "jobs")
+
+# JobSpec fields a rolling deployment changes (reference 6.1, 11.1.5): their hash tells a
+# redeployed job from one bumped in place.
+ROLLING_SPEC_PATHS = (
+    "$.commands", "$.image_name", "$.env", "$.requirements", "$.repo_code_hash", "$.probes",
+    "$.service_port", "$.working_dir", "$.user", "$.privileged", "$.volumes", "$.file_archives",
+    "$.app_specs", "$.registry_auth",
+)
+
+# Alembic head -> the release that last migrated the database (reference section 0).
+ALEMBIC_RELEASES = {
+    "35e90e1b0d3e": "0.19.14", "728b1488b1b4": "0.19.22", "74a1f55209bd": "0.19.24",
+    "e2d08cd1b8d9": "0.19.25", "006512f572b4": "0.19.40", "22d74df9897e": "0.20.0",
+    "706e0acc3a7d": "0.20.7-0.20.9", "a8ed24fd7f90": "0.20.10", "8b6d5d8c1b9a": "0.20.13",
+    "c1c2ecaee45c": "0.20.14-0.20.15", "ad8c50120507": "0.20.16", "94fcd7e38b7e": "0.20.17",
+    "05c351d08f6b": "0.20.19", "e9c5e7e26c78": "0.20.28", "4d3cbb932bb2": "0.20.29",
+    "ecc9e8a0bfac": "0.21.0", "3d4f69210528": "0.21.1", "04126c7ea0c8": "0.21.2",
+    "dbbe9f32ec66": "0.21.2+ (HEAD 2026-08)", "40f19bea9d2a": "0.22.5",
+}
+
+
+class TableReader(Protocol):
+    """A backend: which tables exist, and a table's columns as text (absent ones are null)."""
+
+    label: str
+
+    def tables(self) -> set[str]: ...
+
+    def columns(self, table: str) -> set[str]: ...
+
+    def read(self, table: str, columns: list[str]) -> pl.DataFrame: ...
+
+
+def looks_like_dstack(tables: set[str]) -> bool:
+    return all(name in tables for name in REQUIRED_TABLES)
+
+
+def _bool(expr: pl.Expr) -> pl.Expr:
+    text = expr.cast(pl.String).str.strip_chars().str.to_lowercase()
+    return (
+        pl.when(text.is_in(["1", "t", "true"]))
+        .then(True)
+        .when(text.is_in(["0", "f", "false"]))
+        .then(False)
+        .otherwise(None)
+    )
+
+
+def _int(expr: pl.Expr) -> pl.Expr:
+    return expr.cast(pl.String).str.strip_chars().cast(pl.Float64, strict=False).cast(pl.Int64)
+
+
+def _read(reader: TableReader, table: str) -> pl.DataFrame | None:
+    if table not in reader.tables():
+        return None
+    return reader.read(table, TABLE_COLUMNS[table])
+
+
+def _names(frame: pl.DataFrame | None, alias: str) -> pl.DataFrame:
+    """id -> display name for projects/users (a deleted one shows its original name)."""
+    if frame is None:
+        return pl.DataFrame(schema={"id": pl.String, alias: pl.String})
+    return frame.select(
+        normalise_id(pl.col("id")).alias("id"),
+        pl.coalesce(
+            pl.when(_bool(pl.col("deleted"))).then(pl.col("original_name")), pl.col("name")
+        ).alias(alias),
+    )
+
+
+def load_tables(reader: TableReader, server: str) -> SourceData:
+    """Map one dstack database (any backend) into canonical runs, jobs and events."""
+    data = SourceData(has_tables=True)
+    label = reader.label
+    present = reader.tables()
+
+    version = None
+    alembic = _read(reader, "alembic_version")
+    if alembic is not None and alembic.height:
+        head = alembic["version_num"][0]
+        version = ALEMBIC_RELEASES.get(head, f"unknown (alembic {head})")
+
+    projects = _names(_read(reader, "projects"), "project")
+    users = _names(_read(reader, "users"), "user")
+
+    raw_runs = _read(reader, "runs")
+    assert raw_runs is not None
+    runs = (
+        raw_runs.lazy()
+        .with_columns(
+            normalise_id(pl.col("id")).alias("run_id"),
+            normalise_id(pl.col("project_id")).alias("project_id"),
+            normalise_id(pl.col("user_id")).alias("user_id"),
+        )
+        .join(projects.lazy(), left_on="project_id", right_on="id", how="left")
+        .join(users.lazy(), left_on="user_id", right_on="id", how="left")
+        .select(
+            pl.lit(server).alias("server"),
+            "run_id",
+            pl.col("project"),
+            pl.col("run_name"),
+            pl.coalesce(
+                pl.col("run_spec").str.json_path_match("$.configuration.type"),
+                pl.when(pl.col("service_spec").fill_null("") != "").then(pl.lit("service")),
+            ).alias("run_type"),
+            normalise_enum(pl.col("status")).alias("status"),
+            normalise_enum(pl.col("termination_reason")).alias("termination_reason"),
+            _int(pl.col("deployment_num")).alias("deployment_num"),
+            parse_db_time(pl.col("submitted_at")).alias("submitted_at"),
+            parse_db_time(pl.col("last_processed_at")).alias("last_processed_at"),
+            _bool(pl.col("deleted")).alias("deleted"),
+            pl.col("user"),
+            pl.concat_str([pl.lit("runs:"), pl.col("id")]).alias("provenance"),
+        )
+        .collect()
+    )
+    data.runs = runs
+
+    data.jobs = _jobs(reader, server, runs)
+    data.events = _events(reader, server, label, data.jobs, runs)
+
+    missing_columns = [
+        f"{table}.{column}"
+        for table in ("runs", "jobs")
+        for column in ("deployment_num",) + (("ready",) if table == "jobs" else ())
+        if column not in reader.columns(table)
+    ]
+    if "events" not in present:
+        data.limitations.append(
+            Limitation(
+                "no_events_table",
+                "the database has no events table (dstack < 0.20.0): the order of the culprit's "
+                "failure, the run's termination and each victim's stop comes from table times only",
+                label,
+            )
+        )
+    if "probes" not in present:
+        data.limitations.append(
+            Limitation(
+                "no_probes_table",
+                "no probes table (dstack < 0.19.22): health is proven from RUNNING markers only",
+                label,
+            )
+        )
+    if missing_columns:
+        data.limitations.append(
+            Limitation(
+                "missing_columns",
+                "columns absent in this database (older dstack): " + ", ".join(missing_columns),
+                label,
+            )
+        )
+    data.server_version = version
+    return data
+
+
+def _jobs(reader: TableReader, server: str, runs: pl.DataFrame) -> pl.DataFrame:
+    raw = _read(reader, "jobs")
+    assert raw is not None
+    has_ready = "ready" in reader.columns("jobs")
+    has_probes_table = "probes" in reader.tables()
+
+    spec = pl.col("job_spec_data")
+    jobs = raw.lazy().with_columns(
+        normalise_id(pl.col("id")).alias("job_id"),
+        normalise_id(pl.col("run_id")).alias("run_id"),
+        normalise_id(pl.col("used_instance_id")).alias("used_instance_id"),
+        normalise_id(pl.col("fleet_id")).alias("fleet_id"),
+        spec.str.json_path_match("$.replica_group").alias("replica_group"),
+        spec.str.json_path_match("$.probes")
+        .str.json_decode(pl.List(pl.Struct({"ready_after": pl.Int64})))
+        .alias("_probe_specs"),
+        pl.concat_str(
+            [spec.str.json_path_match(path).fill_null("") for path in ROLLING_SPEC_PATHS],
+            separator="\x1f",
+        )
+        .hash()
+        .cast(pl.String)
+        .alias("spec_fingerprint"),
+        pl.col("job_provisioning_data")
+        .str.json_path_match("$.price")
+        .cast(pl.Float64, strict=False)
+        .alias("price"),
+    )
+
+    probes = _read(reader, "probes")
+    if probes is not None and has_probes_table:
+        specs = (
+            jobs.select("job_id", "_probe_specs")
+            .explode("_probe_specs")
+            .with_columns(
+                pl.int_range(pl.len()).over("job_id").alias("probe_num"),
+                pl.col("_probe_specs").struct.field("ready_after").fill_null(1).alias("ready_after"),
+            )
+            .filter(pl.col("_probe_specs").is_not_null())
+            .select("job_id", "probe_num", "ready_after")
+        )
+        probe_summary = (
+            probes.lazy()
+            .select(
+                normalise_id(pl.col("job_id")).alias("job_id"),
+                _int(pl.col("probe_num")).alias("probe_num"),
+                _int(pl.col("success_streak")).alias("streak"),
+            )
+            .join(specs, on=["job_id", "probe_num"], how="left")
+            .group_by("job_id")
+            .agg(
+                pl.len().cast(pl.Int64).alias("probe_rows"),
+                (pl.col("streak") < pl.col("ready_after").fill_null(1))
+                .sum()
+                .cast(pl.Int64)
+                .alias("probes_below_ready_after"),
+                pl.col("streak").min().alias("min_probe_streak"),
+            )
+        )
+        jobs = jobs.join(probe_summary, on="job_id", how="left").with_columns(
+            pl.col("probe_rows").fill_null(0),
+            pl.col("probes_below_ready_after").fill_null(0),
+        )
+    else:
+        jobs = jobs.with_columns(
+            pl.lit(None, pl.Int64).alias("probe_rows"),
+            pl.lit(None, pl.Int64).alias("probes_below_ready_after"),
+            pl.lit(None, pl.Int64).alias("min_probe_streak"),
+        )
+
+    instances = _read(reader, "instances")
+    fleets = _read(reader, "fleets")
+    fleet_names = (
+        fleets.select(normalise_id(pl.col("id")).alias("fid"), pl.col("name").alias("fleet_name"))
+        if fleets is not None
+        else pl.DataFrame(schema={"fid": pl.String, "fleet_name": pl.String})
+    )
+    if instances is not None:
+        inst = instances.select(
+            normalise_id(pl.col("id")).alias("iid"),
+            pl.col("name").alias("instance_name"),
+            normalise_id(pl.col("fleet_id")).alias("instance_fleet_id"),
+        )
+        jobs = jobs.join(inst.lazy(), left_on="used_instance_id", right_on="iid", how="left")
+    else:
+        jobs = jobs.with_columns(
+            pl.lit(None, pl.String).alias("instance_name"),
+            pl.lit(None, pl.String).alias("instance_fleet_id"),
+        )
+    jobs = jobs.with_columns(
+        pl.coalesce(pl.col("fleet_id"), pl.col("instance_fleet_id")).alias("fleet_id")
+    ).join(fleet_names.lazy(), left_on="fleet_id", right_on="fid", how="left")
+
+    return (
+        jobs.select(
+            pl.lit(server).alias("server"),
+            "run_id",
+            "job_id",
+            "job_name",
+            _int(pl.col("replica_num")).alias("replica_num"),
+            _int(pl.col("job_num")).alias("job_num"),
+            _int(pl.col("submission_num")).alias("submission_num"),
+            _int(pl.col("deployment_num")).alias("deployment_num"),
+            normalise_enum(pl.col("status")).alias("status"),
+            normalise_enum(pl.col("termination_reason")).alias("termination_reason"),
+            pl.when(pl.col("termination_reason_message").fill_null("") == "")
+            .then(pl.lit(None, pl.String))
+            .otherwise(pl.col("termination_reason_message"))
+            .alias("termination_reason_message"),
+            _int(pl.col("exit_status")).alias("exit_status"),
+            parse_db_time(pl.col("submitted_at")).alias("submitted_at"),
+            parse_db_time(pl.col("last_processed_at")).alias("last_processed_at"),
+            (pl.col("job_provisioning_data").fill_null("").str.strip_chars().is_in(["", "null"]))
+            .not_()
+            .alias("has_provisioning_data"),
+            "price",
+            "instance_name",
+            "fleet_name",
+            "replica_group",
+            (_bool(pl.col("ready")) if has_ready else pl.lit(None, pl.Boolean)).alias("ready"),
+            _int(pl.col("graceful_termination_attempts")).alias("graceful_termination_attempts"),
+            parse_db_time(pl.col("remove_at")).alias("remove_at"),
+            parse_db_time(pl.col("running_at")).alias("running_at"),
+            pl.col("_probe_specs").list.len().fill_null(0).cast(pl.Int64).alias("probe_count"),
+            "probe_rows",
+            "probes_below_ready_after",
+            "min_probe_streak",
+            "spec_fingerprint",
+            pl.concat_str([pl.lit("jobs:"), pl.col("id")]).alias("provenance"),
+        )
+        .collect()
+    )
+
+
+def _events(
+    reader: TableReader, server: str, label: str, jobs: pl.DataFrame, runs: pl.DataFrame
+) -> pl.DataFrame:
+    events = _read(reader, "events")
+    targets = _read(reader, "event_targets")
+    if events is None or targets is None:
+        return pl.DataFrame()
+    users = _names(_read(reader, "users"), "user")
+    ev = events.lazy().select(
+        pl.col("id").alias("event_id"),
+        normalise_id(pl.col("id")).alias("event_uuid"),
+        pl.col("message"),
+        parse_db_time(pl.col("recorded_at")).alias("time"),
+        pl.col("recorded_at").alias("time_text"),
+        normalise_id(pl.col("actor_user_id")).alias("actor_id"),
+    )
+    tg = targets.lazy().select(
+        normalise_id(pl.col("event_id")).alias("event_uuid"),
+        normalise_enum(pl.col("entity_type")).alias("entity_type"),
+        normalise_id(pl.col("entity_id")).alias("entity_id"),
+        pl.col("entity_name"),
+        normalise_id(pl.col("entity_run_id")).alias("entity_run_id"),
+    )
+    job_runs = jobs.lazy().select(pl.col("job_id"), pl.col("run_id").alias("job_run_id"))
+    frame = (
+        ev.join(tg.filter(pl.col("entity_type").is_in(["run", "job"])), on="event_uuid")
+        .join(job_runs, left_on="entity_id", right_on="job_id", how="left")
+        .join(users.lazy(), left_on="actor_id", right_on="id", how="left")
+        .with_columns(
+            pl.when(pl.col("entity_type") == "run")
+            .then(pl.col("entity_id"))
+            .otherwise(pl.coalesce(pl.col("entity_run_id"), pl.col("job_run_id")))
+            .alias("run_id"),
+            pl.when(pl.col("actor_id").is_null())
+            .then(pl.lit("system"))
+            .otherwise(pl.concat_str([pl.lit("user "), pl.coalesce("user", "actor_id")]))
+            .alias("actor"),
+            pl.lit(server).alias("server"),
+            pl.lit(label).alias("source"),
+            pl.lit("db_utc").alias("time_basis"),
+            pl.concat_list(
+                [pl.concat_str([pl.lit("events:"), pl.col("event_id")])]
+            ).alias("provenance"),
+        )
+        .sort(["time", "event_id"])
+        .with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("seq"))
+    )
+    parsed = catalogue.parse_event_messages(frame)
+    return _attach_orphan_runs(parsed.collect(), runs)
+
+
+def _attach_orphan_runs(events: pl.DataFrame, runs: pl.DataFrame) -> pl.DataFrame:
+    """Job events whose row was deleted (superseded no-capacity submissions, 0.20.29+) and that
+    carry no entity_run_id: attach them by name to the run of that name alive at that time."""
+    orphans = events.filter(pl.col("run_id").is_null() & (pl.col("entity_type") == "job"))
+    if orphans.is_empty():
+        return events
+    candidates = (
+        orphans.with_row_index("_row")
+        .join(
+            runs.select("run_id", "run_name", "submitted_at", "last_processed_at").rename(
+                {"run_id": "_cand"}
+            ),
+            how="cross",
+        )
+        .filter(
+            pl.col("entity_name").str.starts_with(pl.col("run_name") + "-")
+            & (pl.col("time") >= pl.col("submitted_at"))
+            & (pl.col("time") <= pl.col("last_processed_at"))
+        )
+        .group_by("_row")
+        .agg(pl.col("_cand").unique())
+        .filter(pl.col("_cand").list.len() == 1)
+        .select("_row", pl.col("_cand").list.first())
+    )
+    fixed = (
+        orphans.with_row_index("_row")
+        .join(candidates, on="_row", how="left")
+        .with_columns(pl.col("_cand").alias("run_id"))
+        .drop("_row", "_cand")
+    )
+    return pl.concat(
+        [events.filter(~(pl.col("run_id").is_null() & (pl.col("entity_type") == "job"))), fixed],
+        how="vertical_relaxed",
+    ).sort("seq")

@@ -1,0 +1,229 @@
+"""Per run: its deployments, replica slots and every job submission with its status intervals
+and its healthy interval (RUNNING and ready), keyed on job ids (slots and names are reused).
+
+Inputs: the canonical frames only. Outputs: polars frames the detector and the reports read.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from analyzer.evidence import Evidence
+from analyzer.model import FINISHED_JOB_STATUSES, UTC_TIME
+
+HEALTH_PROOFS = {
+    "ready_flag": "jobs.ready = 1",
+    "ready_flag_and_probes": "jobs.ready = 1 and every probe's last success_streak >= ready_after",
+    "ready_event": "event 'Service replica ready to receive requests'",
+    "registered_event": "event 'Service replica registered to receive requests'",
+    "probe_streaks": "every probe's last success_streak >= its ready_after",
+    "running_no_probes": (
+        "RUNNING when the run was terminated (graceful stop requested: "
+        "graceful_termination_attempts / remove_at set, or RUNNING -> TERMINATING) and the "
+        "service has no probes, so dstack counted it ready on its first RUNNING pass"
+    ),
+}
+UNHEALTHY_PROOFS = {
+    "probe_failing": "a probe's last success_streak is below its ready_after (failing at the stop)",
+    "never_running": "never reached RUNNING (no provisioning data or no RUNNING transition)",
+    "not_ready": "jobs.ready = 0 and no other proof of serving",
+    "probes_never_ran": "probes declared but no probe ever ran",
+}
+
+
+def _job_event_facts(events: pl.DataFrame) -> pl.DataFrame:
+    jobs = events.filter(pl.col("entity_type") == "job")
+    t = pl.col("time")
+    new = pl.col("new_status")
+    terminating = new == "terminating"
+    return jobs.group_by(["server", "entity_id"]).agg(
+        t.filter(pl.col("kind") == "job_created").min().alias("created_event_at"),
+        pl.col("seq").filter(pl.col("kind") == "job_created").min().alias("created_seq"),
+        t.filter(new == "running").min().alias("running_event_at"),
+        t.filter(pl.col("kind").is_in(["job_ready", "job_registered"])).min().alias("ready_at"),
+        pl.col("kind")
+        .filter(pl.col("kind").is_in(["job_ready", "job_registered"]))
+        .first()
+        .alias("ready_kind"),
+        t.filter(terminating).min().alias("terminating_at"),
+        pl.col("old_status").filter(terminating).first().alias("terminating_from"),
+        pl.col("termination_reason").filter(terminating).first().alias("event_reason"),
+        pl.col("termination_message").filter(terminating).first().alias("event_message"),
+        t.filter(new.is_in(list(FINISHED_JOB_STATUSES))).min().alias("finished_event_at"),
+        pl.col("deployment_num").filter(pl.col("kind") == "job_updated").max().alias("bumped_to"),
+        (pl.col("kind") == "graceful_stop").any().alias("graceful_stop_event"),
+    )
+
+
+def _creation_deployments(subs: pl.DataFrame, events: pl.DataFrame) -> pl.DataFrame:
+    """The run's deployment when each job was created: the last 'Run updated' before it."""
+    updates = (
+        events.filter(pl.col("kind") == "run_updated")
+        .select("server", "run_id", pl.col("time").alias("update_at"), "deployment_num")
+        .drop_nulls(["update_at", "run_id"])
+        .sort("update_at")
+    )
+    created = subs.select(
+        "server", "run_id", "job_id", pl.coalesce("created_event_at", "submitted_at").alias("_c")
+    )
+    has_events = (
+        events.filter(pl.col("kind").is_in(["run_submitted", "run_updated", "job_created"]))
+        .select("server", "run_id")
+        .unique()
+        .with_columns(pl.lit(True).alias("_seen"))
+    )
+    joined = (
+        created.filter(pl.col("_c").is_not_null())
+        .sort("_c")
+        .join_asof(
+            updates.rename({"deployment_num": "created_deployment"}),
+            left_on="_c",
+            right_on="update_at",
+            by=["server", "run_id"],
+            strategy="backward",
+            check_sortedness=False,
+        )
+        .join(has_events, on=["server", "run_id"], how="left")
+        .select(
+            "job_id",
+            "server",
+            pl.when(pl.col("created_deployment").is_not_null())
+            .then(pl.col("created_deployment"))
+            .when(pl.col("_seen").fill_null(False))
+            .then(pl.lit(0, pl.Int64))
+            .alias("created_deployment"),
+        )
+    )
+    return subs.join(joined, on=["server", "job_id"], how="left")
+
+
+def submissions(evidence: Evidence) -> pl.DataFrame:
+    """One row per job submission with its derived times and its health verdict."""
+    facts = _job_event_facts(evidence.events)
+    subs = evidence.jobs.join(
+        facts, left_on=["server", "job_id"], right_on=["server", "entity_id"], how="left"
+    )
+    subs = _creation_deployments(subs, evidence.events)
+
+    finished = pl.col("status").is_in(list(FINISHED_JOB_STATUSES))
+    running_marker = (
+        pl.col("graceful_termination_attempts").is_not_null()
+        | pl.col("remove_at").is_not_null()
+        | pl.col("graceful_stop_event").fill_null(False)
+        | (pl.col("terminating_from") == "running")
+    )
+    probes_failing = pl.col("probes_below_ready_after").fill_null(0) > 0
+    probes_ok = (pl.col("probe_rows").fill_null(0) > 0) & ~probes_failing
+    ever_running = (
+        pl.col("has_provisioning_data").fill_null(True)
+        & (
+            pl.col("running_event_at").is_not_null()
+            | pl.col("running_at").is_not_null()
+            | running_marker
+            | (pl.col("probe_rows").fill_null(0) > 0)
+            | pl.col("ready").fill_null(False)
+            | pl.col("ready_at").is_not_null()
+        )
+    )
+    proof = (
+        pl.when(probes_failing)
+        .then(pl.lit("probe_failing"))
+        .when(pl.col("ready").fill_null(False) & probes_ok)
+        .then(pl.lit("ready_flag_and_probes"))
+        .when(pl.col("ready").fill_null(False))
+        .then(pl.lit("ready_flag"))
+        .when(pl.col("ready_kind") == "job_ready")
+        .then(pl.lit("ready_event"))
+        .when(pl.col("ready_kind") == "job_registered")
+        .then(pl.lit("registered_event"))
+        .when(probes_ok)
+        .then(pl.lit("probe_streaks"))
+        .when(~ever_running)
+        .then(pl.lit("never_running"))
+        .when((pl.col("probe_count").fill_null(0) > 0) & (pl.col("probe_rows") == 0))
+        .then(pl.lit("probes_never_ran"))
+        .when((pl.col("ready") == False) & running_marker)  # noqa: E712
+        .then(pl.lit("ready_flag_contradicts_running"))
+        .when(pl.col("ready") == False)  # noqa: E712
+        .then(pl.lit("not_ready"))
+        .when(running_marker & (pl.col("probe_count").fill_null(0) == 0))
+        .then(pl.lit("running_no_probes"))
+        .otherwise(pl.lit(None, pl.String))
+    )
+    health = (
+        pl.when(pl.col("health_proof").is_in(list(HEALTH_PROOFS)))
+        .then(pl.lit("healthy"))
+        .when(pl.col("health_proof").is_in(list(UNHEALTHY_PROOFS)))
+        .then(pl.lit("not_healthy"))
+        .otherwise(pl.lit("unknown"))
+    )
+    stopped_at = pl.coalesce(
+        "terminating_at", pl.when(finished).then(pl.col("last_processed_at"))
+    ).cast(UTC_TIME)
+    return (
+        subs.with_columns(proof.alias("health_proof"))
+        .with_columns(
+            health.alias("health"),
+            pl.coalesce("created_event_at", "submitted_at").alias("created_at"),
+            stopped_at.alias("stopped_at"),
+            pl.coalesce("finished_event_at", pl.when(finished).then(pl.col("last_processed_at")))
+            .cast(UTC_TIME)
+            .alias("finished_at"),
+            pl.coalesce("ready_at", "running_event_at", "running_at").alias("healthy_since"),
+        )
+        .sort(["server", "run_id", "replica_num", "job_num", "submission_num"])
+    )
+
+
+def deployments(evidence: Evidence, subs: pl.DataFrame) -> pl.DataFrame:
+    """One row per (run, deployment): when it began, what changed, who applied it."""
+    updates = evidence.events.filter(pl.col("kind") == "run_updated").select(
+        "server",
+        "run_id",
+        "deployment_num",
+        pl.col("time").alias("began_at"),
+        "changed_fields",
+        "actor",
+        pl.col("provenance").list.join("; ").alias("provenance"),
+    )
+    from_jobs = (
+        subs.group_by(["server", "run_id", "deployment_num"])
+        .agg(
+            pl.col("submitted_at").min().alias("first_job_at"),
+            pl.len().alias("jobs"),
+        )
+        .drop_nulls("deployment_num")
+    )
+    base = evidence.runs.select(
+        "server",
+        "run_id",
+        pl.lit(0, pl.Int64).alias("deployment_num"),
+        pl.col("submitted_at").alias("run_submitted_at"),
+        pl.col("deployment_num").alias("run_deployment_num"),
+    )
+    numbers = pl.concat(
+        [
+            base.select("server", "run_id", "deployment_num"),
+            updates.select("server", "run_id", "deployment_num"),
+            from_jobs.select("server", "run_id", "deployment_num"),
+            evidence.runs.select("server", "run_id", "deployment_num"),
+        ],
+        how="vertical_relaxed",
+    ).unique()
+    return (
+        numbers.drop_nulls(["run_id", "deployment_num"])
+        .join(updates, on=["server", "run_id", "deployment_num"], how="left")
+        .join(from_jobs, on=["server", "run_id", "deployment_num"], how="left")
+        .join(
+            base.select("server", "run_id", "run_submitted_at"), on=["server", "run_id"], how="left"
+        )
+        .with_columns(
+            pl.when(pl.col("deployment_num") == 0)
+            .then(pl.coalesce("began_at", "run_submitted_at"))
+            .otherwise(pl.col("began_at"))
+            .alias("began_at"),
+            pl.col("jobs").fill_null(0),
+        )
+        .drop("run_submitted_at")
+        .sort(["server", "run_id", "deployment_num"])
+    )
