@@ -5,9 +5,9 @@ The flow is one way: sources -> canonical model -> timeline -> findings -> repor
 
 __version__ = "0.1.0"
 
-from analyzer.api import Audit, audit, open_sources  # noqa: E402
-from analyzer.errors import AuditInputError  # noqa: E402
-from analyzer.report.schema import Finding, Report, RunVerdict  # noqa: E402
+from analyzer.api import Audit, audit, open_sources
+from analyzer.errors import AuditInputError
+from analyzer.report.schema import Finding, Report, RunVerdict
 
 __all__ = [
     "Audit",

@@ -45,7 +45,8 @@ class Audit:
             runs = runs.filter(pl.col("project") == self.project)
         if self.run:
             runs = runs.filter(
-                (pl.col("run_name") == self.run) | pl.col("run_id").str.starts_with(self.run.lower())
+                (pl.col("run_name") == self.run)
+                | pl.col("run_id").str.starts_with(self.run.lower())
             )
         return runs
 
@@ -138,7 +139,9 @@ def open_sources(
     parts = []
     given = list(paths)
     if not given:
-        raise AuditInputError("audit", "no input given", "name a server.db, an export folder or a log")
+        raise AuditInputError(
+            "audit", "no input given", "name a server.db, an export folder or a log"
+        )
     for path in given:
         parts.extend(load_path(Path(path), server))
     return Audit(combine(parts), project=project, run=run)

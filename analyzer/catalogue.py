@@ -83,7 +83,11 @@ def parse_event_messages(frame: pl.LazyFrame) -> pl.LazyFrame:
     message = pl.col("message").str.strip_chars()
     kind: pl.Expr = pl.lit(None, pl.String)
     for template in reversed(EVENT_TEMPLATES):
-        kind = pl.when(message.str.contains(template.pattern)).then(pl.lit(template.kind)).otherwise(kind)
+        kind = (
+            pl.when(message.str.contains(template.pattern))
+            .then(pl.lit(template.kind))
+            .otherwise(kind)
+        )
     irrelevant = pl.any_horizontal([message.str.contains(p) for p in KNOWN_IRRELEVANT])
     kind = pl.when(kind.is_null() & irrelevant).then(pl.lit("other")).otherwise(kind)
     kind = kind.fill_null("unrecognised")

@@ -135,12 +135,16 @@ def _judge_candidate(ctx: _Context) -> RunJudgement:
     considered = [
         j
         for j in ctx.jobs
-        if run_terminating_at is None or j["created_at"] is None or j["created_at"] <= run_terminating_at
+        if run_terminating_at is None
+        or j["created_at"] is None
+        or j["created_at"] <= run_terminating_at
     ]
     latest: dict[tuple[Any, Any], Row] = {}
     for job in considered:
         slot = (job["replica_num"], job["job_num"])
-        if slot not in latest or (job["submission_num"] or 0) > (latest[slot]["submission_num"] or 0):
+        if slot not in latest or (job["submission_num"] or 0) > (
+            latest[slot]["submission_num"] or 0
+        ):
             latest[slot] = job
     culprits = [j for j in latest.values() if is_own_failure(j)]
     if not culprits:
@@ -195,9 +199,13 @@ def _judge_candidate(ctx: _Context) -> RunJudgement:
         if dep is None:
             undecided.append(f"{_job_label(job)}: deployment number unknown")
             continue
-        newer = [c for c in triggering if c["deployment_num"] is not None and c["deployment_num"] > dep]
+        newer = [
+            c for c in triggering if c["deployment_num"] is not None and c["deployment_num"] > dep
+        ]
         same = [c for c in triggering if c["deployment_num"] == dep]
-        older = [c for c in triggering if c["deployment_num"] is not None and c["deployment_num"] < dep]
+        older = [
+            c for c in triggering if c["deployment_num"] is not None and c["deployment_num"] < dep
+        ]
         if newer and (same or older):
             undecided.append(
                 f"{_job_label(job)}: replicas of a newer and of its own or an older deployment "
@@ -240,7 +248,9 @@ def _judge_candidate(ctx: _Context) -> RunJudgement:
     failed = ", ".join(f"{c['job_name']} ({c['termination_reason']})" for c in culprits)
     why = f"the run failed ({run_reason}: {failed}) but no healthy replica was stopped by it"
     if also:
-        why += "; stopped but not victims: " + "; ".join(f"{o.job_name}: {o.why_not_victim}" for o in also)
+        why += "; stopped but not victims: " + "; ".join(
+            f"{o.job_name}: {o.why_not_victim}" for o in also
+        )
     return RunJudgement("no_healthy_victim", why)
 
 
@@ -381,7 +391,8 @@ def _culprit_evidence(ctx: _Context, culprit: Row) -> list[EvidenceItem]:
     items = [
         _evidence_from_event(e)
         for e in events
-        if e["kind"] == "job_created" or (e["kind"] == "job_status" and e["new_status"] == "terminating")
+        if e["kind"] == "job_created"
+        or (e["kind"] == "job_status" and e["new_status"] == "terminating")
     ]
     if not any(e["kind"] == "job_status" and e["new_status"] == "terminating" for e in events):
         message = culprit["termination_reason_message"]
@@ -390,8 +401,13 @@ def _culprit_evidence(ctx: _Context, culprit: Row) -> list[EvidenceItem]:
                 culprit,
                 f"job {culprit['job_name']} (deployment {culprit['deployment_num']}, submission "
                 f"{culprit['submission_num']}): {culprit['status']}, "
-                f"{culprit['termination_reason']}" + (f" ({message})" if message else "")
-                + (f", exit status {culprit['exit_status']}" if culprit["exit_status"] is not None else "")
+                f"{culprit['termination_reason']}"
+                + (f" ({message})" if message else "")
+                + (
+                    f", exit status {culprit['exit_status']}"
+                    if culprit["exit_status"] is not None
+                    else ""
+                )
                 + " (time: last processed; the failure happened at or before it)",
                 culprit["last_processed_at"],
             )

@@ -58,7 +58,9 @@ def _merge_events(frames: list[pl.DataFrame]) -> pl.DataFrame:
         .group_by(key, maintain_order=True)
         .agg(
             pl.all().exclude("provenance").first(),
-            pl.col("provenance").list.explode(keep_nulls=False, empty_as_null=False).unique(maintain_order=True),
+            pl.col("provenance")
+            .list.explode(keep_nulls=False, empty_as_null=False)
+            .unique(maintain_order=True),
         )
     )
     return conform(merged, EVENTS_SCHEMA).collect()

@@ -15,7 +15,15 @@ HEALTH_PROOFS = {
     "ready_flag": "jobs.ready = 1",
     "ready_flag_and_probes": "jobs.ready = 1 and every probe's last success_streak >= ready_after",
     "ready_event": "event 'Service replica ready to receive requests'",
+    "ready_event_and_probes": (
+        "event 'Service replica ready to receive requests' and every probe's last "
+        "success_streak >= ready_after"
+    ),
     "registered_event": "event 'Service replica registered to receive requests'",
+    "registered_event_and_probes": (
+        "event 'Service replica registered to receive requests' and every probe's last "
+        "success_streak >= ready_after"
+    ),
     "probe_streaks": "every probe's last success_streak >= its ready_after",
     "running_no_probes": (
         "RUNNING when the run was terminated (graceful stop requested: "
@@ -114,16 +122,13 @@ def submissions(evidence: Evidence) -> pl.DataFrame:
     )
     probes_failing = pl.col("probes_below_ready_after").fill_null(0) > 0
     probes_ok = (pl.col("probe_rows").fill_null(0) > 0) & ~probes_failing
-    ever_running = (
-        pl.col("has_provisioning_data").fill_null(True)
-        & (
-            pl.col("running_event_at").is_not_null()
-            | pl.col("running_at").is_not_null()
-            | running_marker
-            | (pl.col("probe_rows").fill_null(0) > 0)
-            | pl.col("ready").fill_null(False)
-            | pl.col("ready_at").is_not_null()
-        )
+    ever_running = pl.col("has_provisioning_data").fill_null(True) & (
+        pl.col("running_event_at").is_not_null()
+        | pl.col("running_at").is_not_null()
+        | running_marker
+        | (pl.col("probe_rows").fill_null(0) > 0)
+        | pl.col("ready").fill_null(False)
+        | pl.col("ready_at").is_not_null()
     )
     proof = (
         pl.when(probes_failing)
@@ -132,8 +137,12 @@ def submissions(evidence: Evidence) -> pl.DataFrame:
         .then(pl.lit("ready_flag_and_probes"))
         .when(pl.col("ready").fill_null(False))
         .then(pl.lit("ready_flag"))
+        .when((pl.col("ready_kind") == "job_ready") & probes_ok)
+        .then(pl.lit("ready_event_and_probes"))
         .when(pl.col("ready_kind") == "job_ready")
         .then(pl.lit("ready_event"))
+        .when((pl.col("ready_kind") == "job_registered") & probes_ok)
+        .then(pl.lit("registered_event_and_probes"))
         .when(pl.col("ready_kind") == "job_registered")
         .then(pl.lit("registered_event"))
         .when(probes_ok)

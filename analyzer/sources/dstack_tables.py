@@ -19,19 +19,51 @@ from analyzer.sources import Limitation, SourceData
 # except job_spec_data, which is reduced to a fingerprint and a few plain fields in polars.
 TABLE_COLUMNS: dict[str, list[str]] = {
     "runs": [
-        "id", "project_id", "user_id", "submitted_at", "run_name", "status", "run_spec",
-        "deleted", "last_processed_at", "termination_reason", "service_spec", "deployment_num",
+        "id",
+        "project_id",
+        "user_id",
+        "submitted_at",
+        "run_name",
+        "status",
+        "run_spec",
+        "deleted",
+        "last_processed_at",
+        "termination_reason",
+        "service_spec",
+        "deployment_num",
     ],
     "jobs": [
-        "id", "run_id", "run_name", "job_num", "job_name", "submission_num", "submitted_at",
-        "last_processed_at", "status", "termination_reason", "termination_reason_message",
-        "job_spec_data", "job_provisioning_data", "remove_at", "used_instance_id", "replica_num",
-        "exit_status", "deployment_num", "fleet_id", "graceful_termination_attempts", "ready",
+        "id",
+        "run_id",
+        "run_name",
+        "job_num",
+        "job_name",
+        "submission_num",
+        "submitted_at",
+        "last_processed_at",
+        "status",
+        "termination_reason",
+        "termination_reason_message",
+        "job_spec_data",
+        "job_provisioning_data",
+        "remove_at",
+        "used_instance_id",
+        "replica_num",
+        "exit_status",
+        "deployment_num",
+        "fleet_id",
+        "graceful_termination_attempts",
+        "ready",
         "running_at",
     ],
     "events": ["id", "message", "recorded_at", "actor_user_id"],
     "event_targets": [
-        "id", "event_id", "entity_project_id", "entity_type", "entity_id", "entity_name",
+        "id",
+        "event_id",
+        "entity_project_id",
+        "entity_type",
+        "entity_id",
+        "entity_name",
         "entity_run_id",
     ],
     "probes": ["id", "job_id", "probe_num", "success_streak"],
@@ -46,20 +78,44 @@ REQUIRED_TABLES = ("runs", "jobs")
 # JobSpec fields a rolling deployment changes (reference 6.1, 11.1.5): their hash tells a
 # redeployed job from one bumped in place.
 ROLLING_SPEC_PATHS = (
-    "$.commands", "$.image_name", "$.env", "$.requirements", "$.repo_code_hash", "$.probes",
-    "$.service_port", "$.working_dir", "$.user", "$.privileged", "$.volumes", "$.file_archives",
-    "$.app_specs", "$.registry_auth",
+    "$.commands",
+    "$.image_name",
+    "$.env",
+    "$.requirements",
+    "$.repo_code_hash",
+    "$.probes",
+    "$.service_port",
+    "$.working_dir",
+    "$.user",
+    "$.privileged",
+    "$.volumes",
+    "$.file_archives",
+    "$.app_specs",
+    "$.registry_auth",
 )
 
 # Alembic head -> the release that last migrated the database (reference section 0).
 ALEMBIC_RELEASES = {
-    "35e90e1b0d3e": "0.19.14", "728b1488b1b4": "0.19.22", "74a1f55209bd": "0.19.24",
-    "e2d08cd1b8d9": "0.19.25", "006512f572b4": "0.19.40", "22d74df9897e": "0.20.0",
-    "706e0acc3a7d": "0.20.7-0.20.9", "a8ed24fd7f90": "0.20.10", "8b6d5d8c1b9a": "0.20.13",
-    "c1c2ecaee45c": "0.20.14-0.20.15", "ad8c50120507": "0.20.16", "94fcd7e38b7e": "0.20.17",
-    "05c351d08f6b": "0.20.19", "e9c5e7e26c78": "0.20.28", "4d3cbb932bb2": "0.20.29",
-    "ecc9e8a0bfac": "0.21.0", "3d4f69210528": "0.21.1", "04126c7ea0c8": "0.21.2",
-    "dbbe9f32ec66": "0.21.2+ (HEAD 2026-08)", "40f19bea9d2a": "0.22.5",
+    "35e90e1b0d3e": "0.19.14",
+    "728b1488b1b4": "0.19.22",
+    "74a1f55209bd": "0.19.24",
+    "e2d08cd1b8d9": "0.19.25",
+    "006512f572b4": "0.19.40",
+    "22d74df9897e": "0.20.0",
+    "706e0acc3a7d": "0.20.7-0.20.9",
+    "a8ed24fd7f90": "0.20.10",
+    "8b6d5d8c1b9a": "0.20.13",
+    "c1c2ecaee45c": "0.20.14-0.20.15",
+    "ad8c50120507": "0.20.16",
+    "94fcd7e38b7e": "0.20.17",
+    "05c351d08f6b": "0.20.19",
+    "e9c5e7e26c78": "0.20.28",
+    "4d3cbb932bb2": "0.20.29",
+    "ecc9e8a0bfac": "0.21.0",
+    "3d4f69210528": "0.21.1",
+    "04126c7ea0c8": "0.21.2",
+    "dbbe9f32ec66": "0.21.2+ (HEAD 2026-08)",
+    "40f19bea9d2a": "0.22.5",
 }
 
 
@@ -234,7 +290,10 @@ def _jobs(reader: TableReader, server: str, runs: pl.DataFrame) -> pl.DataFrame:
             .explode("_probe_specs")
             .with_columns(
                 pl.int_range(pl.len()).over("job_id").alias("probe_num"),
-                pl.col("_probe_specs").struct.field("ready_after").fill_null(1).alias("ready_after"),
+                pl.col("_probe_specs")
+                .struct.field("ready_after")
+                .fill_null(1)
+                .alias("ready_after"),
             )
             .filter(pl.col("_probe_specs").is_not_null())
             .select("job_id", "probe_num", "ready_after")
@@ -291,45 +350,42 @@ def _jobs(reader: TableReader, server: str, runs: pl.DataFrame) -> pl.DataFrame:
         pl.coalesce(pl.col("fleet_id"), pl.col("instance_fleet_id")).alias("fleet_id")
     ).join(fleet_names.lazy(), left_on="fleet_id", right_on="fid", how="left")
 
-    return (
-        jobs.select(
-            pl.lit(server).alias("server"),
-            "run_id",
-            "job_id",
-            "job_name",
-            _int(pl.col("replica_num")).alias("replica_num"),
-            _int(pl.col("job_num")).alias("job_num"),
-            _int(pl.col("submission_num")).alias("submission_num"),
-            _int(pl.col("deployment_num")).alias("deployment_num"),
-            normalise_enum(pl.col("status")).alias("status"),
-            normalise_enum(pl.col("termination_reason")).alias("termination_reason"),
-            pl.when(pl.col("termination_reason_message").fill_null("") == "")
-            .then(pl.lit(None, pl.String))
-            .otherwise(pl.col("termination_reason_message"))
-            .alias("termination_reason_message"),
-            _int(pl.col("exit_status")).alias("exit_status"),
-            parse_db_time(pl.col("submitted_at")).alias("submitted_at"),
-            parse_db_time(pl.col("last_processed_at")).alias("last_processed_at"),
-            (pl.col("job_provisioning_data").fill_null("").str.strip_chars().is_in(["", "null"]))
-            .not_()
-            .alias("has_provisioning_data"),
-            "price",
-            "instance_name",
-            "fleet_name",
-            "replica_group",
-            (_bool(pl.col("ready")) if has_ready else pl.lit(None, pl.Boolean)).alias("ready"),
-            _int(pl.col("graceful_termination_attempts")).alias("graceful_termination_attempts"),
-            parse_db_time(pl.col("remove_at")).alias("remove_at"),
-            parse_db_time(pl.col("running_at")).alias("running_at"),
-            pl.col("_probe_specs").list.len().fill_null(0).cast(pl.Int64).alias("probe_count"),
-            "probe_rows",
-            "probes_below_ready_after",
-            "min_probe_streak",
-            "spec_fingerprint",
-            pl.concat_str([pl.lit("jobs:"), pl.col("id")]).alias("provenance"),
-        )
-        .collect()
-    )
+    return jobs.select(
+        pl.lit(server).alias("server"),
+        "run_id",
+        "job_id",
+        "job_name",
+        _int(pl.col("replica_num")).alias("replica_num"),
+        _int(pl.col("job_num")).alias("job_num"),
+        _int(pl.col("submission_num")).alias("submission_num"),
+        _int(pl.col("deployment_num")).alias("deployment_num"),
+        normalise_enum(pl.col("status")).alias("status"),
+        normalise_enum(pl.col("termination_reason")).alias("termination_reason"),
+        pl.when(pl.col("termination_reason_message").fill_null("") == "")
+        .then(pl.lit(None, pl.String))
+        .otherwise(pl.col("termination_reason_message"))
+        .alias("termination_reason_message"),
+        _int(pl.col("exit_status")).alias("exit_status"),
+        parse_db_time(pl.col("submitted_at")).alias("submitted_at"),
+        parse_db_time(pl.col("last_processed_at")).alias("last_processed_at"),
+        (pl.col("job_provisioning_data").fill_null("").str.strip_chars().is_in(["", "null"]))
+        .not_()
+        .alias("has_provisioning_data"),
+        "price",
+        "instance_name",
+        "fleet_name",
+        "replica_group",
+        (_bool(pl.col("ready")) if has_ready else pl.lit(None, pl.Boolean)).alias("ready"),
+        _int(pl.col("graceful_termination_attempts")).alias("graceful_termination_attempts"),
+        parse_db_time(pl.col("remove_at")).alias("remove_at"),
+        parse_db_time(pl.col("running_at")).alias("running_at"),
+        pl.col("_probe_specs").list.len().fill_null(0).cast(pl.Int64).alias("probe_count"),
+        "probe_rows",
+        "probes_below_ready_after",
+        "min_probe_streak",
+        "spec_fingerprint",
+        pl.concat_str([pl.lit("jobs:"), pl.col("id")]).alias("provenance"),
+    ).collect()
 
 
 def _events(
@@ -372,9 +428,9 @@ def _events(
             pl.lit(server).alias("server"),
             pl.lit(label).alias("source"),
             pl.lit("db_utc").alias("time_basis"),
-            pl.concat_list(
-                [pl.concat_str([pl.lit("events:"), pl.col("event_id")])]
-            ).alias("provenance"),
+            pl.concat_list([pl.concat_str([pl.lit("events:"), pl.col("event_id")])]).alias(
+                "provenance"
+            ),
         )
         .sort(["time", "event_id"])
         .with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("seq"))

@@ -70,7 +70,9 @@ class ExportReader:
                 else:
                     frame = pl.read_csv(path, infer_schema=False, empty_string_is_null=True)
             except Exception as error:
-                raise AuditInputError(str(path), f"cannot read the table export ({error})") from None
+                raise AuditInputError(
+                    str(path), f"cannot read the table export ({error})"
+                ) from None
             self._frames[table] = frame
         return self._frames[table]
 

@@ -1,0 +1,139 @@
+"""The `dstack-audit` command: options -> library call -> renderer. No audit logic here."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Any
+
+import click
+import polars as pl
+
+from analyzer import __version__
+from analyzer.api import open_sources
+from analyzer.errors import AuditInputError
+from analyzer.report.markdown import render_markdown
+from analyzer.report.text import render_table, render_timeline
+
+RENDERERS = {
+    "table": render_table,
+    "markdown": render_markdown,
+    "json": lambda report: report.model_dump_json(indent=2) + "\n",
+}
+
+
+def _clean_errors(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Unusable input: one line on stderr, exit 2, never a traceback."""
+
+    @wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except AuditInputError as error:
+            click.echo(f"dstack-audit: {error}", err=True)
+            sys.exit(2)
+        except (click.exceptions.Exit, click.ClickException, SystemExit):
+            raise
+        except Exception as error:  # a bug of ours: still one line, still exit 2
+            click.echo(
+                f"dstack-audit: internal error while auditing ({type(error).__name__}: {error}); "
+                "please report it with the command line",
+                err=True,
+            )
+            sys.exit(2)
+
+    return wrapper
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="dstack-audit")
+def main() -> None:
+    """Find healthy dstack service replicas killed because a newer deployment failed.
+
+    SOURCE is a dstack SQLite database (server.db), a folder of table exports (CSV/Parquet),
+    or a folder holding any of these. Inputs are opened read-only.
+    """
+
+
+def _write(text: str, output: Path | None) -> None:
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        output.write_text(text, encoding="utf-8")
+
+
+@main.command()
+@click.argument("sources", nargs=-1, required=True)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(sorted(RENDERERS)),
+    default="table",
+    show_default=True,
+    help="Output format: a readable table, markdown, or the JSON report contract.",
+)
+@click.option(
+    "--output", "-o", type=click.Path(dir_okay=False, path_type=Path), help="Write to FILE."
+)
+@click.option("--project", help="Only runs of this project.")
+@click.option("--run", help="Only runs with this name or id prefix.")
+@click.option("--fail-on-findings", is_flag=True, help="Exit 1 when there is any finding.")
+@_clean_errors
+def audit(
+    sources: tuple[str, ...],
+    fmt: str,
+    output: Path | None,
+    project: str | None,
+    run: str | None,
+    fail_on_findings: bool,
+) -> None:
+    """Audit SOURCES and report every run's verdict and every finding.
+
+    Exit status: 0 audit completed, 1 with --fail-on-findings and findings, 2 unusable input.
+    """
+    report = open_sources(sources, project=project, run=run).report
+    _write(RENDERERS[fmt](report), output)
+    if fail_on_findings and report.findings:
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("run")
+@click.argument("sources", nargs=-1, required=True)
+@click.option("--project", help="The run's project, when several projects have a run of that name.")
+@click.option(
+    "--output", "-o", type=click.Path(dir_okay=False, path_type=Path), help="Write to FILE."
+)
+@_clean_errors
+def timeline(run: str, sources: tuple[str, ...], project: str | None, output: Path | None) -> None:
+    """Print RUN's timeline: deployments, replica slots, every submission, every event.
+
+    RUN is a run name (add --project when several projects have one) or a run id prefix.
+    """
+    opened = open_sources(sources, project=project, run=run)
+    runs = opened.runs
+    if runs.height == 0:
+        raise AuditInputError(run, "no run with this name or id prefix in the given sources")
+    if runs.height > 1:
+        listed = "; ".join(
+            f"{r['project']}/{r['run_name']} id {r['run_id'][:8]} submitted {r['submitted_at']}"
+            for r in runs.iter_rows(named=True)
+        )
+        raise AuditInputError(
+            run, f"{runs.height} runs match: {listed}", "give --project or an id prefix"
+        )
+    row = runs.row(0, named=True)
+    key = (pl.col("server") == row["server"]) & (pl.col("run_id") == row["run_id"])
+    verdict = next((v.verdict for v in opened.verdicts if v.run_id == row["run_id"]), None)
+    _write(
+        render_timeline(
+            row,
+            verdict,
+            opened.deployments.filter(key),
+            opened.submissions.filter(key),
+            opened.events.filter(key),
+        ),
+        output,
+    )

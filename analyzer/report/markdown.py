@@ -1,0 +1,116 @@
+"""Markdown rendering of a report: for incident tickets and post-mortems."""
+
+from __future__ import annotations
+
+from analyzer.report.schema import Report
+from analyzer.report.text import fmt_time
+
+
+def _cell(value: object) -> str:
+    return ("-" if value is None else str(value)).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(headers: list[str], rows: list[list[object]]) -> list[str]:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
+    return lines
+
+
+def render_markdown(report: Report) -> str:
+    s = report.summary
+    out = [
+        "# dstack-audit report",
+        "",
+        f"{report.generated_by}, report schema {report.schema_version}: {s.runs} run(s), "
+        f"{s.findings} finding(s), {s.victims} healthy replica(s) killed.",
+        "",
+        "## Findings",
+        "",
+    ]
+    if not report.findings:
+        out += ["None.", ""]
+    for n, f in enumerate(report.findings, 1):
+        out += [
+            f"### {n}. `{f.category}` in {f.project}/{f.run_name} ({f.confidence})",
+            "",
+            f"- run id `{f.run_id}` on server `{f.server}`; run termination reason "
+            f"`{f.run_termination_reason}`",
+        ]
+        if f.update_deployment_num is not None:
+            out.append(
+                f"- update to deployment {f.update_deployment_num}"
+                + (f" by {f.updated_by}, changed `{f.changed_fields}`" if f.changed_fields else "")
+            )
+        out += ["", "Victims:", ""]
+        out += _table(
+            ["job", "job id", "replica", "deployment", "healthy since", "terminated at", "proof"],
+            [
+                [
+                    v.job_name,
+                    v.job_id,
+                    v.replica_num,
+                    v.deployment_num,
+                    fmt_time(v.healthy_since),
+                    fmt_time(v.terminated_at),
+                    v.health_proof,
+                ]
+                for v in f.victims
+            ],
+        )
+        out += ["", "Culprits:", ""]
+        out += _table(
+            ["job", "job id", "replica", "deployment", "reason", "message", "failed at"],
+            [
+                [
+                    c.job_name,
+                    c.job_id,
+                    c.replica_num,
+                    c.deployment_num,
+                    c.termination_reason,
+                    c.termination_reason_message,
+                    fmt_time(c.failed_at),
+                ]
+                for c in f.culprits
+            ],
+        )
+        if f.also_stopped:
+            out += ["", "Also stopped by the cascade, not victims:", ""]
+            out += [f"- {o.job_name} (`{o.job_id}`): {o.why_not_victim}" for o in f.also_stopped]
+        out += ["", "Evidence, in time order:", ""]
+        out += _table(
+            ["time", "what", "source"],
+            [[fmt_time(e.time) if e.time else "-", e.text, e.source] for e in f.evidence],
+        )
+        if f.notes:
+            out += ["", "Notes:", ""] + [f"- {note}" for note in f.notes]
+        out.append("")
+    out += ["## Runs", ""]
+    out += _table(
+        ["verdict", "project", "run", "run id", "type", "status", "deployment", "why"],
+        [
+            [
+                v.verdict,
+                v.project,
+                v.run_name,
+                v.run_id,
+                v.run_type,
+                v.status + (f" ({v.termination_reason})" if v.termination_reason else ""),
+                v.deployment_num,
+                v.why,
+            ]
+            for v in report.runs
+        ],
+    )
+    out += ["", "## Limitations", ""]
+    out += [f"- `{lim.code}`: {lim.message} ({lim.source})" for lim in report.limitations] or [
+        "None."
+    ]
+    out += ["", "## Inputs", ""]
+    out += _table(
+        ["path", "kind", "server version", "records", "unparsed", "sha256"],
+        [
+            [i.path, i.kind, i.server_version, i.records, i.unparsed, i.sha256]
+            for i in report.inputs
+        ],
+    )
+    return "\n".join(out) + "\n"

@@ -1,0 +1,219 @@
+"""Plain-text renderings: the terminal table of an audit and a run's timeline."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+import polars as pl
+
+from analyzer.report.schema import Finding, Report
+
+
+def fmt_time(value: datetime | None, *, date: bool = True) -> str:
+    if value is None:
+        return "?"
+    text = value.strftime("%Y-%m-%d %H:%M:%S.%f" if date else "%H:%M:%S.%f")[:-3]
+    return text + ("Z" if date else "")
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]], *, max_width: int = 60) -> str:
+    """A left-aligned text table; cells longer than max_width are cut with an ellipsis."""
+
+    def cell(value: object) -> str:
+        text = "-" if value is None else str(value)
+        return text if len(text) <= max_width else text[: max_width - 1] + "…"
+
+    body = [[cell(v) for v in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in body]) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.upper().ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in body]
+    return "\n".join(lines)
+
+
+def _run_label(item) -> str:
+    label = f"{item.project}/{item.run_name}" if item.project else item.run_name
+    return f"{item.server}:{label}" if item.server != "default" else label
+
+
+def _victims(finding: Finding) -> str:
+    return ", ".join(f"{v.job_name} (dep {v.deployment_num})" for v in finding.victims)
+
+
+def _culprits(finding: Finding) -> str:
+    return ", ".join(
+        f"{c.job_name} (dep {c.deployment_num}): {c.termination_reason}"
+        + (f" '{c.termination_reason_message}'" if c.termination_reason_message else "")
+        for c in finding.culprits
+    )
+
+
+def render_table(report: Report) -> str:
+    summary = report.summary
+    out = [
+        f"{report.generated_by}: {len(report.inputs)} input(s), {summary.runs} run(s), "
+        f"{summary.findings} finding(s), {summary.victims} healthy replica(s) killed",
+        "",
+    ]
+    if report.findings:
+        out.append(
+            "FINDINGS: healthy replicas terminated because another replica's failure failed the run"
+        )
+        out.append(
+            table(
+                ["#", "category", "confidence", "run", "victims", "culprit", "update", "killed at"],
+                [
+                    (
+                        i,
+                        f.category,
+                        f.confidence,
+                        _run_label(f),
+                        _victims(f),
+                        _culprits(f),
+                        (f"{f.updated_by}: {f.changed_fields}" if f.changed_fields else "-"),
+                        fmt_time(
+                            max(
+                                (v.terminated_at for v in f.victims if v.terminated_at),
+                                default=None,
+                            )
+                        ),
+                    )
+                    for i, f in enumerate(report.findings, 1)
+                ],
+            )
+        )
+    else:
+        out.append("FINDINGS: none")
+    out += ["", "RUNS"]
+    out.append(
+        table(
+            ["verdict", "run", "run id", "type", "status", "deployment", "why"],
+            [
+                (
+                    v.verdict,
+                    _run_label(v),
+                    v.run_id[:8],
+                    v.run_type,
+                    f"{v.status}" + (f" ({v.termination_reason})" if v.termination_reason else ""),
+                    v.deployment_num,
+                    v.why,
+                )
+                for v in report.runs
+            ],
+            max_width=90,
+        )
+    )
+    if report.limitations:
+        out += ["", "LIMITATIONS (what the evidence cannot show)"]
+        out += [f"- [{lim.code}] {lim.message} ({lim.source})" for lim in report.limitations]
+    out += ["", "INPUTS"]
+    out.append(
+        table(
+            ["path", "kind", "version", "records", "unparsed", "sha256"],
+            [
+                (i.path, i.kind, i.server_version, i.records, i.unparsed, (i.sha256 or "")[:16])
+                for i in report.inputs
+            ],
+            max_width=70,
+        )
+    )
+    if report.findings:
+        out += [
+            "",
+            "Details: --format markdown or json; a run's story: "
+            "dstack-audit timeline RUN SOURCE...",
+        ]
+    return "\n".join(out) + "\n"
+
+
+def render_timeline(
+    run: dict,
+    verdict: str | None,
+    deployments: pl.DataFrame,
+    subs: pl.DataFrame,
+    events: pl.DataFrame,
+) -> str:
+    """A run's story: deployments, replica slots with each submission's path, then every event."""
+    out = [
+        f"run {run['project']}/{run['run_name']}  id {run['run_id']}  "
+        f"{run['run_type'] or 'type unknown'}"
+        f"  {run['status']}"
+        + (f" ({run['termination_reason']})" if run["termination_reason"] else "")
+        + f"  deployment {run['deployment_num']}"
+        + (f"  verdict: {verdict}" if verdict else ""),
+        f"submitted {fmt_time(run['submitted_at'])} by {run['user'] or '?'}  [{run['provenance']}]",
+        "",
+        "DEPLOYMENTS",
+    ]
+    for dep in deployments.iter_rows(named=True):
+        if dep["deployment_num"] == 0:
+            began = f"began {fmt_time(dep['began_at'])} (run submitted)"
+        elif dep["began_at"] is not None:
+            began = (
+                f"began {fmt_time(dep['began_at'])} by {dep['actor']}, "
+                f"changed {dep['changed_fields']}"
+            )
+        else:
+            began = (
+                f"began at or before {fmt_time(dep['first_job_at'])} (no event records the update)"
+                if dep["first_job_at"]
+                else "began at an unrecorded time (no event, no job created at this deployment)"
+            )
+        out.append(
+            f"  #{dep['deployment_num']}  {began}; jobs now at this deployment: {dep['jobs']}"
+        )
+    out += ["", "REPLICA SLOTS (every submission, keyed on job id)"]
+    status_events = events.filter(pl.col("kind") == "job_status")
+    for slot, rows in subs.group_by(["replica_num", "job_num"], maintain_order=True):
+        out.append(f"  replica {slot[0]} job {slot[1]}")
+        for job in rows.iter_rows(named=True):
+            out.append(
+                f"    {job['job_name']}  job {job['job_id']}  deployment {job['deployment_num']}"
+                f"  submission {job['submission_num']}  [{job['provenance']}]"
+            )
+            steps = [f"submitted {fmt_time(job['created_at'], date=False)}"]
+            changes = status_events.filter(pl.col("entity_id") == job["job_id"])
+            if changes.height:
+                for change in changes.iter_rows(named=True):
+                    reason = change["termination_reason"]
+                    message = change["termination_message"]
+                    steps.append(
+                        f"{change['new_status']} {fmt_time(change['time'], date=False)}"
+                        + (
+                            f" ({reason}" + (f": {message}" if message else "") + ")"
+                            if reason
+                            else ""
+                        )
+                    )
+            else:
+                if job["running_at"] is not None:
+                    steps.append(f"running {fmt_time(job['running_at'], date=False)}")
+                reason = job["termination_reason"]
+                steps.append(
+                    f"{job['status']} by {fmt_time(job['last_processed_at'], date=False)}"
+                    + (f" ({reason})" if reason else "")
+                    + " (table times)"
+                )
+            out.append("      " + " -> ".join(steps))
+            if job["health"] == "healthy":
+                since = job["healthy_since"]
+                until = job["stopped_at"]
+                out.append(
+                    f"      healthy {fmt_time(since, date=False) if since else '(since unknown)'}"
+                    f" -> {fmt_time(until, date=False) if until else 'end of evidence'}"
+                    f" (proof: {job['health_proof']})"
+                )
+            else:
+                proof = job["health_proof"] or "no proof either way"
+                out.append(f"      health: {job['health']} ({proof})")
+    out += ["", "EVENTS"]
+    if events.height == 0:
+        out.append("  none recorded (dstack < 0.20.0, events past their TTL, or no log given)")
+    for event in events.filter(pl.col("kind") != "other").iter_rows(named=True):
+        out.append(
+            f"  {fmt_time(event['time']) if event['time'] else event['time_text']}  "
+            f"{event['entity_type']} {event['entity_name']}: {event['message']}"
+            + (f"  (by {event['actor']})" if event["actor"] not in (None, "system") else "")
+            + f"  [{'; '.join(event['provenance'] or [])}]"
+        )
+    return "\n".join(out) + "\n"

@@ -1,0 +1,1 @@
+"""dstack server log readers (rich, standard, json; plain, docker-timestamped or journald)."""

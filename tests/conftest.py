@@ -1,0 +1,64 @@
+"""Shared test data: the real dstack captures copied into tests/data/captures."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).parent / "data"
+CAPTURES = DATA / "captures"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def truth_files(pattern: str = "v*/*/truth.json") -> list[Path]:
+    return sorted(CAPTURES.glob(pattern))
+
+
+def capture_id(path: Path) -> str:
+    return "/".join(path.parent.relative_to(CAPTURES).parts)
+
+
+def expected_victims(truth: dict) -> set[tuple[str, str]]:
+    """(category, job_id): strict victims are collateral_termination, the rest of the broad
+    victims are same_deployment_collateral (the captures' README, issue 2)."""
+    expected = set()
+    for run in truth["runs"]:
+        strict = {v["job_id"] for v in run["victims"]}
+        for victim in run["broad_victims"]:
+            category = (
+                "collateral_termination"
+                if victim["job_id"] in strict
+                else "same_deployment_collateral"
+            )
+            expected.add((category, victim["job_id"]))
+    return expected
+
+
+def found_victims(report) -> set[tuple[str, str]]:
+    return {(f.category, v.job_id) for f in report.findings for v in f.victims}
+
+
+def load_truth(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+@pytest.fixture
+def copy_db(tmp_path):
+    """A writable copy of a capture's server.db, for building cases the captures lack."""
+
+    def make(capture: str, name: str = "server.db") -> Path:
+        target = tmp_path / name
+        shutil.copyfile(CAPTURES / capture / "server.db", target)
+        return target
+
+    return make
+
+
+def execute(db: Path, *statements: str, params: tuple = ()) -> None:
+    with sqlite3.connect(db) as connection:
+        for statement in statements:
+            connection.execute(statement, params)

@@ -1,0 +1,110 @@
+"""Inputs are evidence: opened read-only, detected by content, and bad ones named clearly."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import sqlite3
+
+import pytest
+from conftest import CAPTURES
+
+from analyzer import AuditInputError, open_sources
+
+
+def _fingerprint(folder):
+    return {
+        p: (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_audit_leaves_every_input_byte_and_mtime_unchanged(tmp_path):
+    folder = tmp_path / "seed"
+    shutil.copytree(CAPTURES / "v0.22.5" / "seed", folder)
+    before = _fingerprint(folder)
+    open_sources([folder]).report  # noqa: B018
+    assert _fingerprint(folder) == before
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        p.name for p in (CAPTURES / "v0.22.5" / "seed").iterdir()
+    )  # no -journal, -wal or -shm left behind
+
+
+def test_detected_by_content_not_by_name(tmp_path):
+    renamed = tmp_path / "evidence.bin"
+    shutil.copyfile(CAPTURES / "v0.22.5" / "seed" / "server.db", renamed)
+    report = open_sources([renamed]).report
+    assert report.inputs[0].kind == "sqlite"
+    assert report.summary.victims == 1
+
+
+def test_parquet_exports(tmp_path):
+    import polars as pl
+
+    source = CAPTURES / "v0.22.5" / "seed" / "tables"
+    for csv in source.glob("*.csv"):
+        if csv.stat().st_size:
+            pl.read_csv(csv, infer_schema=False).write_parquet(tmp_path / f"{csv.stem}.parquet")
+    report = open_sources([tmp_path]).report
+    assert {i.kind for i in report.inputs} == {"table-export"}
+    assert report.summary.victims == 1
+
+
+def test_sha256_and_size_of_each_input():
+    db = CAPTURES / "v0.22.5" / "seed" / "server.db"
+    (info,) = open_sources([db]).report.inputs
+    assert info.sha256 == hashlib.sha256(db.read_bytes()).hexdigest()
+    assert info.size == db.stat().st_size
+    assert info.server_version == "0.22.5"
+
+
+def _error(path) -> str:
+    with pytest.raises(AuditInputError) as caught:
+        open_sources([path]).report  # noqa: B018
+    return str(caught.value)
+
+
+def test_missing_path_is_named_and_not_created(tmp_path):
+    missing = tmp_path / "nope.db"
+    assert "no such file" in _error(missing)
+    assert not missing.exists()
+
+
+def test_empty_file(tmp_path):
+    empty = tmp_path / "server.db"
+    empty.write_bytes(b"")
+    message = _error(empty)
+    assert str(empty) in message and "not a recognised input" in message
+
+
+def test_text_file_given_as_database(tmp_path):
+    text = tmp_path / "server.db"
+    text.write_text("hello\n")
+    assert "not a recognised input" in _error(text)
+
+
+def test_sqlite_that_is_not_dstack(tmp_path):
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as db:
+        db.execute("CREATE TABLE things (id TEXT)")
+    assert "not a dstack one" in _error(other)
+
+
+def test_truncated_sqlite(tmp_path):
+    source = (CAPTURES / "v0.22.5" / "seed" / "server.db").read_bytes()
+    cut = tmp_path / "cut.db"
+    cut.write_bytes(source[:8192])
+    message = _error(cut)
+    assert str(cut) in message
+
+
+def test_folder_with_nothing_recognisable(tmp_path):
+    (tmp_path / "notes.txt").write_text("nothing here\n")
+    assert "nothing recognisable" in _error(tmp_path)
+
+
+def test_unrecognised_files_in_a_folder_are_listed_not_hidden():
+    report = open_sources([CAPTURES / "v0.22.5" / "seed"]).report
+    unrecognised = [i.path for i in report.inputs if i.kind == "unrecognised"]
+    assert any(p.endswith("truth.json") for p in unrecognised)
