@@ -4,17 +4,20 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
 from functools import cached_property
 from pathlib import Path
 
 import polars as pl
 
 from analyzer import __version__
+from analyzer.counterfactual import describe_models
 from analyzer.detect import detect
 from analyzer.errors import AuditInputError
 from analyzer.evidence import Evidence, combine
+from analyzer.impact import assess, serving_capacity, summarise
+from analyzer.reconcile import TimeOptions, reconcile
 from analyzer.report.schema import (
     Finding,
     InputRecord,
@@ -36,7 +39,8 @@ class Audit:
     evidence: Evidence
     project: str | None = None
     run: str | None = None
-    _verdicts: list[RunVerdict] = field(default_factory=list, init=False)
+    since: datetime | None = None
+    until: datetime | None = None
 
     @cached_property
     def runs(self) -> pl.DataFrame:
@@ -48,6 +52,12 @@ class Audit:
                 (pl.col("run_name") == self.run)
                 | pl.col("run_id").str.starts_with(self.run.lower())
             )
+        if self.since:
+            ended = pl.col("last_processed_at")
+            runs = runs.filter(ended.is_null() | (ended >= self.since))
+        if self.until:
+            began = pl.col("submitted_at")
+            runs = runs.filter(began.is_null() | (began <= self.until))
         return runs
 
     @cached_property
@@ -67,8 +77,26 @@ class Audit:
         )
 
     @cached_property
+    def end_of_evidence(self) -> datetime | None:
+        """The latest moment any input speaks of (a lower bound of when it was captured)."""
+        return self.evidence.end_of_evidence
+
+    @cached_property
+    def capacity(self) -> pl.DataFrame:
+        """Healthy replicas per run over time (a step function)."""
+        return serving_capacity(self.submissions, self.end_of_evidence)
+
+    @cached_property
     def _detected(self) -> tuple[list[RunVerdict], list[Finding]]:
-        return detect(self.runs, self.submissions, self.events)
+        verdicts, findings = detect(self.runs, self.submissions, self.events)
+        findings = assess(
+            findings,
+            self.submissions,
+            self.evidence.runs,
+            self.events,
+            self.evidence.ends_by_server(),
+        )
+        return verdicts, findings
 
     @property
     def verdicts(self) -> list[RunVerdict]:
@@ -94,19 +122,27 @@ class Audit:
                     source="audit",
                 )
             )
-        return Report(
+        summary = Summary(
+            runs=len(verdicts),
+            findings=len(findings),
+            victims=sum(len(f.victims) for f in findings),
+            by_verdict=dict(Counter(v.verdict for v in verdicts)),
+        )
+        report = Report(
             generated_by=f"dstack-audit {__version__}",
             inputs=[_input_record(i) for i in self.evidence.inputs],
             limitations=limitations,
-            summary=Summary(
-                runs=len(verdicts),
-                findings=len(findings),
-                victims=sum(len(f.victims) for f in findings),
-                by_verdict=dict(Counter(v.verdict for v in verdicts)),
-            ),
+            summary=summarise(findings, verdicts, summary),
+            end_of_evidence=self.end_of_evidence,
+            counterfactual_models=describe_models(),
             runs=sorted(verdicts, key=lambda v: (v.server, v.project or "", v.run_name, v.run_id)),
-            findings=sorted(findings, key=lambda f: (f.server, f.project or "", f.run_name)),
+            findings=findings,
         )
+        return Report.model_validate_json(self.redact(report.model_dump_json()))
+
+    def redact(self, text: str) -> str:
+        """Mask every secret the inputs hold (and every secret-shaped string) in `text`."""
+        return self.evidence.redactor.apply(text)
 
 
 def _input_record(info) -> InputRecord:
@@ -129,6 +165,10 @@ def open_sources(
     project: str | None = None,
     run: str | None = None,
     server: str = DEFAULT_SERVER,
+    log_tz: str | None = None,
+    log_date: date | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
 ) -> Audit:
     """Read every input (read-only) and combine them into one audit.
 
@@ -143,8 +183,9 @@ def open_sources(
             "audit", "no input given", "name a server.db, an export folder or a log"
         )
     for path in given:
-        parts.extend(load_path(Path(path), server))
-    return Audit(combine(parts), project=project, run=run)
+        parts.extend(load_path(path, server))
+    evidence = reconcile(combine(parts), TimeOptions(log_tz=log_tz, log_date=log_date))
+    return Audit(evidence, project=project, run=run, since=since, until=until)
 
 
 def audit(paths: Iterable[str | Path], **options) -> Report:

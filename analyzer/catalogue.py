@@ -78,37 +78,148 @@ KNOWN_IRRELEVANT: tuple[str, ...] = (
 GROUPS = ("old", "new", "reason", "msg", "dep", "fields")
 
 
-def parse_event_messages(frame: pl.LazyFrame) -> pl.LazyFrame:
-    """Add kind, statuses, reason, message, deployment and changed fields from `message`."""
-    message = pl.col("message").str.strip_chars()
+def tolerant(pattern: str) -> str:
+    """A template that also matches text re-joined from rich's folded lines, where the space at
+    a fold may have been dropped (reference 9.2): every literal space becomes optional."""
+    return pattern.replace(" ", " ?")
+
+
+def classify(
+    message: pl.Expr,
+    templates: tuple[Template, ...],
+    irrelevant_patterns: tuple[str, ...],
+    *,
+    fold_tolerant: bool = False,
+) -> dict[str, pl.Expr]:
+    """Expressions for `kind` and the named groups of the first template that matches."""
+    prepare = tolerant if fold_tolerant else str
     kind: pl.Expr = pl.lit(None, pl.String)
-    for template in reversed(EVENT_TEMPLATES):
+    for template in reversed(templates):
         kind = (
-            pl.when(message.str.contains(template.pattern))
+            pl.when(message.str.contains(prepare(template.pattern)))
             .then(pl.lit(template.kind))
             .otherwise(kind)
         )
-    irrelevant = pl.any_horizontal([message.str.contains(p) for p in KNOWN_IRRELEVANT])
-    kind = pl.when(kind.is_null() & irrelevant).then(pl.lit("other")).otherwise(kind)
-    kind = kind.fill_null("unrecognised")
-
+    if irrelevant_patterns:
+        irrelevant = pl.any_horizontal(
+            [message.str.contains(prepare(p)) for p in irrelevant_patterns]
+        )
+        kind = pl.when(kind.is_null() & irrelevant).then(pl.lit("other")).otherwise(kind)
     fields: dict[str, pl.Expr] = {name: pl.lit(None, pl.String) for name in GROUPS}
-    for template in EVENT_TEMPLATES:
+    for template in templates:
         groups = [g for g in GROUPS if f"?P<{g}>" in template.pattern]
         if not groups:
             continue
-        extracted = message.str.extract_groups(template.pattern)
+        extracted = message.str.extract_groups(prepare(template.pattern))
         for group in groups:
             fields[group] = pl.coalesce(fields[group], extracted.struct.field(group))
-    return frame.with_columns(
-        kind.alias("kind"),
+    fields["kind"] = kind.fill_null("unrecognised")
+    return fields
+
+
+def event_columns(fields: dict[str, pl.Expr]) -> list[pl.Expr]:
+    return [
+        fields["kind"].alias("kind"),
         fields["old"].str.to_lowercase().alias("old_status"),
-        pl.coalesce(fields["new"]).str.to_lowercase().alias("new_status"),
-        fields["reason"].str.to_lowercase().alias("termination_reason"),
+        fields["new"].str.to_lowercase().alias("new_status"),
+        fields["reason"].str.to_lowercase().replace("none", None).alias("termination_reason"),
         fields["msg"].alias("termination_message"),
         fields["dep"].cast(pl.Int64).alias("deployment_num"),
         fields["fields"].alias("changed_fields"),
-    )
+    ]
+
+
+def parse_event_messages(frame: pl.LazyFrame, *, fold_tolerant: bool = False) -> pl.LazyFrame:
+    """Add kind, statuses, reason, message, deployment and changed fields from `message`."""
+    message = pl.col("message").str.strip_chars()
+    fields = classify(message, EVENT_TEMPLATES, KNOWN_IRRELEVANT, fold_tolerant=fold_tolerant)
+    return frame.with_columns(event_columns(fields))
+
+
+# Log lines that are not "Emitting event" lines: `{run}: ...` / `{job}: ...` after the entity
+# form `run(<6 hex>)name` (reference 9.4, 9.5). The body after "<entity>: " is matched.
+ENTITY_LINE = (
+    r"^(?P<etype>run|job)\((?P<hex>[0-9a-f]{6})\)(?P<name>[A-Za-z0-9._-]+): ?(?P<body>.*)$"
+)
+
+LOG_LINE_TEMPLATES: tuple[Template, ...] = (
+    Template(
+        "run_status",
+        rf"^run status has changed (?P<old>{S}) -> (?P<new>{S})(?:, reason: (?P<reason>{S}))?$",
+        "0.18-0.19.x",
+    ),
+    Template(
+        "run_scaling",
+        r"^scaling (?P<fields>UP|DOWN) (?P<msg>\d+) replica\(s\)(?: for group '.*')?$",
+        "0.19.14-0.20.16",
+    ),
+    Template("job_status", r"^now is (?P<new>provisioning) on '.*'$", "0.18-0.19.x"),
+    Template("job_status", rf"^now is (?P<new>{S})$", "0.18-0.19.x"),
+    Template(
+        "job_status",
+        rf"^job status is (?P<new>{S}), reason: (?P<reason>{S}|None)$",
+        "0.18-0.19.x",
+    ),
+    Template(
+        "job_registered",
+        r"^(?:service replica registered to receive requests, gateway=\w+"
+        r"|replica is registered for service [0-9a-f]+)$",
+        "0.19.14-0.20.7",
+    ),
+    Template(
+        "job_unregistered",
+        r"^(?:service replica unregistered from receiving requests, gateway=\w+"
+        r"|replica is unregistered from service [0-9a-f]+)$",
+        "0.19.14-0.20.7",
+    ),
+    Template("job_exit_status", r"^non-zero exit status (?P<msg>-?\d+)$", "0.18+"),
+    Template("job_provisioned", r"^provisioned \d+ new instance\(s\)$", "0.18+"),
+)
+
+LOG_LINE_IRRELEVANT: tuple[str, ...] = (
+    r"^run took [0-9.]+ seconds from submission to provisioning",
+    r"^terminating \d+ replica\(s\) from removed group",
+    r"^service is registered as ",
+    r"^failed to unregister service",
+    r"^instance '.*' has been released, new status is ",
+    r"^.* launch in .* (?:failed|skipped): ",
+    r"^failed (?:due to|because) ",
+    r"^is unreachable, waiting for the instance",
+    r"^failed to (?:submit|prepare run volumes|attach volume|register service replica)",
+    r"^runner did not accept the job submission",
+    r"^max duration exceeded",
+    r"^could not stop container",
+    r"^(?:stopping runner|stopping container|provisioning failed|failed to use specified "
+    r"fleets|no fleet found|reuse instance failed)$",
+    r"^GPU utilization check: terminating$",
+    r"^terminating due to secrets interpolation error",
+    r"^run processing error",
+    r"^unexpected status ",
+)
+
+# dstack lines without an entity prefix that carry nothing the timeline needs.
+LOG_PLAIN_IRRELEVANT: tuple[str, ...] = (
+    r"^Requesting instance offers from backends",
+    r"^Created a new instance .* for job ",
+    r"^The job .* switched instance .* status to ",
+    r"^Instance .* (?:has switched to .* status|terminated|idle duration expired|has not started)",
+    r"^Created instance ",
+    r"^Terminated instance ",
+    r"^Added \d+ instances to fleet",
+    r"^Detaching volumes",
+    r"^Force detaching volume",
+    r"^shim failed to execute job ",
+    r"^Failed to (?:connect to|configure) gateway replica",
+    r"^Failed to \w+ \w+ item ",
+    r"^Failed to heartbeat ",
+    r"^Process(?:ing|ed) \w+ item ",
+    r"^gateway\(",
+    r"^Initializing the default configuration",
+    r"^Applying .*config\.yml",
+    r"^Configured the main project",
+    r"^The admin token is ",
+    r"^The dstack server .* is running at ",
+)
 
 
 # Changed fields of "Run updated" that only rescale or re-prioritise: jobs are bumped in place,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from datetime import UTC, datetime
 from functools import wraps
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import polars as pl
 from analyzer import __version__
 from analyzer.api import open_sources
 from analyzer.errors import AuditInputError
+from analyzer.redact import Redactor
 from analyzer.report.markdown import render_markdown
 from analyzer.report.text import render_table, render_timeline
 
@@ -32,14 +34,16 @@ def _clean_errors(command: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return command(*args, **kwargs)
         except AuditInputError as error:
-            click.echo(f"dstack-audit: {error}", err=True)
+            click.echo(Redactor().apply(f"dstack-audit: {error}"), err=True)
             sys.exit(2)
         except (click.exceptions.Exit, click.ClickException, SystemExit):
             raise
         except Exception as error:  # a bug of ours: still one line, still exit 2
             click.echo(
-                f"dstack-audit: internal error while auditing ({type(error).__name__}: {error}); "
-                "please report it with the command line",
+                Redactor().apply(
+                    f"dstack-audit: internal error while auditing ({type(error).__name__}: "
+                    f"{error}); please report it with the command line"
+                ),
                 err=True,
             )
             sys.exit(2)
@@ -64,6 +68,26 @@ def _write(text: str, output: Path | None) -> None:
         output.write_text(text, encoding="utf-8")
 
 
+def _log_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    command = click.option(
+        "--log-tz",
+        help="The zone of the server's local log times (IANA name such as Europe/Berlin, or "
+        "+02:00), when no database in the audit lets the tool infer it.",
+    )(command)
+    command = click.option(
+        "--log-date",
+        type=click.DateTime(formats=["%Y-%m-%d"]),
+        help="The date of a rich log's first line (rich logs carry times of day only).",
+    )(command)
+    return command
+
+
+def _open(sources: tuple[str, ...], log_tz: str | None, log_date: Any, **options: Any):
+    return open_sources(
+        sources, log_tz=log_tz, log_date=log_date.date() if log_date else None, **options
+    )
+
+
 @main.command()
 @click.argument("sources", nargs=-1, required=True)
 @click.option(
@@ -79,7 +103,23 @@ def _write(text: str, output: Path | None) -> None:
 )
 @click.option("--project", help="Only runs of this project.")
 @click.option("--run", help="Only runs with this name or id prefix.")
+@click.option(
+    "--since",
+    type=click.DateTime(formats=["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"]),
+    help="Only runs still active at or after this UTC time.",
+)
+@click.option(
+    "--until",
+    type=click.DateTime(formats=["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"]),
+    help="Only runs submitted at or before this UTC time.",
+)
 @click.option("--fail-on-findings", is_flag=True, help="Exit 1 when there is any finding.")
+@click.option(
+    "--quarantine",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write every log line that could not be parsed to FILE, as file:line<TAB>text.",
+)
+@_log_options
 @_clean_errors
 def audit(
     sources: tuple[str, ...],
@@ -87,14 +127,37 @@ def audit(
     output: Path | None,
     project: str | None,
     run: str | None,
+    since: datetime | None,
+    until: datetime | None,
     fail_on_findings: bool,
+    quarantine: Path | None,
+    log_tz: str | None,
+    log_date: Any,
 ) -> None:
     """Audit SOURCES and report every run's verdict and every finding.
 
+    SOURCES: dstack SQLite databases, folders of table exports, server logs (rich, standard or
+    json; plain, .gz, docker/kubectl --timestamps, journalctl -o json), or folders of these.
+
     Exit status: 0 audit completed, 1 with --fail-on-findings and findings, 2 unusable input.
     """
-    report = open_sources(sources, project=project, run=run).report
-    _write(RENDERERS[fmt](report), output)
+    opened = _open(
+        sources,
+        log_tz,
+        log_date,
+        project=project,
+        run=run,
+        since=since.replace(tzinfo=UTC) if since else None,
+        until=until.replace(tzinfo=UTC) if until else None,
+    )
+    report = opened.report
+    _write(opened.redact(RENDERERS[fmt](report)), output)
+    if quarantine is not None:
+        lines = [
+            f"{row['file']}:{row['line']}\t{row['text']}"
+            for row in opened.evidence.unparsed.iter_rows(named=True)
+        ]
+        quarantine.write_text(opened.redact("".join(line + "\n" for line in lines)), "utf-8")
     if fail_on_findings and report.findings:
         sys.exit(1)
 
@@ -127,13 +190,11 @@ def timeline(run: str, sources: tuple[str, ...], project: str | None, output: Pa
     row = runs.row(0, named=True)
     key = (pl.col("server") == row["server"]) & (pl.col("run_id") == row["run_id"])
     verdict = next((v.verdict for v in opened.verdicts if v.run_id == row["run_id"]), None)
-    _write(
-        render_timeline(
-            row,
-            verdict,
-            opened.deployments.filter(key),
-            opened.submissions.filter(key),
-            opened.events.filter(key),
-        ),
-        output,
+    text = render_timeline(
+        row,
+        verdict,
+        opened.deployments.filter(key),
+        opened.submissions.filter(key),
+        opened.events.filter(key),
     )
+    _write(opened.redact(text), output)

@@ -20,6 +20,7 @@ import polars as pl
 from analyzer.catalogue import IN_PLACE_FIELDS
 from analyzer.model import (
     FINISHED_JOB_STATUSES,
+    FINISHED_RUN_STATUSES,
     NORMAL_JOB_REASONS,
     RETRY_STOP_MESSAGES,
     RUN_FAILURE_REASONS,
@@ -85,6 +86,14 @@ class _Context:
     jobs: list[Row]
     events: list[Row]
 
+    @property
+    def dateless(self) -> bool:
+        """Only times of day are known (a rich log alone): report no datetimes."""
+        return any(e["time_basis"] == "time_of_day_only" for e in self.events)
+
+    def when(self, value: datetime | None) -> datetime | None:
+        return None if self.dateless else value
+
     def run_event(self, kind: str, **match: Any) -> Row | None:
         for event in self.events:
             if event["kind"] == kind and all(event[k] == v for k, v in match.items()):
@@ -92,13 +101,16 @@ class _Context:
         return None
 
 
-def _evidence_from_event(event: Row, text: str | None = None) -> EvidenceItem:
+def _evidence_from_event(event: Row) -> EvidenceItem:
     prefix = f"{event['entity_type']} {event['entity_name']}: " if event["entity_name"] else ""
     actor = f" (actor: {event['actor']})" if event["actor"] and event["actor"] != "system" else ""
+    dateless = event["time_basis"] == "time_of_day_only"
+    if dateless:
+        prefix = f"[{event['time_text']} local, date unknown] {prefix}"
     return EvidenceItem(
-        time=event["time"],
+        time=None if dateless else event["time"],
         source="; ".join(event["provenance"] or []),
-        text=text or f"{prefix}{event['message']}{actor}",
+        text=f"{prefix}{event['message']}{actor}",
     )
 
 
@@ -293,6 +305,19 @@ def _finding(
             notes.append(f"{culprit['job_name']}: {how}")
             if not proven:
                 confidence = "suspected"
+        inferred = [
+            j["job_name"]
+            for j in [*culprits, *(v for v, _ in entries)]
+            if j["deployment_basis"] == "scaling_lines"
+        ]
+        if inferred:
+            confidence = "suspected"
+            notes.append(
+                "deployment numbers inferred from 'scaling UP' log lines (dstack < 0.20.8 logs "
+                "carry none; autoscaling and retries log the same line): "
+                + ", ".join(inferred)
+                + "; a database of the same server confirms or clears this"
+            )
         if update and update["changed_fields"]:
             fields = {f.strip() for f in update["changed_fields"].split(",")}
             if fields <= IN_PLACE_FIELDS:
@@ -330,7 +355,10 @@ def _finding(
         evidence.append(_evidence_from_event(final))
     elif run["status"] == "terminating":
         notes.append("snapshot taken mid-cascade: the run is still TERMINATING")
-    evidence.sort(key=lambda item: (item.time is None, item.time or datetime.min))
+    if not ctx.dateless:
+        evidence.sort(key=lambda item: (item.time is None, item.time or datetime.min))
+    else:
+        notes.append("the log gives times of day only: datetimes are left empty, see evidence text")
 
     stopped_too = [
         _other(j, f"same or newer deployment than the culprit ({j['deployment_num']})")
@@ -356,8 +384,8 @@ def _finding(
                 replica_num=v["replica_num"],
                 deployment_num=v["deployment_num"],
                 submission_num=v["submission_num"],
-                healthy_since=v["healthy_since"],
-                terminated_at=v["stopped_at"],
+                healthy_since=ctx.when(v["healthy_since"]),
+                terminated_at=ctx.when(v["stopped_at"]),
                 health_proof=HEALTH_PROOFS.get(v["health_proof"], v["health_proof"]),
             )
             for v in victim_rows
@@ -372,14 +400,14 @@ def _finding(
                 termination_reason=c["termination_reason"] or c["event_reason"],
                 termination_reason_message=c["termination_reason_message"] or c["event_message"],
                 exit_status=c["exit_status"],
-                failed_at=_failed_at(c),
+                failed_at=ctx.when(_failed_at(c)),
             )
             for c in culprits
         ],
         run_termination_reason=run["termination_reason"],
         update_deployment_num=update_dep,
         changed_fields=update["changed_fields"] if update else None,
-        updated_by=update["actor"] if update else None,
+        updated_by=update["actor"].removeprefix("user ") if update else None,
         also_stopped=[o for o in also if o.job_id not in victim_ids] + stopped_too,
         evidence=evidence,
         notes=notes,
@@ -497,4 +525,5 @@ def _verdict(run: Row, verdict: str, why: str) -> RunVerdict:
         deployment_num=run["deployment_num"],
         verdict=verdict,  # type: ignore[arg-type]
         why=why,
+        in_progress=run["status"] not in (*FINISHED_RUN_STATUSES, None),
     )

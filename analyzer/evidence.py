@@ -7,10 +7,12 @@ events table and the log): it becomes one row that keeps every provenance, never
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 
 import polars as pl
 
 from analyzer.model import EVENTS_SCHEMA, JOBS_SCHEMA, RUNS_SCHEMA, conform
+from analyzer.redact import Redactor
 from analyzer.sources import InputInfo, Limitation, SourceData
 
 
@@ -22,14 +24,32 @@ class Evidence:
     inputs: list[InputInfo] = field(default_factory=list)
     limitations: list[Limitation] = field(default_factory=list)
     has_tables: bool = False
+    redactor: Redactor = field(default_factory=Redactor)
+    unparsed: pl.DataFrame = field(
+        default_factory=lambda: pl.DataFrame(
+            schema={"file": pl.String, "line": pl.Int64, "text": pl.String}
+        )
+    )
+
+    def ends_by_server(self) -> dict[str, datetime]:
+        """Per server: the latest moment its inputs speak of (a lower bound of the capture)."""
+        dated = self.events.filter(pl.col("time_basis") != "time_of_day_only")
+        frames = [
+            self.runs.select("server", pl.col("last_processed_at").alias("t")),
+            self.jobs.select("server", pl.col("last_processed_at").alias("t")),
+            dated.select("server", pl.col("time").alias("t")),
+        ]
+        ends = pl.concat(frames).drop_nulls().group_by("server").agg(pl.col("t").max())
+        return dict(ends.iter_rows())
 
     @property
-    def end_of_evidence(self) -> object:
+    def end_of_evidence(self) -> datetime | None:
         """The latest moment any input speaks of (runs, jobs or events)."""
+        dated_events = self.events.filter(pl.col("time_basis") != "time_of_day_only")
         candidates = [
             self.runs["last_processed_at"].max(),
             self.jobs["last_processed_at"].max(),
-            self.events["time"].max(),
+            dated_events["time"].max(),
         ]
         known = [c for c in candidates if c is not None]
         return max(known) if known else None
@@ -74,7 +94,13 @@ def combine(parts: list[SourceData]) -> Evidence:
         events=_merge_events([p.events for p in loaded]),
         has_tables=any(p.has_tables for p in parts),
     )
+    unparsed = [
+        read.unparsed for part in parts for read, _ in part.log_reads if read.unparsed.height
+    ]
+    if unparsed:
+        evidence.unparsed = pl.concat([evidence.unparsed, *unparsed], how="vertical_relaxed")
     for part in parts:
+        evidence.redactor.add(part.secrets)
         evidence.inputs.extend(part.inputs)
         for limitation in part.limitations:
             if all(

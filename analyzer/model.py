@@ -56,6 +56,7 @@ JOBS_SCHEMA: dict[str, pl.DataType] = {
     "probes_below_ready_after": pl.Int64(),
     "min_probe_streak": pl.Int64(),
     "spec_fingerprint": pl.String(),  # hash of the JobSpec fields a rolling deployment changes
+    "deployment_basis": pl.String(),  # table | events | scaling_lines (0.19 logs: suspected)
     "provenance": pl.String(),
 }
 
@@ -69,6 +70,7 @@ EVENTS_SCHEMA: dict[str, pl.DataType] = {
     "time_text": pl.String(),  # the time as the source wrote it
     "time_basis": pl.String(),  # how `time` was obtained (see TIME_BASES)
     "kind": pl.String(),  # see EVENT_KINDS
+    "origin": pl.String(),  # events_table | event_line | status_line: a status line is no event
     "entity_type": pl.String(),  # run | job
     "entity_id": pl.String(),
     "entity_name": pl.String(),
@@ -153,6 +155,8 @@ def conform(frame: pl.DataFrame | pl.LazyFrame, schema: dict[str, pl.DataType]) 
     """Select exactly the schema's columns, in order, with its types (missing ones as nulls)."""
     lazy = frame.lazy()
     present = set(lazy.collect_schema().names())
+    if not present:  # a frame without columns has no rows; literals would make one
+        return pl.LazyFrame(schema=schema)
     return lazy.select(
         [
             (pl.col(name) if name in present else pl.lit(None)).cast(dtype).alias(name)

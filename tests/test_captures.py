@@ -94,7 +94,7 @@ def test_seed_finding_evidence_chain_in_time_order():
     timed = [e.time for e in finding.evidence if e.time is not None]
     assert timed == sorted(timed)
     assert all(e.source.startswith(("events:", "jobs:", "runs:")) for e in finding.evidence)
-    assert finding.updated_by == "user alice"
+    assert finding.updated_by == "alice"
     assert finding.changed_fields == "configuration.commands"
     victim = finding.victims[0]
     assert victim.health_proof == "jobs.ready = 1"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from analyzer.report.schema import Report
-from analyzer.report.text import fmt_time
+from analyzer.report.text import fmt_cost, fmt_duration, fmt_time
 
 
 def _cell(value: object) -> str:
@@ -81,9 +81,71 @@ def render_markdown(report: Report) -> str:
             ["time", "what", "source"],
             [[fmt_time(e.time) if e.time else "-", e.text, e.source] for e in f.evidence],
         )
+        if f.impact:
+            i = f.impact
+            out += [
+                "",
+                "Impact:",
+                "",
+                f"- outage from {fmt_time(i.outage_start)} for {fmt_duration(i.outage_seconds)}"
+                + (
+                    f", recovered at {fmt_time(i.recovered_at)} (run `{i.recovered_by_run_id}`)"
+                    if i.recovered
+                    else ", not recovered as of the end of the evidence "
+                    + fmt_time(i.end_of_evidence)
+                ),
+                f"- {i.replicas_lost} healthy replica(s) lost, replica-time lost "
+                f"{fmt_duration(i.healthy_replica_seconds_lost)}, cost {fmt_cost(i.lost_cost)}"
+                + (
+                    f" (price known for {i.cost_known_for} of {i.replicas_lost})"
+                    if i.cost_known_for < i.replicas_lost
+                    else ""
+                ),
+            ]
+        if f.root_cause:
+            rc = f.root_cause
+            out += [
+                f"- root cause: `{rc.failure_class}`: {rc.detail}; changed fields "
+                f"`{rc.changed_fields}`; fleets {', '.join(rc.fleets) or 'unknown'}"
+            ]
+        if f.counterfactuals:
+            out += ["", "What a well-behaved rollout would have done:", ""]
+            out += [
+                f"- `{c.model}` ({', '.join(f'{k}={v}' for k, v in c.parameters.items())}): "
+                f"declared failed at {fmt_time(c.declared_failed_at)}; keeps "
+                f"{c.old_replicas_kept} old replica(s) serving "
+                f"({fmt_duration(c.serving_seconds_kept)} of replica-time); {c.explanation}"
+                for c in f.counterfactuals
+            ]
         if f.notes:
             out += ["", "Notes:", ""] + [f"- {note}" for note in f.notes]
         out.append("")
+    if report.findings:
+        out += ["## Impact by group", ""]
+        for title, groups in (
+            ("Server", s.by_server),
+            ("Project", s.by_project),
+            ("Fleet", s.by_fleet),
+            ("User who applied the update", s.by_user),
+            ("Day", s.by_day),
+            ("Failure class", s.by_failure_class),
+        ):
+            out += [f"### {title}", ""]
+            out += _table(
+                ["key", "findings", "victims", "outage", "replica-time lost", "cost lost"],
+                [
+                    [
+                        g.key,
+                        g.findings,
+                        g.victims,
+                        fmt_duration(g.outage_seconds),
+                        fmt_duration(g.healthy_replica_seconds_lost),
+                        fmt_cost(g.lost_cost, g.cost_unknown_victims),
+                    ]
+                    for g in groups
+                ],
+            )
+            out.append("")
     out += ["## Runs", ""]
     out += _table(
         ["verdict", "project", "run", "run id", "type", "status", "deployment", "why"],

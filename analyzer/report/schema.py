@@ -82,6 +82,55 @@ class OtherJob(_Record):
     why_not_victim: str
 
 
+class VictimImpact(_Record):
+    job_id: str
+    price_per_hour: float | None  # $/h of the victim's instance; None when unknown
+    lost_seconds: float | None
+    lost_cost: float | None  # None when the price (or the window) is unknown
+
+
+class Impact(_Record):
+    """What the kill cost: measured from the evidence, never guessed."""
+
+    outage_start: datetime | None  # the last healthy replica of the run stopped
+    recovered_at: datetime | None  # a replica of the same service served again
+    recovered_by_run_id: str | None = None
+    recovered: bool
+    outage_seconds: float | None  # until recovery, or until the end of the evidence
+    replicas_lost: int
+    healthy_replica_seconds_lost: float | None
+    lost_cost: float | None  # sum over victims; None if any victim's price is unknown
+    cost_known_for: int  # victims whose price is known
+    per_victim: list[VictimImpact]
+    end_of_evidence: datetime | None
+
+
+class Counterfactual(_Record):
+    """What a well-behaved rollout would have done with the same timeline."""
+
+    model: str
+    parameters: dict[str, float | int | str]
+    declared_failed_at: datetime | None
+    rolled_back: bool
+    old_replicas_kept: int
+    serving_seconds_kept: float | None  # healthy replica-seconds the model would have kept
+    explanation: str
+
+
+class RootCause(_Record):
+    failure_class: Literal[
+        "no_capacity",
+        "fleet_at_capacity",
+        "container_exit",
+        "retry_limit",
+        "probe_never_ready",
+        "other",
+    ]
+    detail: str
+    changed_fields: str | None
+    fleets: list[str]
+
+
 class Finding(_Record):
     category: Category
     confidence: Confidence
@@ -98,6 +147,9 @@ class Finding(_Record):
     also_stopped: list[OtherJob] = Field(default_factory=list)
     evidence: list[EvidenceItem]
     notes: list[str] = Field(default_factory=list)
+    impact: Impact | None = None
+    counterfactuals: list[Counterfactual] = Field(default_factory=list)
+    root_cause: RootCause | None = None
 
 
 class RunVerdict(_Record):
@@ -111,6 +163,19 @@ class RunVerdict(_Record):
     deployment_num: int | None
     verdict: Verdict
     why: str
+    in_progress: bool = False  # still active at the end of the evidence: not finished
+
+
+class GroupSummary(_Record):
+    """Findings of one project, fleet, user or day."""
+
+    key: str
+    findings: int
+    victims: int
+    outage_seconds: float
+    healthy_replica_seconds_lost: float
+    lost_cost: float
+    cost_unknown_victims: int
 
 
 class Summary(_Record):
@@ -118,6 +183,23 @@ class Summary(_Record):
     findings: int
     victims: int
     by_verdict: dict[str, int]
+    runs_in_progress: int = 0
+    outage_seconds: float = 0.0
+    healthy_replica_seconds_lost: float = 0.0
+    lost_cost: float = 0.0
+    cost_unknown_victims: int = 0
+    by_server: list[GroupSummary] = Field(default_factory=list)
+    by_project: list[GroupSummary] = Field(default_factory=list)
+    by_fleet: list[GroupSummary] = Field(default_factory=list)
+    by_user: list[GroupSummary] = Field(default_factory=list)
+    by_day: list[GroupSummary] = Field(default_factory=list)
+    by_failure_class: list[GroupSummary] = Field(default_factory=list)
+
+
+class ModelDescription(_Record):
+    name: str
+    parameters: dict[str, float | int | str]
+    description: str
 
 
 class Report(_Record):
@@ -126,5 +208,7 @@ class Report(_Record):
     inputs: list[InputRecord]
     limitations: list[LimitationRecord]
     summary: Summary
+    end_of_evidence: datetime | None = None
+    counterfactual_models: list[ModelDescription] = Field(default_factory=list)
     runs: list[RunVerdict]
     findings: list[Finding]

@@ -17,6 +17,58 @@ def fmt_time(value: datetime | None, *, date: bool = True) -> str:
     return text + ("Z" if date else "")
 
 
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    seconds = float(seconds)
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, sec = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    if days:
+        return f"{days}d{hours:02d}h{minutes:02d}m"
+    return f"{hours}h{minutes:02d}m{sec:02d}s" if hours else f"{minutes}m{sec:02d}s"
+
+
+def fmt_cost(value: float | None, unknown: int = 0) -> str:
+    if value is None:
+        return "unknown"
+    text = f"${value:,.4f}" if value < 1 else f"${value:,.2f}"
+    return text + (f" (+{unknown} unpriced)" if unknown else "")
+
+
+def _outage(finding: Finding) -> str:
+    impact = finding.impact
+    if impact is None or impact.outage_seconds is None:
+        return "?"
+    text = fmt_duration(impact.outage_seconds)
+    return text + ("" if impact.recovered else " (not recovered)")
+
+
+def _groups(title: str, groups) -> list[str]:
+    if not groups:
+        return []
+    return [
+        "",
+        title,
+        table(
+            ["key", "findings", "victims", "outage", "replica-time lost", "cost lost"],
+            [
+                (
+                    g.key,
+                    g.findings,
+                    g.victims,
+                    fmt_duration(g.outage_seconds),
+                    fmt_duration(g.healthy_replica_seconds_lost),
+                    fmt_cost(g.lost_cost, g.cost_unknown_victims),
+                )
+                for g in groups
+            ],
+        ),
+    ]
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]], *, max_width: int = 60) -> str:
     """A left-aligned text table; cells longer than max_width are cut with an ellipsis."""
 
@@ -57,11 +109,24 @@ def render_table(report: Report) -> str:
     ]
     if report.findings:
         out.append(
-            "FINDINGS: healthy replicas terminated because another replica's failure failed the run"
+            "FINDINGS, worst first: healthy replicas terminated because another replica's "
+            "failure failed the run"
         )
         out.append(
             table(
-                ["#", "category", "confidence", "run", "victims", "culprit", "update", "killed at"],
+                [
+                    "#",
+                    "category",
+                    "confidence",
+                    "run",
+                    "victims",
+                    "culprit",
+                    "update",
+                    "killed at",
+                    "outage",
+                    "lost",
+                    "cost",
+                ],
                 [
                     (
                         i,
@@ -77,11 +142,31 @@ def render_table(report: Report) -> str:
                                 default=None,
                             )
                         ),
+                        _outage(f),
+                        fmt_duration(f.impact.healthy_replica_seconds_lost if f.impact else None),
+                        fmt_cost(f.impact.lost_cost if f.impact else None),
                     )
                     for i, f in enumerate(report.findings, 1)
                 ],
             )
         )
+        out += [
+            "",
+            f"IMPACT: {summary.victims} healthy replica(s) killed, outage "
+            f"{fmt_duration(summary.outage_seconds)}, replica-time lost "
+            f"{fmt_duration(summary.healthy_replica_seconds_lost)}, cost "
+            f"{fmt_cost(summary.lost_cost, summary.cost_unknown_victims)} "
+            "(until recovery, or until the end of the evidence "
+            f"{fmt_time(report.end_of_evidence)})",
+        ]
+        if len(report.findings) > 1 or len(summary.by_server) > 1:
+            if len(summary.by_server) > 1:
+                out += _groups("BY SERVER", summary.by_server)
+            out += _groups("BY PROJECT", summary.by_project)
+            out += _groups("BY FLEET", summary.by_fleet)
+            out += _groups("BY USER WHO APPLIED THE UPDATE", summary.by_user)
+            out += _groups("BY DAY", summary.by_day)
+            out += _groups("BY FAILURE CLASS", summary.by_failure_class)
     else:
         out.append("FINDINGS: none")
     out += ["", "RUNS"]
@@ -94,7 +179,9 @@ def render_table(report: Report) -> str:
                     _run_label(v),
                     v.run_id[:8],
                     v.run_type,
-                    f"{v.status}" + (f" ({v.termination_reason})" if v.termination_reason else ""),
+                    f"{v.status}"
+                    + (f" ({v.termination_reason})" if v.termination_reason else "")
+                    + (" [in progress]" if v.in_progress else ""),
                     v.deployment_num,
                     v.why,
                 )

@@ -7,6 +7,7 @@ else changes. Sniffers look at content, never at file names.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,8 @@ import polars as pl
 
 from analyzer.errors import AuditInputError
 from analyzer.model import EVENTS_SCHEMA, JOBS_SCHEMA, RUNS_SCHEMA, conform, empty_frame
+
+DATABASE_URL = re.compile(r"^postgres(?:ql)?(?:\+\w+)?://")
 
 
 @dataclass
@@ -50,6 +53,8 @@ class SourceData:
     limitations: list[Limitation] = field(default_factory=list)
     has_tables: bool = False  # holds runs/jobs rows (a database or its exports)
     server_version: str | None = None
+    log_reads: list = field(default_factory=list)  # (LogRead, LogFacts) of each log read
+    secrets: set[str] = field(default_factory=set)  # values never to show (see redact.py)
 
     def conformed(self) -> SourceData:
         self.runs = conform(self.runs, RUNS_SCHEMA).collect()
@@ -63,6 +68,13 @@ class Source:
     kind: str
     sniff: Callable[[Path], bool]
     load: Callable[[Path, str], SourceData]  # (path, server label) -> data
+
+
+def bytes_facts(data: bytes, label: str, kind: str) -> InputInfo:
+    """Facts about input that is not a file (standard input)."""
+    return InputInfo(
+        path=label, kind=kind, sha256=hashlib.sha256(data).hexdigest(), size=len(data), mtime=None
+    )
 
 
 def file_facts(path: Path, kind: str) -> InputInfo:
@@ -79,8 +91,9 @@ def file_facts(path: Path, kind: str) -> InputInfo:
 
 def _registry() -> list[Source]:
     from analyzer.sources import sqlite, tables
+    from analyzer.sources.logs import source as logs
 
-    return [sqlite.SOURCE, tables.SOURCE]
+    return [sqlite.SOURCE, tables.SOURCE, logs.SOURCE]
 
 
 def sniff(path: Path) -> Source | None:
@@ -96,12 +109,21 @@ def _unrecognised(path: Path) -> SourceData:
     return SourceData(inputs=[info])
 
 
-def load_path(path: Path, server: str, *, inside_folder: bool = False) -> list[SourceData]:
+def load_path(given: str | Path, server: str, *, inside_folder: bool = False) -> list[SourceData]:
     """Load one path: a recognised file or folder, or a folder of recognisable things.
 
     Inside a folder, things that are not recognised are listed as such in the inputs (nothing
     is skipped silently); a path given by the user that is not recognised is an error.
     """
+    if str(given) == "-":
+        from analyzer.sources.logs.source import load_stdin
+
+        return [load_stdin(server).conformed()]
+    if isinstance(given, str) and DATABASE_URL.match(given):
+        from analyzer.sources.postgres import load_url
+
+        return [load_url(given, server).conformed()]
+    path = Path(given)
     if not path.exists():
         raise AuditInputError(str(path), "no such file or folder")
     source = sniff(path)

@@ -13,6 +13,7 @@ import polars as pl
 
 from analyzer import catalogue
 from analyzer.model import normalise_enum, normalise_id, parse_db_time
+from analyzer.redact import Redactor, json_secret_values
 from analyzer.sources import Limitation, SourceData
 
 # Only the columns the audit needs are read: secrets (tokens, keys, env) are never loaded,
@@ -70,7 +71,7 @@ TABLE_COLUMNS: dict[str, list[str]] = {
     "instances": ["id", "name", "fleet_id", "price"],
     "fleets": ["id", "name"],
     "projects": ["id", "name", "original_name", "deleted"],
-    "users": ["id", "name", "original_name", "deleted"],
+    "users": ["id", "name", "original_name", "deleted", "token"],
     "alembic_version": ["version_num"],
 }
 REQUIRED_TABLES = ("runs", "jobs")
@@ -251,7 +252,19 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
             )
         )
     data.server_version = version
+    data.secrets = _secrets(raw_runs, _read(reader, "jobs"), _read(reader, "users"))
     return data
+
+
+def _secrets(runs: pl.DataFrame, jobs: pl.DataFrame | None, users: pl.DataFrame | None) -> set[str]:
+    """Secret values the database holds, collected only so that no output can show them."""
+    redactor = Redactor()
+    redactor.add_frame_values(runs.select(json_secret_values(pl.col("run_spec"))))
+    if jobs is not None:
+        redactor.add_frame_values(jobs.select(json_secret_values(pl.col("job_spec_data"))))
+    if users is not None:
+        redactor.add(users["token"].to_list())
+    return redactor.values
 
 
 def _jobs(reader: TableReader, server: str, runs: pl.DataFrame) -> pl.DataFrame:
@@ -428,6 +441,7 @@ def _events(
             pl.lit(server).alias("server"),
             pl.lit(label).alias("source"),
             pl.lit("db_utc").alias("time_basis"),
+            pl.lit("events_table").alias("origin"),
             pl.concat_list([pl.concat_str([pl.lit("events:"), pl.col("event_id")])]).alias(
                 "provenance"
             ),

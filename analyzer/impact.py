@@ -1,0 +1,282 @@
+"""Serving capacity over time, and what each incident cost: outage window, replica-seconds
+and dollars lost, the root-cause signature, and the fleet-wide summaries.
+
+Measured from the evidence only: an unknown price stays unknown (never zero), a service that
+never served again is "not recovered as of the end of the evidence".
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from datetime import datetime
+
+import polars as pl
+
+from analyzer.counterfactual import RolloutFacts, evaluate_all
+from analyzer.report.schema import (
+    Finding,
+    GroupSummary,
+    Impact,
+    RootCause,
+    RunVerdict,
+    Summary,
+    VictimImpact,
+)
+
+# A replica with unknown start of health (table-only evidence) counts from its submission.
+CAPACITY_COLUMNS = ["server", "run_id", "time", "healthy_replicas"]
+
+
+def serving_capacity(subs: pl.DataFrame, end_of_evidence: datetime | None) -> pl.DataFrame:
+    """Per run: the number of healthy replicas (RUNNING and ready) as a step function; one row
+    per change, `healthy_replicas` holding from `time` until the next row."""
+    healthy = subs.filter(pl.col("health") == "healthy").select(
+        "server",
+        "run_id",
+        "deployment_num",
+        pl.coalesce("healthy_since", "running_at", "submitted_at").alias("start"),
+        pl.coalesce("stopped_at", pl.lit(end_of_evidence)).alias("stop"),
+    )
+    steps = pl.concat(
+        [
+            healthy.select(
+                "server",
+                "run_id",
+                "deployment_num",
+                pl.col("start").alias("time"),
+                pl.lit(1).alias("delta"),
+            ),
+            healthy.drop_nulls("stop").select(
+                "server",
+                "run_id",
+                "deployment_num",
+                pl.col("stop").alias("time"),
+                pl.lit(-1).alias("delta"),
+            ),
+        ]
+    ).drop_nulls("time")
+    return (
+        steps.group_by(["server", "run_id", "time"])
+        .agg(pl.col("delta").sum())
+        .sort(["server", "run_id", "time"])
+        .with_columns(
+            pl.col("delta").cum_sum().over(["server", "run_id"]).alias("healthy_replicas")
+        )
+        .select(CAPACITY_COLUMNS)
+    )
+
+
+def _recovery(
+    finding: Finding, start: datetime, runs: pl.DataFrame, subs: pl.DataFrame
+) -> tuple[datetime | None, str | None]:
+    """The first moment a replica of the same service (same project and run name, this run or
+    a later one) was healthy again after the outage began."""
+    same_service = runs.filter(
+        (pl.col("server") == finding.server)
+        & (pl.col("run_name") == finding.run_name)
+        & (pl.col("project").eq_missing(finding.project))
+    ).select("server", "run_id")
+    later = (
+        subs.join(same_service, on=["server", "run_id"])
+        .filter(pl.col("health") == "healthy")
+        .with_columns(pl.coalesce("healthy_since", "running_at").alias("_since"))
+        .filter(pl.col("_since") > start)
+        .sort("_since")
+    )
+    if later.height == 0:
+        return None, None
+    first = later.row(0, named=True)
+    return first["_since"], first["run_id"]
+
+
+def _root_cause(finding: Finding, subs: pl.DataFrame) -> RootCause:
+    culprit = finding.culprits[0]
+    reason = culprit.termination_reason or "unknown"
+    message = culprit.termination_reason_message or ""
+    if finding.run_termination_reason == "retry_limit_exceeded":
+        cls, detail = "retry_limit", f"retry duration exceeded; last failure {reason}"
+    elif reason == "failed_to_start_due_to_no_capacity":
+        at_capacity = "at capacity" in message.lower()
+        cls = "fleet_at_capacity" if at_capacity else "no_capacity"
+        detail = f"{reason}" + (f" ({message})" if message else "")
+    elif reason == "container_exited_with_error":
+        code = culprit.exit_status
+        cls, detail = (
+            "container_exit",
+            f"container exited with code {code if code is not None else '?'}",
+        )
+    elif reason in ("waiting_runner_limit_exceeded",) or "probe" in message.lower():
+        cls, detail = "probe_never_ready", f"{reason}" + (f" ({message})" if message else "")
+    else:
+        cls, detail = "other", f"{reason}" + (f" ({message})" if message else "")
+    job_ids = [v.job_id for v in finding.victims] + [c.job_id for c in finding.culprits]
+    fleets = (
+        subs.filter(pl.col("job_id").is_in(job_ids))["fleet_name"]
+        .drop_nulls()
+        .unique()
+        .sort()
+        .to_list()
+    )
+    return RootCause(
+        failure_class=cls, detail=detail, changed_fields=finding.changed_fields, fleets=fleets
+    )
+
+
+def assess(
+    findings: list[Finding],
+    subs: pl.DataFrame,
+    runs: pl.DataFrame,
+    events: pl.DataFrame,
+    ends: dict[str, datetime],
+) -> list[Finding]:
+    """Each finding with its impact, counterfactuals and root-cause signature filled in."""
+    prices = dict(subs.select("job_id", "price").filter(pl.col("price").is_not_null()).iter_rows())
+    assessed = []
+    for finding in findings:
+        end_of_evidence = ends.get(finding.server)
+        stops = [v.terminated_at for v in finding.victims]
+        known_stops = [s for s in stops if s is not None]
+        start = max(known_stops) if known_stops and len(known_stops) == len(stops) else None
+        recovered_at, by_run = _recovery(finding, start, runs, subs) if start else (None, None)
+        window_end = recovered_at or end_of_evidence
+        per_victim = []
+        for victim in finding.victims:
+            price = prices.get(victim.job_id)
+            lost = (
+                max((window_end - victim.terminated_at).total_seconds(), 0.0)
+                if window_end and victim.terminated_at
+                else None
+            )
+            per_victim.append(
+                VictimImpact(
+                    job_id=victim.job_id,
+                    price_per_hour=price,
+                    lost_seconds=lost,
+                    lost_cost=price * lost / 3600
+                    if price is not None and lost is not None
+                    else None,
+                )
+            )
+        lost_values = [v.lost_seconds for v in per_victim]
+        lost_total = sum(lost_values) if all(v is not None for v in lost_values) else None
+        costs = [v.lost_cost for v in per_victim]
+        impact = Impact(
+            outage_start=start,
+            recovered_at=recovered_at,
+            recovered_by_run_id=by_run,
+            recovered=recovered_at is not None,
+            outage_seconds=(window_end - start).total_seconds() if start and window_end else None,
+            replicas_lost=len(finding.victims),
+            healthy_replica_seconds_lost=lost_total,
+            lost_cost=sum(costs) if costs and all(c is not None for c in costs) else None,
+            cost_known_for=sum(c is not None for c in costs),
+            per_victim=per_victim,
+            end_of_evidence=end_of_evidence,
+        )
+        update_at = _update_time(finding, events)
+        failures = sorted(c.failed_at for c in finding.culprits if c.failed_at is not None)
+        facts = RolloutFacts(
+            update_at=update_at,
+            culprit_failures=failures,
+            victims=len(finding.victims),
+            lost_replica_seconds=lost_total,
+        )
+        assessed.append(
+            finding.model_copy(
+                update={
+                    "impact": impact,
+                    "counterfactuals": evaluate_all(facts),
+                    "root_cause": _root_cause(finding, subs),
+                }
+            )
+        )
+    return sorted(assessed, key=_impact_rank)
+
+
+def _impact_rank(finding: Finding) -> tuple:
+    impact = finding.impact
+    lost = (
+        impact.healthy_replica_seconds_lost
+        if impact and impact.healthy_replica_seconds_lost
+        else 0.0
+    )
+    cost = impact.lost_cost if impact and impact.lost_cost else 0.0
+    return (
+        -lost,
+        -cost,
+        -len(finding.victims),
+        finding.server,
+        finding.project or "",
+        finding.run_name,
+    )
+
+
+def _update_time(finding: Finding, events: pl.DataFrame) -> datetime | None:
+    if finding.update_deployment_num is None:
+        return None
+    update = events.filter(
+        (pl.col("server") == finding.server)
+        & (pl.col("run_id") == finding.run_id)
+        & (pl.col("kind") == "run_updated")
+        & (pl.col("deployment_num") == finding.update_deployment_num)
+        & (pl.col("time_basis") != "time_of_day_only")
+    )
+    return update["time"].min() if update.height else None
+
+
+def _group(findings: Iterable[Finding], key: Callable[[Finding], list[str]]) -> list[GroupSummary]:
+    groups: dict[str, list[Finding]] = defaultdict(list)
+    for finding in findings:
+        for name in key(finding) or ["(unknown)"]:
+            groups[name].append(finding)
+    summaries = [
+        GroupSummary(
+            key=name,
+            findings=len(members),
+            victims=sum(len(f.victims) for f in members),
+            outage_seconds=sum(f.impact.outage_seconds or 0.0 for f in members if f.impact),
+            healthy_replica_seconds_lost=sum(
+                f.impact.healthy_replica_seconds_lost or 0.0 for f in members if f.impact
+            ),
+            lost_cost=sum(
+                v.lost_cost or 0.0 for f in members if f.impact for v in f.impact.per_victim
+            ),
+            cost_unknown_victims=sum(
+                1 for f in members if f.impact for v in f.impact.per_victim if v.lost_cost is None
+            ),
+        )
+        for name, members in groups.items()
+    ]
+    return sorted(summaries, key=lambda g: (-g.healthy_replica_seconds_lost, -g.findings, g.key))
+
+
+def _day(finding: Finding) -> list[str]:
+    start = finding.impact.outage_start if finding.impact else None
+    return [start.strftime("%Y-%m-%d")] if start else ["(date unknown)"]
+
+
+def summarise(findings: list[Finding], verdicts: list[RunVerdict], base: Summary) -> Summary:
+    return base.model_copy(
+        update={
+            "runs_in_progress": sum(v.in_progress for v in verdicts),
+            "outage_seconds": sum(f.impact.outage_seconds or 0.0 for f in findings if f.impact),
+            "healthy_replica_seconds_lost": sum(
+                f.impact.healthy_replica_seconds_lost or 0.0 for f in findings if f.impact
+            ),
+            "lost_cost": sum(
+                v.lost_cost or 0.0 for f in findings if f.impact for v in f.impact.per_victim
+            ),
+            "cost_unknown_victims": sum(
+                1 for f in findings if f.impact for v in f.impact.per_victim if v.lost_cost is None
+            ),
+            "by_server": _group(findings, lambda f: [f.server]),
+            "by_project": _group(findings, lambda f: [f.project or "(unknown)"]),
+            "by_fleet": _group(findings, lambda f: f.root_cause.fleets if f.root_cause else []),
+            "by_user": _group(findings, lambda f: [f.updated_by or "(unknown)"]),
+            "by_day": sorted(_group(findings, _day), key=lambda g: g.key),
+            "by_failure_class": _group(
+                findings, lambda f: [f.root_cause.failure_class] if f.root_cause else []
+            ),
+        }
+    )

@@ -1,0 +1,587 @@
+"""Logs and databases told together: one clock, one identity, one event seen once.
+
+- Time: log times are local without a zone (standard/json) or time-of-day only (rich). With a
+  database in the audit, the offset (and, for rich, the date) is inferred by aligning log lines
+  with what the database recorded at the same instant (events.recorded_at, or the final status
+  of runs and jobs at last_processed_at). Otherwise --log-tz / --log-date apply, or the times
+  stay as written and a limitation says so. Ordering inside one log never depends on a date.
+- Identity: logs show 6-hex id prefixes; with a database they become full ids (prefix and name
+  must both match).
+- One event, two provenances: a log line and the events-table row of the same event merge.
+- Runs the database does not hold (log-only audits) get runs and jobs rows derived from their
+  events, so the same detector runs on them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import date
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import polars as pl
+
+from analyzer.catalogue import IN_PLACE_FIELDS
+from analyzer.errors import AuditInputError
+from analyzer.evidence import Evidence
+from analyzer.model import (
+    EVENTS_SCHEMA,
+    FINISHED_JOB_STATUSES,
+    FINISHED_RUN_STATUSES,
+    JOBS_SCHEMA,
+    RUNS_SCHEMA,
+    UTC_TIME,
+    conform,
+)
+from analyzer.sources import Limitation
+
+QUARTER_HOUR_US = 15 * 60 * 1_000_000
+MATCH_TOLERANCE_US = 2_000_000  # log ms (or rich s) precision against the DB's microseconds
+UNALIGNED = ("log_local_unaligned", "time_of_day_only")
+
+
+@dataclass
+class TimeOptions:
+    log_tz: str | None = None  # IANA zone or +HH:MM of the server's local time
+    log_date: date | None = None  # the date of a rich log's first line
+
+
+def _msg_key(expr: pl.Expr) -> pl.Expr:
+    return expr.fill_null("").str.replace_all(r"\s+", "")
+
+
+def _anchors(evidence: Evidence, db_events: pl.DataFrame) -> pl.DataFrame:
+    """Moments the database recorded, with what a log line at the same instant would say."""
+    from_events = db_events.select(
+        "server",
+        "entity_type",
+        "entity_name",
+        "entity_id",
+        "time",
+        _msg_key(pl.col("message")).alias("key"),
+    )
+    final_jobs = evidence.jobs.filter(pl.col("status").is_in(list(FINISHED_JOB_STATUSES))).select(
+        "server",
+        pl.lit("job").alias("entity_type"),
+        pl.col("job_name").alias("entity_name"),
+        pl.col("job_id").alias("entity_id"),
+        pl.col("last_processed_at").alias("time"),
+        pl.format("status:{}", pl.col("status")).alias("key"),
+    )
+    final_runs = evidence.runs.filter(pl.col("status").is_in(list(FINISHED_RUN_STATUSES))).select(
+        "server",
+        pl.lit("run").alias("entity_type"),
+        pl.col("run_name").alias("entity_name"),
+        pl.col("run_id").alias("entity_id"),
+        pl.col("last_processed_at").alias("time"),
+        pl.format("status:{}", pl.col("status")).alias("key"),
+    )
+    return pl.concat([from_events, final_jobs, final_runs], how="vertical_relaxed").drop_nulls(
+        ["time", "entity_id"]
+    )
+
+
+def _log_keys(log_events: pl.DataFrame) -> pl.DataFrame:
+    base = log_events.select(
+        "server",
+        "source",
+        "seq",
+        "entity_type",
+        "entity_name",
+        "entity_id",
+        "time",
+        _msg_key(pl.col("message")).alias("key"),
+    )
+    finals = log_events.filter(
+        pl.col("new_status").is_in(list(FINISHED_JOB_STATUSES) + list(FINISHED_RUN_STATUSES))
+    ).select(
+        "server",
+        "source",
+        "seq",
+        "entity_type",
+        "entity_name",
+        "entity_id",
+        "time",
+        pl.format("status:{}", pl.col("new_status")).alias("key"),
+    )
+    return pl.concat([base, finals])
+
+
+def infer_offsets(log_events: pl.DataFrame, anchors: pl.DataFrame) -> pl.DataFrame:
+    """Per log source: the shift (a whole number of quarter hours, date included for rich)
+    that most of its lines agree on with the database, and how many agree."""
+    pairs = (
+        _log_keys(log_events)
+        .join(anchors, on=["server", "entity_type", "entity_name", "key"], suffix="_db")
+        .filter(
+            pl.col("entity_id_db").str.replace_all("-", "").str.starts_with(pl.col("entity_id"))
+        )
+        .with_columns((pl.col("time_db") - pl.col("time")).dt.total_microseconds().alias("diff"))
+        .with_columns(
+            ((pl.col("diff") / QUARTER_HOUR_US).round() * QUARTER_HOUR_US)
+            .cast(pl.Int64)
+            .alias("shift")
+        )
+        .filter((pl.col("diff") - pl.col("shift")).abs() <= MATCH_TOLERANCE_US)
+    )
+    totals = log_events.group_by("source").agg(pl.col("seq").n_unique().alias("lines"))
+    matched = pairs.group_by("source").agg(pl.col("seq").n_unique().alias("matched"))
+    return (
+        pairs.group_by(["source", "shift"])
+        .agg(pl.col("seq").n_unique().alias("agree"))
+        .sort(["source", "agree"], descending=[False, True])
+        .group_by("source", maintain_order=True)
+        .first()
+        .join(totals, on="source", how="left")
+        .join(matched, on="source", how="left")
+    )
+
+
+def _shift_label(shift_us: int, basis: str) -> str:
+    minutes = (
+        round(-shift_us / 60_000_000) % (24 * 60)
+        if basis == "time_of_day_only"
+        else round(-shift_us / 60_000_000)
+    )
+    if basis == "time_of_day_only":
+        minutes = minutes if minutes <= 12 * 60 else minutes - 24 * 60
+    sign = "+" if minutes >= 0 else "-"
+    return f"UTC{sign}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}"
+
+
+def align_times(evidence: Evidence, options: TimeOptions) -> None:
+    events = evidence.events
+    log_mask = pl.col("time_basis").is_in(list(UNALIGNED))
+    log_events = events.filter(log_mask)
+    if log_events.height == 0:
+        return
+    db_events = events.filter(pl.col("time_basis") == "db_utc")
+    anchors = _anchors(evidence, db_events)
+    offsets = infer_offsets(log_events, anchors) if anchors.height else pl.DataFrame()
+    shifts: dict[str, int] = {}
+    for row in offsets.iter_rows(named=True) if offsets.height else []:
+        shifts[row["source"]] = row["shift"]
+        basis = log_events.filter(pl.col("source") == row["source"])["time_basis"][0]
+        evidence.limitations.append(
+            Limitation(
+                "log_time_aligned",
+                f"log times aligned with the database: of {row['lines']} lifecycle lines, "
+                f"{row['matched']} match a moment the database recorded and {row['agree']} of "
+                f"those agree on local time = {_shift_label(row['shift'], basis)}"
+                + (", date inferred" if basis == "time_of_day_only" else ""),
+                row["source"],
+            )
+        )
+    shift_frame = pl.DataFrame(
+        {"source": list(shifts), "_shift": list(shifts.values())},
+        schema={"source": pl.String, "_shift": pl.Int64},
+    )
+    adjusted = (
+        events.join(shift_frame, on="source", how="left")
+        .with_columns(
+            pl.when(log_mask & pl.col("_shift").is_not_null())
+            .then(pl.col("time") + pl.duration(microseconds=pl.col("_shift")))
+            .otherwise(pl.col("time"))
+            .alias("time"),
+            pl.when(log_mask & pl.col("_shift").is_not_null())
+            .then(pl.lit("log_local_offset_inferred"))
+            .otherwise(pl.col("time_basis"))
+            .alias("time_basis"),
+        )
+        .drop("_shift")
+    )
+    evidence.events = _apply_options(adjusted, options, evidence)
+
+
+def _to_utc(local: pl.Expr, zone: str) -> pl.Expr:
+    """Naive local times in `zone` (an IANA name or a fixed offset like +02:00) -> UTC."""
+    fixed = re.fullmatch(r"([+-])(\d{2}):?(\d{2})", zone.strip())
+    if fixed:
+        sign = 1 if fixed.group(1) == "+" else -1
+        minutes = sign * (int(fixed.group(2)) * 60 + int(fixed.group(3)))
+        return (local - pl.duration(minutes=minutes)).dt.replace_time_zone("UTC")
+    try:
+        ZoneInfo(zone)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise AuditInputError(
+            "--log-tz", f"unknown time zone {zone!r}", "use an IANA name or an offset like +02:00"
+        ) from None
+    return (
+        local.dt.replace_time_zone(zone, ambiguous="earliest", non_existent="null")
+        .dt.convert_time_zone("UTC")
+        .cast(UTC_TIME)
+    )
+
+
+def _apply_options(events: pl.DataFrame, options: TimeOptions, evidence: Evidence) -> pl.DataFrame:
+    local = pl.col("time").dt.replace_time_zone(None)
+    if options.log_date is not None:
+        rich = pl.col("time_basis") == "time_of_day_only"
+        shift_days = (options.log_date - date(1970, 1, 1)).days
+        events = events.with_columns(
+            pl.when(rich)
+            .then(pl.col("time") + pl.duration(days=shift_days))
+            .otherwise(pl.col("time"))
+            .alias("time"),
+            pl.when(rich)
+            .then(pl.lit("log_local_unaligned"))
+            .otherwise(pl.col("time_basis"))
+            .alias("time_basis"),
+        )
+    unaligned = pl.col("time_basis") == "log_local_unaligned"
+    if options.log_tz:
+        events = events.with_columns(
+            pl.when(unaligned)
+            .then(_to_utc(local, options.log_tz))
+            .otherwise(pl.col("time"))
+            .alias("time"),
+            pl.when(unaligned)
+            .then(pl.lit("log_local_offset_given"))
+            .otherwise(pl.col("time_basis"))
+            .alias("time_basis"),
+        )
+    for source in events.filter(unaligned)["source"].unique().to_list():
+        evidence.limitations.append(
+            Limitation(
+                "log_time_zone_unknown",
+                "log times are the server's local time without a zone and no database event "
+                "could align them: shown as written (taken as UTC); give --log-tz to convert",
+                source,
+            )
+        )
+    for source in (
+        events.filter(pl.col("time_basis") == "time_of_day_only")["source"].unique().to_list()
+    ):
+        evidence.limitations.append(
+            Limitation(
+                "log_time_of_day_only",
+                "rich log: times of day only, no date and no zone (nothing to align them with); "
+                "events are ordered as the log wrote them; give --log-date (and --log-tz) to "
+                "date them",
+                source,
+            )
+        )
+    return events.with_columns(
+        pl.when(pl.col("time_basis") == "log_local_unaligned")
+        .then(pl.lit("log_local_assumed_utc"))
+        .otherwise(pl.col("time_basis"))
+        .alias("time_basis")
+    )
+
+
+def resolve_ids(evidence: Evidence) -> None:
+    """6-hex log prefixes -> full ids where the database holds exactly one match."""
+    events = evidence.events
+    short = pl.col("entity_id").str.len_chars() == 6
+    if events.filter(short).height == 0 or (
+        evidence.jobs.height == 0 and evidence.runs.height == 0
+    ):
+        return
+    jobs = evidence.jobs.select(
+        "server",
+        pl.lit("job").alias("entity_type"),
+        pl.col("job_id").str.slice(0, 6).alias("entity_id"),
+        pl.col("job_name").alias("entity_name"),
+        pl.col("job_id").alias("_full"),
+        pl.col("run_id").alias("_run"),
+    )
+    runs = evidence.runs.select(
+        "server",
+        pl.lit("run").alias("entity_type"),
+        pl.col("run_id").str.slice(0, 6).alias("entity_id"),
+        pl.col("run_name").alias("entity_name"),
+        pl.col("run_id").alias("_full"),
+        pl.col("run_id").alias("_run"),
+    )
+    known = pl.concat([jobs, runs]).filter(
+        pl.len().over(["server", "entity_type", "entity_id", "entity_name"]) == 1
+    )
+    run_prefixes = runs.select(
+        "server", pl.col("entity_id").alias("run_id"), pl.col("_full").alias("_run_by_prefix")
+    ).filter(pl.len().over(["server", "run_id"]) == 1)
+    evidence.events = (
+        events.join(known, on=["server", "entity_type", "entity_id", "entity_name"], how="left")
+        .join(run_prefixes, on=["server", "run_id"], how="left")
+        .with_columns(
+            pl.coalesce("_full", "entity_id").alias("entity_id"),
+            pl.coalesce("_run", "_run_by_prefix", "run_id").alias("run_id"),
+        )
+        .drop("_full", "_run", "_run_by_prefix")
+    )
+
+
+def merge_duplicates(evidence: Evidence) -> None:
+    """A log line and a database row of the same event become one event, two provenances."""
+    events = evidence.events.with_row_index("_row")
+    db = events.filter(pl.col("time_basis") == "db_utc")
+    logs = events.filter(pl.col("time_basis") != "db_utc")
+    if db.height == 0 or logs.height == 0:
+        return
+    key = ["server", "entity_type", "entity_id", "_key"]
+    pairs = (
+        logs.select("_row", "source", "time", *key[:3], _msg_key(pl.col("message")).alias("_key"))
+        .join(
+            db.select(
+                pl.col("_row").alias("_db_row"),
+                pl.col("time").alias("_db_time"),
+                *key[:3],
+                _msg_key(pl.col("message")).alias("_key"),
+            ),
+            on=key,
+        )
+        .with_columns(
+            (pl.col("_db_time") - pl.col("time")).dt.total_microseconds().abs().alias("_gap")
+        )
+        .filter(pl.col("_gap") <= MATCH_TOLERANCE_US)
+        .sort("_gap")
+        .unique("_row", keep="first", maintain_order=True)
+        .unique("_db_row", keep="first", maintain_order=True)
+    )
+    extra = (
+        pairs.join(logs.select("_row", pl.col("provenance").alias("_log_prov")), on="_row")
+        .group_by("_db_row")
+        .agg(pl.col("_log_prov").list.explode(keep_nulls=False, empty_as_null=False))
+    )
+    merged_db = (
+        db.join(extra, left_on="_row", right_on="_db_row", how="left")
+        .with_columns(
+            pl.when(pl.col("_log_prov").is_not_null())
+            .then(pl.concat_list("provenance", "_log_prov"))
+            .otherwise(pl.col("provenance"))
+            .alias("provenance")
+        )
+        .drop("_log_prov")
+    )
+    remaining = logs.join(pairs.select("_row"), on="_row", how="anti")
+    unmatched_events = remaining.filter(pl.col("origin") == "event_line")
+    for source, count in unmatched_events.group_by("source").len().iter_rows():
+        in_db_span = _db_span_overlaps(db, logs.filter(pl.col("source") == source))
+        if in_db_span:
+            evidence.limitations.append(
+                Limitation(
+                    "log_events_missing_from_database",
+                    f"{count} log line(s) describe events the events table does not hold "
+                    "(deleted past the TTL, or the writing transaction rolled back); they are "
+                    "kept as log-only evidence",
+                    source,
+                )
+            )
+    evidence.events = (
+        pl.concat([merged_db, remaining], how="vertical_relaxed")
+        .drop("_row")
+        .sort(["server", "time", "seq"], nulls_last=True)
+    )
+
+
+def _db_span_overlaps(db: pl.DataFrame, log: pl.DataFrame) -> bool:
+    if db.height == 0 or log.height == 0:
+        return False
+    return bool(db["time"].max() >= log["time"].min() and log["time"].max() >= db["time"].min())
+
+
+def derive_from_events(evidence: Evidence) -> None:
+    """Runs and jobs rows for runs known only from events (log-only audits)."""
+    events = evidence.events
+    known_runs = evidence.runs.select("server", "run_id")
+    orphan = events.filter(pl.col("run_id").is_not_null()).join(
+        known_runs, on=["server", "run_id"], how="anti"
+    )
+    if orphan.height == 0:
+        return
+    orphan = orphan.sort(["server", "time", "seq"], nulls_last=True).with_row_index("_order")
+    evidence.runs = pl.concat(
+        [evidence.runs, conform(_derive_runs(orphan), RUNS_SCHEMA).collect()], how="vertical"
+    )
+    evidence.jobs = pl.concat(
+        [evidence.jobs, conform(_derive_jobs(orphan), JOBS_SCHEMA).collect()], how="vertical"
+    )
+
+
+def _derive_runs(events: pl.DataFrame) -> pl.DataFrame:
+    run = pl.col("entity_type") == "run"
+    status = run & (pl.col("kind") == "run_status")
+    return (
+        events.group_by(["server", "run_id"])
+        .agg(
+            pl.col("entity_name").filter(run).first().alias("run_name"),
+            pl.col("entity_name")
+            .filter(~run)
+            .first()
+            .str.replace(r"-\d+-\d+$", "")
+            .alias("_job_run"),
+            pl.when(
+                pl.col("message").str.contains(r"^Service ?").any()
+                | pl.col("kind")
+                .is_in(["job_ready", "job_registered", "run_updated", "run_scaling"])
+                .any()
+            )
+            .then(pl.lit("service"))
+            .alias("run_type"),
+            pl.col("new_status")
+            .filter(status | (run & (pl.col("kind") == "run_submitted")))
+            .last()
+            .alias("status"),
+            pl.col("termination_reason")
+            .filter(status)
+            .drop_nulls()
+            .first()
+            .alias("termination_reason"),
+            pl.col("deployment_num")
+            .filter(run & (pl.col("kind") == "run_updated"))
+            .max()
+            .alias("_dep"),
+            (run & (pl.col("kind") == "run_scaling") & (pl.col("changed_fields") == "UP"))
+            .sum()
+            .alias("_ups"),
+            pl.col("time").min().alias("submitted_at"),
+            pl.col("time").max().alias("last_processed_at"),
+            pl.col("actor")
+            .filter(run & (pl.col("kind") == "run_submitted"))
+            .first()
+            .str.replace("^user ", "")
+            .alias("user"),
+            pl.col("provenance").first().list.first().alias("provenance"),
+            (pl.col("kind") == "run_updated").any().alias("_has_updates"),
+        )
+        .with_columns(
+            pl.coalesce("run_name", "_job_run").alias("run_name"),
+            pl.lit(False).alias("deleted"),
+            pl.coalesce("_dep", pl.when(~pl.col("_has_updates")).then(pl.col("_ups")), pl.lit(0))
+            .cast(pl.Int64)
+            .alias("deployment_num"),
+        )
+    )
+
+
+def _derive_jobs(events: pl.DataFrame) -> pl.DataFrame:
+    """Jobs from their events. Deployment: the run's last 'Run updated' before the job was
+    created, raised by bumps ('Job updated', or an update of in-place fields only while the job
+    was active); without 'Run updated' lines (0.19), each 'scaling UP' of a running run is
+    counted as a suspected new deployment."""
+    jobs = events.filter(pl.col("entity_type") == "job")
+    if jobs.height == 0:
+        return pl.DataFrame()
+    status = pl.col("kind") == "job_status"
+    terminating = status & (pl.col("new_status").is_in(["terminating", *FINISHED_JOB_STATUSES]))
+    per_job = jobs.group_by(["server", "run_id", "entity_id"]).agg(
+        pl.col("entity_name").first().alias("job_name"),
+        pl.col("_order").min().alias("_first"),
+        pl.col("_order").max().alias("_last"),
+        pl.col("time").min().alias("submitted_at"),
+        pl.col("time").max().alias("last_processed_at"),
+        pl.col("new_status").filter(status).last().alias("status"),
+        pl.col("termination_reason")
+        .filter(terminating)
+        .drop_nulls()
+        .first()
+        .alias("termination_reason"),
+        pl.col("termination_message")
+        .filter(terminating)
+        .drop_nulls()
+        .first()
+        .alias("termination_reason_message"),
+        pl.col("termination_message")
+        .filter(pl.col("kind") == "job_exit_status")
+        .first()
+        .cast(pl.Int64, strict=False)
+        .alias("exit_status"),
+        (
+            pl.col("new_status").is_in(["provisioning", "pulling", "running"]).any()
+            | (pl.col("kind") == "job_provisioned").any()
+        ).alias("has_provisioning_data"),
+        pl.when((pl.col("kind") == "graceful_stop").any())
+        .then(pl.lit(1, pl.Int64))
+        .alias("graceful_termination_attempts"),
+        pl.col("deployment_num").filter(pl.col("kind") == "job_updated").max().alias("_bumped"),
+        pl.col("_order")
+        .filter(pl.col("new_status").is_in(["terminating", *FINISHED_JOB_STATUSES]))
+        .min()
+        .alias("_ended"),
+        pl.col("provenance").first().list.first().alias("provenance"),
+    )
+    runs = events.filter(pl.col("entity_type") == "run")
+    updates = runs.filter(pl.col("kind") == "run_updated").select(
+        "server",
+        "run_id",
+        pl.col("_order").alias("_u_order"),
+        pl.col("deployment_num").alias("_u_dep"),
+        pl.col("changed_fields"),
+    )
+    # Suspected deployments from 'scaling UP' lines, only for runs without 'Run updated' lines.
+    ups = (
+        runs.filter((pl.col("kind") == "run_scaling") & (pl.col("changed_fields") == "UP"))
+        .join(updates.select("server", "run_id").unique(), on=["server", "run_id"], how="anti")
+        .select("server", "run_id", pl.col("_order").alias("_s_order"))
+        .sort("_s_order")
+        .with_columns(pl.int_range(1, pl.len() + 1).over(["server", "run_id"]).alias("_s_dep"))
+    )
+    per_job = per_job.sort("_first")
+    per_job = per_job.join_asof(
+        updates.select("server", "run_id", "_u_order", "_u_dep").sort("_u_order"),
+        left_on="_first",
+        right_on="_u_order",
+        by=["server", "run_id"],
+        strategy="backward",
+        check_sortedness=False,
+    ).join_asof(
+        ups.sort("_s_order"),
+        left_on="_first",
+        right_on="_s_order",
+        by=["server", "run_id"],
+        strategy="backward",
+        check_sortedness=False,
+    )
+    # In-place updates bump every job active at that moment (no event on the pipeline path).
+    in_place = updates.filter(
+        pl.col("changed_fields").map_elements(
+            lambda fields: {f.strip() for f in fields.split(",")} <= IN_PLACE_FIELDS,
+            return_dtype=pl.Boolean,
+        )
+    )
+    bumps = (
+        per_job.select("server", "run_id", "entity_id", "_first", "_ended")
+        .join(
+            in_place.select("server", "run_id", "_u_order", pl.col("_u_dep").alias("_b_dep")),
+            on=["server", "run_id"],
+        )
+        .filter(
+            (pl.col("_u_order") > pl.col("_first"))
+            & (pl.col("_ended").is_null() | (pl.col("_ended") > pl.col("_u_order")))
+        )
+        .group_by(["server", "entity_id"])
+        .agg(pl.col("_b_dep").max().alias("_in_place"))
+    )
+    per_job = per_job.join(bumps, on=["server", "entity_id"], how="left")
+    return per_job.with_columns(
+        pl.col("entity_id").alias("job_id"),
+        pl.col("job_name").str.extract(r"-(\d+)-\d+$", 1).cast(pl.Int64).alias("job_num"),
+        pl.col("job_name").str.extract(r"-(\d+)$", 1).cast(pl.Int64).alias("replica_num"),
+        (pl.col("_first").rank("ordinal").over(["server", "run_id", "job_name"]) - 1)
+        .cast(pl.Int64)
+        .alias("submission_num"),
+        pl.max_horizontal(pl.coalesce("_u_dep", "_s_dep", pl.lit(0)), "_bumped", "_in_place")
+        .cast(pl.Int64)
+        .alias("deployment_num"),
+        pl.when(
+            pl.col("_u_dep").is_not_null()
+            | pl.col("_bumped").is_not_null()
+            | pl.col("_in_place").is_not_null()
+        )
+        .then(pl.lit("events"))
+        .when(pl.col("_s_dep").is_not_null())
+        .then(pl.lit("scaling_lines"))
+        .otherwise(pl.lit("events"))
+        .alias("deployment_basis"),
+    )
+
+
+def reconcile(evidence: Evidence, options: TimeOptions | None = None) -> Evidence:
+    options = options or TimeOptions()
+    if "time_basis" not in evidence.events.columns or evidence.events.height == 0:
+        return evidence
+    align_times(evidence, options)
+    resolve_ids(evidence)
+    merge_duplicates(evidence)
+    evidence.events = conform(evidence.events, EVENTS_SCHEMA).collect()
+    derive_from_events(evidence)
+    return evidence

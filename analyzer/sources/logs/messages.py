@@ -1,0 +1,285 @@
+"""Log records -> canonical events, with an account of every record.
+
+Two kinds of dstack lines carry a run's story: "Emitting event: ..." lines (0.20.0+, the same
+messages as the events table) and the older `{run}: ...` / `{job}: ...` status lines (0.19.x,
+and a few pipeline-era lines). Every other dstack line is either known and irrelevant, or
+counted as unrecognised by its template shape, so a new dstack release shows up as a gap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from analyzer import catalogue
+from analyzer.model import UTC_TIME
+
+EVENT_LINE = (
+    r"^Emitting ?event: ?(?P<body>.*)\. ?Event ?targets: ?(?P<targets>.*)\. ?Actor: ?"
+    r"(?P<actor>system|user\([0-9a-f]{6}\)\S*)\s*$"
+)
+TARGET = r"(run|job)\(([0-9a-f]{6})\)([A-Za-z0-9._-]+)"
+SERVER_VERSION = r"The dstack server (?P<version>\S+) is running at"
+
+# What each kind of line says about the server version (reference sections 0 and 9.6).
+VERSION_MARKERS: tuple[tuple[str, str, str], ...] = (
+    (r"^Emitting ?event:", "0.20.0", ""),
+    (r"run status has changed|now is [A-Z_]+$|job status is [A-Z_]+, reason", "", "0.19.40"),
+    (r"Run ?updated\. ?Deployment:", "0.20.8", ""),
+    (r"Job ?created ?on ?retry", "0.20.14", ""),
+    (r"Service ?replica ?ready ?to ?receive ?requests", "0.21.1", ""),
+    (r"Service ?replica ?registered ?to ?receive ?requests\. ?Event", "0.20.8", "0.21.0"),
+    (r"Job ?created ?on ?new ?replica ?submission|Job ?created ?when ?re-running", "", "0.20.16"),
+)
+LOGGER_MARKERS: tuple[tuple[str, str, str], ...] = (
+    (r"\.background\.tasks\.", "", "0.20.9"),
+    (r"\.background\.scheduled_tasks\.", "0.20.10", "0.20.16"),
+    (r"\.background\.pipeline_tasks\.", "0.20.13", ""),
+)
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split(".") if part.isdigit())
+
+
+@dataclass
+class LogFacts:
+    """What the log's records were, counted, and what the log says about its server."""
+
+    records: int = 0
+    relevant: int = 0
+    irrelevant: int = 0
+    unrecognised: int = 0
+    unrecognised_shapes: dict[str, int] = field(default_factory=dict)
+    server_version: str | None = None
+    levels: dict[str, int] = field(default_factory=dict)
+
+
+def _shape(message: pl.Expr) -> pl.Expr:
+    """A line's template shape: ids, names, numbers and quoted text replaced by placeholders."""
+    return (
+        message.str.slice(0, 200)
+        .str.replace_all(
+            r"\b(run|job|instance|fleet|gateway|user|project)\([0-9a-f]{6}\)[A-Za-z0-9._-]+",
+            "$1(…)",
+        )
+        .str.replace_all(r"'[^']*'", "'…'")
+        .str.replace_all(r"[0-9a-f]{32}|[0-9a-f-]{36}", "<id>")
+        .str.replace_all(r"\d+(\.\d+)?", "N")
+    )
+
+
+def records_to_events(
+    records: pl.DataFrame, source: str, server: str
+) -> tuple[pl.DataFrame, LogFacts]:
+    facts = LogFacts(records=records.height)
+    if records.height == 0:
+        return pl.DataFrame(), facts
+    facts.levels = dict(records.group_by("level").len().iter_rows())
+
+    frame = records.with_row_index("seq").with_columns(
+        pl.col("seq").cast(pl.Int64),
+        pl.col("message").str.strip_chars().alias("text"),
+        pl.col("logger").fill_null("").alias("logger"),
+    )
+    is_event = pl.col("text").str.contains(r"^Emitting ?event:")
+    entity = pl.col("text").str.extract_groups(catalogue.ENTITY_LINE)
+    frame = frame.with_columns(
+        is_event.alias("is_event"),
+        entity.struct.field("etype").alias("line_etype"),
+        entity.struct.field("hex").alias("line_hex"),
+        entity.struct.field("name").alias("line_name"),
+        entity.struct.field("body").alias("line_body"),
+    )
+
+    events = _event_lines(frame.filter(pl.col("is_event")))
+    status = _status_lines(frame.filter(~pl.col("is_event") & pl.col("line_etype").is_not_null()))
+    plain = frame.filter(~pl.col("is_event") & pl.col("line_etype").is_null())
+
+    plain_known = plain.select(
+        pl.any_horizontal(
+            [pl.col("text").str.contains(p) for p in catalogue.LOG_PLAIN_IRRELEVANT]
+        ).alias("known"),
+        (pl.col("logger").str.starts_with("dstack") | (pl.col("logger") == "")).alias("dstack"),
+        pl.col("text"),
+    )
+    unrecognised = pl.concat(
+        [
+            plain_known.filter(~pl.col("known") & pl.col("dstack")).select("text"),
+            status.filter(pl.col("kind") == "unrecognised").select("text"),
+            events.filter(pl.col("kind") == "unrecognised").select(pl.col("message").alias("text")),
+        ]
+    )
+    facts.unrecognised = unrecognised.height
+    if unrecognised.height:
+        shapes = (
+            unrecognised.group_by(_shape(pl.col("text")).alias("shape"))
+            .len()
+            .sort("len", descending=True)
+        )
+        facts.unrecognised_shapes = dict(shapes.iter_rows())
+
+    # "other" run/job events stay: they tell a service from a task ("Service ..." messages).
+    relevant = pl.concat(
+        [events, status.filter(~pl.col("kind").is_in(["other", "unrecognised"]))],
+        how="diagonal_relaxed",
+    ).filter(pl.col("kind") != "unrecognised")
+    lifecycle = relevant.filter(pl.col("kind") != "other")
+    facts.relevant = lifecycle.select(pl.col("seq").n_unique()).item() if lifecycle.height else 0
+    facts.irrelevant = facts.records - facts.relevant - facts.unrecognised
+    facts.server_version = _fingerprint(frame)
+
+    out = relevant.with_columns(
+        pl.lit(server).alias("server"),
+        pl.lit(source).alias("source"),
+        pl.concat_list([pl.format("{}:{}", pl.col("file"), pl.col("line"))]).alias("provenance"),
+        *_times(),
+    )
+    return _attach_job_runs(out), facts
+
+
+def _times() -> list[pl.Expr]:
+    pseudo_day = pl.datetime(1970, 1, 1, time_zone="UTC") + pl.duration(
+        days=pl.col("day_offset").fill_null(0)
+    )
+    time_of_day = pl.col("time_of_day").cast(pl.Duration("us"))
+    return [
+        pl.when(pl.col("wrapper_time").is_not_null())
+        .then(pl.col("wrapper_time"))
+        .when(pl.col("local_time").is_not_null())
+        .then(pl.col("local_time").cast(pl.Datetime("us")).dt.replace_time_zone("UTC"))
+        .when(pl.col("time_of_day").is_not_null())
+        .then(pseudo_day + time_of_day)
+        .cast(UTC_TIME)
+        .alias("time"),
+        pl.when(pl.col("wrapper_time").is_not_null())
+        .then(pl.lit("log_wrapper_utc"))
+        .when(pl.col("local_time").is_not_null())
+        .then(pl.lit("log_local_unaligned"))
+        .otherwise(pl.lit("time_of_day_only"))
+        .alias("time_basis"),
+        pl.coalesce(
+            pl.col("local_time").dt.to_string("%Y-%m-%d %H:%M:%S%.3f"),
+            pl.col("time_of_day").dt.to_string("%H:%M:%S")
+            + pl.when(pl.col("day_offset").fill_null(0) > 0)
+            .then(pl.format(" (+{} days)", pl.col("day_offset")))
+            .otherwise(pl.lit("")),
+        ).alias("time_text"),
+    ]
+
+
+def _event_lines(frame: pl.DataFrame) -> pl.DataFrame:
+    parts = pl.col("text").str.extract_groups(EVENT_LINE)
+    lines = frame.with_columns(
+        parts.struct.field("body").alias("message"),
+        parts.struct.field("targets").str.extract_all(TARGET).alias("target"),
+        parts.struct.field("actor").alias("actor"),
+    )
+    broken = lines.filter(pl.col("message").is_null())
+    targeted = (
+        lines.filter(pl.col("message").is_not_null())
+        .explode("target")
+        .filter(pl.col("target").is_not_null())
+    )
+    targeted = targeted.with_columns(
+        pl.col("target").str.extract(r"^(run|job)", 1).alias("entity_type"),
+        pl.col("target").str.extract(r"\(([0-9a-f]{6})\)", 1).alias("entity_id"),
+        pl.col("target").str.extract(r"\)([A-Za-z0-9._-]+)$", 1).alias("entity_name"),
+        pl.col("actor").str.replace(r"^user\([0-9a-f]{6}\)", "user "),
+    )
+    parsed = catalogue.parse_event_messages(targeted.lazy(), fold_tolerant=True).collect()
+    unparsed_events = broken.select("seq", pl.col("text").alias("message")).with_columns(
+        pl.lit("unrecognised").alias("kind")
+    )
+    return pl.concat([parsed, unparsed_events], how="diagonal_relaxed").with_columns(
+        pl.when(pl.col("entity_type") == "run").then(pl.col("entity_id")).alias("run_id"),
+        pl.lit("event_line").alias("origin"),
+    )
+
+
+def _status_lines(frame: pl.DataFrame) -> pl.DataFrame:
+    body = pl.col("line_body")
+    fields = catalogue.classify(
+        body, catalogue.LOG_LINE_TEMPLATES, catalogue.LOG_LINE_IRRELEVANT, fold_tolerant=True
+    )
+    return frame.with_columns(
+        *catalogue.event_columns(fields),
+        pl.col("line_etype").alias("entity_type"),
+        pl.col("line_hex").alias("entity_id"),
+        pl.col("line_name").alias("entity_name"),
+        pl.when(pl.col("line_etype") == "run").then(pl.col("line_hex")).alias("run_id"),
+        body.alias("message"),
+        pl.lit("system").alias("actor"),
+        pl.lit("status_line").alias("origin"),
+    )
+
+
+def _attach_job_runs(events: pl.DataFrame) -> pl.DataFrame:
+    """A job line names no run: take the run of the job's name prefix seen last before it in
+    this log (two runs may share a name; their 6-hex prefixes keep them apart)."""
+    if events.height == 0:
+        return events
+    runs = (
+        events.filter(pl.col("entity_type") == "run")
+        .group_by(["entity_id", "entity_name"])
+        .agg(pl.col("seq").min().alias("first_seq"))
+        .select(
+            pl.col("entity_id").alias("_run"),
+            pl.col("entity_name").alias("_run_name"),
+            pl.col("first_seq").alias("_seq"),
+        )
+        .sort("_seq")
+    )
+    jobs = (
+        events.filter(pl.col("entity_type") == "job")
+        .with_columns(pl.col("entity_name").str.replace(r"-\d+-\d+$", "").alias("_run_name"))
+        .sort("seq")
+    )
+    if runs.height:
+        jobs = jobs.join_asof(
+            runs,
+            left_on="seq",
+            right_on="_seq",
+            by="_run_name",
+            strategy="backward",
+            check_sortedness=False,
+        )
+        fallback = runs.group_by("_run_name").agg(pl.col("_run").first().alias("_first_run"))
+        jobs = jobs.join(fallback, on="_run_name", how="left").with_columns(
+            pl.coalesce("_run", "_first_run").alias("run_id")
+        )
+    return (
+        pl.concat([events.filter(pl.col("entity_type") != "job"), jobs], how="diagonal_relaxed")
+        .sort("seq")
+        .select(pl.all().exclude("^_.*$"))
+    )
+
+
+def _fingerprint(frame: pl.DataFrame) -> str | None:
+    """The dstack version range the log's lines fit (narrowest of every marker found)."""
+    explicit = frame.select(
+        pl.col("text").str.extract(SERVER_VERSION, 1).drop_nulls().last()
+    ).item()
+    if explicit:
+        return explicit
+    low, high = "0.18.0", ""
+    text = frame["text"]
+    loggers = frame["logger"]
+    for pattern, minimum, maximum in VERSION_MARKERS:
+        if text.str.contains(pattern).any():
+            low, high = _narrow(low, high, minimum, maximum)
+    for pattern, minimum, maximum in LOGGER_MARKERS:
+        if loggers.str.contains(pattern).any():
+            low, high = _narrow(low, high, minimum, maximum)
+    if low == "0.18.0" and not high:
+        return None
+    return f"{low}-{high}" if high and high != low else (low if high else f">={low}")
+
+
+def _narrow(low: str, high: str, minimum: str, maximum: str) -> tuple[str, str]:
+    if minimum and _version_key(minimum) > _version_key(low):
+        low = minimum
+    if maximum and (not high or _version_key(maximum) < _version_key(high)):
+        high = maximum
+    return low, high

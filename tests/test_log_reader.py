@@ -1,0 +1,684 @@
+"""Tests for analyzer.sources.logs.reader on the real captures and fixtures built from them."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import re
+import sys
+from datetime import UTC, datetime, time
+from itertools import pairwise
+from pathlib import Path
+
+import polars as pl
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from analyzer.model import LOG_RECORDS_SCHEMA
+from analyzer.sources.logs.reader import (
+    LogRead,
+    read_log,
+    read_log_bytes,
+    rotated_set,
+    sniff_log,
+)
+
+DATA = Path(__file__).parent / "data" / "logs"
+CAPTURES = Path(__file__).resolve().parents[2] / "shared" / "captures"
+REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "dstack-data.md"
+NO_CAPTURES = "the real captures (../shared/captures next to the checkout) are not available"
+needs_captures = pytest.mark.skipif(not CAPTURES.is_dir(), reason=NO_CAPTURES)
+
+CAPTURE_DIRS = sorted(CAPTURES.glob("*/*/logs")) if CAPTURES.is_dir() else []
+CAPTURE_LOGS = sorted(p for d in CAPTURE_DIRS for p in d.glob("*.log"))
+
+
+def _ids(paths: list[Path]) -> list[str]:
+    return ["/".join(p.relative_to(CAPTURES).parts) for p in paths]
+
+
+def accounted(read: LogRead) -> LogRead:
+    """The accounting invariant and the output shapes, checked for every read in this file."""
+    assert read.records.schema == pl.Schema(LOG_RECORDS_SCHEMA)
+    assert read.unparsed.schema == pl.Schema(
+        {"file": pl.String, "line": pl.Int64, "text": pl.String}
+    )
+    counted = int(read.records["line_count"].sum() or 0)
+    assert counted + read.lines_irrelevant + read.unparsed.height == read.lines_total
+    assert (read.records["line_count"] >= 1).all()
+    # records and unparsed lines do not overlap and are in file order
+    spans = read.records.select(
+        pl.int_ranges("line", pl.col("line") + pl.col("line_count")).alias("l")
+    ).explode("l")["l"]
+    assert spans.is_unique().all()
+    assert set(spans.to_list()).isdisjoint(read.unparsed["line"].to_list())
+    assert read.records["line"].is_sorted()
+    return read
+
+
+def read(path: Path | str, **kwargs) -> LogRead:
+    return accounted(read_log(path, **kwargs))
+
+
+def parse(data: bytes, name: str = "mem.log") -> LogRead:
+    return accounted(read_log_bytes(data, name))
+
+
+def lines_of(name: str) -> list[str]:
+    return (DATA / name).read_text().splitlines()
+
+
+# ---------------------------------------------------------------------------------------------
+# A port of rich's folding (rich/_wrap.py divide_line, Text.wrap, the DstackRichHandler grid),
+# for single-cell characters. It built the *.rich80.log fixtures and reproduces every
+# 120-column capture byte for byte (test below).
+
+_WORD = re.compile(r"\s*\S+\s*")
+
+
+def _divide_line(text: str, width: int) -> list[int]:
+    breaks: list[int] = []
+    offset = 0
+    for match in _WORD.finditer(text):
+        start, word = match.start(), match.group()
+        length = len(word.rstrip())
+        if width - offset >= length:
+            offset += len(word)
+        elif length > width:
+            chunks = [word[i : i + width] for i in range(0, len(word), width)]
+            for i, chunk in enumerate(chunks):
+                if start:
+                    breaks.append(start)
+                if i == len(chunks) - 1:
+                    offset = len(chunk)
+                else:
+                    start += len(chunk)
+        elif offset and start:
+            breaks.append(start)
+            offset = len(word)
+    return breaks
+
+
+def _fold(text: str, width: int) -> list[str]:
+    out = []
+    for hard in text.split("\n"):
+        hard = hard.expandtabs(8)
+        cuts = [0, *_divide_line(hard, width), len(hard)]
+        for a, b in pairwise(cuts):
+            piece = hard[a:b]
+            if len(piece) > width:
+                trailing = len(piece) - len(piece.rstrip())
+                piece = piece[: len(piece) - min(trailing, len(piece) - width)]
+            out.append(piece[:width])
+    return out
+
+
+def rich_render(records: list[tuple[str, str, str]], width: int) -> list[str]:
+    """(HH:MM:SS, level, message column text) -> the lines rich prints at this width."""
+    lines: list[str] = []
+    last = None
+    for tod, level, text in records:
+        stamp = f"[{tod}]"
+        shown = " " * 10 if stamp == last else stamp
+        last = stamp
+        for i, piece in enumerate(_fold(text, width - 20)):
+            head = f"{shown} {level:<8} " if i == 0 else " " * 20
+            lines.append((head + piece).ljust(width))
+    return lines
+
+
+def _linenos(rich_log: Path) -> list[str]:
+    pattern = re.compile(r"^(?:\[\d\d:\d\d:\d\d\]| {10}) \S+\s+\S+?:(\d+) ")
+    return [m.group(1) for line in rich_log.read_text().splitlines() if (m := pattern.match(line))]
+
+
+def _rich_rows(records: pl.DataFrame, linenos: list[str]) -> list[tuple[str, str, str]]:
+    return [
+        (tod.strftime("%H:%M:%S"), level, f"{logger}:{lineno} {message}")
+        for tod, level, logger, message, lineno in zip(
+            records["time_of_day"],
+            records["level"],
+            records["logger"],
+            records["message"],
+            linenos,
+            strict=True,
+        )
+    ]
+
+
+def _squash(text: str) -> str:
+    return re.sub(r"\s+", "", text)
+
+
+# ---------------------------------------------------------------------------------------------
+# the real captures
+
+
+@needs_captures
+@pytest.mark.parametrize("path", CAPTURE_LOGS, ids=_ids(CAPTURE_LOGS))
+def test_capture_log_parses_completely(path: Path) -> None:
+    result = read(path)
+    assert result.unparsed.height == 0
+    assert result.damage == []
+    assert result.wrapper is None
+    standard = path.parent / "server-info.standard.log"
+    if "warning" in path.name:
+        expected = len(path.read_text().splitlines())
+    else:
+        expected = len(standard.read_text().splitlines())
+    assert result.records.height == expected
+    if expected:
+        assert result.format == path.name.split(".")[1]
+    if result.format == "rich":
+        assert result.rich_width == 120
+        assert result.records["local_time"].null_count() == result.records.height
+        assert (result.records["day_offset"] == 0).all()
+    else:
+        assert result.rich_width is None
+        assert result.records["day_offset"].null_count() == result.records.height
+    assert result.records["time_of_day"].null_count() == 0
+
+
+@needs_captures
+@pytest.mark.parametrize("logs", CAPTURE_DIRS, ids=_ids(CAPTURE_DIRS))
+def test_capture_formats_hold_the_same_records(logs: Path) -> None:
+    standard = read(logs / "server-info.standard.log").records
+    as_json = read(logs / "server-info.json.log").records
+    rich = read(logs / "server-info.rich.log").records
+    for column in ("level", "logger", "message", "local_time", "time_of_day"):
+        assert as_json[column].to_list() == standard[column].to_list(), column
+    assert rich["level"].to_list() == standard["level"].to_list()
+    assert rich["logger"].to_list() == standard["logger"].to_list()
+    seconds = [t.replace(microsecond=0) for t in standard["time_of_day"].to_list()]
+    assert rich["time_of_day"].to_list() == seconds
+    pairs = list(zip(standard["message"], rich["message"], strict=True))
+    # any difference could only be whitespace at a fold; on the captures there is none
+    assert all(_squash(a) == _squash(b) for a, b in pairs)
+    assert [b for a, b in pairs if a != b] == []
+
+
+@needs_captures
+def test_capture_empty_warning_file() -> None:
+    path = CAPTURES / "v0.22.5" / "seed" / "logs" / "server-warning.standard.log"
+    result = read(path)
+    assert (result.records.height, result.lines_total, result.format) == (0, 0, None)
+    assert result.damage == []
+    assert not sniff_log(path.read_bytes())
+
+
+def test_empty_input(tmp_path: Path) -> None:
+    empty = tmp_path / "server-warning.standard.log"
+    empty.write_bytes(b"")
+    result = read(empty)
+    assert (result.records.height, result.lines_total, result.lines_irrelevant) == (0, 0, 0)
+    assert result.format is None and result.wrapper is None and result.damage == []
+    assert result.path == str(empty)
+
+
+@needs_captures
+def test_fold_helper_reproduces_the_real_rich_captures() -> None:
+    for logs in CAPTURE_DIRS:
+        standard = read(logs / "server-info.standard.log").records
+        linenos = _linenos(logs / "server-info.rich.log")
+        expected = (logs / "server-info.rich.log").read_text().splitlines()
+        assert rich_render(_rich_rows(standard, linenos), 120) == expected, logs
+
+
+@needs_captures
+@pytest.mark.parametrize("version", ["v0.22.5", "v0.19"])
+def test_rich80_fixtures_are_the_fold_of_the_captures(version: str) -> None:
+    logs = CAPTURES / version / "multi-replica-crash" / "logs"
+    standard = read(DATA / f"{version}-multi-replica-crash.standard.log").records
+    rows = _rich_rows(standard, _linenos(logs / "server-info.rich.log"))
+    assert rich_render(rows, 80) == lines_of(f"{version}-multi-replica-crash.rich80.log")
+
+
+# ---------------------------------------------------------------------------------------------
+# rich
+
+
+@pytest.mark.parametrize("version", ["v0.22.5", "v0.19"])
+def test_rich80_stitches_back_to_the_standard_records(version: str) -> None:
+    standard = read(DATA / f"{version}-multi-replica-crash.standard.log").records
+    rich = read(DATA / f"{version}-multi-replica-crash.rich80.log")
+    assert (rich.format, rich.rich_width, rich.unparsed.height) == ("rich", 80, 0)
+    assert rich.records.height == standard.height
+    assert rich.records["logger"].to_list() == standard["logger"].to_list()
+    assert rich.records["level"].to_list() == standard["level"].to_list()
+    assert rich.records["message"].to_list() == standard["message"].to_list()
+    seconds = [t.replace(microsecond=0) for t in standard["time_of_day"].to_list()]
+    assert rich.records["time_of_day"].to_list() == seconds
+    assert (rich.records["line_count"] > 1).any()
+
+
+def test_rich80_mid_word_fold_and_blank_repeated_times() -> None:
+    lines = lines_of("v0.22.5-multi-replica-crash.rich80.log")
+    records = read(DATA / "v0.22.5-multi-replica-crash.rich80.log").records
+    cut = [i + 1 for i, line in enumerate(lines) if line.rstrip().endswith("jobs_runni")]
+    assert cut, "the fixture must fold a logger name mid-word"
+    folded = records.filter(pl.col("line").is_in(cut))
+    assert folded.height == len(cut)
+    assert set(folded["logger"]) == {
+        "dstack._internal.server.background.pipeline_tasks.jobs_running"
+    }
+    assert (
+        folded["message"].str.contains(r"^job\([0-9a-f]{6}\)\S+: non-zero exit status \d+$").all()
+    )
+    blank_time = [i + 1 for i, line in enumerate(lines) if line.startswith(" " * 11 + "INFO")]
+    assert blank_time
+    carried = records.filter(pl.col("line").is_in(blank_time))
+    assert carried["time_of_day"].null_count() == 0
+
+
+def test_rich_with_trailing_spaces_stripped() -> None:
+    source = DATA / "v0.22.5-multi-replica-crash.rich80.log"
+    stripped = "".join(line.rstrip() + "\n" for line in source.read_text().splitlines())
+    result = parse(stripped.encode())
+    expected = read(source).records
+    assert result.rich_width is not None and result.rich_width <= 80
+    assert result.records["message"].to_list() == expected["message"].to_list()
+    assert result.records["logger"].to_list() == expected["logger"].to_list()
+
+
+def test_rich_with_ansi_colour() -> None:
+    pattern = re.compile(r"^(\[\d\d:\d\d:\d\d\]| {10}) (\S+)( +)(\S+?)(:\d+)(.*)$")
+    coloured = []
+    for line in lines_of("v0.22.5-multi-replica-crash.rich80.log"):
+        m = pattern.match(line)
+        if m:
+            line = (
+                f"\x1b[2;36m{m[1]}\x1b[0m \x1b[34m{m[2]}\x1b[0m{m[3]}"
+                f"\x1b]8;id=1;file:///x.py\x1b\\\x1b[2m{m[4]}\x1b[0m\x1b]8;;\x1b\\{m[5]}{m[6]}"
+            )
+        coloured.append(line)
+    result = parse(("\n".join(coloured) + "\n").encode())
+    expected = read(DATA / "v0.22.5-multi-replica-crash.rich80.log").records
+    assert result.rich_width == 80
+    assert result.records.drop("file").equals(expected.drop("file"))
+
+
+def test_rich_midnight_rollover_and_clock_step_back() -> None:
+    path = DATA / "midnight.rich80.log"
+    result = read(path)
+    records = result.records
+    assert records["day_offset"].to_list() == [0, 0, 0, 1, 1, 1, 1, 1, 1, 2, 2, 2]
+    assert [t.strftime("%H:%M:%S") for t in records["time_of_day"]] == [
+        "23:59:58", "23:59:58", "23:59:59", "00:00:01", "00:00:01", "00:00:00",
+        "00:00:02", "00:40:00", "12:00:00", "01:00:00", "01:00:00", "01:00:07",
+    ]  # fmt: skip
+    assert records["local_time"].null_count() == records.height
+    step_back = records["line"][5]
+    assert result.damage == [f"clock went backwards at {path}:{step_back}"]
+
+
+def test_rich_damaged_line_breaks_only_its_record() -> None:
+    lines = lines_of("v0.22.5-multi-replica-crash.rich80.log")
+    clean = read(DATA / "v0.22.5-multi-replica-crash.rich80.log").records
+    # line 2 continues record 1 (lines 1-3); put junk there
+    assert lines[1].startswith(" " * 20) and lines[2].startswith(" " * 20)
+    assert not lines[3].startswith(" " * 20)
+    damaged = [lines[0], "\x00\x07garbage from a bad disk", *lines[2:]]
+    result = parse(("\n".join(damaged) + "\n").encode())
+    assert result.unparsed["line"].to_list() == [2, 3]
+    assert result.records.height == clean.height
+    assert result.records["line_count"][0] == 1
+    assert result.records["message"][1:].to_list() == clean["message"][1:].to_list()
+    assert any("NUL" in note for note in result.damage)
+
+
+# ---------------------------------------------------------------------------------------------
+# standard / json specifics
+
+
+def test_traceback_in_the_three_formats() -> None:
+    standard = read(DATA / "traceback.standard.log")
+    as_json = read(DATA / "traceback.json.log")
+    rich = read(DATA / "traceback.rich80.log")
+    assert standard.records["line_count"].to_list() == [1, 14, 1, 1]
+    assert as_json.records["line_count"].to_list() == [1, 1, 1, 1]
+    error = standard.records.row(1, named=True)
+    assert error["level"] == "ERROR"
+    assert error["message"].count("\n") == 13
+    assert "\n\nThe above exception was the direct cause" in error["message"]
+    assert error["message"].endswith("RuntimeError: job processing failed")
+    for other in (as_json, rich):
+        assert other.records["message"].to_list() == standard.records["message"].to_list()
+        assert other.records["level"].to_list() == standard.records["level"].to_list()
+        assert other.unparsed.height == 0
+
+
+def test_standard_blank_lines_after_a_record_are_irrelevant() -> None:
+    lines = lines_of("v0.22.5-multi-replica-crash.standard.log")[:3]
+    data = f"{lines[0]}\n\n   \n{lines[1]}\n{lines[2]}\n\n".encode()
+    result = parse(data)
+    assert result.records["line_count"].to_list() == [1, 1, 1]
+    assert (result.lines_irrelevant, result.lines_total) == (3, 6)
+
+
+@pytest.mark.parametrize(
+    ("name", "logo_lines", "logger"),
+    [
+        ("startup-old-logo.rich80.log", 11, None),
+        ("startup.standard.log", 6, "dstack._internal.server.app"),
+        ("startup.json.log", 6, "dstack._internal.server.app"),
+    ],
+)
+def test_startup_logo_and_lines(name: str, logo_lines: int, logger: str | None) -> None:
+    result = read(DATA / name)
+    assert result.lines_irrelevant == logo_lines
+    assert result.unparsed.height == 0
+    assert result.records.height == 9
+    startup = result.records.head(4)
+    assert startup["logger"].to_list() == [logger] * 4
+    assert startup["message"][2] == "The admin token is 00000000-0000-4000-8000-000000000000"
+    applying = startup["message"][0]
+    if name.endswith("rich80.log"):
+        assert applying == "Applying ~/.dstack/server/config.yml..."  # markup rendered away
+    else:
+        assert applying.startswith("Applying [link=file://")
+    assert (result.records["logger"][4:] == "dstack._internal.server.services.backends").all()
+
+
+def test_mixed_formats_in_one_capture() -> None:
+    result = read(DATA / "mixed-restart.log")
+    assert result.records["format"].to_list() == ["standard"] * 6 + ["json"] * 4
+    assert result.format == "standard"
+    assert result.lines_irrelevant == 6  # the logo and the blank line after it
+    assert result.unparsed.height == 0
+    assert result.damage == ["mixed formats: 4 json, 6 standard records"]
+
+
+def test_json_exc_info_and_escapes() -> None:
+    objects = [
+        {
+            "timestamp": "2026-11-04 10:39:14,469",
+            "logger": "dstack._internal.server.services.runs",
+            "level": "ERROR",
+            "message": 'run(2d0e5d)svc: "quoted" \\ back\tslash \u00e9 \U0001f600',
+            "exc_info": "Traceback (most recent call last):\nValueError: x",
+        },
+        {"timestamp": "2026-11-04 10:39:15,000", "level": "INFO", "message": "no logger"},
+    ]
+    data = "".join(json.dumps(o) + "\n" for o in objects).encode()
+    records = parse(data).records
+    assert records["message"].to_list() == [
+        objects[0]["message"] + "\n" + objects[0]["exc_info"],
+        "no logger",
+    ]
+    assert records["logger"].to_list() == ["dstack._internal.server.services.runs", None]
+    assert records["local_time"][0] == datetime(2026, 11, 4, 10, 39, 14, 469000)
+    assert records["time_of_day"][0] == time(10, 39, 14, 469000)
+
+
+def test_crlf_line_endings() -> None:
+    source = DATA / "v0.19-multi-replica-crash.standard.log"
+    crlf = source.read_bytes().replace(b"\n", b"\r\n")
+    result = parse(crlf)
+    expected = read(source).records
+    assert result.records.drop("file").equals(expected.drop("file"))
+
+
+def test_huge_line() -> None:
+    line = lines_of("v0.22.5-multi-replica-crash.standard.log")[0]
+    huge = line + " " + "x" * 1_000_000
+    junk = "y" * 1_000_000
+    result = parse(f"{huge}\n{line}\n\x01{junk}\n".encode())
+    assert result.records["message"].str.len_chars().to_list()[0] > 1_000_000
+    assert result.records.height == 2
+    assert result.unparsed["line"].to_list() == [3]
+
+
+# ---------------------------------------------------------------------------------------------
+# damage
+
+
+def test_invalid_utf8() -> None:
+    lines = (DATA / "v0.22.5-multi-replica-crash.standard.log").read_bytes().split(b"\n")
+    lines[3] = lines[3].replace(b"Emitting", b"Emit\xff\xfeting")
+    result = parse(b"\n".join(lines))
+    assert result.records.height == 67
+    assert "Emit\ufffd\ufffdting" in result.records["message"][3]
+    assert result.damage == ["invalid UTF-8 on 1 lines (decoded with replacement characters)"]
+
+
+def test_damaged_lines_in_the_middle_of_a_standard_log() -> None:
+    lines = lines_of("v0.22.5-multi-replica-crash.standard.log")
+    cut_record = lines[9][:20]  # a record cut while being written, the next one glued below
+    damaged = [*lines[:9], cut_record, *lines[10:20], "\x00\x00\x00\x9c\x03binary", *lines[20:]]
+    result = parse("\n".join(damaged).encode())
+    assert result.unparsed["line"].to_list() == [10, 21]
+    assert result.unparsed["text"][0] == cut_record
+    assert result.records.height == len(lines) - 1
+    assert (result.records["line_count"] == 1).all()
+    assert "NUL bytes on 1 lines" in result.damage
+
+
+def test_gzip_and_truncated_gzip(tmp_path: Path) -> None:
+    source = DATA / "v0.22.5-multi-replica-crash.standard.log"
+    full = read(source).records
+    packed = gzip.compress(source.read_bytes())
+    whole = tmp_path / "server.log.1.gz"
+    whole.write_bytes(packed)
+    result = read(whole)
+    assert result.damage == []
+    assert result.path == str(whole)
+    assert result.records.drop("file").equals(full.drop("file"))
+
+    cut = tmp_path / "server.log.2.gz"
+    cut.write_bytes(packed[: len(packed) * 2 // 3])
+    partial = read(cut)
+    assert len(partial.damage) == 1
+    assert re.fullmatch(r"truncated gzip stream after \d+ lines", partial.damage[0])
+    assert 0 < partial.records.height < full.height
+    n = partial.records.height - 1  # the last record may be cut mid-line
+    assert partial.records["message"][:n].to_list() == full["message"][:n].to_list()
+
+
+def test_not_really_gzip() -> None:
+    result = parse(b"\x1f\x8bthis is not a gzip stream\nsecond line\n")
+    assert result.records.height == 0
+    assert result.unparsed.height == 2
+    assert result.damage and "gzip" in result.damage[0]
+
+
+def test_rotated_set(tmp_path: Path) -> None:
+    lines = (DATA / "v0.22.5-multi-replica-crash.standard.log").read_bytes().split(b"\n")[:-1]
+    chunks = [lines[0:10], lines[10:20], lines[20:30], lines[30:40], lines[40:]]
+    names = ["server.log.10.gz", "server.log.2.gz", "server.log.1", "server.log"]
+    members = [tmp_path / name for name in names]
+    for member, chunk in zip(members, chunks[1:], strict=True):
+        data = b"\n".join(chunk) + b"\n"
+        member.write_bytes(gzip.compress(data) if member.suffix == ".gz" else data)
+    (tmp_path / "server.log.bak").write_bytes(b"x\n")
+    (tmp_path / "other.log.3").write_bytes(b"x\n")
+    assert rotated_set(tmp_path / "server.log") == members
+    reads = [read(member) for member in rotated_set(tmp_path / "server.log")]
+    assert [r.path for r in reads] == [str(m) for m in members]
+    messages = [m for r in reads for m in r.records["message"]]
+    expected = read(DATA / "v0.22.5-multi-replica-crash.standard.log").records["message"]
+    assert messages == expected[10:].to_list()
+    assert rotated_set(tmp_path / "missing.log") == []
+
+
+# ---------------------------------------------------------------------------------------------
+# wrappers
+
+
+def test_docker_timestamps_standard() -> None:
+    result = read(DATA / "docker-timestamps.standard.log")
+    assert (result.wrapper, result.format, result.unparsed.height) == ("docker", "standard", 0)
+    records = result.records
+    assert records.height == 12
+    assert (records["wrapper"] == "docker").all()
+    assert records["wrapper_time"][0] == datetime(2026, 11, 3, 14, 0, 0, 417, tzinfo=UTC)
+    # line 6 was written with +01:00: same instant in UTC
+    assert records["wrapper_time"][5] == datetime(2026, 11, 3, 14, 0, 41, 299422, tzinfo=UTC)
+    unwrapped = "".join(
+        line.split(" ", 1)[1] + "\n" for line in lines_of("docker-timestamps.standard.log")
+    )
+    plain = parse(unwrapped.encode()).records
+    assert records.drop("file", "wrapper", "wrapper_time").equals(
+        plain.drop("file", "wrapper", "wrapper_time")
+    )
+
+
+def test_docker_timestamps_rich() -> None:
+    result = read(DATA / "docker-timestamps.rich80.log")
+    assert (result.wrapper, result.format, result.rich_width) == ("docker", "rich", 80)
+    plain = read(DATA / "v0.22.5-multi-replica-crash.rich80.log").records
+    n = result.records.height - 1  # the excerpt may cut its last record
+    assert result.records["message"][:n].to_list() == plain["message"][:n].to_list()
+    assert result.records["wrapper_time"].null_count() == 0
+    assert result.records["wrapper_time"][0] == datetime(2026, 11, 4, 10, 30, 17, 123456, UTC)
+
+
+def test_journald() -> None:
+    result = read(DATA / "journald.json")
+    assert (result.wrapper, result.format, result.lines_total) == ("journald", "standard", 8)
+    records = result.records
+    assert records["line"].to_list() == [1, 2, 3, 4, 5, 6, 8]
+    assert records["wrapper_time"][0] == datetime(2026, 11, 3, 14, 0, 0, 250, tzinfo=UTC)
+    assert "adm\ufffdin" in records["message"][3]
+    assert result.unparsed["line"].to_list() == [7]
+    assert len(result.damage) == 2
+    assert "invalid UTF-8 in 1 journal entries" in result.damage[0]
+    assert "without a MESSAGE text" in result.damage[1]
+    plain = lines_of("docker-timestamps.standard.log")[:8]
+    expected = parse("".join(line.split(" ", 1)[1] + "\n" for line in plain).encode()).records
+    keep = [0, 1, 2, 4, 5, 7]  # entry 4 has the damaged byte, entry 7 no MESSAGE
+    assert records["message"].gather([0, 1, 2, 4, 5, 6]).to_list() == [
+        expected["message"][i] for i in keep
+    ]
+
+
+def test_journald_ansi_rich() -> None:
+    result = read(DATA / "journald-ansi.rich80.json")
+    assert (result.wrapper, result.format, result.rich_width) == ("journald", "rich", 80)
+    assert result.damage == []
+    plain = read(DATA / "v0.22.5-multi-replica-crash.rich80.log").records
+    n = result.records.height - 1  # the 10-line excerpt cuts its last record
+    assert result.records["message"][:n].to_list() == plain["message"][:n].to_list()
+    assert result.records["logger"].to_list() == plain["logger"][: n + 1].to_list()
+
+
+# ---------------------------------------------------------------------------------------------
+# entry points and sniffing
+
+
+def test_read_stdin(monkeypatch: pytest.MonkeyPatch) -> None:
+    data = (DATA / "v0.19-multi-replica-crash.standard.log").read_bytes()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+    result = read("-")
+    assert result.path == "-"
+    assert result.records.height == 49
+    assert (result.records["file"] == "-").all()
+
+
+def test_display_path() -> None:
+    result = read(DATA / "v0.19-multi-replica-crash.standard.log", display_path="evidence/a.log")
+    assert result.path == "evidence/a.log"
+    assert (result.records["file"] == "evidence/a.log").all()
+
+
+@pytest.mark.parametrize("path", sorted(DATA.glob("*.log")) + sorted(DATA.glob("*.json")))
+def test_sniff_fixtures(path: Path) -> None:
+    head = path.read_bytes()
+    assert sniff_log(head[:65536])
+    assert sniff_log(gzip.compress(head)[:4096])
+
+
+def test_sniff_rejects_other_files() -> None:
+    assert not sniff_log(b"")
+    assert not sniff_log(b"\n\n")
+    assert not sniff_log(b"SQLite format 3\x00" + bytes(range(256)) * 4)
+    assert not sniff_log(b"id,name,status\n1,web,RUNNING\n")
+    assert not sniff_log(json.dumps({"runs": [{"run_name": "web"}]}, indent=2).encode())
+    line = lines_of("v0.19-multi-replica-crash.standard.log")[0]
+    document = "# notes\n\n" + "".join(f"prose line {i}\n" for i in range(20)) + line + "\n"
+    assert not sniff_log(document.encode())
+    if REFERENCE.is_file():
+        assert not sniff_log(REFERENCE.read_bytes()[:65536])
+
+
+@needs_captures
+def test_sniff_captures() -> None:
+    for path in CAPTURE_LOGS:
+        assert sniff_log(path.read_bytes()[:65536]) == (path.stat().st_size > 0), path
+    for truth in CAPTURES.glob("*/*/truth.json"):
+        assert not sniff_log(truth.read_bytes()[:65536])
+    for table in list(CAPTURES.glob("*/*/tables/*.csv"))[:20]:
+        assert not sniff_log(table.read_bytes()[:65536])
+    for db in CAPTURES.glob("*/*/server.db"):
+        assert not sniff_log(db.read_bytes()[:65536])
+
+
+# ---------------------------------------------------------------------------------------------
+# properties
+
+REAL_STANDARD = lines_of("v0.22.5-multi-replica-crash.standard.log") + lines_of(
+    "v0.19-multi-replica-crash.standard.log"
+)
+REAL_OTHER = (
+    lines_of("traceback.json.log")
+    + lines_of("v0.22.5-multi-replica-crash.rich80.log")[:40]
+    + lines_of("traceback.standard.log")[2:8]
+    + lines_of("startup.standard.log")[:6]
+)
+_STD_LINE = re.compile(r"^(\S+) (\S+) (\S+) (.*)$")
+PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@PROPERTY
+@given(st.binary(max_size=3000))
+def test_arbitrary_bytes_never_raise(data: bytes) -> None:
+    parse(data)
+    sniff_log(data)
+
+
+_element = st.one_of(
+    st.sampled_from(REAL_STANDARD).map(lambda line: ("standard", line.encode())),
+    st.sampled_from(REAL_OTHER).map(lambda line: ("other", line.encode())),
+    st.binary(max_size=80).map(lambda junk: ("junk", junk)),
+    st.just(("junk", b"")),
+)
+
+
+@PROPERTY
+@given(st.lists(_element, max_size=40))
+def test_shuffled_real_lines_with_junk(elements: list[tuple[str, bytes]]) -> None:
+    data = b"\n".join(chunk for _, chunk in elements)
+    result = parse(data)
+    by_line = {row["line"]: row for row in result.records.iter_rows(named=True)}
+    line = 1
+    for kind, chunk in elements:
+        if kind == "standard":
+            level, stamp, logger, message = _STD_LINE.match(chunk.decode()).groups()
+            record = by_line[line]
+            assert (record["format"], record["level"], record["logger"]) == (
+                "standard",
+                level,
+                logger,
+            )
+            assert record["local_time"] == datetime.fromisoformat(stamp)
+            assert record["message"].split("\n")[0] == message
+        line += chunk.count(b"\n") + 1
+
+
+_RECORDS = read_log(DATA / "v0.22.5-multi-replica-crash.standard.log").records
+
+
+@PROPERTY
+@given(
+    width=st.integers(min_value=40, max_value=220),
+    picks=st.lists(st.integers(min_value=0, max_value=_RECORDS.height - 1), min_size=1),
+)
+def test_rich_refold_at_any_width(width: int, picks: list[int]) -> None:
+    records = _RECORDS[picks]
+    rows = _rich_rows(records, [str(100 + i) for i in picks])
+    result = parse(("\n".join(rich_render(rows, width)) + "\n").encode())
+    assert result.rich_width == width and result.unparsed.height == 0
+    assert result.records["logger"].to_list() == records["logger"].to_list()
+    got = result.records["message"].to_list()
+    assert [_squash(m) for m in got] == [_squash(m) for m in records["message"]]

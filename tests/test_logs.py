@@ -1,0 +1,249 @@
+"""Server logs as evidence, audited alone and together with the database (issue 3)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from datetime import datetime, timedelta
+
+import pytest
+from click.testing import CliRunner
+from conftest import CAPTURES, capture_id, expected_victims, load_truth, truth_files
+
+from analyzer import open_sources
+from analyzer.cli import main
+
+FORMATS = ("rich", "standard", "json")
+EVENT_ERA = [p for p in truth_files() if p.parent.parent.name in ("v0.20", "v0.22.5")]
+PRE_EVENTS = truth_files("v0.19/*/truth.json")
+SEED = CAPTURES / "v0.22.5" / "seed"
+
+
+def _prefixed(victims):
+    return {(category, job_id.replace("-", "")[:6]) for category, job_id in victims}
+
+
+def _found(report):
+    return {(f.category, v.job_id) for f in report.findings for v in f.victims}
+
+
+def _log(capture, fmt):
+    return capture / "logs" / f"server-info.{fmt}.log"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("truth_path", EVENT_ERA, ids=capture_id)
+def test_info_log_alone_gives_truth(truth_path, fmt):
+    truth = load_truth(truth_path)
+    log = _log(truth_path.parent, fmt)
+    report = open_sources([log]).report
+    assert _found(report) == _prefixed(expected_victims(truth))
+    for finding in report.findings:
+        assert finding.confidence == "confirmed"
+        assert all(re.search(r"\.log:\d+$", item.source) for item in finding.evidence)
+        expected_culprits = {
+            c["job_id"].replace("-", "")[:6] for r in truth["runs"] for c in r["culprit"]
+        }
+        assert {c.job_id for c in finding.culprits} == expected_culprits
+    assert report.inputs[0].unparsed == 0
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("truth_path", PRE_EVENTS, ids=capture_id)
+def test_019_log_alone_gives_suspected_findings(truth_path, fmt):
+    truth = load_truth(truth_path)
+    report = open_sources([_log(truth_path.parent, fmt)]).report
+    assert _found(report) == _prefixed(expected_victims(truth))
+    assert all(f.confidence == "suspected" for f in report.findings)
+    for finding in report.findings:
+        assert any("scaling UP" in note for note in finding.notes)
+    assert report.inputs[0].server_version == "0.18.0-0.19.40"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("truth_path", truth_files(), ids=capture_id)
+def test_log_and_database_together(truth_path, fmt):
+    truth = load_truth(truth_path)
+    capture = truth_path.parent
+    report = open_sources([capture / "server.db", _log(capture, fmt)]).report
+    assert _found(report) == expected_victims(truth)
+    assert all(f.confidence == "confirmed" for f in report.findings)
+    aligned = [lim for lim in report.limitations if lim.code == "log_time_aligned"]
+    assert len(aligned) == 1 and "UTC+00:00" in aligned[0].message
+    for finding in report.findings:
+        texts = [(item.time, item.text) for item in finding.evidence]
+        assert len(texts) == len(set(texts)), "evidence duplicated"
+        if capture.parent.name != "v0.19":
+            event_items = [i for i in finding.evidence if "events:" in i.source]
+            assert event_items and all(".log:" in i.source for i in event_items)
+
+
+@pytest.mark.parametrize("truth_path", truth_files(), ids=capture_id)
+def test_warning_log_alone_cannot_decide(truth_path):
+    report = open_sources([truth_path.parent / "logs" / "server-warning.standard.log"]).report
+    assert report.findings == []
+    assert report.runs == []
+    codes = {lim.code for lim in report.limitations}
+    assert {"log_without_run_evidence", "no_run_evidence"} <= codes
+
+
+def _shift_standard(text: str, hours: int) -> str:
+    def shift(match):
+        moment = datetime.fromisoformat(match.group(1)) + timedelta(hours=hours)
+        return moment.isoformat(timespec="milliseconds")
+
+    return re.sub(r"(?<=^INFO )(\S+)", shift, text, flags=re.M)
+
+
+def test_log_in_a_non_utc_zone_is_aligned_with_the_database(tmp_path):
+    local = tmp_path / "server.log"
+    local.write_text(_shift_standard(_log(SEED, "standard").read_text(), 2))
+    db_only = open_sources([SEED / "server.db"]).report
+    report = open_sources([SEED / "server.db", local]).report
+    (aligned,) = [lim for lim in report.limitations if lim.code == "log_time_aligned"]
+    assert "UTC+02:00" in aligned.message
+    assert _found(report) == _found(db_only)
+    assert report.findings[0].evidence == [
+        item.model_copy(update={"source": item.source + f"; {local}:{_line(local, item)}"})
+        if item.source.startswith("events:")
+        else item
+        for item in db_only.findings[0].evidence
+    ]
+
+
+def _line(log, item) -> int:
+    message = item.text.split(": ", 1)[1].split(" (actor:")[0]
+    for number, line in enumerate(log.read_text().splitlines(), 1):
+        if message in line and item.text.split(":")[0].split()[-1] in line:
+            return number
+    raise AssertionError(message)
+
+
+def test_log_tz_option_without_database(tmp_path):
+    local = tmp_path / "server.log"
+    local.write_text(_shift_standard(_log(SEED, "standard").read_text(), -5))
+    report = open_sources([local], log_tz="-05:00").report
+    (finding,) = report.findings
+    assert finding.victims[0].terminated_at == datetime.fromisoformat(
+        "2026-11-02T09:09:20.483+00:00"
+    )
+    plain = open_sources([local]).report
+    assert "log_time_zone_unknown" in {lim.code for lim in plain.limitations}
+
+
+def _shift_rich(text: str, delta: timedelta) -> str:
+    def shift(match):
+        moment = datetime(2000, 1, 1) + timedelta(
+            hours=int(match.group(1)), minutes=int(match.group(2)), seconds=int(match.group(3))
+        )
+        return (moment + delta).strftime("[%H:%M:%S]")
+
+    return re.sub(r"^\[(\d\d):(\d\d):(\d\d)\]", shift, text, flags=re.M)
+
+
+def test_rich_log_past_midnight(tmp_path):
+    """09:05 local becomes 00:00: the update happens before midnight, the kill after it."""
+    rich = tmp_path / "server.log"
+    rich.write_text(_shift_rich(_log(SEED, "rich").read_text(), timedelta(hours=14, minutes=55)))
+    report = open_sources([rich]).report
+    (finding,) = report.findings
+    assert finding.victims[0].job_id == "699fe8"
+    assert finding.victims[0].terminated_at is None  # no date: no datetime is invented
+    texts = [item.text for item in finding.evidence]
+    assert any(t.startswith("[00:04:20 (+1 days) local, date unknown]") for t in texts)
+    assert "log_time_of_day_only" in {lim.code for lim in report.limitations}
+    dated = open_sources([rich], log_date=datetime(2026, 11, 2).date(), log_tz="+14:55").report
+    assert dated.findings[0].victims[0].terminated_at == datetime.fromisoformat(
+        "2026-11-02T09:09:20+00:00"
+    )
+
+
+def test_docker_timestamps_give_utc_directly(tmp_path):
+    lines = _log(SEED, "standard").read_text().splitlines()
+    wrapped = []
+    for line in lines:
+        stamp = datetime.fromisoformat(line.split()[1])
+        wrapped.append(f"{stamp.isoformat(timespec='microseconds')}123Z {line}")
+    log = tmp_path / "container.log"
+    log.write_text(_shift_standard("\n".join(wrapped) + "\n", 3))
+    report = open_sources([log]).report
+    (finding,) = report.findings
+    assert finding.victims[0].terminated_at.replace(microsecond=0) == datetime.fromisoformat(
+        "2026-11-02T09:09:20+00:00"
+    )
+    assert not {lim.code for lim in report.limitations} & {"log_time_zone_unknown"}
+
+
+def test_journald_export(tmp_path):
+    entries = []
+    for line in _log(SEED, "json").read_text().splitlines():
+        record = json.loads(line)
+        stamp = datetime.strptime(record["timestamp"], "%Y-%m-%d %H:%M:%S,%f")
+        micros = int((stamp - datetime(1970, 1, 1)).total_seconds() * 1_000_000)
+        entries.append(
+            json.dumps({"__REALTIME_TIMESTAMP": str(micros), "MESSAGE": line, "_COMM": "dstack"})
+        )
+    log = tmp_path / "journal.json"
+    log.write_text("\n".join(entries) + "\n")
+    report = open_sources([log]).report
+    assert "journald" in report.inputs[0].kind
+    assert _found(report) == {("collateral_termination", "699fe8")}
+
+
+def test_gzip_and_rotated_set(tmp_path):
+    lines = _log(SEED, "standard").read_text().splitlines(keepends=True)
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    with gzip.open(folder / "server.log.2.gz", "wt") as handle:
+        handle.writelines(lines[:12])
+    (folder / "server.log.1").write_text("".join(lines[12:22]))
+    (folder / "server.log").write_text("".join(lines[22:]))
+    report = open_sources([folder]).report
+    assert _found(report) == {("collateral_termination", "699fe8")}
+    assert len(report.inputs) == 3
+
+
+def test_damaged_lines_are_counted_quarantined_and_do_not_stop_the_audit(tmp_path):
+    lines = _log(SEED, "standard").read_bytes().splitlines(keepends=True)
+    damaged = [*lines[:10], b"\x00\xff\xfe garbage \x80\n", b"INFO 2026-11-02T09:0\n", *lines[10:]]
+    log = tmp_path / "server.log"
+    log.write_bytes(b"".join(damaged))
+    quarantine = tmp_path / "quarantine.txt"
+    result = CliRunner().invoke(
+        main, ["audit", str(log), "--format", "json", "--quarantine", str(quarantine)]
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["inputs"][0]["unparsed"] == 2
+    assert report["summary"]["victims"] == 1
+    quarantined = quarantine.read_text().splitlines()
+    assert [q.split("\t")[0] for q in quarantined] == [f"{log}:11", f"{log}:12"]
+
+
+def test_unknown_dstack_message_is_listed_by_shape(tmp_path):
+    lines = _log(SEED, "standard").read_text().splitlines(keepends=True)
+    novel = (
+        "INFO 2026-11-02T09:08:55.000 dstack._internal.server.services.runs "
+        "run(6e42c9)web: rollout paused after 3 attempts\n"
+    )
+    log = tmp_path / "server.log"
+    log.write_text("".join([*lines[:20], novel, *lines[20:]]))
+    report = open_sources([log]).report
+    notes = report.inputs[0].notes
+    assert any(
+        "unrecognised dstack line x1: run(…): rollout paused after N attempts" in n for n in notes
+    )
+    assert report.summary.victims == 1
+
+
+def test_same_run_name_twice_in_one_log_kept_apart_by_prefix(tmp_path):
+    """Two runs named web (different ids) in one log: their jobs do not mix."""
+    first = _log(CAPTURES / "v0.22.5" / "old-replica-fails", "standard").read_text()
+    second = _log(SEED, "standard").read_text()
+    log = tmp_path / "server.log"
+    log.write_text(first + second)
+    report = open_sources([log]).report
+    verdicts = {v.run_id: v.verdict for v in report.runs}
+    assert verdicts == {"a7c4dd": "no_healthy_victim", "6e42c9": "collateral_termination"}
+    assert _found(report) == {("collateral_termination", "699fe8")}
