@@ -27,7 +27,7 @@ from analyzer.report.schema import (
     Summary,
 )
 from analyzer.sources import load_path
-from analyzer.timeline import deployments, submissions
+from analyzer.timeline import deployments, evidence_gaps, submissions
 
 DEFAULT_SERVER = "default"
 
@@ -89,6 +89,15 @@ class Audit:
     @cached_property
     def _detected(self) -> tuple[list[RunVerdict], list[Finding]]:
         verdicts, findings = detect(self.runs, self.submissions, self.events)
+        gaps = evidence_gaps(
+            self.runs, self.evidence.jobs, self.events, self.evidence.events_table_servers
+        )
+        verdicts = [
+            v.model_copy(update={"gaps": gaps[(v.server, v.run_id)]})
+            if (v.server, v.run_id) in gaps
+            else v
+            for v in verdicts
+        ]
         findings = assess(
             findings,
             self.submissions,

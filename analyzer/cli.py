@@ -14,6 +14,7 @@ import polars as pl
 
 from analyzer import __version__
 from analyzer.api import open_sources
+from analyzer.bundle import verify_bundle, write_bundle
 from analyzer.errors import AuditInputError
 from analyzer.redact import Redactor
 from analyzer.report.markdown import render_markdown
@@ -119,6 +120,17 @@ def _open(sources: tuple[str, ...], log_tz: str | None, log_date: Any, **options
     type=click.Path(dir_okay=False, path_type=Path),
     help="Write every log line that could not be parsed to FILE, as file:line<TAB>text.",
 )
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Treat any damage (unparsed log lines, truncated files) as unusable input: exit 2.",
+)
+@click.option(
+    "--bundle",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Also write DIR with the JSON and markdown reports and a manifest (inputs' SHA-256, "
+    "tool version, options) that `dstack-audit verify DIR` re-checks.",
+)
 @_log_options
 @_clean_errors
 def audit(
@@ -131,6 +143,8 @@ def audit(
     until: datetime | None,
     fail_on_findings: bool,
     quarantine: Path | None,
+    strict: bool,
+    bundle: Path | None,
     log_tz: str | None,
     log_date: Any,
 ) -> None:
@@ -151,7 +165,27 @@ def audit(
         until=until.replace(tzinfo=UTC) if until else None,
     )
     report = opened.report
+    if strict:
+        damaged = [i for i in report.inputs if i.unparsed or any("truncated" in n for n in i.notes)]
+        if damaged:
+            first = damaged[0]
+            raise AuditInputError(
+                first.path,
+                f"damaged input under --strict: {first.unparsed} unparsed line(s)"
+                + (f", and {len(damaged) - 1} more damaged input(s)" if len(damaged) > 1 else ""),
+                "see --quarantine FILE for the lines, or drop --strict to audit leniently",
+            )
     _write(opened.redact(RENDERERS[fmt](report)), output)
+    if bundle is not None:
+        options = {
+            "project": project,
+            "run": run,
+            "since": since.isoformat() if since else None,
+            "until": until.isoformat() if until else None,
+            "log_tz": log_tz,
+            "log_date": log_date.date().isoformat() if log_date else None,
+        }
+        write_bundle(bundle, sources, options, report, opened.redact(render_markdown(report)))
     if quarantine is not None:
         lines = [
             f"{row['file']}:{row['line']}\t{row['text']}"
@@ -160,6 +194,20 @@ def audit(
         quarantine.write_text(opened.redact("".join(line + "\n" for line in lines)), "utf-8")
     if fail_on_findings and report.findings:
         sys.exit(1)
+
+
+@main.command()
+@click.argument("bundle", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@_clean_errors
+def verify(bundle: Path) -> None:
+    """Re-run the audit recorded in BUNDLE and confirm the same findings, or name the difference.
+
+    Exit status: 0 same inputs and same findings, 1 something differs, 2 unusable bundle.
+    """
+    result = verify_bundle(bundle)
+    for line in result.lines:
+        click.echo(line)
+    sys.exit(0 if result.same else 1)
 
 
 @main.command()

@@ -132,8 +132,8 @@ def _culprit_created_in_its_deployment(ctx: _Context, culprit: Row) -> tuple[boo
     older = [j for j in ctx.jobs if j["deployment_num"] is not None and j["deployment_num"] < dep]
     if older and all(culprit["created_at"] > j["created_at"] for j in older):
         return True, "created after every job of the older deployments (table times)"
-    fingerprints = {j["spec_fingerprint"] for j in older}
-    if older and culprit["spec_fingerprint"] not in fingerprints:
+    fingerprints = {j["spec_fingerprint"] for j in older if j["spec_fingerprint"] is not None}
+    if fingerprints and culprit["spec_fingerprint"] not in (None, *fingerprints):
         return True, "its job spec differs from the older deployment's in a rolling field"
     return False, "could not prove the culprit was created by the redeploy (no events)"
 

@@ -25,6 +25,7 @@ class Evidence:
     limitations: list[Limitation] = field(default_factory=list)
     has_tables: bool = False
     redactor: Redactor = field(default_factory=Redactor)
+    events_table_servers: set[str] = field(default_factory=set)
     unparsed: pl.DataFrame = field(
         default_factory=lambda: pl.DataFrame(
             schema={"file": pl.String, "line": pl.Int64, "text": pl.String}
@@ -60,7 +61,7 @@ def _first_per_key(frames: list[pl.DataFrame], schema: dict, key: list[str]) -> 
         return pl.DataFrame(schema=schema)
     stacked = pl.concat([conform(f, schema).collect() for f in frames], how="vertical")
     with_prov = stacked.group_by(key, maintain_order=True).agg(
-        pl.all().exclude("provenance").first(),
+        pl.all().exclude("provenance").drop_nulls().first(),
         pl.col("provenance").unique(maintain_order=True).str.join("; "),
     )
     return conform(with_prov, schema).collect()
@@ -77,7 +78,7 @@ def _merge_events(frames: list[pl.DataFrame]) -> pl.DataFrame:
         stacked.with_columns(pl.col("time").fill_null(pl.lit(None)))
         .group_by(key, maintain_order=True)
         .agg(
-            pl.all().exclude("provenance").first(),
+            pl.all().exclude("provenance").drop_nulls().first(),
             pl.col("provenance")
             .list.explode(keep_nulls=False, empty_as_null=False)
             .unique(maintain_order=True),
@@ -87,6 +88,8 @@ def _merge_events(frames: list[pl.DataFrame]) -> pl.DataFrame:
 
 
 def combine(parts: list[SourceData]) -> Evidence:
+    # Databases first: where inputs disagree on a value, the database row is the reference.
+    parts = sorted(parts, key=lambda part: not part.has_tables)
     loaded = [p for p in parts if p.runs.height or p.jobs.height or p.events.height or p.has_tables]
     evidence = Evidence(
         runs=_first_per_key([p.runs for p in loaded], RUNS_SCHEMA, ["server", "run_id"]),
@@ -101,6 +104,8 @@ def combine(parts: list[SourceData]) -> Evidence:
         evidence.unparsed = pl.concat([evidence.unparsed, *unparsed], how="vertical_relaxed")
     for part in parts:
         evidence.redactor.add(part.secrets)
+        if part.events_table_of is not None:
+            evidence.events_table_servers.add(part.events_table_of)
         evidence.inputs.extend(part.inputs)
         for limitation in part.limitations:
             if all(

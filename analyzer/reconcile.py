@@ -269,6 +269,21 @@ def _apply_options(events: pl.DataFrame, options: TimeOptions, evidence: Evidenc
     )
 
 
+def attach_job_runs(evidence: Evidence) -> None:
+    """Job events that name no run (API pages, logs) get it from the job's row."""
+    missing = evidence.events.filter(pl.col("run_id").is_null() & (pl.col("entity_type") == "job"))
+    if missing.height == 0 or evidence.jobs.height == 0:
+        return
+    runs_of_jobs = evidence.jobs.select(
+        "server", pl.col("job_id").alias("entity_id"), pl.col("run_id").alias("_job_run")
+    ).unique(["server", "entity_id"])
+    evidence.events = (
+        evidence.events.join(runs_of_jobs, on=["server", "entity_id"], how="left")
+        .with_columns(pl.coalesce("run_id", "_job_run").alias("run_id"))
+        .drop("_job_run")
+    )
+
+
 def resolve_ids(evidence: Evidence) -> None:
     """6-hex log prefixes -> full ids where the database holds exactly one match."""
     events = evidence.events
@@ -335,7 +350,7 @@ def merge_duplicates(evidence: Evidence) -> None:
         .filter(pl.col("_gap") <= MATCH_TOLERANCE_US)
         .sort("_gap")
         .unique("_row", keep="first", maintain_order=True)
-        .unique("_db_row", keep="first", maintain_order=True)
+        .unique(["_db_row", "source"], keep="first", maintain_order=True)
     )
     extra = (
         pairs.join(logs.select("_row", pl.col("provenance").alias("_log_prov")), on="_row")
@@ -487,6 +502,7 @@ def _derive_jobs(events: pl.DataFrame) -> pl.DataFrame:
         .alias("exit_status"),
         (
             pl.col("new_status").is_in(["provisioning", "pulling", "running"]).any()
+            | pl.col("old_status").is_in(["provisioning", "pulling", "running"]).any()
             | (pl.col("kind") == "job_provisioned").any()
         ).alias("has_provisioning_data"),
         pl.when((pl.col("kind") == "graceful_stop").any())
@@ -581,6 +597,7 @@ def reconcile(evidence: Evidence, options: TimeOptions | None = None) -> Evidenc
         return evidence
     align_times(evidence, options)
     resolve_ids(evidence)
+    attach_job_runs(evidence)
     merge_duplicates(evidence)
     evidence.events = conform(evidence.events, EVENTS_SCHEMA).collect()
     derive_from_events(evidence)

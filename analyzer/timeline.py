@@ -155,7 +155,7 @@ def submissions(evidence: Evidence) -> pl.DataFrame:
         .then(pl.lit("ready_flag_contradicts_running"))
         .when(pl.col("ready") == False)  # noqa: E712
         .then(pl.lit("not_ready"))
-        .when(running_marker & (pl.col("probe_count").fill_null(0) == 0))
+        .when(running_marker & (pl.col("probe_count") == 0))
         .then(pl.lit("running_no_probes"))
         .otherwise(pl.lit(None, pl.String))
     )
@@ -236,3 +236,69 @@ def deployments(evidence: Evidence, subs: pl.DataFrame) -> pl.DataFrame:
         .drop("run_submitted_at")
         .sort(["server", "run_id", "deployment_num"])
     )
+
+
+def evidence_gaps(
+    runs: pl.DataFrame, jobs: pl.DataFrame, events: pl.DataFrame, events_table_servers: set[str]
+) -> dict[tuple[str, str], list[str]]:
+    """Per run, what the evidence is missing, said out loud (never silently assumed)."""
+    gaps: dict[tuple[str, str], list[str]] = {}
+
+    def add(frame: pl.DataFrame, text) -> None:
+        for row in frame.iter_rows(named=True):
+            gaps.setdefault((row["server"], row["run_id"]), []).append(text(row))
+
+    from_db = runs.filter(pl.col("provenance").str.starts_with("runs:"))
+    table_servers = pl.DataFrame(
+        {"server": sorted(events_table_servers)}, schema={"server": pl.String}
+    )
+    with_events = events.select("server", "run_id").unique()
+    add(
+        from_db.join(table_servers, on="server").join(
+            with_events, on=["server", "run_id"], how="anti"
+        ),
+        lambda _: (
+            "no events for this run in the events table (past the events TTL, 30 days by "
+            "default, or before dstack 0.20.0): order and times come from table columns only"
+        ),
+    )
+    orphans = (
+        events.filter(pl.col("entity_type") == "job")
+        .select("server", "run_id", "entity_id")
+        .unique()
+        .join(
+            jobs.select("server", pl.col("job_id").alias("entity_id")),
+            on=["server", "entity_id"],
+            how="anti",
+        )
+        .join(from_db.select("server", "run_id"), on=["server", "run_id"])
+        .group_by(["server", "run_id"])
+        .agg(pl.len().alias("n"), pl.col("entity_id").sort().alias("ids"))
+    )
+    add(
+        orphans,
+        lambda row: (
+            f"{row['n']} job submission(s) appear only in events, their rows deleted by "
+            "dstack (superseded no-capacity submissions, 0.20.29+): " + ", ".join(row["ids"][:5])
+        ),
+    )
+    log_only = runs.filter(pl.col("provenance").str.contains(r"^[^#]*:\d+$"))
+    started_late = (
+        events.filter(pl.col("origin") == "event_line")
+        .group_by(["server", "run_id"])
+        .agg((pl.col("kind") == "run_submitted").any().alias("submitted"))
+        .filter(~pl.col("submitted"))
+        .join(log_only.select("server", "run_id"), on=["server", "run_id"])
+    )
+    add(
+        started_late,
+        lambda _: (
+            "the log starts after this run was submitted: its earlier history (and the "
+            "health of replicas started before the log) is not in the evidence"
+        ),
+    )
+    add(
+        runs.filter(pl.col("status") == "terminating"),
+        lambda _: "snapshot taken mid-cascade: the run is still TERMINATING",
+    )
+    return gaps

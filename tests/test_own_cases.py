@@ -168,3 +168,39 @@ def test_other_run_failures_are_not_incidents(copy_db, reason):
     report = open_sources([db]).report
     assert report.findings == []
     assert report.runs[0].verdict == "no_incident"
+
+
+def test_events_past_their_ttl_are_said_and_tables_still_decide(copy_db):
+    db = copy_db("v0.22.5/seed")
+    execute(
+        db,
+        "DELETE FROM event_targets WHERE event_id IN (SELECT event_id FROM event_targets "
+        "WHERE entity_name LIKE 'web%')",
+        "DELETE FROM events WHERE id NOT IN (SELECT event_id FROM event_targets)",
+    )
+    report = open_sources([db]).report
+    (verdict,) = report.runs
+    assert verdict.verdict == "collateral_termination"
+    assert any("past the events TTL" in gap for gap in verdict.gaps)
+
+
+def test_culprit_row_deleted_while_its_events_remain(copy_db):
+    db = copy_db("v0.22.5/seed")
+    execute(db, "DELETE FROM jobs WHERE job_name = 'web-0-1'")
+    report = open_sources([db]).report
+    (verdict,) = report.runs
+    assert verdict.verdict == "inconclusive"
+    assert report.findings == []
+    assert any("appear only in events" in gap and "3c73cf0e" in gap for gap in verdict.gaps)
+
+
+def test_log_that_starts_after_the_replicas_were_ready(tmp_path):
+    lines = (CAPTURES / "v0.22.5" / "seed" / "logs" / "server-info.standard.log").read_text()
+    tail = lines[lines.index("INFO 2026-11-02T09:08:50") :]
+    log = tmp_path / "server.log"
+    log.write_text(tail)
+    report = open_sources([log]).report
+    (verdict,) = report.runs
+    assert verdict.verdict == "inconclusive"
+    assert "health cannot be decided" in verdict.why
+    assert any("log starts after this run was submitted" in gap for gap in verdict.gaps)

@@ -164,6 +164,7 @@ class RunVerdict(_Record):
     verdict: Verdict
     why: str
     in_progress: bool = False  # still active at the end of the evidence: not finished
+    gaps: list[str] = Field(default_factory=list)  # what the evidence is missing for this run
 
 
 class GroupSummary(_Record):

@@ -7,6 +7,7 @@ else changes. Sniffers look at content, never at file names.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -55,6 +56,7 @@ class SourceData:
     server_version: str | None = None
     log_reads: list = field(default_factory=list)  # (LogRead, LogFacts) of each log read
     secrets: set[str] = field(default_factory=set)  # values never to show (see redact.py)
+    events_table_of: str | None = None  # the server whose events table this input holds
 
     def conformed(self) -> SourceData:
         self.runs = conform(self.runs, RUNS_SCHEMA).collect()
@@ -90,10 +92,10 @@ def file_facts(path: Path, kind: str) -> InputInfo:
 
 
 def _registry() -> list[Source]:
-    from analyzer.sources import sqlite, tables
+    from analyzer.sources import api, sqlite, tables
     from analyzer.sources.logs import source as logs
 
-    return [sqlite.SOURCE, tables.SOURCE, logs.SOURCE]
+    return [sqlite.SOURCE, tables.SOURCE, api.SOURCE, logs.SOURCE]
 
 
 def sniff(path: Path) -> Source | None:
@@ -124,11 +126,23 @@ def load_path(given: str | Path, server: str, *, inside_folder: bool = False) ->
 
         return [load_url(given, server).conformed()]
     path = Path(given)
-    if not path.exists():
-        raise AuditInputError(str(path), "no such file or folder")
-    source = sniff(path)
-    if source is not None:
-        return [source.load(path, server).conformed()]
+    try:
+        if not path.exists():
+            raise AuditInputError(str(path), "no such file or folder")
+        if path.is_file():
+            with path.open("rb"):
+                pass
+        elif path.is_dir():
+            os.listdir(path)
+        source = sniff(path)
+        if source is not None:
+            return [source.load(path, server).conformed()]
+    except PermissionError:
+        raise AuditInputError(
+            str(path), "permission denied", "run with read access to it"
+        ) from None
+    except OSError as error:
+        raise AuditInputError(str(path), f"cannot read ({error.strerror or error})") from None
     if path.is_dir():
         found: list[SourceData] = []
         for child in sorted(path.iterdir()):

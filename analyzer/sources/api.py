@@ -78,9 +78,7 @@ _INFO_MARKER = re.compile(r'^\{\s*"server_version"\s*:')
 
 # `dstack event` (src/dstack/_internal/cli/services/events.py: print_event): local time, the
 # actor only for user actions, targets "<type> <name>" joined by ", ", then the message.
-TARGET_TYPES = (
-    "project|user|fleet|instance|run|job|volume|gateway|gateway-replica|secret|preset"
-)
+TARGET_TYPES = "project|user|fleet|instance|run|job|volume|gateway|gateway-replica|secret|preset"
 _TARGET = rf"(?:{TARGET_TYPES}) [^,\]]+"
 EVENT_LINE = re.compile(
     r"^\[(?P<time>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] "
@@ -250,7 +248,7 @@ def _classify(path: Path, size: int) -> str | None:
     except OSError:
         return None
     start = head.lstrip(b"\xef\xbb\xbf \t\r\n")[:1]
-    if start not in (b"[", b"{"):
+    if start not in (b"[", b"{") or _text_shape(head):  # event lines start with "[" too
         return _text_shape(head)
     text_head = head.decode("utf-8", "replace")
     looks_like_export = (
@@ -260,16 +258,31 @@ def _classify(path: Path, size: int) -> str | None:
     )
     if size > MAX_JSON_BYTES:
         return DAMAGED if looks_like_export else None
+    if _json_lines(head):
+        return None  # one JSON value per line (a json-format log): never an API export
     try:
         doc = json.loads(path.read_bytes())
-    except (ValueError, OSError):
+    except (ValueError, OSError, RecursionError):
         return DAMAGED if looks_like_export else None
     return shape_of(doc)
 
 
+def _json_lines(head: bytes) -> bool:
+    """The first line is a complete JSON value and more follows: JSON Lines, not a document."""
+    first, newline, rest = head.partition(b"\n")
+    if not newline or not rest.strip():
+        return False
+    try:
+        json.loads(first)
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
 def _folder_files(folder: Path) -> list[Path] | None:
     """Every non-hidden file below `folder`, or None when another source recognises something
-    inside (then the registry meets the folder's files one by one instead)."""
+    inside, or a linked folder is inside (then the registry meets the folder's entries one by
+    one instead, as it does for any folder)."""
     from analyzer.sources import _registry
 
     others = [source for source in _registry() if source.kind != KIND]
@@ -282,8 +295,10 @@ def _folder_files(folder: Path) -> list[Path] | None:
             seen += 1
             if seen > MAX_FOLDER_ENTRIES:
                 return None
-            if entry.name.startswith(".") or entry.is_symlink():
+            if entry.name.startswith("."):
                 continue
+            if entry.is_dir() and entry.is_symlink():
+                return None  # os.walk does not follow it: let the registry decide
             if entry.is_file() and classify(entry) in EXPORT_SHAPES:
                 files.append(entry)
                 continue
@@ -315,7 +330,6 @@ class _File:
     runs: list[tuple[RunModel, dict, str]] = field(default_factory=list)  # model, raw, pointer
     events: list[tuple[EventModel, dict, str]] = field(default_factory=list)
     lines: list[tuple[int, re.Match[str]]] = field(default_factory=list)  # line number, parts
-    ps_project: str | None = None
     server_version: str | None = None
 
 
@@ -369,12 +383,13 @@ def _read_file(path: Path) -> _File:
         raise AuditInputError(
             str(path),
             f"malformed JSON: {error.msg} at line {error.lineno} column {error.colno}",
-            "the file looks like a dstack API export but does not parse (cut short?); "
-            "re-export it",
+            "the file looks like a dstack API export but does not parse (cut short?); re-export it",
         ) from None
+    except RecursionError:
+        raise AuditInputError(str(path), "malformed JSON: nested too deeply") from None
     actual = shape_of(doc)
     if actual is None:
-        raise AuditInputError(str(path), "JSON that is no dstack runs or events export")
+        raise AuditInputError(str(path), "JSON that is not a dstack runs or events export")
     found.shape = actual
     info.kind = f"{KIND} ({actual})"
     try:
@@ -385,7 +400,6 @@ def _read_file(path: Path) -> _File:
             found.runs = [(RunModel.model_validate(doc), doc, "")]
         elif actual == PS_JSON:
             ps = PsModel.model_validate(doc)
-            found.ps_project = ps.project
             found.runs = [
                 (m, r, f"/runs/{i}")
                 for i, (m, r) in enumerate(zip(ps.runs, doc["runs"], strict=True))
@@ -746,9 +760,7 @@ def _align(
     return shift, paired, agree
 
 
-def _resolve(
-    candidates: list[_Entity], project: str | None, when: datetime
-) -> _Entity | None:
+def _resolve(candidates: list[_Entity], project: str | None, when: datetime) -> _Entity | None:
     found = [c for c in candidates if project is None or c.project in (None, project)]
     ids = {c.entity_id for c in found}
     if len(ids) == 1:
@@ -794,9 +806,7 @@ def _load_set(paths: list[Path], server: str, label: str, *, tolerant: bool) -> 
         except AuditInputError as error:
             if not tolerant:
                 raise
-            info = InputInfo(
-                path=str(path), kind=f"{KIND} (unreadable)", sha256=None, size=None, mtime=None
-            )
+            info = file_facts(path, f"{KIND} (unreadable)")
             info.notes.append(f"{error.problem}; not audited")
             data.inputs.append(info)
             data.limitations.append(
@@ -827,12 +837,16 @@ def _load_set(paths: list[Path], server: str, label: str, *, tolerant: bool) -> 
                 _keep(jobs, job_row["job_id"], job_row, rank, found.shape, spec)
     data.secrets = _secrets(raws)
 
-    job_list = [k.row | {"provenance": "; ".join(dict.fromkeys(k.provenance))} for k in jobs.values()]
+    job_list = [
+        k.row | {"provenance": "; ".join(dict.fromkeys(k.provenance))} for k in jobs.values()
+    ]
     for row, fingerprint in zip(
         job_list, _fingerprints([k.spec for k in jobs.values()]), strict=True
     ):
         row["spec_fingerprint"] = fingerprint
-    run_list = [k.row | {"provenance": "; ".join(dict.fromkeys(k.provenance))} for k in runs.values()]
+    run_list = [
+        k.row | {"provenance": "; ".join(dict.fromkeys(k.provenance))} for k in runs.values()
+    ]
     data.runs = _frame(run_list, RUNS_SCHEMA)
     data.jobs = _frame(job_list, JOBS_SCHEMA)
 
@@ -888,14 +902,24 @@ def _text_event_rows(
     entities: dict[tuple[str, str], list[_Entity]] = defaultdict(list)
     for run in runs:
         entities[("run", run["run_name"] or "")].append(
-            _Entity(run["run_id"], run["run_id"], run["project"], run["submitted_at"],
-                    run["last_processed_at"])
+            _Entity(
+                run["run_id"],
+                run["run_id"],
+                run["project"],
+                run["submitted_at"],
+                run["last_processed_at"],
+            )
         )
     run_projects = {run["run_id"]: run["project"] for run in runs}
     for job in jobs:
         entities[("job", job["job_name"] or "")].append(
-            _Entity(job["job_id"], job["run_id"], run_projects.get(job["run_id"]),
-                    job["submitted_at"], job["last_processed_at"])
+            _Entity(
+                job["job_id"],
+                job["run_id"],
+                run_projects.get(job["run_id"]),
+                job["submitted_at"],
+                job["last_processed_at"],
+            )
         )
     for row in json_rows:  # submissions deleted from the runs JSON still have their events
         key = (row["entity_type"], row["entity_name"] or "")
@@ -972,16 +996,35 @@ def _text_event_rows(
     return rows
 
 
+EVENT_ROW_SCHEMA = {
+    name: EVENTS_SCHEMA[name]
+    for name in (
+        "server",
+        "source",
+        "seq",
+        "time",
+        "time_text",
+        "time_basis",
+        "origin",
+        "entity_type",
+        "entity_id",
+        "entity_name",
+        "run_id",
+        "actor",
+        "message",
+        "provenance",
+    )
+}
+
+
 def _events_frame(rows: list[dict[str, Any]], runs: list[dict]) -> pl.DataFrame:
     if not rows:
         return pl.DataFrame(schema=EVENTS_SCHEMA)
     for seq, row in enumerate(rows):
         row["seq"] = seq
-    schema = EVENTS_SCHEMA | {"provenance": pl.List(pl.String)}
-    frame = _frame(rows, {k: v for k, v in schema.items() if k in rows[0] or k == "provenance"})
+    frame = _frame(rows, EVENT_ROW_SCHEMA)
     parsed = catalogue.parse_event_messages(frame.lazy()).collect()
-    runs_frame = _frame(runs, RUNS_SCHEMA) if runs else pl.DataFrame(schema=RUNS_SCHEMA)
-    attached = _attach_orphan_runs(parsed, runs_frame)
+    attached = _attach_orphan_runs(parsed, _frame(runs, RUNS_SCHEMA))
     return conform(attached, EVENTS_SCHEMA).collect().sort(["time", "seq"])
 
 
@@ -1025,9 +1068,9 @@ def _limitations(
             Limitation(
                 "api_runs_without_events",
                 "the order culprit failure -> run TERMINATING -> victim stopped is recorded only "
-                "in the events (events API, or `dstack event --since ...`), which this export "
-                "does not hold: victims are judged from final states, probe streaks and "
-                "last_processed_at only",
+                "in the events (events API, or `dstack event --since ...`) and this export holds "
+                "none: unless events of the same runs are audited with it, victims are judged "
+                "from final states, probe streaks and last_processed_at only",
                 label,
             )
         )
@@ -1046,35 +1089,32 @@ def _limitations(
                 "submissions of a re-used replica slot (replicas of earlier deployments, retried "
                 "or re-run submissions) are missing, so a victim or culprit among them cannot be "
                 f"seen ({len(ps_only)} run(s) known only from it"
-                + (f"; {hidden} job(s) there have earlier submissions not exported" if hidden else "")
+                + (
+                    f"; {hidden} job(s) there have earlier submissions not exported"
+                    if hidden
+                    else ""
+                )
                 + "); export `dstack run get --json` or the runs API for every submission",
                 label,
             )
         )
-    capped = [
-        k
-        for k in runs.values()
-        if RUN not in k.shapes
-        and RUNS_PAGE in k.shapes
-        and Counter(j.row["job_name"] for j in jobs.values() if j.row["run_id"] == k.row["run_id"])
-        .most_common(1)[0:1]
-        and max(
-            Counter(
-                (j.row["replica_num"], j.row["job_num"])
-                for j in jobs.values()
-                if j.row["run_id"] == k.row["run_id"]
-            ).values(),
-            default=0,
-        )
-        >= RUNS_LIST_SUBMISSIONS_LIMIT
-    ]
+    slots: Counter = Counter(
+        (k.row["run_id"], k.row["replica_num"], k.row["job_num"]) for k in jobs.values()
+    )
+    capped = {
+        run_id
+        for (run_id, _, _), count in slots.items()
+        if count >= RUNS_LIST_SUBMISSIONS_LIMIT
+        and run_id in runs
+        and runs[run_id].shapes == {RUNS_PAGE}
+    }
     if capped:
         data.limitations.append(
             Limitation(
                 "runs_list_submissions_capped",
-                f"{len(capped)} run(s) have a job with {RUNS_LIST_SUBMISSIONS_LIMIT} submissions "
-                "in the runs list, which returns at most the latest 10 per job: earlier ones may "
-                "be missing (the runs get call returns all)",
+                f"{len(capped)} run(s) known only from the runs list have a job with "
+                f"{RUNS_LIST_SUBMISSIONS_LIMIT} submissions there; the list returns at most the "
+                "latest 10 per job, so earlier ones may be missing (the runs get call returns all)",
                 label,
             )
         )

@@ -12,6 +12,7 @@ from typing import Protocol
 import polars as pl
 
 from analyzer import catalogue
+from analyzer.errors import AuditInputError
 from analyzer.model import normalise_enum, normalise_id, parse_db_time
 from analyzer.redact import Redactor, json_secret_values
 from analyzer.sources import Limitation, SourceData
@@ -75,6 +76,11 @@ TABLE_COLUMNS: dict[str, list[str]] = {
     "alembic_version": ["version_num"],
 }
 REQUIRED_TABLES = ("runs", "jobs")
+# Without these, no run's story can be told: their absence means a schema we do not know.
+REQUIRED_COLUMNS = {
+    "runs": ("id", "run_name", "status", "submitted_at"),
+    "jobs": ("id", "run_id", "job_name", "status", "submission_num", "replica_num"),
+}
 
 # JobSpec fields a rolling deployment changes (reference 6.1, 11.1.5): their hash tells a
 # redeployed job from one bumped in place.
@@ -174,6 +180,14 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
     data = SourceData(has_tables=True)
     label = reader.label
     present = reader.tables()
+    for table, required in REQUIRED_COLUMNS.items():
+        missing = [c for c in required if c not in reader.columns(table)]
+        if missing:
+            raise AuditInputError(
+                label,
+                f"unknown database schema: table {table} lacks {', '.join(missing)}",
+                "is this a dstack server database (0.19.14 or later)?",
+            )
 
     version = None
     alembic = _read(reader, "alembic_version")
@@ -252,6 +266,7 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
             )
         )
     data.server_version = version
+    data.events_table_of = server if "events" in present else None
     data.secrets = _secrets(raw_runs, _read(reader, "jobs"), _read(reader, "users"))
     return data
 

@@ -1,12 +1,16 @@
 """A dstack SQLite database file (`server.db` / `sqlite.db`), opened read-only.
 
-`mode=ro` never creates a missing file and never writes; a `-wal` beside the file is read
-by SQLite as part of the database (copy db, -wal and -shm together, never a live server's).
+`mode=ro` never creates a missing file and never writes. A database in WAL mode (dstack's
+default) may keep recent commits in `<db>-wal`, and even a read-only connection would create
+`-wal`/`-shm` files beside it: such a database is first copied (with its `-wal`) into a private
+temporary folder and the copy is read, so nothing is ever written beside the evidence.
 """
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
+import tempfile
 from pathlib import Path
 from urllib.parse import quote
 
@@ -32,15 +36,16 @@ def _sniff(path: Path) -> bool:
 class SqliteReader:
     """All-text reads of the columns the audit needs; absent columns come back null."""
 
-    def __init__(self, path: Path) -> None:
-        self.label = str(path)
+    def __init__(self, path: Path, label: str | None = None) -> None:
+        self.label = label or str(path)
         uri = f"file:{quote(str(path.resolve()))}?mode=ro"
         try:
             self._db = sqlite3.connect(uri, uri=True)
+            self._db.text_factory = lambda raw: raw.decode("utf-8", "replace")
             self._db.execute("PRAGMA query_only = ON")
             rows = self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
             self._tables = {name for (name,) in rows}
-        except sqlite3.DatabaseError as error:
+        except (sqlite3.Error, UnicodeDecodeError) as error:
             raise AuditInputError(
                 self.label, f"cannot read the SQLite database ({error})", "is the file complete?"
             ) from None
@@ -51,8 +56,11 @@ class SqliteReader:
 
     def columns(self, table: str) -> set[str]:
         if table not in self._columns:
-            info = self._db.execute(f'SELECT name FROM pragma_table_info("{table}")')
-            self._columns[table] = {name for (name,) in info}
+            try:
+                info = self._db.execute(f'SELECT name FROM pragma_table_info("{table}")')
+                self._columns[table] = {name for (name,) in info}
+            except (sqlite3.Error, UnicodeDecodeError) as error:
+                raise AuditInputError(self.label, f"cannot read table {table} ({error})") from None
         return self._columns[table]
 
     def read(self, table: str, columns: list[str]) -> pl.DataFrame:
@@ -62,7 +70,7 @@ class SqliteReader:
         )
         try:
             rows = self._db.execute(f'SELECT {select} FROM "{table}"').fetchall()
-        except sqlite3.DatabaseError as error:
+        except (sqlite3.Error, UnicodeDecodeError) as error:
             raise AuditInputError(self.label, f"cannot read table {table} ({error})") from None
         return pl.DataFrame(rows, schema={c: pl.String for c in columns}, orient="row")
 
@@ -70,13 +78,37 @@ class SqliteReader:
         self._db.close()
 
 
+def _is_wal(path: Path) -> bool:
+    with path.open("rb") as handle:
+        header = handle.read(20)
+    return len(header) == 20 and header[18] == 2 and header[19] == 2
+
+
 def _load(path: Path, server: str) -> SourceData:
     info = file_facts(path, "sqlite")
-    reader = SqliteReader(path)
+    wal = path.with_name(path.name + "-wal")
+    if _is_wal(path) or wal.exists():
+        with tempfile.TemporaryDirectory(prefix="dstack-audit-") as folder:
+            copy = Path(folder) / path.name
+            shutil.copyfile(path, copy)
+            if wal.exists():
+                shutil.copyfile(wal, Path(folder) / wal.name)
+                wal_info = file_facts(wal, "sqlite-wal")
+                wal_info.notes.append("write-ahead log read together with its database (on a copy)")
+                info.notes.append(f"read with its write-ahead log {wal.name} (on a private copy)")
+            data = _read_database(copy, path, server, info)
+            if wal.exists():
+                data.inputs.append(wal_info)
+            return data
+    return _read_database(path, path, server, info)
+
+
+def _read_database(path: Path, shown: Path, server: str, info) -> SourceData:
+    reader = SqliteReader(path, label=str(shown))
     try:
         if not looks_like_dstack(reader.tables()):
             raise AuditInputError(
-                str(path),
+                str(shown),
                 "a SQLite database, but not a dstack one (no runs and jobs tables)",
                 "point at the dstack server's data/sqlite.db",
             )
@@ -85,7 +117,7 @@ def _load(path: Path, server: str) -> SourceData:
         reader.close()
     info.records = data.runs.height + data.jobs.height + data.events.height
     info.server_version = data.server_version
-    data.inputs.append(info)
+    data.inputs.insert(0, info)
     return data
 
 

@@ -87,8 +87,8 @@ _STARTUP_RE = (
 )
 
 # The start-up logo is printed with console.print, outside logging, in every format
-# (src/dstack/_internal/server/app.py _print_dstack_logo): box-drawing art up to 0.20.x,
-# ASCII art since January 2026. Compared after trailing whitespace is removed.
+# (src/dstack/_internal/server/app.py _print_dstack_logo): box-drawing art up to 0.20.6,
+# ASCII art from 0.20.7. Compared after trailing whitespace is removed.
 LOGO_LINES = (
     "╱╱╭╮╱╱╭╮╱╱╱╱╱╱╭╮",
     "╱╱┃┃╱╭╯╰╮╱╱╱╱╱┃┃",
@@ -108,7 +108,7 @@ LOGO_LINES = (
 )
 
 _MAX_CLOCK_NOTES = 10
-_DAY_SECONDS = 3600  # a backwards step larger than this is a midnight roll-over
+_ROLLOVER_STEP = 3600  # seconds: a rich time going back further than this is the next day
 
 
 @dataclass
@@ -240,12 +240,7 @@ def _gunzip_prefix(head: bytes) -> bytes:
 
 def _split_lines(data: bytes) -> tuple[pl.Series, bool]:
     """Physical lines (``\\n``-separated, one trailing ``\\r`` removed, a BOM dropped) and
-    whether the UTF-8 was bad (bad bytes become U+FFFD).
-
-    Fast path: polars' CSV reader with a separator absent from the data and no quoting splits
-    lines in parallel, several times faster than ``str.split``; its row count is checked against
-    the newline count, and anything unexpected falls back to splitting the decoded text.
-    """
+    whether the UTF-8 was bad (bad bytes become U+FFFD)."""
     if not data:
         return pl.Series("raw", [], dtype=pl.String), False
     try:
@@ -254,28 +249,40 @@ def _split_lines(data: bytes) -> tuple[pl.Series, bool]:
     except UnicodeDecodeError:
         invalid = True
     body = data.removeprefix(b"\xef\xbb\xbf")
+    raw = _split_with_csv_reader(body)
+    return (raw if raw is not None else _split_text(body)), invalid
+
+
+def _split_with_csv_reader(body: bytes) -> pl.Series | None:
+    """Fast path: polars' CSV reader, with a separator absent from the data and no quoting,
+    splits lines in parallel, several times faster than ``str.split``. None when it cannot be
+    used or its row count disagrees with the newline count."""
+    # It would drop a BOM, and it decompresses data that opens like zlib, zstd or gzip.
+    if not body or b"\x1f" in body or body.startswith((b"\xef\xbb\xbf", b"x", b"(\xb5/\xfd")):
+        return None
     expected = body.count(b"\n") + (0 if body.endswith(b"\n") else 1)
-    if body and b"\x1f" not in body:
-        try:
-            raw = pl.read_csv(
-                body,
-                has_header=False,
-                separator="\x1f",
-                quote_char=None,
-                new_columns=["raw"],
-                encoding="utf8-lossy",
-                infer_schema=False,
-                raise_if_empty=False,
-            )["raw"].fill_null("")
-            if raw.len() == expected:
-                return raw.alias("raw"), invalid
-        except (pl.exceptions.PolarsError, ValueError):
-            pass
+    try:
+        raw = pl.read_csv(
+            body,
+            has_header=False,
+            separator="\x1f",
+            quote_char=None,
+            new_columns=["raw"],
+            encoding="utf8-lossy",
+            infer_schema=False,
+            raise_if_empty=False,
+        )["raw"].fill_null("")
+    except (pl.exceptions.PolarsError, ValueError, OSError):
+        return None
+    return raw if raw.len() == expected else None
+
+
+def _split_text(body: bytes) -> pl.Series:
+    """Fallback: decode (bad bytes replaced) and split the text in polars."""
     text = body.decode("utf-8", errors="replace")
     if text.endswith("\n"):
         text = text[:-1]
-    raw = pl.Series("raw", [text]).str.split("\n").explode().str.strip_suffix("\r")
-    return raw.alias("raw"), invalid
+    return pl.Series("raw", [text]).str.split("\n").explode().str.strip_suffix("\r")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -339,7 +346,10 @@ def _unwrap_journald(frame: pl.DataFrame, damage: list[str]) -> pl.DataFrame:
     )
     arrays = frame.filter(pl.col("as_bytes") & pl.col("message").is_not_null())
     if arrays.height:
-        decoded, bad = _decode_byte_arrays(arrays["message"])
+        try:
+            decoded, bad = _decode_byte_arrays(arrays["message"])
+        except (pl.exceptions.PolarsError, ValueError):  # not an array of integers
+            decoded, bad = pl.Series("bytes_text", [None] * arrays.height, pl.String), 0
         fixed = pl.DataFrame({"line": arrays["line"], "bytes_text": decoded})
         frame = frame.join(fixed, on="line", how="left", maintain_order="left").with_columns(
             message=pl.when(pl.col("as_bytes"))
@@ -750,8 +760,8 @@ def _records(
     )
     step = (seconds - seconds.shift(1)).over("fmt")
     grouped = grouped.with_columns(
-        rollover=(is_rich & (step < -_DAY_SECONDS)).fill_null(False),
-        backwards=(is_rich & (step < 0) & (step >= -_DAY_SECONDS)).fill_null(False),
+        rollover=(is_rich & (step < -_ROLLOVER_STEP)).fill_null(False),
+        backwards=(is_rich & (step < 0) & (step >= -_ROLLOVER_STEP)).fill_null(False),
     )
     back_lines = grouped.filter(pl.col("backwards"))["line"].to_list()
     for line in back_lines[:_MAX_CLOCK_NOTES]:

@@ -1,0 +1,430 @@
+"""API and CLI exports (`api/`, `cli/` of the v0.22.5 captures) as a source of their own.
+
+What each export can decide in these captures (every job there has a single submission, so
+`dstack ps --json` misses nothing a runs get holds; what it lacks are the events):
+
+- `api/` (runs list/get + events list pages): every capture, exactly the truth's victims;
+- `cli/` (`ps -a --json`, `run get --json`, `dstack event` text): every capture, exactly;
+- `cli/<project>/ps-a.json` alone (no events): decides multi-replica-crash (the old replicas'
+  probe streaks prove health) and every capture without victims; it cannot decide seed and
+  scale-up-fails (no probes, no events: nothing shows the killed replica ever served), where
+  the verdict is inconclusive, never a false finding, and limitations say why.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import polars as pl
+import pytest
+from conftest import CAPTURES, capture_id, expected_victims, found_victims, load_truth, truth_files
+
+from analyzer import AuditInputError, open_sources
+from analyzer.sources import load_path
+from analyzer.sources.api import EVENT_TEXT, SOURCE, classify
+
+EXPORT_CAPTURES = [
+    p
+    for p in truth_files("v0.22.5/*/truth.json")
+    if (p.parent / "api").is_dir() and (p.parent / "cli").is_dir()
+]
+PS_UNDECIDABLE = {"seed", "scale-up-fails"}  # victims without probes: health needs events
+
+
+def test_every_v0225_capture_has_api_and_cli_exports():
+    assert len(EXPORT_CAPTURES) == 9
+
+
+def _check_verdicts(report, truth) -> None:
+    assert found_victims(report) == expected_victims(truth)
+    verdicts = {v.run_id: v for v in report.runs}
+    assert len(report.runs) == len(truth["runs"])
+    for run in truth["runs"]:
+        verdict = verdicts[run["run_id"]]
+        if run["expected_flag"]:
+            assert verdict.verdict == "collateral_termination", verdict.why
+        elif run["expected_flag_broad"]:
+            assert verdict.verdict == "same_deployment_collateral", verdict.why
+        else:
+            assert verdict.verdict in ("no_incident", "no_healthy_victim"), verdict.why
+        flagged = [f for f in report.findings if f.run_id == run["run_id"]]
+        if run["expected_flag_broad"]:
+            assert {c.job_id for f in flagged for c in f.culprits} == {
+                c["job_id"] for c in run["culprit"]
+            }
+            assert all(f.confidence == "confirmed" for f in flagged)
+        else:
+            assert flagged == []
+
+
+def _ps_json(capture: Path) -> Path:
+    (found,) = (capture / "cli").glob("*/ps-a.json")
+    return found
+
+
+def _evidence_counts(report) -> Counter:
+    return Counter((e.time, e.text) for f in report.findings for e in f.evidence)
+
+
+@pytest.mark.parametrize("truth_path", EXPORT_CAPTURES, ids=capture_id)
+def test_api_folder_alone_gives_truth(truth_path):
+    report = open_sources([truth_path.parent / "api"]).report
+    _check_verdicts(report, load_truth(truth_path))
+    assert {i.server_version for i in report.inputs} >= {"0.22.5"}
+
+
+@pytest.mark.parametrize("truth_path", EXPORT_CAPTURES, ids=capture_id)
+def test_cli_folder_alone_gives_truth(truth_path):
+    """ps/run-get JSON for the rows, `dstack event` text (ids resolved by name) for the order."""
+    audit = open_sources([truth_path.parent / "cli"])
+    _check_verdicts(audit.report, load_truth(truth_path))
+    codes = {lim.code for lim in audit.report.limitations}
+    assert "cli_event_time_aligned" in codes  # the captures' CLI ran with TZ=UTC
+    assert "cli_event_names_unresolved" not in codes
+    # event.txt, event-since.txt and event-within-run/*.txt overlap: each event once
+    events = audit.evidence.events
+    assert events.height == events.select("entity_id", "message", "time").unique().height
+
+
+@pytest.mark.parametrize("truth_path", EXPORT_CAPTURES, ids=capture_id)
+def test_ps_json_alone(truth_path):
+    truth = load_truth(truth_path)
+    report = open_sources([_ps_json(truth_path.parent)]).report
+    codes = {lim.code for lim in report.limitations}
+    assert {"ps_json_latest_submission_only", "api_fields_not_exposed"} <= codes
+    assert "api_runs_without_events" in codes
+    if truth_path.parent.name not in PS_UNDECIDABLE:
+        _check_verdicts(report, truth)
+        return
+    # cannot decide: no false finding, an honest verdict, and the limitation says why
+    assert found_victims(report) <= expected_victims(truth)
+    assert report.findings == []
+    (verdict,) = report.runs
+    assert verdict.verdict == "inconclusive", verdict.why
+    assert "health cannot be decided" in verdict.why
+    unexposed = next(lim for lim in report.limitations if lim.code == "api_fields_not_exposed")
+    assert "without probes and without events" in unexposed.message
+
+
+@pytest.mark.parametrize("truth_path", EXPORT_CAPTURES, ids=capture_id)
+@pytest.mark.parametrize("order", ["api-first", "db-first"])
+def test_api_with_database_sees_each_event_once(truth_path, order):
+    capture = truth_path.parent
+    paths = [capture / "api", capture / "server.db"]
+    audit = open_sources(paths if order == "api-first" else paths[::-1])
+    _check_verdicts(audit.report, load_truth(truth_path))
+    db_only = open_sources([capture / "server.db"])
+    assert audit.evidence.events.height == db_only.evidence.events.height
+    assert audit.evidence.jobs.height == db_only.evidence.jobs.height
+    assert audit.evidence.runs.height == db_only.evidence.runs.height
+    counts = _evidence_counts(audit.report)
+    assert all(count == 1 for count in counts.values()), counts
+    assert bool(counts) == bool(expected_victims(load_truth(truth_path)))
+    # each event keeps both provenances: the events table and the API listings
+    for provenance in audit.evidence.events["provenance"].to_list():
+        assert any(p.startswith("events:") for p in provenance)
+        assert any("#/" in p for p in provenance)
+
+
+@pytest.mark.parametrize("truth_path", EXPORT_CAPTURES, ids=capture_id)
+def test_whole_capture_folder_gives_truth(truth_path):
+    """server.db + tables/ + logs/ + api/ + cli/: the same runs, jobs and events many times."""
+    truth = load_truth(truth_path)
+    report = open_sources([truth_path.parent]).report
+    _check_verdicts(report, truth)
+    victims = [v.job_id for f in report.findings for v in f.victims]
+    assert len(victims) == len(set(victims)) == len(expected_victims(truth))
+    kinds = {i.kind.split(" (")[0] for i in report.inputs}
+    assert {"sqlite", "table-export", "api-export"} <= kinds
+    unrecognised = {Path(i.path).name for i in report.inputs if i.kind == "unrecognised"}
+    assert {"manifest.json", "projects_list.json", "truth.json"} <= unrecognised
+
+
+def test_api_json_adds_no_event_to_a_whole_capture():
+    folder = CAPTURES / "v0.22.5" / "multi-replica-crash"
+    rest = [folder / name for name in ("server.db", "tables", "cli")]
+    with_api = open_sources([*rest, folder / "api"]).evidence.events.height
+    assert with_api == open_sources(rest).evidence.events.height
+    assert with_api == open_sources([folder / "server.db"]).evidence.events.height
+
+
+@pytest.mark.parametrize("truth_path", EXPORT_CAPTURES, ids=capture_id)
+def test_api_files_met_one_by_one_give_truth(truth_path):
+    """The folder recursion meets files one by one when the folder is not an export folder:
+    the overlap between pages is then collapsed by the combine step."""
+    files = [
+        p
+        for p in sorted((truth_path.parent / "api").rglob("*.json"))
+        if SOURCE.sniff(p) and classify(p) != "server info"
+    ]
+    report = open_sources(files).report
+    assert found_victims(report) == expected_victims(load_truth(truth_path))
+
+
+def test_api_rows_equal_database_rows():
+    """Same ids, same values: what lets the combine step keep one row per run, job, event."""
+    capture = CAPTURES / "v0.22.5" / "multi-replica-crash"
+    (api,) = load_path(capture / "api", "s")
+    (db,) = load_path(capture / "server.db", "s")
+    job_columns = [
+        "run_id",
+        "job_id",
+        "job_name",
+        "replica_num",
+        "job_num",
+        "submission_num",
+        "deployment_num",
+        "status",
+        "termination_reason",
+        "termination_reason_message",
+        "exit_status",
+        "submitted_at",
+        "last_processed_at",
+        "has_provisioning_data",
+        "price",
+        "replica_group",
+        "probe_count",
+        "probe_rows",
+        "probes_below_ready_after",
+        "min_probe_streak",
+        "spec_fingerprint",
+    ]
+    assert (
+        api.jobs.select(job_columns)
+        .sort("job_id")
+        .equals(db.jobs.select(job_columns).sort("job_id"))
+    )
+    run_columns = [c for c in api.runs.columns if c != "provenance"]
+    assert api.runs.select(run_columns).equals(db.runs.select(run_columns))
+    event_columns = ["entity_type", "entity_id", "run_id", "time", "message", "actor", "kind"]
+    assert (
+        api.events.select(event_columns)
+        .sort(event_columns)
+        .equals(db.events.select(event_columns).sort(event_columns))
+    )
+    assert api.jobs["ready"].is_null().all()  # not exposed: unknown, never false
+    assert set(api.jobs["deployment_basis"]) == {"table"}
+
+
+def test_unexposed_fields_limitation_for_api_only_audit():
+    report = open_sources([CAPTURES / "v0.22.5" / "seed" / "api"]).report
+    by_code = {lim.code: lim.message for lim in report.limitations}
+    for field in ("ready", "registered", "graceful_termination_attempts", "remove_at"):
+        assert field in by_code["api_fields_not_exposed"]
+    assert "success_streak" in by_code["api_fields_not_exposed"]
+    assert "in-place" in by_code["api_deployment_is_current"]
+    assert "api_runs_without_events" not in by_code  # the events pages are there
+
+
+def test_runs_without_events_say_what_only_events_show():
+    run_get = next((CAPTURES / "v0.22.5" / "seed" / "api" / "runs_get").rglob("*.json"))
+    report = open_sources([run_get]).report
+    message = next(
+        lim.message for lim in report.limitations if lim.code == "api_runs_without_events"
+    )
+    assert "culprit failure -> run TERMINATING -> victim stopped" in message
+
+
+# --- recognition ---------------------------------------------------------------------------
+
+
+def test_recognised_by_content_not_by_name(tmp_path):
+    seed = CAPTURES / "v0.22.5" / "seed"
+    page = tmp_path / "evidence-1.bin"
+    shutil.copyfile(seed / "api" / "runs_list" / "acme" / "page-001.json", page)
+    events = tmp_path / "evidence-2.bin"
+    shutil.copyfile(seed / "api" / "events_list" / "all" / "page-001.json", events)
+    text = tmp_path / "evidence-3.bin"
+    shutil.copyfile(seed / "cli" / "acme" / "event-since.txt", text)
+    report = open_sources([page, events, text]).report
+    assert [i.kind for i in report.inputs] == [
+        "api-export (runs list page)",
+        "api-export (events list page)",
+        f"api-export ({EVENT_TEXT})",
+    ]
+    assert found_victims(report) == expected_victims(load_truth(seed / "truth.json"))
+
+
+@pytest.mark.parametrize("name", ["manifest.json", "projects_list.json"])
+def test_other_api_json_is_not_claimed(name):
+    path = CAPTURES / "v0.22.5" / "seed" / "api" / name
+    assert not SOURCE.sniff(path)
+    with pytest.raises(AuditInputError, match="not a recognised input"):
+        open_sources([path])
+
+
+def test_server_info_gives_the_version():
+    path = CAPTURES / "v0.22.5" / "seed" / "api" / "server_get_info.json"
+    report = open_sources([path]).report
+    assert report.inputs[0].server_version == "0.22.5"
+    assert report.runs == []
+
+
+def test_logs_and_databases_are_not_claimed():
+    seed = CAPTURES / "v0.22.5" / "seed"
+    for path in [seed / "server.db", seed / "tables", seed / "logs", seed, *seed.glob("logs/*")]:
+        assert not SOURCE.sniff(path), path
+    assert SOURCE.sniff(seed / "api") and SOURCE.sniff(seed / "cli")
+
+
+def test_empty_list_is_not_claimed_alone(tmp_path):
+    empty = tmp_path / "page.json"
+    empty.write_text("[]")
+    assert not SOURCE.sniff(empty)
+
+
+# --- damaged exports -----------------------------------------------------------------------
+
+
+def _runs_page(tmp_path: Path) -> tuple[Path, list]:
+    source = CAPTURES / "v0.22.5" / "seed" / "api" / "runs_list" / "acme" / "page-001.json"
+    return tmp_path / "runs.json", json.loads(source.read_text())
+
+
+def test_malformed_json_names_the_file(tmp_path):
+    path, doc = _runs_page(tmp_path)
+    path.write_text(json.dumps(doc)[:5000])  # cut short, as an interrupted download
+    with pytest.raises(AuditInputError) as error:
+        open_sources([path])
+    assert str(path) in str(error.value)
+    assert "malformed JSON" in str(error.value)
+
+
+def test_wrong_type_names_the_file_and_the_field(tmp_path):
+    path, doc = _runs_page(tmp_path)
+    doc[0]["jobs"][0]["job_submissions"][0]["submission_num"] = "two"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(AuditInputError) as error:
+        open_sources([path])
+    text = str(error.value)
+    assert str(path) in text
+    assert "[0].jobs[0].job_submissions[0].submission_num" in text
+    assert "two" not in text  # values are not echoed (they could be secrets)
+
+
+def test_wrong_type_in_an_event_names_the_file(tmp_path):
+    events = json.loads(
+        (
+            CAPTURES / "v0.22.5" / "seed" / "api" / "events_list" / "all" / "page-001.json"
+        ).read_text()
+    )
+    events[3]["recorded_at"] = "yesterday"
+    path = tmp_path / "events.json"
+    path.write_text(json.dumps(events))
+    with pytest.raises(AuditInputError, match=r"\[3\]\.recorded_at"):
+        open_sources([path])
+
+
+def test_damaged_file_inside_an_export_folder_is_listed_and_the_audit_goes_on(tmp_path):
+    """Decision: inside an export folder a damaged file is listed (kind 'unreadable', its
+    problem in the notes and a limitation) and the rest is audited; the overlapping pages
+    usually still hold what it held."""
+    seed = CAPTURES / "v0.22.5" / "seed"
+    folder = tmp_path / "api"
+    shutil.copytree(seed / "api", folder)
+    damaged = next((folder / "runs_get").rglob("*.json"))
+    damaged.write_text(damaged.read_text()[:3000])
+    wrong = folder / "events_list" / "within_run"
+    wrong_page = next(wrong.rglob("page-001.json"))
+    doc = json.loads(wrong_page.read_text())
+    doc[0]["targets"] = "run web"
+    wrong_page.write_text(json.dumps(doc))
+
+    report = open_sources([folder]).report
+    assert found_victims(report) == expected_victims(load_truth(seed / "truth.json"))
+    unreadable = {i.path: i for i in report.inputs if i.kind == "api-export (unreadable)"}
+    assert set(unreadable) == {str(damaged), str(wrong_page)}
+    assert "malformed JSON" in unreadable[str(damaged)].notes[0]
+    assert "targets" in unreadable[str(wrong_page)].notes[0]
+    assert {lim.source for lim in report.limitations if lim.code == "unreadable_export"} == {
+        str(damaged),
+        str(wrong_page),
+    }
+
+
+def test_damaged_file_met_one_by_one_stops_the_audit_with_its_name(tmp_path):
+    """A folder mixing exports with a log is not an export folder: its files are met one by
+    one, and a damaged export then stops the audit naming the file (as damaged table exports
+    do), rather than silently auditing less."""
+    seed = CAPTURES / "v0.22.5" / "seed"
+    shutil.copyfile(seed / "logs" / "server-info.standard.log", tmp_path / "server.log")
+    shutil.copyfile(seed / "api" / "events_list" / "all" / "page-001.json", tmp_path / "ev.json")
+    damaged = tmp_path / "run.json"
+    damaged.write_text(next((seed / "api" / "runs_get").rglob("*.json")).read_text()[:3000])
+    assert not SOURCE.sniff(tmp_path)
+    with pytest.raises(AuditInputError, match="malformed JSON") as error:
+        open_sources([tmp_path])
+    assert str(damaged) in str(error.value)
+    damaged.unlink()
+    report = open_sources([tmp_path]).report
+    assert {i.kind.split(" (")[0] for i in report.inputs} == {"log", "api-export"}
+
+
+# --- `dstack event` text -------------------------------------------------------------------
+
+
+def _shift_text(text: str, hours: int) -> str:
+    from datetime import datetime, timedelta
+
+    def shift(line: str) -> str:
+        if not line.startswith("[20"):
+            return line
+        when = datetime.strptime(line[1:20], "%Y-%m-%d %H:%M:%S") + timedelta(hours=hours)
+        return f"[{when:%Y-%m-%d %H:%M:%S}]{line[21:]}"
+
+    return "\n".join(shift(line) for line in text.splitlines()) + "\n"
+
+
+def test_cli_in_another_time_zone_is_aligned(tmp_path):
+    """A client in UTC+02:00 prints local times two hours ahead; the runs JSON (UTC) aligns
+    them, so the order against the JSON's times stays right."""
+    seed = CAPTURES / "v0.22.5" / "seed"
+    folder = tmp_path / "cli"
+    shutil.copytree(seed / "cli", folder)
+    for text in folder.rglob("*.txt"):
+        if classify(text) == EVENT_TEXT:
+            text.write_text(_shift_text(text.read_text(), 2))
+    audit = open_sources([folder])
+    assert found_victims(audit.report) == expected_victims(load_truth(seed / "truth.json"))
+    aligned = next(lim for lim in audit.report.limitations if lim.code == "cli_event_time_aligned")
+    assert "UTC+02:00" in aligned.message
+    assert set(audit.evidence.events["time_basis"]) == {"log_local_offset_inferred"}
+    update = audit.evidence.events.filter(pl.col("kind") == "run_updated")
+    assert update["time"].dt.strftime("%H:%M:%S").to_list() == ["09:08:50"]
+
+
+def test_cli_text_alone_cannot_be_tied_to_runs():
+    text = CAPTURES / "v0.22.5" / "seed" / "cli" / "acme" / "event-since.txt"
+    report = open_sources([text]).report
+    codes = {lim.code for lim in report.limitations}
+    assert {"cli_event_names_unresolved", "cli_event_time_zone_unknown", "no_run_evidence"} <= codes
+    assert report.runs == [] and report.findings == []
+
+
+def test_text_is_superseded_by_the_events_json_in_one_folder(tmp_path):
+    seed = CAPTURES / "v0.22.5" / "seed"
+    shutil.copytree(seed / "api", tmp_path / "export" / "api")
+    shutil.copytree(seed / "cli", tmp_path / "export" / "cli")
+    audit = open_sources([tmp_path / "export"])
+    assert audit.report.inputs and all(
+        i.kind.startswith("api-export") or i.kind == "unrecognised" for i in audit.report.inputs
+    )
+    events = audit.evidence.events
+    assert set(events["time_basis"]) == {"db_utc"}  # every text line matched a JSON event
+    assert events.height == open_sources([seed / "server.db"]).evidence.events.height
+    assert found_victims(audit.report) == expected_victims(load_truth(seed / "truth.json"))
+
+
+def test_ps_json_says_when_earlier_submissions_are_missing(tmp_path):
+    ps = json.loads(_ps_json(CAPTURES / "v0.22.5" / "seed").read_text())
+    ps["runs"][0]["jobs"][1]["job_submissions"][0]["submission_num"] = 1
+    path = tmp_path / "ps.json"
+    path.write_text(json.dumps(ps))
+    report = open_sources([path]).report
+    message = next(
+        lim.message for lim in report.limitations if lim.code == "ps_json_latest_submission_only"
+    )
+    assert "1 job(s) there have earlier submissions not exported" in message
