@@ -18,6 +18,7 @@ from analyzer.errors import AuditInputError
 from analyzer.evidence import Evidence, combine
 from analyzer.impact import assess, serving_capacity, summarise
 from analyzer.reconcile import TimeOptions, reconcile
+from analyzer.report import frames
 from analyzer.report.schema import (
     Finding,
     InputRecord,
@@ -26,7 +27,7 @@ from analyzer.report.schema import (
     RunVerdict,
     Summary,
 )
-from analyzer.sources import load_path
+from analyzer.sources import READ_OPTIONS, ReadOptions, load_path
 from analyzer.timeline import deployments, evidence_gaps, submissions
 
 DEFAULT_SERVER = "default"
@@ -44,6 +45,7 @@ class Audit:
 
     @cached_property
     def runs(self) -> pl.DataFrame:
+        """One row per run (the filters applied): RUNS_SCHEMA of analyzer.model."""
         runs = self.evidence.runs
         if self.project:
             runs = runs.filter(pl.col("project") == self.project)
@@ -62,16 +64,19 @@ class Audit:
 
     @cached_property
     def submissions(self) -> pl.DataFrame:
+        """One row per job submission with its derived times and health (timeline stage)."""
         subs = submissions(self.evidence)
         return subs.join(self.runs.select("server", "run_id"), on=["server", "run_id"], how="semi")
 
     @cached_property
     def deployments(self) -> pl.DataFrame:
+        """One row per (run, deployment): when it began, what changed, who applied it."""
         deps = deployments(self.evidence, self.submissions)
         return deps.join(self.runs.select("server", "run_id"), on=["server", "run_id"], how="semi")
 
     @cached_property
     def events(self) -> pl.DataFrame:
+        """Every state change of the selected runs and their jobs, each with its provenance."""
         return self.evidence.events.join(
             self.runs.select("server", "run_id"), on=["server", "run_id"], how="semi"
         )
@@ -109,14 +114,64 @@ class Audit:
 
     @property
     def verdicts(self) -> list[RunVerdict]:
-        return self._detected[0]
+        """Every run's verdict (as in the report: secrets redacted)."""
+        return self.report.runs
 
     @property
     def findings(self) -> list[Finding]:
-        return self._detected[1]
+        """The findings, worst first (as in the report: secrets redacted)."""
+        return self.report.findings
+
+    @cached_property
+    def healthy_intervals(self) -> pl.DataFrame:
+        """One row per submission that served: from when it was healthy until it stopped."""
+        return self.submissions.filter(pl.col("health") == "healthy").select(
+            "server",
+            "run_id",
+            "job_id",
+            "job_name",
+            "replica_num",
+            "deployment_num",
+            pl.col("healthy_since").alias("start"),
+            pl.col("stopped_at").alias("end"),
+            "health_proof",
+        )
+
+    def tables(self) -> dict[str, pl.LazyFrame]:
+        """Every table of the audit as a lazy polars frame, by the name SQL queries use.
+
+        >>> audit = open_sources(["samples/v0.22.5/seed/server.db"])  # doctest: +SKIP
+        >>> audit.tables()["victims"].select("job_name").collect()  # doctest: +SKIP
+        """
+        report = self.report
+        return {
+            "runs": self.runs.lazy(),
+            "submissions": self.submissions.lazy(),
+            "transitions": self.events.lazy(),
+            "deployments": self.deployments.lazy(),
+            "healthy_intervals": self.healthy_intervals.lazy(),
+            "capacity": self.capacity.lazy(),
+            "verdicts": frames.verdicts(report).lazy(),
+            "findings": frames.findings(report).lazy(),
+            "victims": frames.victims(report).lazy(),
+            "culprits": frames.culprits(report).lazy(),
+            "evidence": frames.evidence(report).lazy(),
+            "inputs": frames.inputs(report).lazy(),
+            "limitations": frames.limitations(report).lazy(),
+        }
+
+    def sql(self, query: str) -> pl.DataFrame:
+        """Run SQL over `tables()`.
+
+        >>> open_sources(["samples/v0.22.5/seed"]).sql(  # doctest: +SKIP
+        ...     "SELECT job_name, lost_seconds FROM victims ORDER BY lost_seconds DESC")
+        """
+        with pl.SQLContext(self.tables()) as context:
+            return context.execute(query, eager=True)
 
     @cached_property
     def report(self) -> Report:
+        """The pydantic report (what `--format json` prints), with every secret redacted."""
         verdicts, findings = self._detected
         limitations = [
             LimitationRecord(code=lim.code, message=lim.message, source=lim.source)
@@ -178,6 +233,7 @@ def open_sources(
     log_date: date | None = None,
     since: datetime | None = None,
     until: datetime | None = None,
+    partition: tuple[int, int] | None = None,
 ) -> Audit:
     """Read every input (read-only) and combine them into one audit.
 
@@ -191,8 +247,12 @@ def open_sources(
         raise AuditInputError(
             "audit", "no input given", "name a server.db, an export folder or a log"
         )
-    for path in given:
-        parts.extend(load_path(path, server))
+    token = READ_OPTIONS.set(ReadOptions(partition=partition, since=since, project=project))
+    try:
+        for path in given:
+            parts.extend(load_path(path, server))
+    finally:
+        READ_OPTIONS.reset(token)
     evidence = reconcile(combine(parts), TimeOptions(log_tz=log_tz, log_date=log_date))
     return Audit(evidence, project=project, run=run, since=since, until=until)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -15,6 +16,7 @@ import polars as pl
 from analyzer import __version__
 from analyzer.api import open_sources
 from analyzer.bundle import verify_bundle, write_bundle
+from analyzer.dataset import write_dataset
 from analyzer.errors import AuditInputError
 from analyzer.redact import Redactor
 from analyzer.report.markdown import render_markdown
@@ -121,6 +123,11 @@ def _open(sources: tuple[str, ...], log_tz: str | None, log_date: Any, **options
     help="Write every log line that could not be parsed to FILE, as file:line<TAB>text.",
 )
 @click.option(
+    "--partition",
+    help="I/N: audit only the runs of buckets I mod N of an ingested dataset (split huge "
+    "audits across processes or machines).",
+)
+@click.option(
     "--strict",
     is_flag=True,
     help="Treat any damage (unparsed log lines, truncated files) as unusable input: exit 2.",
@@ -143,6 +150,7 @@ def audit(
     until: datetime | None,
     fail_on_findings: bool,
     quarantine: Path | None,
+    partition: str | None,
     strict: bool,
     bundle: Path | None,
     log_tz: str | None,
@@ -163,6 +171,7 @@ def audit(
         run=run,
         since=since.replace(tzinfo=UTC) if since else None,
         until=until.replace(tzinfo=UTC) if until else None,
+        partition=_partition(partition),
     )
     report = opened.report
     if strict:
@@ -194,6 +203,41 @@ def audit(
         quarantine.write_text(opened.redact("".join(line + "\n" for line in lines)), "utf-8")
     if fail_on_findings and report.findings:
         sys.exit(1)
+
+
+def _partition(text: str | None) -> tuple[int, int] | None:
+    if not text:
+        return None
+    match = re.fullmatch(r"(\d+)/(\d+)", text.strip())
+    if not match or int(match.group(1)) >= int(match.group(2)):
+        raise AuditInputError("--partition", f"{text!r} is not I/N with 0 <= I < N", "e.g. 0/4")
+    return int(match.group(1)), int(match.group(2))
+
+
+@main.command()
+@click.argument("sources", nargs=-1, required=True)
+@click.option(
+    "--to",
+    "target",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder to write the dataset to (runs/, jobs/, events/ partitioned by bucket).",
+)
+@click.option("--buckets", default=16, show_default=True, help="How many run buckets.")
+@_log_options
+@_clean_errors
+def ingest(
+    sources: tuple[str, ...], target: Path, buckets: int, log_tz: str | None, log_date: Any
+) -> None:
+    """Read SOURCES once and write the canonical tables as a Parquet dataset partitioned by run.
+
+    `dstack-audit audit DIR` (or a URL polars reads) then audits it; `--partition I/N` audits a
+    part of it, so a huge audit can be split and the reports compared or merged.
+    """
+    opened = _open(sources, log_tz, log_date)
+    written = write_dataset(opened.evidence, target, buckets=buckets)
+    rows = ", ".join(f"{count} {table}" for table, count in written.items())
+    click.echo(f"wrote {rows} to {target} in {buckets} bucket(s)")
 
 
 @main.command()

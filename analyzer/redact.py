@@ -105,6 +105,19 @@ class Redactor:
                 text = text.replace(escaped, MASK)
         return text
 
+    def apply_expr(self, expr: pl.Expr) -> pl.Expr:
+        """The same redaction as `apply`, in polars (for whole columns)."""
+        for pattern, replacement in PATTERNS:
+            flags = "(?s)" if pattern.flags & re.S else ""
+            flags += "(?i)" if pattern.flags & re.I else ""
+            expr = expr.str.replace_all(
+                flags + pattern.pattern, replacement.replace("\\1", "${1}").replace("\\2", "${2}")
+            )
+        values = sorted(self.values, key=len, reverse=True)
+        if values:
+            expr = expr.str.replace_many(values, [MASK] * len(values))
+        return expr
+
 
 def _unescape_json(value: str) -> str:
     try:

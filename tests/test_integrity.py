@@ -255,3 +255,25 @@ def test_fuzz_csv_exports_never_crash(tmp_path, junk):
 def test_fuzz_figures_are_recorded():
     """The number of fuzzed inputs is fixed by the settings above (see the closing note)."""
     assert pl.__version__
+
+
+def test_ingest_then_audit_the_dataset_and_its_partitions(tmp_path):
+    sources = [
+        str(CAPTURES / "v0.22.5" / s / "server.db")
+        for s in ("seed", "multi-replica-crash", "rolling-ok")
+    ]
+    direct = open_sources(sources).report
+    result = CliRunner().invoke(
+        main, ["ingest", *sources, "--to", str(tmp_path / "ds"), "--buckets", "4"]
+    )
+    assert result.exit_code == 0, result.output
+    from_dataset = open_sources([tmp_path / "ds"]).report
+    assert from_dataset.model_dump(include={"runs", "findings"}) == direct.model_dump(
+        include={"runs", "findings"}
+    )
+    assert {i.sha256 for i in direct.inputs} <= {i.sha256 for i in from_dataset.inputs}
+    parts = [open_sources([tmp_path / "ds"], partition=(i, 2)).report for i in range(2)]
+    assert sorted(v.run_id for p in parts for v in p.runs) == sorted(v.run_id for v in direct.runs)
+    assert sorted(f.run_id for p in parts for f in p.findings) == sorted(
+        f.run_id for f in direct.findings
+    )

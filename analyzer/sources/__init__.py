@@ -10,7 +10,9 @@ import hashlib
 import os
 import re
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import polars as pl
@@ -19,6 +21,23 @@ from analyzer.errors import AuditInputError
 from analyzer.model import EVENTS_SCHEMA, JOBS_SCHEMA, RUNS_SCHEMA, conform, empty_frame
 
 DATABASE_URL = re.compile(r"^postgres(?:ql)?(?:\+\w+)?://")
+DATASET_URL = re.compile(r"^(?:s3|gs|gcs|az|abfs|abfss|https?|file)://")
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """What a source may push down into its reads (the audit filters again regardless)."""
+
+    partition: tuple[int, int] | None = None  # (index, count): buckets with b % count == index
+    since: datetime | None = None
+    project: str | None = None
+
+
+READ_OPTIONS: ContextVar[ReadOptions | None] = ContextVar("read_options", default=None)
+
+
+def read_options() -> ReadOptions:
+    return READ_OPTIONS.get() or ReadOptions()
 
 
 @dataclass
@@ -92,10 +111,10 @@ def file_facts(path: Path, kind: str) -> InputInfo:
 
 
 def _registry() -> list[Source]:
-    from analyzer.sources import api, sqlite, tables
+    from analyzer.sources import api, dataset, sqlite, tables
     from analyzer.sources.logs import source as logs
 
-    return [sqlite.SOURCE, tables.SOURCE, api.SOURCE, logs.SOURCE]
+    return [sqlite.SOURCE, dataset.SOURCE, tables.SOURCE, api.SOURCE, logs.SOURCE]
 
 
 def sniff(path: Path) -> Source | None:
@@ -125,6 +144,10 @@ def load_path(given: str | Path, server: str, *, inside_folder: bool = False) ->
         from analyzer.sources.postgres import load_url
 
         return [load_url(given, server).conformed()]
+    if isinstance(given, str) and DATASET_URL.match(given):
+        from analyzer.sources.dataset import load_location
+
+        return [load_location(given, server).conformed()]
     path = Path(given)
     try:
         if not path.exists():

@@ -1,0 +1,79 @@
+"""The canonical tables written as a Parquet dataset partitioned by run, and read back.
+
+Everything a run's verdict needs (its run row, its jobs, its events) lands in the same bucket,
+so a huge audit can be split by bucket across processes or machines (`--partition I/N`) and
+the dataset can live anywhere polars reads (local paths, s3://, gs://, https://...). Texts are
+redacted before they are written: the dataset never holds a secret.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+import polars as pl
+
+from analyzer import __version__
+from analyzer.evidence import Evidence
+
+FORMAT = "dstack-audit-dataset"
+MANIFEST = "dataset.parquet"  # parquet, not JSON: polars reads it from any URL it supports
+TABLES = ("runs", "jobs", "events")
+TEXT_COLUMNS = {
+    "jobs": ("termination_reason_message",),
+    "events": ("message", "termination_message"),
+}
+
+
+def _bucket(buckets: int) -> pl.Expr:
+    key = pl.concat_str([pl.col("server"), pl.col("run_id").fill_null("")], separator="/")
+    return (
+        pl.when(pl.col("run_id").is_null())
+        .then(-1)
+        .otherwise((key.hash(seed=0) % buckets).cast(pl.Int64))
+    )
+
+
+def write_dataset(evidence: Evidence, folder: Path, *, buckets: int = 16) -> dict[str, int]:
+    """Write the reconciled canonical tables; returns the rows written per table."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = {}
+    for table in TABLES:
+        frame: pl.DataFrame = getattr(evidence, table)
+        redacted = [
+            evidence.redactor.apply_expr(pl.col(column)).alias(column)
+            for column in TEXT_COLUMNS.get(table, ())
+        ]
+        frame = frame.with_columns(*redacted, _bucket(buckets).alias("bucket"))
+        frame.write_parquet(folder / table, partition_by="bucket")
+        written[table] = frame.height
+    manifest = {
+        "format": FORMAT,
+        "version": 1,
+        "tool": f"dstack-audit {__version__}",
+        "created_at": datetime.now(UTC).isoformat(),
+        "buckets": buckets,
+        "inputs": [info.__dict__ for info in evidence.inputs],
+        "limitations": [lim.__dict__ for lim in evidence.limitations],
+        "events_table_servers": sorted(evidence.events_table_servers),
+    }
+    pl.DataFrame({"manifest": [json.dumps(manifest, default=str)]}).write_parquet(folder / MANIFEST)
+    return written
+
+
+def read_manifest(location: str) -> dict | None:
+    try:
+        text = pl.read_parquet(f"{location.rstrip('/')}/{MANIFEST}")["manifest"][0]
+        manifest = json.loads(text)
+    except Exception:
+        return None
+    return manifest if manifest.get("format") == FORMAT else None
+
+
+def scan_table(location: str, table: str, partition: tuple[int, int] | None) -> pl.LazyFrame:
+    frame = pl.scan_parquet(f"{location.rstrip('/')}/{table}/**/*.parquet", hive_partitioning=True)
+    if partition is not None:
+        index, count = partition
+        frame = frame.filter((pl.col("bucket") >= 0) & (pl.col("bucket") % count == index))
+    return frame.drop("bucket")

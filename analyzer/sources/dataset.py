@@ -1,0 +1,53 @@
+"""A canonical dataset written by `dstack-audit ingest` (local folder or any URL polars reads)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from analyzer.dataset import MANIFEST, read_manifest, scan_table
+from analyzer.errors import AuditInputError
+from analyzer.sources import InputInfo, Limitation, Source, SourceData, read_options
+
+
+def _sniff(path: Path) -> bool:
+    return path.is_dir() and (path / MANIFEST).is_file() and read_manifest(str(path)) is not None
+
+
+def load_location(location: str, server: str) -> SourceData:
+    manifest = read_manifest(location)
+    if manifest is None:
+        raise AuditInputError(location, "not a dstack-audit dataset (no readable dataset.parquet)")
+    partition = read_options().partition
+    data = SourceData(has_tables=True)
+    try:
+        data.runs = scan_table(location, "runs", partition).collect()
+        data.jobs = scan_table(location, "jobs", partition).collect()
+        data.events = scan_table(location, "events", partition).collect()
+    except Exception as error:
+        raise AuditInputError(location, f"cannot read the dataset ({error})") from None
+    for item in manifest["inputs"]:
+        info = InputInfo(**item)
+        info.notes = [*info.notes, f"read from the dataset {location}"]
+        data.inputs.append(info)
+    data.inputs.append(
+        InputInfo(
+            path=location,
+            kind="dataset" + (f" (partition {partition[0]}/{partition[1]})" if partition else ""),
+            sha256=None,
+            size=None,
+            mtime=None,
+            records=data.runs.height + data.jobs.height + data.events.height,
+            notes=[f"written by {manifest['tool']} at {manifest['created_at']}"],
+        )
+    )
+    data.limitations = [Limitation(**item) for item in manifest["limitations"]]
+    servers = manifest.get("events_table_servers") or []
+    data.events_table_of = servers[0] if servers else None
+    return data
+
+
+def _load(path: Path, server: str) -> SourceData:
+    return load_location(str(path), server)
+
+
+SOURCE = Source(kind="dataset", sniff=_sniff, load=_load)
