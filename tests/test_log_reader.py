@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 from analyzer.model import LOG_RECORDS_SCHEMA
 from analyzer.sources.logs.reader import (
     LogRead,
+    _split_text,
+    _split_with_csv_reader,
     read_log,
     read_log_bytes,
     rotated_set,
@@ -682,3 +684,17 @@ def test_rich_refold_at_any_width(width: int, picks: list[int]) -> None:
     assert result.records["logger"].to_list() == records["logger"].to_list()
     got = result.records["message"].to_list()
     assert [_squash(m) for m in got] == [_squash(m) for m in records["message"]]
+
+
+@PROPERTY
+@given(st.binary(max_size=400))
+def test_line_splitting_matches_python(body: bytes) -> None:
+    """The fast CSV-reader split and the fallback agree with plain Python splitting."""
+    text = body.decode("utf-8", errors="replace")
+    expected = [line.removesuffix("\r") for line in text.removesuffix("\n").split("\n")]
+    assert _split_text(body).to_list() == expected
+    fast = _split_with_csv_reader(body)
+    if body and b"\x1f" not in body and not body.startswith((b"\xef\xbb\xbf", b"x", b"(\xb5/\xfd")):
+        assert fast is not None and fast.to_list() == expected
+    else:
+        assert fast is None

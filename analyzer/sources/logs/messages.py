@@ -216,43 +216,61 @@ def _status_lines(frame: pl.DataFrame) -> pl.DataFrame:
 
 
 def _attach_job_runs(events: pl.DataFrame) -> pl.DataFrame:
-    """A job line names no run: take the run of the job's name prefix seen last before it in
-    this log (two runs may share a name; their 6-hex prefixes keep them apart)."""
+    """A job line names no run. Jobs are created in the same transaction as the run event that
+    creates them (submission, update, scaling, status change), so each job takes the run of its
+    name whose last such event precedes the job's first line; all the job's lines follow its id.
+    Two runs may share a name (other projects, re-submissions): their prefixes keep them apart."""
     if events.height == 0:
         return events
-    runs = (
-        events.filter(pl.col("entity_type") == "run")
-        .group_by(["entity_id", "entity_name"])
-        .agg(pl.col("seq").min().alias("first_seq"))
-        .select(
-            pl.col("entity_id").alias("_run"),
-            pl.col("entity_name").alias("_run_name"),
-            pl.col("first_seq").alias("_seq"),
-        )
-        .sort("_seq")
+    run_events = events.filter(pl.col("entity_type") == "run").select(
+        pl.col("entity_id").alias("_run"),
+        pl.col("entity_name").alias("_run_name"),
+        pl.col("seq").alias("_seq"),
+        pl.col("kind")
+        .is_in(["run_submitted", "run_updated", "run_scaling", "run_status"])
+        .alias("_creates"),
     )
     jobs = (
         events.filter(pl.col("entity_type") == "job")
+        .group_by("entity_id", "entity_name")
+        .agg(pl.col("seq").min().alias("_first"))
         .with_columns(pl.col("entity_name").str.replace(r"-\d+-\d+$", "").alias("_run_name"))
-        .sort("seq")
+        .sort("_first")
     )
-    if runs.height:
-        jobs = jobs.join_asof(
-            runs,
-            left_on="seq",
+    if run_events.height == 0 or jobs.height == 0:
+        return events
+
+    def nearest(candidates: pl.DataFrame, alias: str) -> pl.DataFrame:
+        return jobs.join_asof(
+            candidates.sort("_seq").select("_run_name", "_seq", pl.col("_run").alias(alias)),
+            left_on="_first",
             right_on="_seq",
             by="_run_name",
             strategy="backward",
             check_sortedness=False,
+        ).select("entity_id", "entity_name", alias)
+
+    creator = nearest(run_events.filter(pl.col("_creates")), "_by_creator")
+    any_event = nearest(run_events, "_by_any")
+    first_run = run_events.sort("_seq").group_by("_run_name").agg(pl.col("_run").first())
+    owners = (
+        creator.join(any_event, on=["entity_id", "entity_name"])
+        .join(jobs.select("entity_id", "entity_name", "_run_name"), on=["entity_id", "entity_name"])
+        .join(first_run, on="_run_name", how="left")
+        .select(
+            "entity_id",
+            "entity_name",
+            pl.coalesce("_by_creator", "_by_any", "_run").alias("_owner"),
         )
-        fallback = runs.group_by("_run_name").agg(pl.col("_run").first().alias("_first_run"))
-        jobs = jobs.join(fallback, on="_run_name", how="left").with_columns(
-            pl.coalesce("_run", "_first_run").alias("run_id")
-        )
+    )
+    job_mask = pl.col("entity_type") == "job"
     return (
-        pl.concat([events.filter(pl.col("entity_type") != "job"), jobs], how="diagonal_relaxed")
+        events.join(owners, on=["entity_id", "entity_name"], how="left")
+        .with_columns(
+            pl.when(job_mask).then(pl.col("_owner")).otherwise(pl.col("run_id")).alias("run_id")
+        )
+        .drop("_owner")
         .sort("seq")
-        .select(pl.all().exclude("^_.*$"))
     )
 
 

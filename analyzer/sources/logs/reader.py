@@ -312,6 +312,8 @@ def _unwrap(raw: pl.Series, damage: list[str]) -> tuple[pl.DataFrame, str | None
 
 
 def _unwrap_docker(frame: pl.DataFrame, damage: list[str]) -> pl.DataFrame:
+    """``docker logs -t`` / ``kubectl logs --timestamps``: an RFC 3339 time (Z or an offset)
+    and one space before each line; the time is kept as UTC."""
     frame = frame.with_columns(pl.col("raw").str.extract_groups(_DOCKER_RE).alias("d")).unnest("d")
     stamp = pl.col("d_time").str.replace(r"Z$", "+00:00")
     frame = frame.with_columns(
@@ -674,6 +676,8 @@ def _rich_pieces(frame: pl.DataFrame, width: int) -> pl.DataFrame:
 def _records(
     frame: pl.DataFrame, display_path: str, wrapper: str | None, damage: list[str]
 ) -> tuple[pl.DataFrame, int | None]:
+    """One row per record: the start line's fields, the stitched message, the line count and,
+    for rich, the carried-forward time and the day roll-overs; plus the detected rich width."""
     rows = frame.filter(pl.col("kind") == "record")
     if rows.height == 0:
         return pl.DataFrame(schema=LOG_RECORDS_SCHEMA), None
