@@ -117,6 +117,17 @@ def classify(
     return fields
 
 
+EVENT_COLUMNS = [
+    "kind",
+    "old_status",
+    "new_status",
+    "termination_reason",
+    "termination_message",
+    "deployment_num",
+    "changed_fields",
+]
+
+
 def event_columns(fields: dict[str, pl.Expr]) -> list[pl.Expr]:
     return [
         fields["kind"].alias("kind"),
@@ -129,11 +140,29 @@ def event_columns(fields: dict[str, pl.Expr]) -> list[pl.Expr]:
     ]
 
 
+def classify_unique(
+    frame: pl.LazyFrame,
+    column: str,
+    templates: tuple[Template, ...],
+    irrelevant_patterns: tuple[str, ...],
+    *,
+    fold_tolerant: bool = False,
+) -> pl.LazyFrame:
+    """Classify each distinct text once and join the result back: messages repeat a handful
+    of templates millions of times, so this is what keeps the catalogue off the hot path."""
+    text = pl.col(column).str.strip_chars()
+    fields = classify(text, templates, irrelevant_patterns, fold_tolerant=fold_tolerant)
+    distinct = frame.select(pl.col(column)).unique().with_columns(event_columns(fields))
+    return frame.drop(EVENT_COLUMNS, strict=False).join(
+        distinct, on=column, how="left", nulls_equal=True
+    )
+
+
 def parse_event_messages(frame: pl.LazyFrame, *, fold_tolerant: bool = False) -> pl.LazyFrame:
     """Add kind, statuses, reason, message, deployment and changed fields from `message`."""
-    message = pl.col("message").str.strip_chars()
-    fields = classify(message, EVENT_TEMPLATES, KNOWN_IRRELEVANT, fold_tolerant=fold_tolerant)
-    return frame.with_columns(event_columns(fields))
+    return classify_unique(
+        frame, "message", EVENT_TEMPLATES, KNOWN_IRRELEVANT, fold_tolerant=fold_tolerant
+    )
 
 
 # Log lines that are not "Emitting event" lines: `{run}: ...` / `{job}: ...` after the entity

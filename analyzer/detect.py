@@ -37,6 +37,15 @@ from analyzer.report.schema import (
 from analyzer.timeline import HEALTH_PROOFS, UNHEALTHY_PROOFS
 
 Row = dict[str, Any]
+# The event kinds the rules and the evidence chain read.
+DETECTION_KINDS = (
+    "run_status",
+    "run_updated",
+    "job_created",
+    "job_status",
+    "job_ready",
+    "job_registered",
+)
 
 
 def is_own_failure(job: Row) -> bool:
@@ -498,16 +507,20 @@ def detect(
     keys = pl.DataFrame(
         {"server": [r["server"] for r in candidates], "run_id": [r["run_id"] for r in candidates]}
     )
-    jobs_by_run: dict[tuple[str, str], list[Row]] = defaultdict(list)
-    for job in subs.join(keys, on=["server", "run_id"]).iter_rows(named=True):
-        jobs_by_run[(job["server"], job["run_id"])].append(job)
-    events_by_run: dict[tuple[str, str], list[Row]] = defaultdict(list)
-    for event in events.join(keys, on=["server", "run_id"]).iter_rows(named=True):
-        events_by_run[(event["server"], event["run_id"])].append(event)
+    jobs_by_run = subs.join(keys, on=["server", "run_id"]).rows_by_key(
+        ["server", "run_id"], named=True
+    )
+    events_by_run = (
+        events.filter(pl.col("kind").is_in(DETECTION_KINDS))
+        .join(keys, on=["server", "run_id"])
+        .rows_by_key(["server", "run_id"], named=True)
+    )
 
     for run in candidates:
         key = (run["server"], run["run_id"])
-        judgement = _judge_candidate(_Context(run, jobs_by_run[key], events_by_run[key]))
+        judgement = _judge_candidate(
+            _Context(run, jobs_by_run.get(key, []), events_by_run.get(key, []))
+        )
         verdicts.append(_verdict(run, judgement.verdict, judgement.why))
         findings.extend(judgement.findings)
     return verdicts, findings

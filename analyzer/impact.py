@@ -14,6 +14,7 @@ from datetime import datetime
 import polars as pl
 
 from analyzer.counterfactual import RolloutFacts, evaluate_all
+from analyzer.model import UTC_TIME
 from analyzer.report.schema import (
     Finding,
     GroupSummary,
@@ -67,59 +68,94 @@ def serving_capacity(subs: pl.DataFrame, end_of_evidence: datetime | None) -> pl
     )
 
 
-def _recovery(
-    finding: Finding, start: datetime, runs: pl.DataFrame, subs: pl.DataFrame
-) -> tuple[datetime | None, str | None]:
-    """The first moment a replica of the same service (same project and run name, this run or
-    a later one) was healthy again after the outage began."""
-    same_service = runs.filter(
-        (pl.col("server") == finding.server)
-        & (pl.col("run_name") == finding.run_name)
-        & (pl.col("project").eq_missing(finding.project))
-    ).select("server", "run_id")
-    later = (
-        subs.join(same_service, on=["server", "run_id"])
-        .filter(pl.col("health") == "healthy")
-        .with_columns(pl.coalesce("healthy_since", "running_at").alias("_since"))
-        .filter(pl.col("_since") > start)
-        .sort("_since")
-    )
-    if later.height == 0:
-        return None, None
-    first = later.row(0, named=True)
-    return first["_since"], first["run_id"]
-
-
-def _root_cause(finding: Finding, subs: pl.DataFrame) -> RootCause:
+def _failure_class(finding: Finding) -> tuple[str, str]:
     culprit = finding.culprits[0]
     reason = culprit.termination_reason or "unknown"
     message = culprit.termination_reason_message or ""
+    suffix = f" ({message})" if message else ""
     if finding.run_termination_reason == "retry_limit_exceeded":
-        cls, detail = "retry_limit", f"retry duration exceeded; last failure {reason}"
-    elif reason == "failed_to_start_due_to_no_capacity":
+        return "retry_limit", f"retry duration exceeded; last failure {reason}"
+    if reason == "failed_to_start_due_to_no_capacity":
         at_capacity = "at capacity" in message.lower()
-        cls = "fleet_at_capacity" if at_capacity else "no_capacity"
-        detail = f"{reason}" + (f" ({message})" if message else "")
-    elif reason == "container_exited_with_error":
+        return ("fleet_at_capacity" if at_capacity else "no_capacity"), reason + suffix
+    if reason == "container_exited_with_error":
         code = culprit.exit_status
-        cls, detail = (
-            "container_exit",
-            f"container exited with code {code if code is not None else '?'}",
-        )
-    elif reason in ("waiting_runner_limit_exceeded",) or "probe" in message.lower():
-        cls, detail = "probe_never_ready", f"{reason}" + (f" ({message})" if message else "")
-    else:
-        cls, detail = "other", f"{reason}" + (f" ({message})" if message else "")
-    job_ids = [v.job_id for v in finding.victims] + [c.job_id for c in finding.culprits]
-    fleets = (
-        subs.filter(pl.col("job_id").is_in(job_ids))["fleet_name"]
-        .drop_nulls()
-        .unique()
-        .sort()
-        .to_list()
+        return "container_exit", f"container exited with code {code if code is not None else '?'}"
+    if reason == "waiting_runner_limit_exceeded" or "probe" in message.lower():
+        return "probe_never_ready", reason + suffix
+    return "other", reason + suffix
+
+
+def _lookups(
+    findings: list[Finding], subs: pl.DataFrame, runs: pl.DataFrame, events: pl.DataFrame
+) -> tuple[dict, dict, dict]:
+    """One join each, for all findings at once: recovery, update time, fleets."""
+    keys = pl.DataFrame(
+        [
+            {
+                "i": i,
+                "server": f.server,
+                "run_id": f.run_id,
+                "run_name": f.run_name,
+                "project": f.project,
+                "start": max((v.terminated_at for v in f.victims if v.terminated_at), default=None)
+                if all(v.terminated_at for v in f.victims)
+                else None,
+                "dep": f.update_deployment_num,
+                "jobs": [v.job_id for v in f.victims] + [c.job_id for c in f.culprits],
+            }
+            for i, f in enumerate(findings)
+        ],
+        schema={
+            "i": pl.Int64,
+            "server": pl.String,
+            "run_id": pl.String,
+            "run_name": pl.String,
+            "project": pl.String,
+            "start": UTC_TIME,
+            "dep": pl.Int64,
+            "jobs": pl.List(pl.String),
+        },
     )
-    return RootCause(
-        failure_class=cls, detail=detail, changed_fields=finding.changed_fields, fleets=fleets
+    healthy = (
+        subs.filter(pl.col("health") == "healthy")
+        .select("server", "run_id", pl.coalesce("healthy_since", "running_at").alias("since"))
+        .drop_nulls("since")
+        .join(runs.select("server", "run_id", "run_name", "project"), on=["server", "run_id"])
+        .rename({"run_id": "by_run"})
+    )
+    recovered = (
+        keys.drop_nulls("start")
+        .join(healthy, on=["server", "run_name", "project"], nulls_equal=True)
+        .filter(pl.col("since") > pl.col("start"))
+        .sort("since")
+        .group_by("i")
+        .first()
+    )
+    updates = (
+        events.filter(
+            (pl.col("kind") == "run_updated") & (pl.col("time_basis") != "time_of_day_only")
+        )
+        .group_by("server", "run_id", "deployment_num")
+        .agg(pl.col("time").min().alias("update_at"))
+    )
+    update_at = keys.join(
+        updates,
+        left_on=["server", "run_id", "dep"],
+        right_on=["server", "run_id", "deployment_num"],
+    )
+    fleets = (
+        keys.select("i", "server", pl.col("jobs").alias("job_id"))
+        .explode("job_id")
+        .join(subs.select("server", "job_id", "fleet_name"), on=["server", "job_id"])
+        .drop_nulls("fleet_name")
+        .group_by("i")
+        .agg(pl.col("fleet_name").unique().sort())
+    )
+    return (
+        {row["i"]: (row["since"], row["by_run"]) for row in recovered.iter_rows(named=True)},
+        dict(update_at.select("i", "update_at").iter_rows()),
+        dict(fleets.iter_rows()),
     )
 
 
@@ -131,14 +167,16 @@ def assess(
     ends: dict[str, datetime],
 ) -> list[Finding]:
     """Each finding with its impact, counterfactuals and root-cause signature filled in."""
+    if not findings:
+        return []
     prices = dict(subs.select("job_id", "price").filter(pl.col("price").is_not_null()).iter_rows())
+    recoveries, update_times, fleets = _lookups(findings, subs, runs, events)
     assessed = []
-    for finding in findings:
+    for i, finding in enumerate(findings):
         end_of_evidence = ends.get(finding.server)
         stops = [v.terminated_at for v in finding.victims]
-        known_stops = [s for s in stops if s is not None]
-        start = max(known_stops) if known_stops and len(known_stops) == len(stops) else None
-        recovered_at, by_run = _recovery(finding, start, runs, subs) if start else (None, None)
+        start = max(stops) if stops and all(s is not None for s in stops) else None
+        recovered_at, by_run = recoveries.get(i, (None, None))
         window_end = recovered_at or end_of_evidence
         per_victim = []
         for victim in finding.victims:
@@ -174,20 +212,25 @@ def assess(
             per_victim=per_victim,
             end_of_evidence=end_of_evidence,
         )
-        update_at = _update_time(finding, events)
-        failures = sorted(c.failed_at for c in finding.culprits if c.failed_at is not None)
         facts = RolloutFacts(
-            update_at=update_at,
-            culprit_failures=failures,
+            update_at=update_times.get(i),
+            culprit_failures=sorted(c.failed_at for c in finding.culprits if c.failed_at),
             victims=len(finding.victims),
             lost_replica_seconds=lost_total,
+        )
+        failure_class, detail = _failure_class(finding)
+        root_cause = RootCause(
+            failure_class=failure_class,
+            detail=detail,
+            changed_fields=finding.changed_fields,
+            fleets=fleets.get(i, []),
         )
         assessed.append(
             finding.model_copy(
                 update={
                     "impact": impact,
                     "counterfactuals": evaluate_all(facts),
-                    "root_cause": _root_cause(finding, subs),
+                    "root_cause": root_cause,
                 }
             )
         )
@@ -210,19 +253,6 @@ def _impact_rank(finding: Finding) -> tuple:
         finding.project or "",
         finding.run_name,
     )
-
-
-def _update_time(finding: Finding, events: pl.DataFrame) -> datetime | None:
-    if finding.update_deployment_num is None:
-        return None
-    update = events.filter(
-        (pl.col("server") == finding.server)
-        & (pl.col("run_id") == finding.run_id)
-        & (pl.col("kind") == "run_updated")
-        & (pl.col("deployment_num") == finding.update_deployment_num)
-        & (pl.col("time_basis") != "time_of_day_only")
-    )
-    return update["time"].min() if update.height else None
 
 
 def _group(findings: Iterable[Finding], key: Callable[[Finding], list[str]]) -> list[GroupSummary]:

@@ -167,7 +167,12 @@ def conform(frame: pl.DataFrame | pl.LazyFrame, schema: dict[str, pl.DataType]) 
 
 def normalise_id(expr: pl.Expr) -> pl.Expr:
     """32-hex or dashed UUID text -> lowercase dashed form; other text (a log prefix) kept."""
-    hexed = expr.cast(pl.String).str.strip_chars().str.to_lowercase().str.replace_all("-", "")
+    hexed = (
+        expr.cast(pl.String)
+        .str.strip_chars()
+        .str.to_lowercase()
+        .str.replace_all("-", "", literal=True)
+    )
     dashed = pl.concat_str(
         [
             hexed.str.slice(0, 8),
@@ -179,10 +184,10 @@ def normalise_id(expr: pl.Expr) -> pl.Expr:
         separator="-",
     )
     return (
-        pl.when(hexed.str.contains(r"^[0-9a-f]{32}$"))
-        .then(dashed)
-        .when(hexed == "")
+        pl.when(hexed == "")
         .then(pl.lit(None, pl.String))
+        .when(hexed.str.contains(r"^[0-9a-f]{32}$"))
+        .then(dashed)
         .otherwise(hexed)
     )
 
@@ -194,19 +199,18 @@ def normalise_enum(expr: pl.Expr) -> pl.Expr:
 
 
 def parse_db_time(expr: pl.Expr) -> pl.Expr:
-    """SQLite/PostgreSQL/CSV/API time text (naive UTC or with Z/+00:00) -> UTC datetime."""
+    """SQLite/PostgreSQL/CSV/API time text (naive UTC, or with Z/+00:00) -> UTC datetime.
+
+    Literal clean-ups and one parse: `%.f` takes 0 to 9 fraction digits, so SQLite's
+    `.300000`, PostgreSQL's `.3` and the API's `.123Z` all read the same way."""
     text = (
         expr.cast(pl.String)
         .str.strip_chars()
-        .str.replace(r"(Z|[+-]00:?00)$", "")
-        .str.replace("T", " ")
+        .str.replace("T", " ", literal=True)
+        .str.strip_suffix("Z")
+        .str.strip_suffix("+00:00")
+        .str.strip_suffix("+00")
     )
-    return (
-        pl.when(text == "")
-        .then(pl.lit(None, UTC_TIME))
-        .otherwise(
-            text.str.to_datetime("%Y-%m-%d %H:%M:%S%.f", time_unit="us", strict=False)
-            .fill_null(text.str.to_datetime("%Y-%m-%d %H:%M:%S", time_unit="us", strict=False))
-            .dt.replace_time_zone("UTC")
-        )
-    )
+    return text.str.to_datetime(
+        "%Y-%m-%d %H:%M:%S%.f", time_unit="us", strict=False
+    ).dt.replace_time_zone("UTC")

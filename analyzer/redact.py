@@ -28,8 +28,8 @@ PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
         MASK,
     ),
     (re.compile(r"(The admin token is )\S+"), r"\1" + MASK),
-    (re.compile(r"(\b[a-z][a-z0-9+.-]*://[^/\s:@]+:)[^@\s/]+(@)", re.I), r"\1" + MASK + r"\2"),
-    (re.compile(r"(\bBearer\s+)[A-Za-z0-9._~+/=-]+"), r"\1" + MASK),
+    (re.compile(r"(://[^/\s:@]+:)[^@\s/]+(@)"), r"\1" + MASK + r"\2"),
+    (re.compile(r"(Bearer\s+)[A-Za-z0-9._~+/=-]+"), r"\1" + MASK),
     (re.compile(r"(enc:[a-z]+:[^:\s]+:)\S+"), r"\1" + MASK),
     (
         re.compile(
@@ -38,6 +38,17 @@ PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
         ),
         r"\1" + MASK,
     ),
+)
+
+# Literal words without which a pattern cannot match (checked first: scanning a large report
+# with every pattern is what costs).
+TRIGGERS: tuple[tuple[str, ...], ...] = (
+    ("private key-----",),
+    ("the admin token is",),
+    ("://",),
+    ("bearer",),
+    ("enc:",),
+    ("password", "passwd", "secret", "token", "api_key", "api-key", "apikey"),
 )
 
 # JSON paths (inside run_spec / job_spec_data) whose string values are secrets.
@@ -95,15 +106,20 @@ class Redactor:
                     self.add([value])
 
     def apply(self, text: str) -> str:
-        for pattern, replacement in PATTERNS:
-            text = pattern.sub(replacement, text)
-        for secret in sorted(self.values, key=len, reverse=True):
-            if secret in text:
-                text = text.replace(secret, MASK)
-            escaped = json.dumps(secret)[1:-1]
-            if escaped != secret and escaped in text:
-                text = text.replace(escaped, MASK)
+        lowered = text.lower()
+        for (pattern, replacement), triggers in zip(PATTERNS, TRIGGERS, strict=True):
+            if any(trigger in lowered for trigger in triggers):
+                text = pattern.sub(replacement, text)
+        if self.values:
+            text = pl.Series([text]).str.replace_many(*self._value_forms())[0]
         return text
+
+    def _value_forms(self) -> tuple[list[str], list[str]]:
+        """Every known value and its JSON-escaped form, longest first (Aho-Corasick in polars
+        takes the first listed pattern at a position)."""
+        forms = {form for value in self.values for form in (value, json.dumps(value)[1:-1])}
+        ordered = sorted(forms, key=len, reverse=True)
+        return ordered, [MASK] * len(ordered)
 
     def apply_expr(self, expr: pl.Expr) -> pl.Expr:
         """The same redaction as `apply`, in polars (for whole columns)."""
@@ -113,9 +129,8 @@ class Redactor:
             expr = expr.str.replace_all(
                 flags + pattern.pattern, replacement.replace("\\1", "${1}").replace("\\2", "${2}")
             )
-        values = sorted(self.values, key=len, reverse=True)
-        if values:
-            expr = expr.str.replace_many(values, [MASK] * len(values))
+        if self.values:
+            expr = expr.str.replace_many(*self._value_forms())
         return expr
 
 

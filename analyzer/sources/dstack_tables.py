@@ -101,6 +101,27 @@ ROLLING_SPEC_PATHS = (
     "$.registry_auth",
 )
 
+# The only parts of the big JSON documents the audit reads. A reader that can (`read_slim`)
+# returns each document reduced to these paths, so a database with a million job specs
+# never has to travel whole into memory.
+JSON_PATHS: dict[str, dict[str, tuple[str, ...]]] = {
+    "jobs": {
+        "job_spec_data": (
+            "$.replica_group",
+            *ROLLING_SPEC_PATHS,
+            "$.ssh_key.private",
+        ),
+        "job_provisioning_data": ("$.price",),
+    },
+    "runs": {
+        "run_spec": (
+            "$.configuration.type",
+            "$.configuration.env",
+            "$.configuration.registry_auth",
+        ),
+    },
+}
+
 # Alembic head -> the release that last migrated the database (reference section 0).
 ALEMBIC_RELEASES = {
     "35e90e1b0d3e": "0.19.14",
@@ -160,6 +181,9 @@ def _int(expr: pl.Expr) -> pl.Expr:
 def _read(reader: TableReader, table: str) -> pl.DataFrame | None:
     if table not in reader.tables():
         return None
+    slim = getattr(reader, "read_slim", None)
+    if slim is not None and table in JSON_PATHS:
+        return slim(table, TABLE_COLUMNS[table], JSON_PATHS[table])
     return reader.read(table, TABLE_COLUMNS[table])
 
 
@@ -426,14 +450,17 @@ def _events(
     users = _names(_read(reader, "users"), "user")
     ev = events.lazy().select(
         pl.col("id").alias("event_id"),
-        normalise_id(pl.col("id")).alias("event_uuid"),
+        pl.col("id").str.to_lowercase().str.replace_all("-", "", literal=True).alias("event_uuid"),
         pl.col("message"),
         parse_db_time(pl.col("recorded_at")).alias("time"),
         pl.col("recorded_at").alias("time_text"),
         normalise_id(pl.col("actor_user_id")).alias("actor_id"),
     )
     tg = targets.lazy().select(
-        normalise_id(pl.col("event_id")).alias("event_uuid"),
+        pl.col("event_id")
+        .str.to_lowercase()
+        .str.replace_all("-", "", literal=True)
+        .alias("event_uuid"),
         normalise_enum(pl.col("entity_type")).alias("entity_type"),
         normalise_id(pl.col("entity_id")).alias("entity_id"),
         pl.col("entity_name"),
@@ -471,20 +498,21 @@ def _events(
 def _attach_orphan_runs(events: pl.DataFrame, runs: pl.DataFrame) -> pl.DataFrame:
     """Job events whose row was deleted (superseded no-capacity submissions, 0.20.29+) and that
     carry no entity_run_id: attach them by name to the run of that name alive at that time."""
-    orphans = events.filter(pl.col("run_id").is_null() & (pl.col("entity_type") == "job"))
+    orphan_mask = pl.col("run_id").is_null() & (pl.col("entity_type") == "job")
+    orphans = events.filter(orphan_mask)
     if orphans.is_empty():
         return events
     candidates = (
         orphans.with_row_index("_row")
+        .with_columns(pl.col("entity_name").str.replace(r"-\d+-\d+$", "").alias("run_name"))
         .join(
             runs.select("run_id", "run_name", "submitted_at", "last_processed_at").rename(
                 {"run_id": "_cand"}
             ),
-            how="cross",
+            on="run_name",
         )
         .filter(
-            pl.col("entity_name").str.starts_with(pl.col("run_name") + "-")
-            & (pl.col("time") >= pl.col("submitted_at"))
+            (pl.col("time") >= pl.col("submitted_at"))
             & (pl.col("time") <= pl.col("last_processed_at"))
         )
         .group_by("_row")
@@ -498,7 +526,4 @@ def _attach_orphan_runs(events: pl.DataFrame, runs: pl.DataFrame) -> pl.DataFram
         .with_columns(pl.col("_cand").alias("run_id"))
         .drop("_row", "_cand")
     )
-    return pl.concat(
-        [events.filter(~(pl.col("run_id").is_null() & (pl.col("entity_type") == "job"))), fixed],
-        how="vertical_relaxed",
-    ).sort("seq")
+    return pl.concat([events.filter(~orphan_mask), fixed], how="vertical_relaxed").sort("seq")

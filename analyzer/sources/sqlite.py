@@ -21,6 +21,28 @@ from analyzer.sources import Source, SourceData, file_facts
 from analyzer.sources.dstack_tables import load_tables, looks_like_dstack
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
+FETCH_ROWS = 50_000
+
+
+def _slim_json(column: str, paths: tuple[str, ...]) -> str:
+    """SQL that rebuilds the JSON text `column` with only `paths` (nested as in the original);
+    NULL when the column is NULL, and NULL (not an error) when it is not valid JSON."""
+    tree: dict = {}
+    for path in paths:
+        node = tree
+        parts = path.removeprefix("$.").split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = path
+
+    def render(node: dict) -> str:
+        items = []
+        for key, value in node.items():
+            inner = render(value) if isinstance(value, dict) else f"json(\"{column}\" -> '{value}')"
+            items.append(f"'{key}', {inner}")
+        return f"json_object({', '.join(items)})"
+
+    return f'CASE WHEN json_valid("{column}") THEN {render(tree)} END'
 
 
 def _sniff(path: Path) -> bool:
@@ -41,7 +63,6 @@ class SqliteReader:
         uri = f"file:{quote(str(path.resolve()))}?mode=ro"
         try:
             self._db = sqlite3.connect(uri, uri=True)
-            self._db.text_factory = lambda raw: raw.decode("utf-8", "replace")
             self._db.execute("PRAGMA query_only = ON")
             rows = self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
             self._tables = {name for (name,) in rows}
@@ -64,15 +85,42 @@ class SqliteReader:
         return self._columns[table]
 
     def read(self, table: str, columns: list[str]) -> pl.DataFrame:
+        return self.read_slim(table, columns, {})
+
+    def read_slim(
+        self, table: str, columns: list[str], json_paths: dict[str, tuple[str, ...]]
+    ) -> pl.DataFrame:
+        """All-text columns; JSON documents in `json_paths` reduced to those paths in SQL."""
         have = self.columns(table)
-        select = ", ".join(
-            f'CAST("{c}" AS TEXT) AS "{c}"' if c in have else f'NULL AS "{c}"' for c in columns
-        )
+
+        def column(name: str) -> str:
+            if name not in have:
+                return f'NULL AS "{name}"'
+            if name in json_paths:
+                return f'{_slim_json(name, json_paths[name])} AS "{name}"'
+            return f'CAST("{name}" AS TEXT) AS "{name}"'
+
+        query = f'SELECT {", ".join(column(c) for c in columns)} FROM "{table}"'
         try:
-            rows = self._db.execute(f'SELECT {select} FROM "{table}"').fetchall()
+            try:
+                return self._fetch(query, columns)
+            except sqlite3.OperationalError as error:
+                if "decode" not in str(error):
+                    raise
+                # Invalid UTF-8 in a damaged file: read it, with replacement characters.
+                self._db.text_factory = lambda raw: raw.decode("utf-8", "replace")
+                return self._fetch(query, columns)
         except (sqlite3.Error, UnicodeDecodeError) as error:
             raise AuditInputError(self.label, f"cannot read table {table} ({error})") from None
-        return pl.DataFrame(rows, schema={c: pl.String for c in columns}, orient="row")
+
+    def _fetch(self, query: str, columns: list[str]) -> pl.DataFrame:
+        """Chunk by chunk into polars, so Python objects never hold a whole table."""
+        schema = {c: pl.String for c in columns}
+        cursor = self._db.execute(query)
+        chunks = [pl.DataFrame(schema=schema)]
+        while rows := cursor.fetchmany(FETCH_ROWS):
+            chunks.append(pl.DataFrame(rows, schema=schema, orient="row"))
+        return pl.concat(chunks, rechunk=True)
 
     def close(self) -> None:
         self._db.close()

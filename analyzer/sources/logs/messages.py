@@ -200,11 +200,14 @@ def _event_lines(frame: pl.DataFrame) -> pl.DataFrame:
 
 def _status_lines(frame: pl.DataFrame) -> pl.DataFrame:
     body = pl.col("line_body")
-    fields = catalogue.classify(
-        body, catalogue.LOG_LINE_TEMPLATES, catalogue.LOG_LINE_IRRELEVANT, fold_tolerant=True
-    )
-    return frame.with_columns(
-        *catalogue.event_columns(fields),
+    classified = catalogue.classify_unique(
+        frame.lazy(),
+        "line_body",
+        catalogue.LOG_LINE_TEMPLATES,
+        catalogue.LOG_LINE_IRRELEVANT,
+        fold_tolerant=True,
+    ).collect()
+    return classified.with_columns(
         pl.col("line_etype").alias("entity_type"),
         pl.col("line_hex").alias("entity_id"),
         pl.col("line_name").alias("entity_name"),
