@@ -54,6 +54,7 @@ class LogFacts:
     unrecognised_shapes: dict[str, int] = field(default_factory=dict)
     server_version: str | None = None
     levels: dict[str, int] = field(default_factory=dict)
+    ambiguous_jobs: int = 0  # jobs that more than one same-name run could own
 
 
 def _shape(message: pl.Expr) -> pl.Expr:
@@ -136,7 +137,12 @@ def records_to_events(
         pl.concat_list([pl.format("{}:{}", pl.col("file"), pl.col("line"))]).alias("provenance"),
         *_times(),
     )
-    return _attach_job_runs(out), facts
+    attached = _attach_job_runs(out)
+    if "ambiguous_run" in attached.columns:
+        ambiguous = attached.filter(pl.col("ambiguous_run").fill_null(False))
+        facts.ambiguous_jobs = ambiguous.select("entity_id").n_unique() if ambiguous.height else 0
+        attached = attached.drop("ambiguous_run")
+    return attached, facts
 
 
 def _times() -> list[pl.Expr]:
@@ -219,56 +225,92 @@ def _status_lines(frame: pl.DataFrame) -> pl.DataFrame:
 
 
 def _attach_job_runs(events: pl.DataFrame) -> pl.DataFrame:
-    """A job line names no run. Jobs are created in the same transaction as the run event that
-    creates them (submission, update, scaling, status change), so each job takes the run of its
-    name whose last such event precedes the job's first line; all the job's lines follow its id.
-    Two runs may share a name (other projects, re-submissions): their prefixes keep them apart."""
+    """A job line names no run. Of the runs with the job's name prefix that are alive when the
+    job first appears (submitted, not yet finished), the job belongs to the one whose last
+    job-creating event (submission, update, scaling, resubmission) came last: dstack creates
+    jobs in the same pass as that event. All the job's lines then follow its id. Two runs may
+    share a name (other projects, re-submissions): their prefixes keep them apart."""
     if events.height == 0:
         return events
     run_events = events.filter(pl.col("entity_type") == "run").select(
         pl.col("entity_id").alias("_run"),
         pl.col("entity_name").alias("_run_name"),
         pl.col("seq").alias("_seq"),
-        pl.col("kind")
-        .is_in(["run_submitted", "run_updated", "run_scaling", "run_status"])
-        .alias("_creates"),
+        "kind",
+        "new_status",
+        pl.col("time").alias("_time"),
     )
     jobs = (
         events.filter(pl.col("entity_type") == "job")
         .group_by("entity_id", "entity_name")
-        .agg(pl.col("seq").min().alias("_first"))
+        .agg(pl.col("seq").min().alias("_first"), pl.col("time").min().alias("_first_time"))
         .with_columns(pl.col("entity_name").str.replace(r"-\d+-\d+$", "").alias("_run_name"))
-        .sort("_first")
     )
     if run_events.height == 0 or jobs.height == 0:
         return events
-
-    def nearest(candidates: pl.DataFrame, alias: str) -> pl.DataFrame:
-        return jobs.join_asof(
-            candidates.sort("_seq").select("_run_name", "_seq", pl.col("_run").alias(alias)),
+    finished = pl.col("new_status").is_in(["terminated", "failed", "done"])
+    lives = run_events.group_by("_run", "_run_name").agg(
+        pl.col("_seq").min().alias("_start"),
+        pl.col("_seq").filter((pl.col("kind") == "run_status") & finished).min().alias("_end"),
+    )
+    creating = run_events.filter(
+        pl.col("kind").is_in(["run_submitted", "run_updated", "run_scaling"])
+        | ((pl.col("kind") == "run_status") & pl.col("new_status").is_in(["pending", "submitted"]))
+    ).select("_run", pl.col("_seq").alias("_created"), pl.col("_time").alias("_created_time"))
+    candidates = (
+        jobs.join(lives, on="_run_name")
+        .filter(
+            (pl.col("_start") <= pl.col("_first"))
+            & (pl.col("_end").is_null() | (pl.col("_end") >= pl.col("_first")))
+        )
+        .join(creating, on="_run")
+        .filter(pl.col("_created") <= pl.col("_first"))
+        .sort("_created")
+        .group_by("entity_id", "entity_name", "_run")
+        .agg(
+            pl.col("_created").last(), pl.col("_created_time").last(), pl.col("_first_time").first()
+        )
+        .sort("_created", descending=True)
+        .group_by("entity_id", "entity_name", maintain_order=True)
+        .agg(
+            pl.col("_run").first().alias("_alive_owner"),
+            # created in the same pass (same instant) as its run's event: no doubt left
+            (
+                (pl.len() > 1) & (pl.col("_created_time").first() != pl.col("_first_time").first())
+            ).alias("_ambiguous"),
+        )
+    )
+    earlier = (
+        jobs.sort("_first")
+        .join_asof(
+            run_events.sort("_seq").select("_run_name", "_seq", pl.col("_run").alias("_seen")),
             left_on="_first",
             right_on="_seq",
             by="_run_name",
             strategy="backward",
             check_sortedness=False,
-        ).select("entity_id", "entity_name", alias)
-
-    creator = nearest(run_events.filter(pl.col("_creates")), "_by_creator")
-    any_event = nearest(run_events, "_by_any")
+        )
+        .select("entity_id", "entity_name", "_seen")
+    )
     first_run = run_events.sort("_seq").group_by("_run_name").agg(pl.col("_run").first())
     owners = (
-        creator.join(any_event, on=["entity_id", "entity_name"])
-        .join(jobs.select("entity_id", "entity_name", "_run_name"), on=["entity_id", "entity_name"])
+        jobs.select("entity_id", "entity_name", "_run_name")
+        .join(candidates, on=["entity_id", "entity_name"], how="left")
+        .join(earlier, on=["entity_id", "entity_name"], how="left")
         .join(first_run, on="_run_name", how="left")
         .select(
             "entity_id",
             "entity_name",
-            pl.coalesce("_by_creator", "_by_any", "_run").alias("_owner"),
+            pl.coalesce("_alive_owner", "_seen", "_run").alias("_owner"),
         )
+    )
+    ambiguous = candidates.filter(pl.col("_ambiguous")).select(
+        "entity_id", pl.lit(True).alias("ambiguous_run")
     )
     job_mask = pl.col("entity_type") == "job"
     return (
         events.join(owners, on=["entity_id", "entity_name"], how="left")
+        .join(ambiguous, on="entity_id", how="left")
         .with_columns(
             pl.when(job_mask).then(pl.col("_owner")).otherwise(pl.col("run_id")).alias("run_id")
         )

@@ -68,6 +68,16 @@ def _from_read(info: InputInfo, read: LogRead, server: str) -> SourceData:
         tokens = text.str.extract(r"The admin token is (\S+)", 1).drop_nulls()
         data.secrets.update(tokens.to_list())
     data.log_reads.append((read, facts))
+    if facts.ambiguous_jobs:
+        data.limitations.append(
+            Limitation(
+                "log_run_attribution_ambiguous",
+                f"{facts.ambiguous_jobs} job(s) appeared while several runs of the same name were "
+                "alive (log lines carry no project): each was given to the run whose job-creating "
+                "event came last; a database of the same server removes the ambiguity",
+                path,
+            )
+        )
     if facts.relevant == 0:
         levels = ", ".join(f"{k}: {v}" for k, v in sorted(facts.levels.items())) or "no records"
         data.limitations.append(
