@@ -20,6 +20,10 @@ EVENT_LINE = (
     r"(?P<actor>system|user\([0-9a-f]{6}\)\S*)\s*$"
 )
 TARGET = r"(run|job)\(([0-9a-f]{6})\)([A-Za-z0-9._-]+)"
+EVENT_PREFIX = "Emitting event: "
+TARGETS_SEPARATOR = ". Event targets: "
+ACTOR_SEPARATOR = ". Actor: "
+ACTOR = r"^(?:system|user\([0-9a-f]{6}\)\S*)$"
 SERVER_VERSION = r"The dstack server (?P<version>\S+) is running at"
 
 # What each kind of line says about the server version (reference sections 0 and 9.6).
@@ -175,12 +179,45 @@ def _times() -> list[pl.Expr]:
     ]
 
 
-def _event_lines(frame: pl.DataFrame) -> pl.DataFrame:
-    parts = pl.col("text").str.extract_groups(EVENT_LINE)
-    lines = frame.with_columns(
+def _split_event_lines(frame: pl.DataFrame) -> pl.DataFrame:
+    """Body, targets and actor of "Emitting event" lines. Literal cuts first (the common case,
+    fast); the fold-tolerant regex only for lines they cannot cut (rich joins that lost a
+    space)."""
+    text = pl.col("text")
+    targets_at = text.str.find(TARGETS_SEPARATOR, literal=True)
+    actor_at = text.str.find(ACTOR_SEPARATOR, literal=True)
+    fast = frame.with_columns(
+        text.str.slice(len(EVENT_PREFIX), targets_at - len(EVENT_PREFIX)).alias("message"),
+        text.str.slice(
+            targets_at + len(TARGETS_SEPARATOR),
+            actor_at - targets_at - len(TARGETS_SEPARATOR),
+        ).alias("_targets"),
+        text.str.slice(actor_at + len(ACTOR_SEPARATOR)).str.strip_chars().alias("actor"),
+    ).with_columns(
+        pl.when(
+            text.str.starts_with(EVENT_PREFIX)
+            & targets_at.is_not_null()
+            & actor_at.is_not_null()
+            & (actor_at > targets_at)
+            & pl.col("actor").str.contains(ACTOR)
+        )
+        .then(pl.lit(True))
+        .otherwise(pl.lit(False))
+        .alias("_cut")
+    )
+    slow = fast.filter(~pl.col("_cut")).drop("message", "_targets", "actor")
+    parts = text.str.extract_groups(EVENT_LINE)
+    slow = slow.with_columns(
         parts.struct.field("body").alias("message"),
-        parts.struct.field("targets").str.extract_all(TARGET).alias("target"),
+        parts.struct.field("targets").alias("_targets"),
         parts.struct.field("actor").alias("actor"),
+    )
+    return pl.concat([fast.filter(pl.col("_cut")), slow], how="diagonal_relaxed").drop("_cut")
+
+
+def _event_lines(frame: pl.DataFrame) -> pl.DataFrame:
+    lines = _split_event_lines(frame).with_columns(
+        pl.col("_targets").str.extract_all(TARGET).alias("target")
     )
     broken = lines.filter(pl.col("message").is_null())
     targeted = (
