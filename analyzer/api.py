@@ -16,7 +16,7 @@ from analyzer.counterfactual import describe_models
 from analyzer.detect import detect
 from analyzer.errors import AuditInputError
 from analyzer.evidence import Evidence, combine
-from analyzer.impact import assess, serving_capacity, summarise
+from analyzer.impact import assess, impact_rank, serving_capacity, summarise
 from analyzer.reconcile import TimeOptions, reconcile
 from analyzer.report import frames
 from analyzer.report.schema import (
@@ -260,3 +260,53 @@ def open_sources(
 def audit(paths: Iterable[str | Path], **options) -> Report:
     """Audit the given sources and return the report (what `dstack-audit audit` prints)."""
     return open_sources(paths, **options).report
+
+
+def merge_reports(reports: list[Report]) -> Report:
+    """One report from the reports of disjoint partitions of the same audit."""
+    first = reports[0]
+    inputs, seen_inputs = [], set()
+    for item in (i for r in reports for i in r.inputs):
+        if (item.path, item.kind) not in seen_inputs:
+            seen_inputs.add((item.path, item.kind))
+            inputs.append(item)
+    limitations, seen_limitations = [], set()
+    for item in (lim for r in reports for lim in r.limitations):
+        key = (item.code, item.message, item.source)
+        if key not in seen_limitations:
+            seen_limitations.add(key)
+            limitations.append(item)
+    verdicts = sorted(
+        (v for r in reports for v in r.runs),
+        key=lambda v: (v.server, v.project or "", v.run_name, v.run_id),
+    )
+    if verdicts:
+        limitations = [lim for lim in limitations if lim.code != "no_run_evidence"]
+    findings = sorted((f for r in reports for f in r.findings), key=impact_rank)
+    summary = Summary(
+        runs=len(verdicts),
+        findings=len(findings),
+        victims=sum(len(f.victims) for f in findings),
+        by_verdict=dict(Counter(v.verdict for v in verdicts)),
+    )
+    ends = [r.end_of_evidence for r in reports if r.end_of_evidence is not None]
+    return first.model_copy(
+        update={
+            "inputs": inputs,
+            "limitations": limitations,
+            "summary": summarise(findings, verdicts, summary),
+            "end_of_evidence": max(ends) if ends else None,
+            "runs": verdicts,
+            "findings": findings,
+        }
+    )
+
+
+def audit_in_partitions(paths: Iterable[str | Path], count: int, **options) -> Report:
+    """Audit one partition of whole services at a time and merge: memory is bounded by the
+    largest partition, not by the input (databases and ingested datasets push the partition
+    down into their reads)."""
+    given = list(paths)
+    return merge_reports(
+        [open_sources(given, partition=(index, count), **options).report for index in range(count)]
+    )

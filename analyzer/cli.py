@@ -14,7 +14,7 @@ import click
 import polars as pl
 
 from analyzer import __version__
-from analyzer.api import open_sources
+from analyzer.api import audit_in_partitions, open_sources
 from analyzer.bundle import verify_bundle, write_bundle
 from analyzer.dataset import write_dataset
 from analyzer.errors import AuditInputError
@@ -124,8 +124,14 @@ def _open(sources: tuple[str, ...], log_tz: str | None, log_date: Any, **options
 )
 @click.option(
     "--partition",
-    help="I/N: audit only the runs of buckets I mod N of an ingested dataset (split huge "
-    "audits across processes or machines).",
+    help="I/N: audit only partition I of N (whole services; pushed down into SQLite and "
+    "ingested datasets) to split a huge audit across processes or machines.",
+)
+@click.option(
+    "--partitions",
+    type=click.IntRange(min=1),
+    help="Audit N partitions one after the other and merge them: memory bounded by the "
+    "largest partition instead of the whole input.",
 )
 @click.option(
     "--strict",
@@ -151,6 +157,7 @@ def audit(
     fail_on_findings: bool,
     quarantine: Path | None,
     partition: str | None,
+    partitions: int | None,
     strict: bool,
     bundle: Path | None,
     log_tz: str | None,
@@ -163,16 +170,29 @@ def audit(
 
     Exit status: 0 audit completed, 1 with --fail-on-findings and findings, 2 unusable input.
     """
-    opened = _open(
-        sources,
-        log_tz,
-        log_date,
-        project=project,
-        run=run,
-        since=since.replace(tzinfo=UTC) if since else None,
-        until=until.replace(tzinfo=UTC) if until else None,
-        partition=_partition(partition),
-    )
+    options = {
+        "project": project,
+        "run": run,
+        "since": since.replace(tzinfo=UTC) if since else None,
+        "until": until.replace(tzinfo=UTC) if until else None,
+    }
+    if partitions and partitions > 1:
+        if partition or quarantine or bundle:
+            raise AuditInputError(
+                "--partitions", "cannot be combined with --partition, --quarantine or --bundle"
+            )
+        report = audit_in_partitions(
+            sources,
+            partitions,
+            log_tz=log_tz,
+            log_date=log_date.date() if log_date else None,
+            **options,
+        )
+        _write(RENDERERS[fmt](report), output)
+        if fail_on_findings and report.findings:
+            sys.exit(1)
+        return
+    opened = _open(sources, log_tz, log_date, partition=_partition(partition), **options)
     report = opened.report
     if strict:
         damaged = [i for i in report.inputs if i.unparsed or any("truncated" in n for n in i.notes)]

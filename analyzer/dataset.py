@@ -16,6 +16,7 @@ import polars as pl
 
 from analyzer import __version__
 from analyzer.evidence import Evidence
+from analyzer.partition import service_buckets
 
 FORMAT = "dstack-audit-dataset"
 MANIFEST = "dataset.parquet"  # parquet, not JSON: polars reads it from any URL it supports
@@ -26,18 +27,16 @@ TEXT_COLUMNS = {
 }
 
 
-def _bucket(buckets: int) -> pl.Expr:
-    key = pl.concat_str([pl.col("server"), pl.col("run_id").fill_null("")], separator="/")
-    return (
-        pl.when(pl.col("run_id").is_null())
-        .then(-1)
-        .otherwise((key.hash(seed=0) % buckets).cast(pl.Int64))
-    )
-
-
 def write_dataset(evidence: Evidence, folder: Path, *, buckets: int = 16) -> dict[str, int]:
-    """Write the reconciled canonical tables; returns the rows written per table."""
+    """Write the reconciled canonical tables; returns the rows written per table. A bucket
+    holds whole services (every run of one project and name, with its jobs and events)."""
     folder.mkdir(parents=True, exist_ok=True)
+    runs = evidence.runs.with_columns(
+        pl.concat_str(["server", "project"], separator="/", ignore_nulls=True).alias("_service")
+    )
+    bucket_of_run = runs.select(
+        "server", "run_id", service_buckets(runs, "_service", "run_name", buckets).alias("bucket")
+    )
     written = {}
     for table in TABLES:
         frame: pl.DataFrame = getattr(evidence, table)
@@ -45,7 +44,11 @@ def write_dataset(evidence: Evidence, folder: Path, *, buckets: int = 16) -> dic
             evidence.redactor.apply_expr(pl.col(column)).alias(column)
             for column in TEXT_COLUMNS.get(table, ())
         ]
-        frame = frame.with_columns(*redacted, _bucket(buckets).alias("bucket"))
+        frame = (
+            frame.with_columns(*redacted)
+            .join(bucket_of_run, on=["server", "run_id"], how="left", maintain_order="left")
+            .with_columns(pl.col("bucket").fill_null(-1))
+        )
         frame.write_parquet(folder / table, partition_by="bucket")
         written[table] = frame.height
     manifest = {
@@ -57,6 +60,7 @@ def write_dataset(evidence: Evidence, folder: Path, *, buckets: int = 16) -> dic
         "inputs": [info.__dict__ for info in evidence.inputs],
         "limitations": [lim.__dict__ for lim in evidence.limitations],
         "events_table_servers": sorted(evidence.events_table_servers),
+        "ends_by_server": {k: v.isoformat() for k, v in evidence.ends_by_server().items()},
     }
     pl.DataFrame({"manifest": [json.dumps(manifest, default=str)]}).write_parquet(folder / MANIFEST)
     return written
@@ -75,5 +79,8 @@ def scan_table(location: str, table: str, partition: tuple[int, int] | None) -> 
     frame = pl.scan_parquet(f"{location.rstrip('/')}/{table}/**/*.parquet", hive_partitioning=True)
     if partition is not None:
         index, count = partition
-        frame = frame.filter((pl.col("bucket") >= 0) & (pl.col("bucket") % count == index))
+        keep = (pl.col("bucket") >= 0) & (pl.col("bucket") % count == index)
+        if index == 0:
+            keep = keep | (pl.col("bucket") < 0)  # rows of no known run: audited once, in 0
+        frame = frame.filter(keep)
     return frame.drop("bucket")

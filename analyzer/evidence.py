@@ -26,6 +26,7 @@ class Evidence:
     has_tables: bool = False
     redactor: Redactor = field(default_factory=Redactor)
     events_table_servers: set[str] = field(default_factory=set)
+    latest_by_server: dict[str, datetime] = field(default_factory=dict)  # beyond a partition
     unparsed: pl.DataFrame = field(
         default_factory=lambda: pl.DataFrame(
             schema={"file": pl.String, "line": pl.Int64, "text": pl.String}
@@ -40,8 +41,12 @@ class Evidence:
             self.jobs.select("server", pl.col("last_processed_at").alias("t")),
             dated.select("server", pl.col("time").alias("t")),
         ]
-        ends = pl.concat(frames).drop_nulls().group_by("server").agg(pl.col("t").max())
-        return dict(ends.iter_rows())
+        ends = dict(
+            pl.concat(frames).drop_nulls().group_by("server").agg(pl.col("t").max()).iter_rows()
+        )
+        for server, latest in self.latest_by_server.items():
+            ends[server] = max(latest, ends.get(server, latest))
+        return ends
 
     @property
     def end_of_evidence(self) -> datetime | None:
@@ -106,6 +111,11 @@ def combine(parts: list[SourceData]) -> Evidence:
         evidence.redactor.add(part.secrets)
         if part.events_table_of is not None:
             evidence.events_table_servers.add(part.events_table_of)
+        if part.latest_time is not None:
+            server, latest = part.latest_time
+            evidence.latest_by_server[server] = max(
+                latest, evidence.latest_by_server.get(server, latest)
+            )
         evidence.inputs.extend(part.inputs)
         for limitation in part.limitations:
             if all(

@@ -234,10 +234,10 @@ def assess(
                 }
             )
         )
-    return sorted(assessed, key=_impact_rank)
+    return sorted(assessed, key=impact_rank)
 
 
-def _impact_rank(finding: Finding) -> tuple:
+def impact_rank(finding: Finding) -> tuple:
     impact = finding.impact
     lost = (
         impact.healthy_replica_seconds_lost

@@ -277,3 +277,19 @@ def test_ingest_then_audit_the_dataset_and_its_partitions(tmp_path):
     assert sorted(f.run_id for p in parts for f in p.findings) == sorted(
         f.run_id for f in direct.findings
     )
+
+
+def test_partitions_of_whole_services_merge_into_the_same_report():
+    from analyzer.api import audit_in_partitions
+
+    sources = [CAPTURES / "v0.22.5" / s / "server.db" for s in ("seed", "multi-replica-crash")]
+    sources += [CAPTURES / "v0.22.5" / s / "server.db" for s in ("scale-up-fails", "rolling-ok")]
+    whole = open_sources(sources).report
+    for count in (2, 3):
+        merged = audit_in_partitions(sources, count)
+        assert merged.model_dump(exclude={"inputs"}) == whole.model_dump(exclude={"inputs"})
+    result = CliRunner().invoke(
+        main, ["audit", *map(str, sources), "--partitions", "3", "--format", "json"]
+    )
+    assert result.exit_code == 0
+    assert json.loads(result.output)["summary"]["victims"] == whole.summary.victims

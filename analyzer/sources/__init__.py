@@ -76,6 +76,7 @@ class SourceData:
     log_reads: list = field(default_factory=list)  # (LogRead, LogFacts) of each log read
     secrets: set[str] = field(default_factory=set)  # values never to show (see redact.py)
     events_table_of: str | None = None  # the server whose events table this input holds
+    latest_time: tuple[str, datetime] | None = None  # (server, latest moment of the whole input)
 
     def conformed(self) -> SourceData:
         self.runs = conform(self.runs, RUNS_SCHEMA).collect()

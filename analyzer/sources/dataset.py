@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 
 from analyzer.dataset import MANIFEST, read_manifest, scan_table
@@ -43,6 +44,10 @@ def load_location(location: str, server: str) -> SourceData:
     data.limitations = [Limitation(**item) for item in manifest["limitations"]]
     servers = manifest.get("events_table_servers") or []
     data.events_table_of = servers[0] if servers else None
+    ends = manifest.get("ends_by_server") or {}
+    if len(ends) == 1:
+        ((name, value),) = ends.items()
+        data.latest_time = (name, datetime.fromisoformat(value))
     return data
 
 

@@ -17,7 +17,9 @@ from urllib.parse import quote
 import polars as pl
 
 from analyzer.errors import AuditInputError
-from analyzer.sources import Source, SourceData, file_facts
+from analyzer.model import parse_db_time
+from analyzer.partition import service_buckets
+from analyzer.sources import Source, SourceData, file_facts, read_options
 from analyzer.sources.dstack_tables import load_tables, looks_like_dstack
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -58,12 +60,15 @@ def _sniff(path: Path) -> bool:
 class SqliteReader:
     """All-text reads of the columns the audit needs; absent columns come back null."""
 
-    def __init__(self, path: Path, label: str | None = None) -> None:
+    def __init__(
+        self, path: Path, label: str | None = None, partition: tuple[int, int] | None = None
+    ) -> None:
         self.label = label or str(path)
         uri = f"file:{quote(str(path.resolve()))}?mode=ro"
         try:
             self._db = sqlite3.connect(uri, uri=True)
-            self._db.execute("PRAGMA query_only = ON")
+            if partition is None:
+                self._db.execute("PRAGMA query_only = ON")
             rows = self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
             self._tables = {name for (name,) in rows}
         except (sqlite3.Error, UnicodeDecodeError) as error:
@@ -71,6 +76,58 @@ class SqliteReader:
                 self.label, f"cannot read the SQLite database ({error})", "is the file complete?"
             ) from None
         self._columns: dict[str, set[str]] = {}
+        self._filters: dict[str, str] = {}
+        if partition is not None and {"runs", "jobs"} <= self._tables:
+            self._select_partition(*partition)
+
+    def _select_partition(self, index: int, count: int) -> None:
+        """Temporary tables (in SQLite's private temp store, never beside the file; `mode=ro`
+        keeps the database itself unwritable) holding the partition's run, job and event ids."""
+        runs = self._fetch(
+            'SELECT id, project_id, run_name FROM "runs"', ["id", "project_id", "run_name"]
+        )
+        mine = runs.filter(service_buckets(runs, "project_id", "run_name", count) == index)
+        db = self._db
+        db.execute("CREATE TEMP TABLE audit_runs (id TEXT PRIMARY KEY)")
+        db.executemany("INSERT INTO audit_runs VALUES (?)", mine.select("id").rows())
+        db.execute("CREATE TEMP TABLE audit_jobs (id TEXT PRIMARY KEY)")
+        db.execute(
+            "INSERT INTO audit_jobs SELECT id FROM jobs WHERE run_id IN (SELECT id FROM audit_runs)"
+        )
+        self._filters = {
+            "runs": "id IN (SELECT id FROM audit_runs)",
+            "jobs": "run_id IN (SELECT id FROM audit_runs)",
+            "probes": "job_id IN (SELECT id FROM audit_jobs)",
+        }
+        if {"events", "event_targets"} <= self._tables:
+            by_run = (
+                " OR entity_run_id IN (SELECT id FROM audit_runs)"
+                if "entity_run_id" in self.columns("event_targets")
+                else ""
+            )
+            db.execute("CREATE TEMP TABLE audit_events (id TEXT PRIMARY KEY)")
+            db.execute(
+                "INSERT OR IGNORE INTO audit_events SELECT event_id FROM event_targets WHERE "
+                "(entity_type = 'RUN' AND entity_id IN (SELECT id FROM audit_runs))"
+                " OR (entity_type = 'JOB' AND entity_id IN (SELECT id FROM audit_jobs))" + by_run
+            )
+            self._filters["events"] = "id IN (SELECT id FROM audit_events)"
+            self._filters["event_targets"] = "event_id IN (SELECT id FROM audit_events)"
+
+    def latest_times(self) -> list[str]:
+        """The latest time each table records, over the whole database (not one partition)."""
+        probes = [
+            ("runs", "last_processed_at"),
+            ("jobs", "last_processed_at"),
+            ("events", "recorded_at"),
+        ]
+        found = []
+        for table, column in probes:
+            if table in self._tables and column in self.columns(table):
+                (value,) = self._db.execute(f'SELECT max("{column}") FROM "{table}"').fetchone()
+                if value is not None:
+                    found.append(str(value))
+        return found
 
     def tables(self) -> set[str]:
         return self._tables
@@ -101,6 +158,8 @@ class SqliteReader:
             return f'CAST("{name}" AS TEXT) AS "{name}"'
 
         query = f'SELECT {", ".join(column(c) for c in columns)} FROM "{table}"'
+        if table in self._filters:
+            query += f" WHERE {self._filters[table]}"
         try:
             try:
                 return self._fetch(query, columns)
@@ -152,7 +211,8 @@ def _load(path: Path, server: str) -> SourceData:
 
 
 def _read_database(path: Path, shown: Path, server: str, info) -> SourceData:
-    reader = SqliteReader(path, label=str(shown))
+    partition = read_options().partition
+    reader = SqliteReader(path, label=str(shown), partition=partition)
     try:
         if not looks_like_dstack(reader.tables()):
             raise AuditInputError(
@@ -161,6 +221,13 @@ def _read_database(path: Path, shown: Path, server: str, info) -> SourceData:
                 "point at the dstack server's data/sqlite.db",
             )
         data = load_tables(reader, server)
+        if partition is not None:
+            latest = (
+                pl.Series(reader.latest_times()).to_frame("t").select(parse_db_time(pl.col("t")))
+            )
+            if latest.height:
+                data.latest_time = (server, latest["t"].max())
+            info.notes.append(f"partition {partition[0]}/{partition[1]} (whole services)")
     finally:
         reader.close()
     info.records = data.runs.height + data.jobs.height + data.events.height

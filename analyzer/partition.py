@@ -1,0 +1,31 @@
+"""Partitions of an audit: whole services (all runs of one project and run name), so every
+verdict and every recovery ("a later run of the same service served again") is decided inside
+one partition. The bucket of a service is a stable hash: the same on every machine and with
+every library version, so partitions audited apart can be merged."""
+
+from __future__ import annotations
+
+import hashlib
+
+import polars as pl
+
+
+def service_bucket(project: str | None, run_name: str | None, count: int) -> int:
+    key = f"{project or ''}/{run_name or ''}".encode()
+    return int.from_bytes(hashlib.md5(key, usedforsecurity=False).digest()[:8], "big") % count
+
+
+def service_buckets(frame: pl.DataFrame, project: str, run_name: str, count: int) -> pl.Series:
+    """The bucket of each row's service; hashed once per distinct service, not per row."""
+    services = frame.select(project, run_name).unique()
+    buckets = services.with_columns(
+        pl.Series(
+            "_bucket",
+            [service_bucket(p, r, count) for p, r in services.iter_rows()],
+            dtype=pl.Int64,
+        )
+    )
+    joined = frame.select(project, run_name).join(
+        buckets, on=[project, run_name], how="left", nulls_equal=True, maintain_order="left"
+    )
+    return joined["_bucket"]
