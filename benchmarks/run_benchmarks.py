@@ -14,6 +14,8 @@ Figures are printed as a table and written to <out>/results.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import json
 import os
 import platform
@@ -26,6 +28,7 @@ import polars as pl
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
 
 from analyzer.sources.dstack_tables import TABLE_COLUMNS  # noqa: E402
 from analyzer.synth import synthesize  # noqa: E402
@@ -63,7 +66,9 @@ def audit_in_child(truth: Path, *sources: Path) -> dict:
     """Each measured audit in a fresh process: its peak RSS is its own."""
     out = subprocess.run(
         [sys.executable, "-c", AUDIT_CHILD, str(ROOT), str(truth), *map(str, sources)],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -79,8 +84,14 @@ def floor_lines(path: Path) -> float:
     """Reading the file's lines with polars alone: the least any log audit must do."""
     started = time.perf_counter()
     frame = pl.read_csv(
-        path, has_header=False, separator="\x1f", quote_char=None, new_columns=["line"],
-        infer_schema=False, encoding="utf8-lossy", truncate_ragged_lines=True,
+        path,
+        has_header=False,
+        separator="\x1f",
+        quote_char=None,
+        new_columns=["line"],
+        infer_schema=False,
+        encoding="utf8-lossy",
+        truncate_ragged_lines=True,
     )
     assert frame.height > 0
     return time.perf_counter() - started
@@ -89,7 +100,7 @@ def floor_lines(path: Path) -> float:
 def floor_db(db: Path) -> dict[str, float]:
     """The used columns of the used tables, with each reader available; the fastest is the floor."""
     queries = [
-        f'SELECT {", ".join(f"CAST({c} AS TEXT) AS {c}" for c in cols)} FROM {table}'
+        f"SELECT {', '.join(f'CAST({c} AS TEXT) AS {c}' for c in cols)} FROM {table}"
         for table, cols in TABLE_COLUMNS.items()
     ]
     results = {}
@@ -112,10 +123,8 @@ def floor_db(db: Path) -> dict[str, float]:
 
         started = time.perf_counter()
         for query in queries:
-            try:
+            with contextlib.suppress(Exception):
                 cx.read_sql(f"sqlite://{db}", query, return_type="polars")
-            except Exception:
-                pass
         results["connectorx"] = time.perf_counter() - started
     except ImportError:
         pass
@@ -143,10 +152,16 @@ def bench_logs(base: Path, runs: int) -> list[dict]:
         audit = audit_in_child(folder / "truth.json", log)
         rows.append(
             {
-                "bench": f"logs/{fmt}", "lines": lines, "mb": log.stat().st_size / 1e6,
-                "audit_s": audit["seconds"], "floor_s": floor, "ratio": audit["seconds"] / floor,
-                "audit_lines_per_s": lines / audit["seconds"], "floor_lines_per_s": lines / floor,
-                "peak_rss_mb": audit["peak_rss_mb"], "precision": audit["precision"],
+                "bench": f"logs/{fmt}",
+                "lines": lines,
+                "mb": log.stat().st_size / 1e6,
+                "audit_s": audit["seconds"],
+                "floor_s": floor,
+                "ratio": audit["seconds"] / floor,
+                "audit_lines_per_s": lines / audit["seconds"],
+                "floor_lines_per_s": lines / floor,
+                "peak_rss_mb": audit["peak_rss_mb"],
+                "precision": audit["precision"],
                 "recall": audit["recall"],
             }
         )
@@ -161,10 +176,17 @@ def bench_db(base: Path, runs: int) -> list[dict]:
     audit = audit_in_child(folder / "truth.json", db)
     return [
         {
-            "bench": "db", "runs": runs, "mb": db.stat().st_size / 1e6, "audit_s": audit["seconds"],
-            "floor_s": floors[best], "floor_reader": best, "readers": floors,
-            "ratio": audit["seconds"] / floors[best], "peak_rss_mb": audit["peak_rss_mb"],
-            "precision": audit["precision"], "recall": audit["recall"],
+            "bench": "db",
+            "runs": runs,
+            "mb": db.stat().st_size / 1e6,
+            "audit_s": audit["seconds"],
+            "floor_s": floors[best],
+            "floor_reader": best,
+            "readers": floors,
+            "ratio": audit["seconds"] / floors[best],
+            "peak_rss_mb": audit["peak_rss_mb"],
+            "precision": audit["precision"],
+            "recall": audit["recall"],
         }
     ]
 
@@ -175,7 +197,7 @@ def bench_scaling(base: Path, runs: int) -> list[dict]:
         folder = fleet(base, runs * factor)
         audit = audit_in_child(folder / "truth.json", folder / "server.db")
         rows.append({"bench": "scaling/db", "runs": runs * factor, **audit})
-    for previous, current in zip(rows, rows[1:], strict=False):
+    for previous, current in itertools.pairwise(rows):
         current["growth_per_doubling"] = current["seconds"] / previous["seconds"]
     return rows
 
@@ -194,7 +216,9 @@ def main() -> None:
             args.out, args.runs
         )
         for row in results[name]:
-            print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}))
+            print(
+                json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()})
+            )
     (args.out / "results.json").write_text(json.dumps(results, indent=2))
     print(f"machine: {machine}; results in {args.out / 'results.json'}")
 
