@@ -60,22 +60,20 @@ def _anchors(evidence: Evidence, db_events: pl.DataFrame) -> pl.DataFrame:
         "time",
         _msg_key(pl.col("message")).alias("key"),
     )
-    final_jobs = evidence.jobs.filter(pl.col("status").is_in(list(FINISHED_JOB_STATUSES))).select(
-        "server",
-        pl.lit("job").alias("entity_type"),
-        pl.col("job_name").alias("entity_name"),
-        pl.col("job_id").alias("entity_id"),
-        pl.col("last_processed_at").alias("time"),
-        pl.format("status:{}", pl.col("status")).alias("key"),
-    )
-    final_runs = evidence.runs.filter(pl.col("status").is_in(list(FINISHED_RUN_STATUSES))).select(
-        "server",
-        pl.lit("run").alias("entity_type"),
-        pl.col("run_name").alias("entity_name"),
-        pl.col("run_id").alias("entity_id"),
-        pl.col("last_processed_at").alias("time"),
-        pl.format("status:{}", pl.col("status")).alias("key"),
-    )
+
+    def finals(frame: pl.DataFrame, kind: str, statuses: tuple[str, ...]) -> pl.DataFrame:
+        """A finished run or job: its final status was written at last_processed_at."""
+        return frame.filter(pl.col("status").is_in(list(statuses))).select(
+            "server",
+            pl.lit(kind).alias("entity_type"),
+            pl.col(f"{kind}_name").alias("entity_name"),
+            pl.col(f"{kind}_id").alias("entity_id"),
+            pl.col("last_processed_at").alias("time"),
+            pl.format("status:{}", pl.col("status")).alias("key"),
+        )
+
+    final_jobs = finals(evidence.jobs, "job", FINISHED_JOB_STATUSES)
+    final_runs = finals(evidence.runs, "run", FINISHED_RUN_STATUSES)
     return pl.concat([from_events, final_jobs, final_runs], how="vertical_relaxed").drop_nulls(
         ["time", "entity_id"]
     )
