@@ -335,3 +335,8 @@ def timeline(run: str, sources: tuple[str, ...], project: str | None, output: Pa
         opened.events.filter(key),
     )
     _write(opened.redact(text), output)
+
+
+from analyzer.cli_visual import register as _register_visual  # noqa: E402
+
+_register_visual(main)

@@ -1,0 +1,165 @@
+"""The picture commands: `dstack-audit plot` (a run's swimlane or the fleet charts) and
+`dstack-audit report` (the self-contained HTML report, or markdown with PNGs beside it).
+
+`register(main)` adds them to the `dstack-audit` click group; calling it twice is harmless.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import click
+
+PLOT_FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
+REPORT_FORMATS = {".html": "html", ".htm": "html", ".md": "markdown", ".markdown": "markdown"}
+DATETIME_FORMATS = ["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"]
+
+
+def _format(output: Path, formats: dict[str, str]) -> str:
+    fmt = formats.get(output.suffix.lower())
+    if fmt is None:
+        raise click.BadParameter(
+            f"{output.name}: the file name must end with one of {', '.join(formats)}",
+            param_hint="'--output'",
+        )
+    return fmt
+
+
+def _one_run(opened: Any, run: str) -> str:
+    from analyzer.errors import AuditInputError
+
+    runs = opened.runs
+    if runs.height == 0:
+        raise AuditInputError(run, "no run with this name or id prefix in the given sources")
+    if runs.height > 1:
+        listed = "; ".join(
+            f"{r['project']}/{r['run_name']} id {r['run_id'][:8]} submitted {r['submitted_at']}"
+            for r in runs.iter_rows(named=True)
+        )
+        raise AuditInputError(
+            run, f"{runs.height} runs match: {listed}", "give --project or an id prefix"
+        )
+    return runs["run_id"][0]
+
+
+def register(main: click.Group) -> None:
+    """Add `plot` and `report` to `main` (once)."""
+    if "plot" in main.commands and "report" in main.commands:
+        return
+    # imported here: analyzer.cli imports this module's register
+    from analyzer.cli import _clean_errors, _log_options, _open
+    from analyzer.report.html import render_html, render_report_markdown
+    from analyzer.report.plots import figure_bytes, plot_fleet, plot_run, resolve_zone
+
+    @click.command("plot")
+    @click.argument("args", nargs=-1, required=True, metavar="RUN SOURCE...")
+    @click.option(
+        "--output",
+        "-o",
+        required=True,
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="The picture to write: FILE.png, FILE.svg or FILE.pdf.",
+    )
+    @click.option("--project", help="The run's project (when several projects have the name).")
+    @click.option("--tz", help="Show times in this zone (IANA name, e.g. Europe/Berlin); UTC.")
+    @click.option(
+        "--fleet",
+        is_flag=True,
+        help="Plot the fleet-wide charts instead of a run (then every argument is a SOURCE).",
+    )
+    @click.option("--dpi", type=click.IntRange(50, 600), default=110, show_default=True)
+    @_log_options
+    @_clean_errors
+    def plot(
+        args: tuple[str, ...],
+        output: Path,
+        project: str | None,
+        tz: str | None,
+        fleet: bool,
+        dpi: int,
+        log_tz: str | None,
+        log_date: Any,
+    ) -> None:
+        """Draw RUN's swimlane: one lane per job submission grouped by deployment, status
+        bars, the healthy interval, markers for the update, the culprit's failure, the run
+        going TERMINATING and each victim's stop, and the serving capacity with the outage.
+
+        RUN is a run name (add --project when several projects have one) or a run id prefix.
+        With --fleet: incidents per day, outage and cost by project and fleet, failure classes.
+        """
+        fmt = _format(output, PLOT_FORMATS)
+        resolve_zone(tz)
+        if fleet:
+            opened = _open(args, log_tz, log_date, project=project)
+            fig = plot_fleet(opened.report)
+        else:
+            if len(args) < 2:
+                raise click.UsageError("give RUN and at least one SOURCE (or --fleet)")
+            run, sources = args[0], args[1:]
+            opened = _open(sources, log_tz, log_date, project=project, run=run)
+            fig = plot_run(opened, _one_run(opened, run), tz=tz)
+        output.write_bytes(figure_bytes(fig, fmt, dpi=dpi))
+        click.echo(f"dstack-audit: wrote {output}", err=True)
+
+    @click.command("report")
+    @click.argument("sources", nargs=-1, required=True)
+    @click.option(
+        "--output",
+        "-o",
+        required=True,
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="FILE.html (one self-contained file) or FILE.md (PNGs in FILE-images/ beside it).",
+    )
+    @click.option("--tz", help="Show times in this zone (IANA name, e.g. Europe/Berlin); UTC.")
+    @click.option("--project", help="Only runs of this project.")
+    @click.option("--run", help="Only runs with this name or id prefix.")
+    @click.option(
+        "--since",
+        type=click.DateTime(formats=DATETIME_FORMATS),
+        help="Only runs still active at or after this UTC time.",
+    )
+    @click.option(
+        "--until",
+        type=click.DateTime(formats=DATETIME_FORMATS),
+        help="Only runs submitted at or before this UTC time.",
+    )
+    @_log_options
+    @_clean_errors
+    def report(
+        sources: tuple[str, ...],
+        output: Path,
+        tz: str | None,
+        project: str | None,
+        run: str | None,
+        since: datetime | None,
+        until: datetime | None,
+        log_tz: str | None,
+        log_date: Any,
+    ) -> None:
+        """Write the incident report of SOURCES: the inputs' SHA-256, a summary, every finding
+        with its story, swimlane, evidence chain, impact and counterfactuals, the run verdicts
+        and the limitations. HTML opens offline and fetches nothing."""
+        fmt = _format(output, REPORT_FORMATS)
+        resolve_zone(tz)
+        opened = _open(
+            sources,
+            log_tz,
+            log_date,
+            project=project,
+            run=run,
+            since=since.replace(tzinfo=UTC) if since else None,
+            until=until.replace(tzinfo=UTC) if until else None,
+        )
+        if fmt == "html":
+            output.write_text(render_html(opened, tz=tz), encoding="utf-8")
+        else:
+            images = output.with_name(f"{output.stem}-images")
+            text = render_report_markdown(opened, tz=tz, image_dir=images)
+            output.write_text(text, encoding="utf-8")
+        click.echo(f"dstack-audit: wrote {output}", err=True)
+
+    for command in (plot, report):
+        if command.name not in main.commands:
+            main.add_command(command)
