@@ -21,7 +21,12 @@ PUBLIC = [
     "RunVerdict",
     "__version__",
     "audit",
+    "audit_in_partitions",
+    "merge_reports",
     "open_sources",
+    "plot_fleet",
+    "plot_run",
+    "render_html",
 ]
 AUDIT_MEMBERS = {
     "capacity",
