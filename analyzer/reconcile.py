@@ -147,7 +147,49 @@ def _shift_label(shift_us: int, basis: str) -> str:
     return f"UTC{sign}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}"
 
 
+CLOCK_JUMP_US = 10 * 60 * 1_000_000  # a local clock going back further than this jumped
+
+
+def _clock_jumps(evidence: Evidence) -> pl.DataFrame:
+    """Local log clocks that go back (a daylight-saving fall-back repeats an hour): later lines
+    are shifted forward by the jump so times follow the line order again; the written time is
+    kept in `_raw_time`, and `_after_jump` marks lines past a jump (for zone conversion)."""
+    events = evidence.events.with_columns(pl.col("time").alias("_raw_time"))
+    local = pl.col("time_basis") == "log_local_unaligned"
+    ordered = events.with_row_index("_i").sort("source", "seq")
+    back = (pl.col("time").shift(1).over("source") - pl.col("time")).dt.total_microseconds()
+    jump = (
+        pl.when(local & (back > CLOCK_JUMP_US))
+        .then(((back / QUARTER_HOUR_US).round() * QUARTER_HOUR_US).cast(pl.Int64))
+        .otherwise(0)
+    )
+    ordered = ordered.with_columns(jump.alias("_jump")).with_columns(
+        pl.col("_jump").cum_sum().over("source").alias("_shift_us")
+    )
+    jumps = ordered.filter(pl.col("_jump") > 0)
+    for source, count, total in (
+        jumps.group_by("source").agg(pl.len(), pl.col("_jump").sum()).iter_rows()
+    ):
+        evidence.limitations.append(
+            Limitation(
+                "log_clock_went_back",
+                f"the log's local clock went back {count} time(s) (by {total / 3.6e9:.2f} h in "
+                "all; daylight saving?): later lines are kept in line order",
+                source,
+            )
+        )
+    return (
+        ordered.with_columns(
+            (pl.col("time") + pl.duration(microseconds=pl.col("_shift_us"))).alias("time"),
+            (pl.col("_shift_us") > 0).alias("_after_jump"),
+        )
+        .sort("_i")
+        .drop("_i", "_jump", "_shift_us")
+    )
+
+
 def align_times(evidence: Evidence, options: TimeOptions) -> None:
+    evidence.events = _clock_jumps(evidence)
     events = evidence.events
     log_mask = pl.col("time_basis").is_in(list(UNALIGNED))
     log_events = events.filter(log_mask)
@@ -191,7 +233,7 @@ def align_times(evidence: Evidence, options: TimeOptions) -> None:
     evidence.events = _apply_options(adjusted, options, evidence)
 
 
-def _to_utc(local: pl.Expr, zone: str) -> pl.Expr:
+def _to_utc(local: pl.Expr, zone: str, *, after_jump: pl.Expr | None = None) -> pl.Expr:
     """Naive local times in `zone` (an IANA name or a fixed offset like +02:00) -> UTC."""
     fixed = re.fullmatch(r"([+-])(\d{2}):?(\d{2})", zone.strip())
     if fixed:
@@ -204,8 +246,14 @@ def _to_utc(local: pl.Expr, zone: str) -> pl.Expr:
         raise AuditInputError(
             "--log-tz", f"unknown time zone {zone!r}", "use an IANA name or an offset like +02:00"
         ) from None
+    # A repeated hour is the first pass before the clock went back, the second after it.
+    ambiguous = (
+        pl.when(after_jump).then(pl.lit("latest")).otherwise(pl.lit("earliest"))
+        if after_jump is not None
+        else "earliest"
+    )
     return (
-        local.dt.replace_time_zone(zone, ambiguous="earliest", non_existent="null")
+        local.dt.replace_time_zone(zone, ambiguous=ambiguous, non_existent="null")
         .dt.convert_time_zone("UTC")
         .cast(UTC_TIME)
     )
@@ -222,15 +270,20 @@ def _apply_options(events: pl.DataFrame, options: TimeOptions, evidence: Evidenc
             .otherwise(pl.col("time"))
             .alias("time"),
             pl.when(rich)
+            .then(pl.col("_raw_time") + pl.duration(days=shift_days))
+            .otherwise(pl.col("_raw_time"))
+            .alias("_raw_time"),
+            pl.when(rich)
             .then(pl.lit("log_local_unaligned"))
             .otherwise(pl.col("time_basis"))
             .alias("time_basis"),
         )
     unaligned = pl.col("time_basis") == "log_local_unaligned"
     if options.log_tz:
+        written = pl.col("_raw_time").dt.replace_time_zone(None)
         events = events.with_columns(
             pl.when(unaligned)
-            .then(_to_utc(local, options.log_tz))
+            .then(_to_utc(written, options.log_tz, after_jump=pl.col("_after_jump")))
             .otherwise(pl.col("time"))
             .alias("time"),
             pl.when(unaligned)

@@ -277,10 +277,18 @@ def _attach_job_runs(events: pl.DataFrame) -> pl.DataFrame:
         "new_status",
         pl.col("time").alias("_time"),
     )
+    stopping = (pl.col("kind") == "job_status") & pl.col("new_status").is_in(
+        ["terminating", "terminated", "failed", "done", "aborted"]
+    )
     jobs = (
         events.filter(pl.col("entity_type") == "job")
         .group_by("entity_id", "entity_name")
-        .agg(pl.col("seq").min().alias("_first"), pl.col("time").min().alias("_first_time"))
+        .agg(
+            pl.col("seq").min().alias("_first"),
+            pl.col("time").min().alias("_first_time"),
+            pl.col("seq").filter(stopping).min().alias("_stop"),
+            pl.col("changed_fields").filter(pl.col("kind") == "job_created").first().alias("_how"),
+        )
         .with_columns(pl.col("entity_name").str.replace(r"-\d+-\d+$", "").alias("_run_name"))
     )
     if run_events.height == 0 or jobs.height == 0:
@@ -302,7 +310,39 @@ def _attach_job_runs(events: pl.DataFrame) -> pl.DataFrame:
         )
         .join(creating, on="_run")
         .filter(pl.col("_created") <= pl.col("_first"))
-        .sort("_created")
+    )
+    # Jobs created with their run's submission are certain (same pass, same instant). A run
+    # never holds two active jobs of one name: a candidate that already has an active job of
+    # this name (one of its certain ones) cannot be the owner of another.
+    certain = (
+        candidates.filter(
+            (pl.col("_how") == "on run submission")
+            & (pl.col("_created_time") == pl.col("_first_time"))
+        )
+        .select(
+            "_run",
+            pl.col("entity_name").alias("_name"),
+            pl.col("_first").alias("_k_first"),
+            pl.col("_stop").alias("_k_stop"),
+            pl.col("entity_id").alias("_k_id"),
+        )
+        .unique()
+    )
+    busy = (
+        candidates.select("entity_id", "entity_name", "_run", "_first")
+        .unique()
+        .join(certain, left_on=["_run", "entity_name"], right_on=["_run", "_name"])
+        .filter(
+            (pl.col("_k_id") != pl.col("entity_id"))
+            & (pl.col("_k_first") < pl.col("_first"))
+            & (pl.col("_k_stop").is_null() | (pl.col("_k_stop") > pl.col("_first")))
+        )
+        .select("entity_id", "entity_name", "_run")
+        .unique()
+    )
+    candidates = candidates.join(busy, on=["entity_id", "entity_name", "_run"], how="anti")
+    candidates = (
+        candidates.sort("_created")
         .group_by("entity_id", "entity_name", "_run")
         .agg(
             pl.col("_created").last(), pl.col("_created_time").last(), pl.col("_first_time").first()
