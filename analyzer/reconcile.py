@@ -260,7 +260,6 @@ def _to_utc(local: pl.Expr, zone: str, *, after_jump: pl.Expr | None = None) -> 
 
 
 def _apply_options(events: pl.DataFrame, options: TimeOptions, evidence: Evidence) -> pl.DataFrame:
-    local = pl.col("time").dt.replace_time_zone(None)
     if options.log_date is not None:
         rich = pl.col("time_basis") == "time_of_day_only"
         shift_days = (options.log_date - date(1970, 1, 1)).days
