@@ -28,9 +28,9 @@ from analyzer.sources.logs.reader import (
 )
 
 DATA = Path(__file__).parent / "data" / "logs"
-CAPTURES = Path(__file__).resolve().parents[2] / "shared" / "captures"
+CAPTURES = Path(__file__).resolve().parent / "data" / "captures"  # the project's copies
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "dstack-data.md"
-NO_CAPTURES = "the real captures (../shared/captures next to the checkout) are not available"
+NO_CAPTURES = "the real captures (tests/data/captures) are not available"
 needs_captures = pytest.mark.skipif(not CAPTURES.is_dir(), reason=NO_CAPTURES)
 
 CAPTURE_DIRS = sorted(CAPTURES.glob("*/*/logs")) if CAPTURES.is_dir() else []
