@@ -174,7 +174,7 @@ def default_captures() -> Path:
     root = Path(__file__).resolve().parents[1]
     candidates += [
         root / "tests" / "data" / "captures" / "v0.22.5",
-        Path("/work/shared/captures/v0.22.5"),
+        Path.cwd() / "tests" / "data" / "captures" / "v0.22.5",  # installed, run from the repo
     ]
     for candidate in candidates:
         if (candidate / "seed" / "server.db").is_file():
