@@ -14,6 +14,7 @@ from analyzer.api import open_sources
 from analyzer.errors import AuditInputError
 from analyzer.report.schema import Report
 from analyzer.sources import DATABASE_URL, file_facts
+from analyzer.sources.postgres import url_without_password
 
 MANIFEST = "manifest.json"
 REPORT = "report.json"
@@ -32,7 +33,10 @@ def write_bundle(
     manifest = {
         "tool": f"dstack-audit {__version__}",
         "created_at": datetime.now(UTC).isoformat(),
-        "sources": [s if DATABASE_URL.match(s) else str(Path(s).resolve()) for s in sources],
+        "sources": [
+            url_without_password(s) if DATABASE_URL.match(s) else str(Path(s).resolve())
+            for s in sources
+        ],
         "options": options,
         "inputs": [
             {"path": i.path, "kind": i.kind, "sha256": i.sha256, "size": i.size}
