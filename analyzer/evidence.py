@@ -15,6 +15,8 @@ from analyzer.model import EVENTS_SCHEMA, JOBS_SCHEMA, RUNS_SCHEMA, conform
 from analyzer.redact import Redactor
 from analyzer.sources import InputInfo, Limitation, SourceData
 
+API_ONLY_PREFIXES = ("api_", "ps_json_")
+
 
 @dataclass
 class Evidence:
@@ -123,5 +125,10 @@ def combine(parts: list[SourceData]) -> Evidence:
                 for known in evidence.limitations
             ):
                 evidence.limitations.append(limitation)
+    if evidence.has_tables:
+        # What an API-only audit cannot prove, a database in the same audit does.
+        evidence.limitations = [
+            lim for lim in evidence.limitations if not lim.code.startswith(API_ONLY_PREFIXES)
+        ]
     evidence.events = evidence.events.sort(["server", "time", "seq"], nulls_last=True)
     return evidence
