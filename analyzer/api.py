@@ -234,8 +234,12 @@ def open_sources(
     since: datetime | None = None,
     until: datetime | None = None,
     partition: tuple[int, int] | None = None,
+    server_labels: dict[str, str] | None = None,
 ) -> Audit:
     """Read every input (read-only) and combine them into one audit.
+
+    Sources of several dstack servers stay apart when labelled: `server_labels` maps a source
+    (as given) to its server's name; unlabelled sources belong to `server`.
 
     >>> audit = open_sources(["samples/v0.22.5/seed"])  # doctest: +SKIP
     >>> audit.report.findings[0].victims[0].job_name  # doctest: +SKIP
@@ -249,8 +253,9 @@ def open_sources(
         )
     token = READ_OPTIONS.set(ReadOptions(partition=partition, since=since, project=project))
     try:
+        labels = server_labels or {}
         for path in given:
-            parts.extend(load_path(path, server))
+            parts.extend(load_path(path, labels.get(str(path), server)))
     finally:
         READ_OPTIONS.reset(token)
     evidence = reconcile(combine(parts), TimeOptions(log_tz=log_tz, log_date=log_date))

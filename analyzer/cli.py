@@ -92,7 +92,7 @@ def _open(sources: tuple[str, ...], log_tz: str | None, log_date: Any, **options
 
 
 @main.command()
-@click.argument("sources", nargs=-1, required=True)
+@click.argument("sources", nargs=-1)
 @click.option(
     "--format",
     "fmt",
@@ -121,6 +121,14 @@ def _open(sources: tuple[str, ...], log_tz: str | None, log_date: Any, **options
     "--quarantine",
     type=click.Path(dir_okay=False, path_type=Path),
     help="Write every log line that could not be parsed to FILE, as file:line<TAB>text.",
+)
+@click.option(
+    "--server-label",
+    "server_labels",
+    multiple=True,
+    metavar="NAME=SOURCE",
+    help="Name the dstack server SOURCE belongs to (repeatable): several servers in one audit "
+    "stay apart and the report summarises per server. Label every source of a server alike.",
 )
 @click.option(
     "--partition",
@@ -156,6 +164,7 @@ def audit(
     until: datetime | None,
     fail_on_findings: bool,
     quarantine: Path | None,
+    server_labels: tuple[str, ...],
     partition: str | None,
     partitions: int | None,
     strict: bool,
@@ -170,7 +179,10 @@ def audit(
 
     Exit status: 0 audit completed, 1 with --fail-on-findings and findings, 2 unusable input.
     """
+    labels = _server_labels(server_labels)
+    sources = tuple(dict.fromkeys([*sources, *labels]))
     options = {
+        "server_labels": labels,
         "project": project,
         "run": run,
         "since": since.replace(tzinfo=UTC) if since else None,
@@ -223,6 +235,18 @@ def audit(
         quarantine.write_text(opened.redact("".join(line + "\n" for line in lines)), "utf-8")
     if fail_on_findings and report.findings:
         sys.exit(1)
+
+
+def _server_labels(pairs: tuple[str, ...]) -> dict[str, str]:
+    labels = {}
+    for pair in pairs:
+        name, _, source = pair.partition("=")
+        if not name or not source:
+            raise AuditInputError(
+                "--server-label", f"{pair!r} is not NAME=SOURCE", "e.g. prod=prod.db"
+            )
+        labels[source] = name
+    return labels
 
 
 def _partition(text: str | None) -> tuple[int, int] | None:

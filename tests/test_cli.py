@@ -132,3 +132,26 @@ def test_every_command_has_help():
     for command in main.commands.values():
         assert command.help and len(command.help) > 20
         assert run(command.name, "--help").exit_code == 0
+
+
+def test_several_servers_stay_apart(tmp_path):
+    """The same database under two server labels: same ids, two servers, never merged."""
+    import shutil
+
+    copy = tmp_path / "copy.db"
+    shutil.copyfile(SEED, copy)
+    result = run(
+        "audit",
+        "--server-label",
+        f"prod={SEED}",
+        "--server-label",
+        f"staging={copy}",
+        "--format",
+        "json",
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert sorted(v["server"] for v in report["runs"]) == ["prod", "staging"]
+    assert sorted(f["server"] for f in report["findings"]) == ["prod", "staging"]
+    assert {g["key"] for g in report["summary"]["by_server"]} == {"prod", "staging"}
+    assert run("audit", "--server-label", "nonsense").exit_code == 2
