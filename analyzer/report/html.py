@@ -38,7 +38,7 @@ from analyzer.report.plots import (
     resolve_zone,
 )
 from analyzer.report.schema import Finding, GroupSummary, Report
-from analyzer.report.text import fmt_cost, fmt_duration
+from analyzer.report.text import GROUP_HEADERS, fmt_cost, fmt_duration, group_rows
 
 IMAGE_DPI = 100
 
@@ -438,18 +438,8 @@ class _Images:
 
 def _groups_table(groups: Sequence[GroupSummary]) -> str:
     return _table(
-        ["key", "findings", "victims", "outage", "replica-time lost", "cost lost"],
-        [
-            [
-                g.key,
-                g.findings,
-                g.victims,
-                fmt_duration(g.outage_seconds),
-                fmt_duration(g.healthy_replica_seconds_lost),
-                fmt_cost(g.lost_cost, g.cost_unknown_victims),
-            ]
-            for g in groups
-        ],
+        GROUP_HEADERS,
+        group_rows(groups),
         classes={1: "num", 2: "num", 3: "num", 4: "num", 5: "num"},
         css="compact",
     )

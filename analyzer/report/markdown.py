@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from analyzer.report.schema import Report
-from analyzer.report.text import fmt_cost, fmt_duration, fmt_time
+from analyzer.report.text import GROUP_HEADERS, fmt_cost, fmt_duration, fmt_time, group_rows
 
 
 def _cell(value: object) -> str:
@@ -131,20 +131,7 @@ def render_markdown(report: Report) -> str:
             ("Failure class", s.by_failure_class),
         ):
             out += [f"### {title}", ""]
-            out += _table(
-                ["key", "findings", "victims", "outage", "replica-time lost", "cost lost"],
-                [
-                    [
-                        g.key,
-                        g.findings,
-                        g.victims,
-                        fmt_duration(g.outage_seconds),
-                        fmt_duration(g.healthy_replica_seconds_lost),
-                        fmt_cost(g.lost_cost, g.cost_unknown_victims),
-                    ]
-                    for g in groups
-                ],
-            )
+            out += _table(GROUP_HEADERS, group_rows(groups))
             out.append("")
     out += ["## Runs", ""]
     out += _table(

@@ -46,27 +46,28 @@ def _outage(finding: Finding) -> str:
     return text + ("" if impact.recovered else " (not recovered)")
 
 
+GROUP_HEADERS = ["key", "findings", "victims", "outage", "replica-time lost", "cost lost"]
+
+
+def group_rows(groups) -> list[list[object]]:
+    """The rows of a fleet summary table (same figures in every output format)."""
+    return [
+        [
+            g.key,
+            g.findings,
+            g.victims,
+            fmt_duration(g.outage_seconds),
+            fmt_duration(g.healthy_replica_seconds_lost),
+            fmt_cost(g.lost_cost, g.cost_unknown_victims),
+        ]
+        for g in groups
+    ]
+
+
 def _groups(title: str, groups) -> list[str]:
     if not groups:
         return []
-    return [
-        "",
-        title,
-        table(
-            ["key", "findings", "victims", "outage", "replica-time lost", "cost lost"],
-            [
-                (
-                    g.key,
-                    g.findings,
-                    g.victims,
-                    fmt_duration(g.outage_seconds),
-                    fmt_duration(g.healthy_replica_seconds_lost),
-                    fmt_cost(g.lost_cost, g.cost_unknown_victims),
-                )
-                for g in groups
-            ],
-        ),
-    ]
+    return ["", title, table(GROUP_HEADERS, group_rows(groups))]
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]], *, max_width: int = 60) -> str:
