@@ -11,8 +11,16 @@ import polars as pl
 
 
 def service_bucket(project: str | None, run_name: str | None, count: int) -> int:
+    """The first 60 bits of md5("<project>/<run name>") modulo `count`: a database computes
+    the same (PostgreSQL: `('x' || substr(md5(key), 1, 15))::bit(60)::bigint`)."""
     key = f"{project or ''}/{run_name or ''}".encode()
-    return int.from_bytes(hashlib.md5(key, usedforsecurity=False).digest()[:8], "big") % count
+    return int(hashlib.md5(key, usedforsecurity=False).hexdigest()[:15], 16) % count
+
+
+def sql_service_bucket(project_sql: str, run_name_sql: str) -> str:
+    """PostgreSQL expression of `service_bucket` before the modulo."""
+    key = f"coalesce({project_sql}, '') || '/' || coalesce({run_name_sql}, '')"
+    return f"('x' || substr(md5({key}), 1, 15))::bit(60)::bigint"
 
 
 def service_buckets(frame: pl.DataFrame, project: str, run_name: str, count: int) -> pl.Series:

@@ -27,12 +27,14 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC
 from urllib.parse import parse_qsl, quote, unquote, urlencode
 
 import polars as pl
 
 from analyzer.errors import AuditInputError
-from analyzer.sources import InputInfo, SourceData
+from analyzer.partition import sql_service_bucket
+from analyzer.sources import InputInfo, ReadOptions, SourceData, read_options
 from analyzer.sources.dstack_tables import TABLE_COLUMNS, load_tables, looks_like_dstack
 
 CONNECT_TIMEOUT_S = 10
@@ -376,6 +378,48 @@ class PostgresReader:
             "read the server's clock",
         )
         self.snapshot_at, self.postgres_version = facts.row(0)
+        self._filters = self._pushdown(read_options())
+
+    def _pushdown(self, options: ReadOptions) -> dict[str, str]:
+        """WHERE clauses that read only the runs the audit keeps (--project, --since, a
+        partition of whole services) and their jobs and events: same answer, fewer rows."""
+        conditions = []
+        if options.project:
+            name = _literal(options.project)
+            conditions.append(
+                "project_id IN (SELECT id FROM projects WHERE name = "
+                f"{name} OR original_name = {name})"
+            )
+        if options.since:
+            since = _literal(options.since.astimezone(UTC).replace(tzinfo=None).isoformat(" "))
+            conditions.append(f"last_processed_at >= {since}::timestamp")
+        if options.partition:
+            index, count = options.partition
+            bucket = sql_service_bucket("project_id::text", "run_name")
+            conditions.append(f"{bucket} % {count} = {index}")
+        if not conditions:
+            return {}
+        runs = f"SELECT id FROM runs WHERE {' AND '.join(conditions)}"
+        jobs = f"SELECT id FROM jobs WHERE run_id IN ({runs})"
+        filters = {
+            "runs": " AND ".join(conditions),
+            "jobs": f"run_id IN ({runs})",
+            "probes": f"job_id IN ({jobs})",
+        }
+        if {"events", "event_targets"} <= set(self._columns):
+            by_run = (
+                f" OR entity_run_id IN ({runs})"
+                if "entity_run_id" in self._columns["event_targets"]
+                else ""
+            )
+            events = (
+                "SELECT event_id FROM event_targets WHERE "
+                f"(entity_type = 'RUN' AND entity_id IN ({runs})) OR "
+                f"(entity_type = 'JOB' AND entity_id IN ({jobs})){by_run}"
+            )
+            filters["events"] = f"id IN ({events})"
+            filters["event_targets"] = f"event_id IN ({events})"
+        return filters
 
     def _run(self, action: Callable[[_Engine], object], what: str, table: str | None = None):
         assert self._engine is not None
@@ -452,8 +496,11 @@ class PostgresReader:
             f"{_ident(c)}::text AS {_ident(c)}" if c in have else f"NULL::text AS {_ident(c)}"
             for c in columns
         )
+        where = f" WHERE {self._filters[table]}" if table in self._filters else ""
         frame = self._run(
-            lambda e: e.query(f"SELECT {select} FROM {_ident(table)}"), f"read {table}", table
+            lambda e: e.query(f"SELECT {select} FROM {_ident(table)}{where}"),
+            f"read {table}",
+            table,
         )
         self._rows[table] = frame.height
         return frame.select(pl.col(c).cast(pl.String) for c in columns)
