@@ -52,7 +52,10 @@ def test_same_run_name_in_three_projects(copy_db, tmp_path):
     assert [v.job_name for v in finding.victims] == ["web-0-0"]
     # the jobs of the three runs share names (web-0-0) but never mix
     assert audit.submissions.filter(audit.submissions["job_name"] == "web-0-0").height == 3
-    assert open_sources([db], project="hooli").report.summary.runs == 1
+    hooli = open_sources([db], project="hooli").report
+    assert hooli.summary.runs == 1
+    # --project is pushed down into the SQLite reads: only hooli's rows are read
+    assert hooli.inputs[0].records < audit.report.inputs[0].records
 
 
 def test_run_resubmitted_under_the_same_name(copy_db):

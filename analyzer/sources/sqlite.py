@@ -19,7 +19,7 @@ import polars as pl
 from analyzer.errors import AuditInputError
 from analyzer.model import parse_db_time
 from analyzer.partition import service_buckets
-from analyzer.sources import Source, SourceData, file_facts, read_options
+from analyzer.sources import ReadOptions, Source, SourceData, file_facts, read_options
 from analyzer.sources.dstack_tables import load_tables, looks_like_dstack
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -61,13 +61,15 @@ class SqliteReader:
     """All-text reads of the columns the audit needs; absent columns come back null."""
 
     def __init__(
-        self, path: Path, label: str | None = None, partition: tuple[int, int] | None = None
+        self, path: Path, label: str | None = None, options: ReadOptions | None = None
     ) -> None:
+        options = options or ReadOptions()
+        narrowed = bool(options.partition or options.project or options.since)
         self.label = label or str(path)
         uri = f"file:{quote(str(path.resolve()))}?mode=ro"
         try:
             self._db = sqlite3.connect(uri, uri=True)
-            if partition is None:
+            if not narrowed:
                 self._db.execute("PRAGMA query_only = ON")
             rows = self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
             self._tables = {name for (name,) in rows}
@@ -77,16 +79,33 @@ class SqliteReader:
             ) from None
         self._columns: dict[str, set[str]] = {}
         self._filters: dict[str, str] = {}
-        if partition is not None and {"runs", "jobs"} <= self._tables:
-            self._select_partition(*partition)
+        self.narrowed = narrowed and {"runs", "jobs"} <= self._tables
+        if self.narrowed:
+            self._select_runs(options)
 
-    def _select_partition(self, index: int, count: int) -> None:
-        """Temporary tables (in SQLite's private temp store, never beside the file; `mode=ro`
-        keeps the database itself unwritable) holding the partition's run, job and event ids."""
+    def _select_runs(self, options: ReadOptions) -> None:
+        """Read only the runs the audit keeps (--project, --since, a partition of whole
+        services) with their jobs and events. Their ids go into temporary tables (SQLite's
+        private temp store, never beside the file; `mode=ro` keeps the database unwritable)."""
         runs = self._fetch(
-            'SELECT id, project_id, run_name FROM "runs"', ["id", "project_id", "run_name"]
+            'SELECT id, project_id, run_name, CAST(last_processed_at AS TEXT) FROM "runs"',
+            ["id", "project_id", "run_name", "last_processed_at"],
         )
-        mine = runs.filter(service_buckets(runs, "project_id", "run_name", count) == index)
+        keep = pl.lit(True)
+        if options.partition:
+            index, count = options.partition
+            keep = keep & (service_buckets(runs, "project_id", "run_name", count) == index)
+        if options.since:
+            keep = keep & (parse_db_time(pl.col("last_processed_at")) >= options.since)
+        if options.project and "projects" in self._tables:
+            projects = self._fetch(
+                'SELECT id, name, original_name FROM "projects"', ["id", "name", "original_name"]
+            )
+            wanted = projects.filter(
+                (pl.col("name") == options.project) | (pl.col("original_name") == options.project)
+            )["id"]
+            keep = keep & pl.col("project_id").is_in(wanted.implode())
+        mine = runs.filter(keep)
         db = self._db
         db.execute("CREATE TEMP TABLE audit_runs (id TEXT PRIMARY KEY)")
         db.executemany("INSERT INTO audit_runs VALUES (?)", mine.select("id").rows())
@@ -211,8 +230,9 @@ def _load(path: Path, server: str) -> SourceData:
 
 
 def _read_database(path: Path, shown: Path, server: str, info) -> SourceData:
-    partition = read_options().partition
-    reader = SqliteReader(path, label=str(shown), partition=partition)
+    options = read_options()
+    partition = options.partition
+    reader = SqliteReader(path, label=str(shown), options=options)
     try:
         if not looks_like_dstack(reader.tables()):
             raise AuditInputError(
@@ -221,13 +241,14 @@ def _read_database(path: Path, shown: Path, server: str, info) -> SourceData:
                 "point at the dstack server's data/sqlite.db",
             )
         data = load_tables(reader, server)
-        if partition is not None:
+        if reader.narrowed:
             latest = (
                 pl.Series(reader.latest_times()).to_frame("t").select(parse_db_time(pl.col("t")))
             )
             if latest.height:
                 data.latest_time = (server, latest["t"].max())
-            info.notes.append(f"partition {partition[0]}/{partition[1]} (whole services)")
+            if partition is not None:
+                info.notes.append(f"partition {partition[0]}/{partition[1]} (whole services)")
     finally:
         reader.close()
     info.records = data.runs.height + data.jobs.height + data.events.height
