@@ -108,3 +108,15 @@ def test_unrecognised_files_in_a_folder_are_listed_not_hidden():
     report = open_sources([CAPTURES / "v0.22.5" / "seed"]).report
     unrecognised = [i.path for i in report.inputs if i.kind == "unrecognised"]
     assert any(p.endswith("truth.json") for p in unrecognised)
+
+
+def test_arrow_and_sqlite3_readers_agree(monkeypatch):
+    """SQLite is read through ADBC (Arrow) when installed, else through sqlite3: same report."""
+    import analyzer.sources.sqlite as sqlite_source
+
+    db = CAPTURES / "v0.22.5" / "multi-replica-crash" / "server.db"
+    assert sqlite_source._arrow_connection(f"file:{db}?mode=ro") is not None
+    with_arrow = open_sources([db]).report
+    monkeypatch.setattr(sqlite_source, "_arrow_connection", lambda uri: None)
+    without = open_sources([db]).report
+    assert with_arrow.model_dump() == without.model_dump()

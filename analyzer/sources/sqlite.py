@@ -79,6 +79,7 @@ class SqliteReader:
             ) from None
         self._columns: dict[str, set[str]] = {}
         self._filters: dict[str, str] = {}
+        self._arrow = _arrow_connection(uri)
         self.narrowed = narrowed and {"runs", "jobs"} <= self._tables
         if self.narrowed:
             self._select_runs(options)
@@ -192,8 +193,17 @@ class SqliteReader:
             raise AuditInputError(self.label, f"cannot read table {table} ({error})") from None
 
     def _fetch(self, query: str, columns: list[str]) -> pl.DataFrame:
-        """Chunk by chunk into polars, so Python objects never hold a whole table."""
+        """Through ADBC straight into Arrow when it can (no Python object per value), else
+        chunk by chunk into polars, so Python objects never hold a whole table."""
         schema = {c: pl.String for c in columns}
+        if self._arrow is not None and "audit_" not in query:
+            try:
+                with self._arrow.cursor() as cursor:
+                    cursor.execute(query)
+                    frame = pl.from_arrow(cursor.fetch_arrow_table())
+                return frame.rename(dict(zip(frame.columns, columns, strict=True))).cast(schema)
+            except Exception:  # e.g. invalid UTF-8 in a damaged file: the careful path below
+                self._arrow = None
         cursor = self._db.execute(query)
         chunks = [pl.DataFrame(schema=schema)]
         while rows := cursor.fetchmany(FETCH_ROWS):
@@ -202,6 +212,20 @@ class SqliteReader:
 
     def close(self) -> None:
         self._db.close()
+        if self._arrow is not None:
+            self._arrow.close()
+
+
+def _arrow_connection(uri: str):
+    """A second read-only connection through ADBC (Arrow out), when the driver is installed."""
+    try:
+        import adbc_driver_sqlite.dbapi as adbc
+    except ImportError:
+        return None
+    try:
+        return adbc.connect(uri)
+    except Exception:
+        return None
 
 
 def _is_wal(path: Path) -> bool:
