@@ -247,3 +247,10 @@ def test_same_run_name_twice_in_one_log_kept_apart_by_prefix(tmp_path):
     verdicts = {v.run_id: v.verdict for v in report.runs}
     assert verdicts == {"a7c4dd": "no_healthy_victim", "6e42c9": "collateral_termination"}
     assert _found(report) == {("collateral_termination", "699fe8")}
+
+
+def test_timeline_of_a_rich_log_alone_shows_no_invented_date():
+    result = CliRunner().invoke(main, ["timeline", "web", str(_log(SEED, "rich"))])
+    assert result.exit_code == 0, result.output
+    assert "1970" not in result.output
+    assert "began 09:08:50 (date unknown) by user alice" in result.output

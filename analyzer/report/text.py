@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 
 import polars as pl
 
@@ -222,8 +222,19 @@ def render_timeline(
     events: pl.DataFrame,
 ) -> str:
     """A run's story: deployments, replica slots with each submission's path, then every event."""
+    if events.height and (events["time_basis"] == "time_of_day_only").any():
+        # A rich log alone: times of day only. No date is shown, because none is known.
+        epoch = datetime(1970, 1, 1, tzinfo=UTC)
+
+        def fmt_time(value: datetime | None, *, date: bool = True) -> str:
+            if value is None:
+                return "?"
+            days = (value - epoch).days
+            text = value.strftime("%H:%M:%S")
+            return text + (f" (+{days}d)" if days else "") + (" (date unknown)" if date else "")
+
     out = [
-        f"run {run['project']}/{run['run_name']}  id {run['run_id']}  "
+        f"run {run['project'] or '(project unknown)'}/{run['run_name']}  id {run['run_id']}  "
         f"{run['run_type'] or 'type unknown'}"
         f"  {run['status']}"
         + (f" ({run['termination_reason']})" if run["termination_reason"] else "")
