@@ -214,6 +214,15 @@ def render_table(report: Report) -> str:
     return "\n".join(out) + "\n"
 
 
+def _time_of_day(value: datetime | None, *, date: bool = True) -> str:
+    """A time from a log without a date: the time of day and the days rolled over."""
+    if value is None:
+        return "?"
+    days = (value - datetime(1970, 1, 1, tzinfo=UTC)).days
+    text = value.strftime("%H:%M:%S") + (f" (+{days}d)" if days else "")
+    return text + (" (date unknown)" if date else "")
+
+
 def render_timeline(
     run: dict,
     verdict: str | None,
@@ -222,17 +231,9 @@ def render_timeline(
     events: pl.DataFrame,
 ) -> str:
     """A run's story: deployments, replica slots with each submission's path, then every event."""
+    when = fmt_time
     if events.height and (events["time_basis"] == "time_of_day_only").any():
-        # A rich log alone: times of day only. No date is shown, because none is known.
-        epoch = datetime(1970, 1, 1, tzinfo=UTC)
-
-        def fmt_time(value: datetime | None, *, date: bool = True) -> str:
-            if value is None:
-                return "?"
-            days = (value - epoch).days
-            text = value.strftime("%H:%M:%S")
-            return text + (f" (+{days}d)" if days else "") + (" (date unknown)" if date else "")
-
+        when = _time_of_day  # a rich log alone: no date is shown, because none is known
     out = [
         f"run {run['project'] or '(project unknown)'}/{run['run_name']}  id {run['run_id']}  "
         f"{run['run_type'] or 'type unknown'}"
@@ -240,21 +241,20 @@ def render_timeline(
         + (f" ({run['termination_reason']})" if run["termination_reason"] else "")
         + f"  deployment {run['deployment_num']}"
         + (f"  verdict: {verdict}" if verdict else ""),
-        f"submitted {fmt_time(run['submitted_at'])} by {run['user'] or '?'}  [{run['provenance']}]",
+        f"submitted {when(run['submitted_at'])} by {run['user'] or '?'}  [{run['provenance']}]",
         "",
         "DEPLOYMENTS",
     ]
     for dep in deployments.iter_rows(named=True):
         if dep["deployment_num"] == 0:
-            began = f"began {fmt_time(dep['began_at'])} (run submitted)"
+            began = f"began {when(dep['began_at'])} (run submitted)"
         elif dep["began_at"] is not None:
             began = (
-                f"began {fmt_time(dep['began_at'])} by {dep['actor']}, "
-                f"changed {dep['changed_fields']}"
+                f"began {when(dep['began_at'])} by {dep['actor']}, changed {dep['changed_fields']}"
             )
         else:
             began = (
-                f"began at or before {fmt_time(dep['first_job_at'])} (no event records the update)"
+                f"began at or before {when(dep['first_job_at'])} (no event records the update)"
                 if dep["first_job_at"]
                 else "began at an unrecorded time (no event, no job created at this deployment)"
             )
@@ -270,14 +270,14 @@ def render_timeline(
                 f"    {job['job_name']}  job {job['job_id']}  deployment {job['deployment_num']}"
                 f"  submission {job['submission_num']}  [{job['provenance']}]"
             )
-            steps = [f"submitted {fmt_time(job['created_at'], date=False)}"]
+            steps = [f"submitted {when(job['created_at'], date=False)}"]
             changes = status_events.filter(pl.col("entity_id") == job["job_id"])
             if changes.height:
                 for change in changes.iter_rows(named=True):
                     reason = change["termination_reason"]
                     message = change["termination_message"]
                     steps.append(
-                        f"{change['new_status']} {fmt_time(change['time'], date=False)}"
+                        f"{change['new_status']} {when(change['time'], date=False)}"
                         + (
                             f" ({reason}" + (f": {message}" if message else "") + ")"
                             if reason
@@ -286,10 +286,10 @@ def render_timeline(
                     )
             else:
                 if job["running_at"] is not None:
-                    steps.append(f"running {fmt_time(job['running_at'], date=False)}")
+                    steps.append(f"running {when(job['running_at'], date=False)}")
                 reason = job["termination_reason"]
                 steps.append(
-                    f"{job['status']} by {fmt_time(job['last_processed_at'], date=False)}"
+                    f"{job['status']} by {when(job['last_processed_at'], date=False)}"
                     + (f" ({reason})" if reason else "")
                     + " (table times)"
                 )
@@ -298,8 +298,8 @@ def render_timeline(
                 since = job["healthy_since"]
                 until = job["stopped_at"]
                 out.append(
-                    f"      healthy {fmt_time(since, date=False) if since else '(since unknown)'}"
-                    f" -> {fmt_time(until, date=False) if until else 'end of evidence'}"
+                    f"      healthy {when(since, date=False) if since else '(since unknown)'}"
+                    f" -> {when(until, date=False) if until else 'end of evidence'}"
                     f" (proof: {job['health_proof']})"
                 )
             else:
@@ -310,7 +310,7 @@ def render_timeline(
         out.append("  none recorded (dstack < 0.20.0, events past their TTL, or no log given)")
     for event in events.filter(pl.col("kind") != "other").iter_rows(named=True):
         out.append(
-            f"  {fmt_time(event['time']) if event['time'] else event['time_text']}  "
+            f"  {when(event['time']) if event['time'] else event['time_text']}  "
             f"{event['entity_type']} {event['entity_name']}: {event['message']}"
             + (f"  (by {event['actor']})" if event["actor"] not in (None, "system") else "")
             + f"  [{'; '.join(event['provenance'] or [])}]"
