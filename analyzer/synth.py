@@ -1385,19 +1385,27 @@ class _Sim:
         run.notes = "The user stops the service (`dstack stop`): every job TERMINATED_BY_USER."
         return [run]
 
-    def sc_user_stop_mid_rollout(self, t0: int) -> list[_Run]:
-        run, ready = self.start_service(t0, "user-stop-mid-rollout")
-        fields, change = self.rolling_change(run)
+    def update_until_surge_provisions(
+        self, run: _Run, ready: int, fields, change: dict, start_after: float
+    ) -> tuple[_Job, int]:
+        """Apply the update, create the surge replica, and return it with a moment while it
+        provisions (advanced to it): where a user stop or an old replica's crash lands."""
         tu = self.later(ready)
         self.update(run, tu, fields, **change)
         t1 = tu + self.d(1.3, 16)
         slot, sub = self.free_slot(run)
         surge = self.create_job(run, slot, t1, "on retry", sub)
-        self.plan_start(surge, t1 + self.d(0.3, 5.5))
+        self.plan_start(surge, t1 + self.d(start_after, 5.5))
         provisioning = self.plan_time(surge, "provisioning")
         running = self.plan_time(surge, "running")
-        t_stop = provisioning + self.d(1, max(1.5, (running - provisioning) / US - 1))
-        self.advance(surge, t_stop)
+        moment = provisioning + self.d(1, max(1.5, (running - provisioning) / US - 1))
+        self.advance(surge, moment)
+        return surge, moment
+
+    def sc_user_stop_mid_rollout(self, t0: int) -> list[_Run]:
+        run, ready = self.start_service(t0, "user-stop-mid-rollout")
+        fields, change = self.rolling_change(run)
+        surge, t_stop = self.update_until_surge_provisions(run, ready, fields, change, 0.3)
         self.stop_by_user(run, t_stop)
         run.notes = (
             f"Update of {fields}; while the new replica is still {surge.was.lower()} the user "
@@ -1555,16 +1563,7 @@ class _Sim:
     def sc_old_fails_mid_rollout(self, t0: int) -> list[_Run]:
         run, ready = self.start_service(t0, "old-fails-mid-rollout")
         fields, change = self.rolling_change(run)
-        tu = self.later(ready)
-        self.update(run, tu, fields, **change)
-        t1 = tu + self.d(1.3, 16)
-        slot, sub = self.free_slot(run)
-        surge = self.create_job(run, slot, t1, "on retry", sub)
-        self.plan_start(surge, t1 + self.d(0.4, 5.5))
-        provisioning = self.plan_time(surge, "provisioning")
-        running = self.plan_time(surge, "running")
-        t_crash = provisioning + self.d(1, max(1.5, (running - provisioning) / US - 1))
-        self.advance(surge, t_crash)
+        _, t_crash = self.update_until_surge_provisions(run, ready, fields, change, 0.4)
         culprit = self.rng.choice([j for j in run.jobs if j.dep < run.dep])
         run.culprits.append(culprit)
         self.crash(culprit, t_crash)
