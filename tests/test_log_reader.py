@@ -8,7 +8,6 @@ import json
 import re
 import sys
 from datetime import UTC, datetime, time
-from itertools import pairwise
 from pathlib import Path
 
 import polars as pl
@@ -26,6 +25,7 @@ from analyzer.sources.logs.reader import (
     rotated_set,
     sniff_log,
 )
+from analyzer.synth import rich_fold
 
 DATA = Path(__file__).parent / "data" / "logs"
 CAPTURES = Path(__file__).resolve().parent / "data" / "captures"  # the project's copies
@@ -73,48 +73,9 @@ def lines_of(name: str) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# A port of rich's folding (rich/_wrap.py divide_line, Text.wrap, the DstackRichHandler grid),
-# for single-cell characters. It built the *.rich80.log fixtures and reproduces every
-# 120-column capture byte for byte (test below).
-
-_WORD = re.compile(r"\s*\S+\s*")
-
-
-def _divide_line(text: str, width: int) -> list[int]:
-    breaks: list[int] = []
-    offset = 0
-    for match in _WORD.finditer(text):
-        start, word = match.start(), match.group()
-        length = len(word.rstrip())
-        if width - offset >= length:
-            offset += len(word)
-        elif length > width:
-            chunks = [word[i : i + width] for i in range(0, len(word), width)]
-            for i, chunk in enumerate(chunks):
-                if start:
-                    breaks.append(start)
-                if i == len(chunks) - 1:
-                    offset = len(chunk)
-                else:
-                    start += len(chunk)
-        elif offset and start:
-            breaks.append(start)
-            offset = len(word)
-    return breaks
-
-
-def _fold(text: str, width: int) -> list[str]:
-    out = []
-    for hard in text.split("\n"):
-        hard = hard.expandtabs(8)
-        cuts = [0, *_divide_line(hard, width), len(hard)]
-        for a, b in pairwise(cuts):
-            piece = hard[a:b]
-            if len(piece) > width:
-                trailing = len(piece) - len(piece.rstrip())
-                piece = piece[: len(piece) - min(trailing, len(piece) - width)]
-            out.append(piece[:width])
-    return out
+# rich's folding (rich/_wrap.py divide_line, Text.wrap, the DstackRichHandler grid), for
+# single-cell characters: analyzer.synth.rich_fold. It built the *.rich80.log fixtures and
+# reproduces every 120-column capture byte for byte (test below).
 
 
 def rich_render(records: list[tuple[str, str, str]], width: int) -> list[str]:
@@ -125,7 +86,7 @@ def rich_render(records: list[tuple[str, str, str]], width: int) -> list[str]:
         stamp = f"[{tod}]"
         shown = " " * 10 if stamp == last else stamp
         last = stamp
-        for i, piece in enumerate(_fold(text, width - 20)):
+        for i, piece in enumerate(rich_fold(text, width - 20)):
             head = f"{shown} {level:<8} " if i == 0 else " " * 20
             lines.append((head + piece).ljust(width))
     return lines
