@@ -74,6 +74,10 @@ REASON_PHRASES = {
 }
 
 
+# Markers drawn on the lanes of the jobs they concern: (matplotlib marker, size).
+LANE_POINTS = {"culprit_failure": ("X", 11), "victim_stop": ("v", 10)}
+
+
 # ---------------------------------------------------------------------------------------------
 # Times
 
@@ -877,33 +881,21 @@ def _draw_lanes(
         color, style, _ = MARKER_STYLE[marker.kind]
         x = _num(clock, marker.time)
         ax.axvline(x, color=color, linestyle=style, lw=1.3, zorder=5, gid=f"line-{marker.kind}")
-        for lane in marker.lanes:
-            if marker.kind == "culprit_failure":
-                ax.plot(
-                    [x],
-                    [lane],
-                    marker="X",
-                    markersize=11,
-                    color=color,
-                    mec="white",
-                    mew=1.0,
-                    zorder=6,
-                    linestyle="none",
-                    gid="point-culprit_failure",
-                )
-            elif marker.kind == "victim_stop":
-                ax.plot(
-                    [x],
-                    [lane],
-                    marker="v",
-                    markersize=10,
-                    color=color,
-                    mec="white",
-                    mew=1.0,
-                    zorder=6,
-                    linestyle="none",
-                    gid="point-victim_stop",
-                )
+        point = LANE_POINTS.get(marker.kind)
+        for lane in marker.lanes if point else ():
+            shape, size = point
+            ax.plot(
+                [x],
+                [lane],
+                marker=shape,
+                markersize=size,
+                color=color,
+                mec="white",
+                mew=1.0,
+                zorder=6,
+                linestyle="none",
+                gid=f"point-{marker.kind}",
+            )
     for start, stop, _ in view.outages:
         ax.axvspan(
             _num(clock, start), _num(clock, stop), color=OUTAGE_COLOR, alpha=0.07, lw=0, zorder=1
