@@ -52,15 +52,8 @@ class Evidence:
 
     @property
     def end_of_evidence(self) -> datetime | None:
-        """The latest moment any input speaks of (runs, jobs or events)."""
-        dated_events = self.events.filter(pl.col("time_basis") != "time_of_day_only")
-        candidates = [
-            self.runs["last_processed_at"].max(),
-            self.jobs["last_processed_at"].max(),
-            dated_events["time"].max(),
-        ]
-        known = [c for c in candidates if c is not None]
-        return max(known) if known else None
+        """The latest moment any input speaks of, over every server."""
+        return max(self.ends_by_server().values(), default=None)
 
 
 def _first_per_key(frames: list[pl.DataFrame], schema: dict, key: list[str]) -> pl.DataFrame:
