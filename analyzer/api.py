@@ -16,6 +16,7 @@ from analyzer.counterfactual import describe_models
 from analyzer.detect import detect
 from analyzer.errors import AuditInputError
 from analyzer.evidence import Evidence, combine
+from analyzer.exposure import foresight, frames_of
 from analyzer.impact import assess, impact_rank, serving_capacity, summarise
 from analyzer.reconcile import TimeOptions, reconcile
 from analyzer.report import frames
@@ -110,6 +111,7 @@ class Audit:
             self.events,
             self.evidence.ends_by_server(),
         )
+        findings = foresight(frames_of(self), findings, self.deployments)
         return verdicts, findings
 
     @property

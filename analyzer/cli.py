@@ -364,3 +364,7 @@ def timeline(run: str, sources: tuple[str, ...], project: str | None, output: Pa
 from analyzer.cli_visual import register as _register_visual  # noqa: E402
 
 _register_visual(main)
+
+from analyzer.cli_exposure import register as _register_exposure  # noqa: E402
+
+_register_exposure(main)

@@ -21,6 +21,7 @@ from analyzer.partition import service_buckets
 FORMAT = "dstack-audit-dataset"
 MANIFEST = "dataset.parquet"  # parquet, not JSON: polars reads it from any URL it supports
 TABLES = ("runs", "jobs", "events")
+FLEET_TABLES = ("fleets", "instances")  # belong to no run: bucket -1, read by every partition
 TEXT_COLUMNS = {
     "jobs": ("termination_reason_message",),
     "events": ("message", "termination_message"),
@@ -51,6 +52,10 @@ def write_dataset(evidence: Evidence, folder: Path, *, buckets: int = 16) -> dic
         )
         frame.write_parquet(folder / table, partition_by="bucket")
         written[table] = frame.height
+    for table in FLEET_TABLES:
+        frame = getattr(evidence, table).with_columns(pl.lit(-1).alias("bucket"))
+        frame.write_parquet(folder / table, partition_by="bucket")
+        written[table] = frame.height
     manifest = {
         "format": FORMAT,
         "version": 1,
@@ -61,6 +66,8 @@ def write_dataset(evidence: Evidence, folder: Path, *, buckets: int = 16) -> dic
         "limitations": [lim.__dict__ for lim in evidence.limitations],
         "events_table_servers": sorted(evidence.events_table_servers),
         "ends_by_server": {k: v.isoformat() for k, v in evidence.ends_by_server().items()},
+        "fleet_table_servers": sorted(evidence.fleet_table_servers),
+        "server_versions": evidence.server_versions,
     }
     pl.DataFrame({"manifest": [json.dumps(manifest, default=str)]}).write_parquet(folder / MANIFEST)
     return written
@@ -77,6 +84,8 @@ def read_manifest(location: str) -> dict | None:
 
 def scan_table(location: str, table: str, partition: tuple[int, int] | None) -> pl.LazyFrame:
     frame = pl.scan_parquet(f"{location.rstrip('/')}/{table}/**/*.parquet", hive_partitioning=True)
+    if table in FLEET_TABLES:
+        return frame.drop("bucket")
     if partition is not None:
         index, count = partition
         keep = (pl.col("bucket") >= 0) & (pl.col("bucket") % count == index)

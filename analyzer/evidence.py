@@ -11,7 +11,14 @@ from datetime import datetime
 
 import polars as pl
 
-from analyzer.model import EVENTS_SCHEMA, JOBS_SCHEMA, RUNS_SCHEMA, conform
+from analyzer.model import (
+    EVENTS_SCHEMA,
+    FLEETS_SCHEMA,
+    INSTANCES_SCHEMA,
+    JOBS_SCHEMA,
+    RUNS_SCHEMA,
+    conform,
+)
 from analyzer.redact import Redactor
 from analyzer.sources import InputInfo, Limitation, SourceData
 
@@ -28,6 +35,10 @@ class Evidence:
     has_tables: bool = False
     redactor: Redactor = field(default_factory=Redactor)
     events_table_servers: set[str] = field(default_factory=set)
+    fleets: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=FLEETS_SCHEMA))
+    instances: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=INSTANCES_SCHEMA))
+    fleet_table_servers: set[str] = field(default_factory=set)  # inputs held fleets + instances
+    server_versions: dict[str, str] = field(default_factory=dict)  # dstack release per server
     latest_by_server: dict[str, datetime] = field(default_factory=dict)  # beyond a partition
     unparsed: pl.DataFrame = field(
         default_factory=lambda: pl.DataFrame(
@@ -96,6 +107,10 @@ def combine(parts: list[SourceData]) -> Evidence:
         jobs=_first_per_key([p.jobs for p in loaded], JOBS_SCHEMA, ["server", "job_id"]),
         events=_merge_events([p.events for p in loaded]),
         has_tables=any(p.has_tables for p in parts),
+        fleets=_first_per_key([p.fleets for p in loaded], FLEETS_SCHEMA, ["server", "fleet_id"]),
+        instances=_first_per_key(
+            [p.instances for p in loaded], INSTANCES_SCHEMA, ["server", "instance_id"]
+        ),
     )
     unparsed = [
         read.unparsed for part in parts for read, _ in part.log_reads if read.unparsed.height
@@ -106,6 +121,12 @@ def combine(parts: list[SourceData]) -> Evidence:
         evidence.redactor.add(part.secrets)
         if part.events_table_of is not None:
             evidence.events_table_servers.add(part.events_table_of)
+        servers = set(part.runs["server"]) | set(part.fleets["server"])
+        if part.has_fleet_tables:
+            evidence.fleet_table_servers |= servers
+        if part.server_version is not None:
+            for server in servers:
+                evidence.server_versions.setdefault(server, part.server_version)
         if part.latest_time is not None:
             server, latest = part.latest_time
             evidence.latest_by_server[server] = max(

@@ -24,6 +24,11 @@ RUNS_SCHEMA: dict[str, pl.DataType] = {
     "last_processed_at": UTC_TIME,
     "deleted": pl.Boolean(),
     "user": pl.String(),
+    "fleet_id": pl.String(),  # runs.fleet_id: the fleet the run is placed in (NULL while pending)
+    "desired_replica_count": pl.Int64(),
+    # The run spec's parts that decide how many replicas a service wants and where one can go,
+    # as JSON text: {"replicas", "groups", "resources", "retry", "fleets", "creation_policy"}.
+    "placement_spec": pl.String(),
     "provenance": pl.String(),
 }
 
@@ -44,7 +49,10 @@ JOBS_SCHEMA: dict[str, pl.DataType] = {
     "last_processed_at": UTC_TIME,
     "has_provisioning_data": pl.Boolean(),
     "price": pl.Float64(),  # $/hour of the instance the job ran on (job_provisioning_data)
+    "instance_id": pl.String(),  # jobs.used_instance_id: kept after the job released it
     "instance_name": pl.String(),
+    "blocks": pl.Int64(),  # instance blocks the job holds (job_runtime_data.offer.blocks)
+    "fleet_id": pl.String(),
     "fleet_name": pl.String(),
     "replica_group": pl.String(),
     "ready": pl.Boolean(),  # jobs.ready (0.21.1+); null when the source has no such column
@@ -57,6 +65,46 @@ JOBS_SCHEMA: dict[str, pl.DataType] = {
     "min_probe_streak": pl.Int64(),
     "spec_fingerprint": pl.String(),  # hash of the JobSpec fields a rolling deployment changes
     "deployment_basis": pl.String(),  # table | events | scaling_lines (0.19 logs: suspected)
+    "provenance": pl.String(),
+}
+
+# One row per fleet (reference 3.6): the spec as last recorded (an edit of `nodes` is not dated).
+FLEETS_SCHEMA: dict[str, pl.DataType] = {
+    "server": pl.String(),
+    "fleet_id": pl.String(),
+    "project": pl.String(),
+    "fleet_name": pl.String(),
+    "status": pl.String(),
+    "created_at": UTC_TIME,
+    "deleted_at": UTC_TIME,  # null while the fleet is not deleted
+    "nodes_min": pl.Int64(),
+    "nodes_max": pl.Int64(),  # null: no maximum
+    "ssh": pl.Boolean(),  # an SSH fleet: its hosts are all it has, it never provisions
+    "placement": pl.String(),
+    "provenance": pl.String(),
+}
+
+# One row per instance (reference 3.5); resources are the instance's whole offer.
+INSTANCES_SCHEMA: dict[str, pl.DataType] = {
+    "server": pl.String(),
+    "instance_id": pl.String(),
+    "instance_name": pl.String(),
+    "fleet_id": pl.String(),
+    "project": pl.String(),
+    "status": pl.String(),
+    "backend": pl.String(),
+    "created_at": UTC_TIME,
+    "started_at": UTC_TIME,
+    "ended_at": UTC_TIME,  # finished_at, else deleted_at, else (when finished) last_processed_at
+    "termination_reason": pl.String(),
+    "total_blocks": pl.Int64(),
+    "cpus": pl.Int64(),
+    "memory_mib": pl.Int64(),
+    "gpus": pl.Int64(),
+    "gpu_name": pl.String(),
+    "gpu_memory_mib": pl.Int64(),
+    "disk_mib": pl.Int64(),
+    "price": pl.Float64(),
     "provenance": pl.String(),
 }
 

@@ -131,6 +131,17 @@ class RootCause(_Record):
     fleets: list[str]
 
 
+class CapacityForesight(_Record):
+    """For a culprit that failed for lack of capacity: the surge capacity of its fleet(s) as of
+    just before the update (`dstack-audit exposure --as-of` that moment), rebuilt from the
+    tables. `foreseeable` is true when it was `none`, false when `available`, null when unknown."""
+
+    as_of: datetime
+    surge_capacity: Literal["none", "available", "unknown"]
+    foreseeable: bool | None
+    reasons: list[str]
+
+
 class Finding(_Record):
     category: Category
     confidence: Confidence
@@ -150,6 +161,7 @@ class Finding(_Record):
     impact: Impact | None = None
     counterfactuals: list[Counterfactual] = Field(default_factory=list)
     root_cause: RootCause | None = None
+    capacity_foresight: CapacityForesight | None = None
 
 
 class RunVerdict(_Record):

@@ -18,7 +18,15 @@ from pathlib import Path
 import polars as pl
 
 from analyzer.errors import AuditInputError
-from analyzer.model import EVENTS_SCHEMA, JOBS_SCHEMA, RUNS_SCHEMA, conform, empty_frame
+from analyzer.model import (
+    EVENTS_SCHEMA,
+    FLEETS_SCHEMA,
+    INSTANCES_SCHEMA,
+    JOBS_SCHEMA,
+    RUNS_SCHEMA,
+    conform,
+    empty_frame,
+)
 
 DATABASE_URL = re.compile(r"^postgres(?:ql)?(?:\+\w+)?://")
 DATASET_URL = re.compile(r"^(?:s3|gs|gcs|az|abfs|abfss|https?|file)://")
@@ -69,6 +77,9 @@ class SourceData:
     runs: pl.DataFrame = field(default_factory=lambda: empty_frame(RUNS_SCHEMA))
     jobs: pl.DataFrame = field(default_factory=lambda: empty_frame(JOBS_SCHEMA))
     events: pl.DataFrame = field(default_factory=lambda: empty_frame(EVENTS_SCHEMA))
+    fleets: pl.DataFrame = field(default_factory=lambda: empty_frame(FLEETS_SCHEMA))
+    instances: pl.DataFrame = field(default_factory=lambda: empty_frame(INSTANCES_SCHEMA))
+    has_fleet_tables: bool = False  # holds the fleets and instances tables (may be empty)
     inputs: list[InputInfo] = field(default_factory=list)
     limitations: list[Limitation] = field(default_factory=list)
     has_tables: bool = False  # holds runs/jobs rows (a database or its exports)
@@ -82,6 +93,8 @@ class SourceData:
         self.runs = conform(self.runs, RUNS_SCHEMA).collect()
         self.jobs = conform(self.jobs, JOBS_SCHEMA).collect()
         self.events = conform(self.events, EVENTS_SCHEMA).collect()
+        self.fleets = conform(self.fleets, FLEETS_SCHEMA).collect()
+        self.instances = conform(self.instances, INSTANCES_SCHEMA).collect()
         return self
 
 

@@ -24,6 +24,10 @@ def load_location(location: str, server: str) -> SourceData:
         data.runs = scan_table(location, "runs", partition).collect()
         data.jobs = scan_table(location, "jobs", partition).collect()
         data.events = scan_table(location, "events", partition).collect()
+        if manifest.get("fleet_table_servers") is not None:  # written with fleets/instances
+            data.fleets = scan_table(location, "fleets", partition).collect()
+            data.instances = scan_table(location, "instances", partition).collect()
+            data.has_fleet_tables = bool(manifest["fleet_table_servers"])
     except Exception as error:
         raise AuditInputError(location, f"cannot read the dataset ({error})") from None
     for item in manifest["inputs"]:
@@ -44,6 +48,9 @@ def load_location(location: str, server: str) -> SourceData:
     data.limitations = [Limitation(**item) for item in manifest["limitations"]]
     servers = manifest.get("events_table_servers") or []
     data.events_table_of = servers[0] if servers else None
+    versions = manifest.get("server_versions") or {}
+    if len(versions) == 1:
+        data.server_version = next(iter(versions.values()))
     ends = manifest.get("ends_by_server") or {}
     if len(ends) == 1:
         ((name, value),) = ends.items()

@@ -33,6 +33,8 @@ TABLE_COLUMNS: dict[str, list[str]] = {
         "termination_reason",
         "service_spec",
         "deployment_num",
+        "fleet_id",
+        "desired_replica_count",
     ],
     "jobs": [
         "id",
@@ -48,6 +50,7 @@ TABLE_COLUMNS: dict[str, list[str]] = {
         "termination_reason_message",
         "job_spec_data",
         "job_provisioning_data",
+        "job_runtime_data",
         "remove_at",
         "used_instance_id",
         "replica_num",
@@ -69,8 +72,36 @@ TABLE_COLUMNS: dict[str, list[str]] = {
         "entity_run_id",
     ],
     "probes": ["id", "job_id", "probe_num", "success_streak"],
-    "instances": ["id", "name", "fleet_id", "price"],
-    "fleets": ["id", "name"],
+    "instances": [
+        "id",
+        "name",
+        "fleet_id",
+        "project_id",
+        "status",
+        "backend",
+        "created_at",
+        "started_at",
+        "finished_at",
+        "deleted",
+        "deleted_at",
+        "last_processed_at",
+        "termination_reason",
+        "total_blocks",
+        "offer",
+        "job_provisioning_data",
+        "price",
+    ],
+    "fleets": [
+        "id",
+        "name",
+        "project_id",
+        "status",
+        "created_at",
+        "deleted",
+        "deleted_at",
+        "last_processed_at",
+        "spec",
+    ],
     "projects": ["id", "name", "original_name", "deleted"],
     "users": ["id", "name", "original_name", "deleted", "token"],
     "alembic_version": ["version_num"],
@@ -101,6 +132,10 @@ ROLLING_SPEC_PATHS = (
     "$.registry_auth",
 )
 
+# Profile parameters of a run spec that decide where a replica can go (reference 4.1): the
+# configuration's value overrides the profile's.
+PLACEMENT_PARAMS = ("resources", "retry", "fleets", "creation_policy")
+
 # The only parts of the big JSON documents the audit reads. A reader that can (`read_slim`)
 # returns each document reduced to these paths, so a database with a million job specs
 # never has to travel whole into memory.
@@ -112,12 +147,29 @@ JSON_PATHS: dict[str, dict[str, tuple[str, ...]]] = {
             "$.ssh_key.private",
         ),
         "job_provisioning_data": ("$.price",),
+        "job_runtime_data": ("$.offer.blocks",),
     },
     "runs": {
         "run_spec": (
             "$.configuration.type",
             "$.configuration.env",
             "$.configuration.registry_auth",
+            *(f"$.configuration.{name}" for name in ("replicas", "groups", *PLACEMENT_PARAMS)),
+            *(f"$.profile.{name}" for name in PLACEMENT_PARAMS),
+        ),
+    },
+    "instances": {
+        "offer": ("$.instance.resources",),
+        "job_provisioning_data": ("$.instance_type.resources",),
+    },
+    # Never the SSH hosts or keys: whether the fleet is an SSH one is told by plain fields.
+    "fleets": {
+        "spec": (
+            "$.configuration.nodes",
+            "$.configuration.placement",
+            "$.configuration.ssh_config.user",
+            "$.configuration.ssh_config.port",
+            "$.configuration.ssh_config.identity_file",
         ),
     },
 }
@@ -249,11 +301,16 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
             parse_db_time(pl.col("last_processed_at")).alias("last_processed_at"),
             _bool(pl.col("deleted")).alias("deleted"),
             pl.col("user"),
+            normalise_id(pl.col("fleet_id")).alias("fleet_id"),
+            _int(pl.col("desired_replica_count")).alias("desired_replica_count"),
+            _placement_spec(pl.col("run_spec")).alias("placement_spec"),
             pl.concat_str([pl.lit("runs:"), pl.col("id")]).alias("provenance"),
         )
         .collect()
     )
     data.runs = runs
+    data.fleets, data.instances = _fleets(reader, server, projects)
+    data.has_fleet_tables = {"fleets", "instances"} <= present
 
     data.jobs = _jobs(reader, server, runs)
     data.events = _events(reader, server, label, data.jobs, runs)
@@ -293,6 +350,117 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
     data.events_table_of = server if "events" in present else None
     data.secrets = _secrets(raw_runs, _read(reader, "jobs"), _read(reader, "users"))
     return data
+
+
+def _placement_spec(spec: pl.Expr) -> pl.Expr:
+    """The placement parts of a run spec as one small JSON text (configuration over profile)."""
+
+    def part(name: str, value: pl.Expr) -> pl.Expr:
+        return pl.concat_str([pl.lit(f'"{name}":'), value.fill_null("null")])
+
+    parts = [
+        part(name, spec.str.json_path_match(f"$.configuration.{name}"))
+        for name in ("replicas", "groups")
+    ] + [
+        part(
+            name,
+            pl.coalesce(
+                spec.str.json_path_match(f"$.configuration.{name}"),
+                spec.str.json_path_match(f"$.profile.{name}"),
+            ),
+        )
+        for name in PLACEMENT_PARAMS
+    ]
+    text = pl.concat_str([pl.lit("{"), pl.concat_str(parts, separator=","), pl.lit("}")])
+    return pl.when(spec.is_null()).then(pl.lit(None, pl.String)).otherwise(text)
+
+
+def _fleets(
+    reader: TableReader, server: str, projects: pl.DataFrame
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Fleets (nodes range from the spec) and instances (times, blocks, offer resources)."""
+    fleets = _read(reader, "fleets")
+    instances = _read(reader, "instances")
+    fleet_frame = pl.DataFrame()
+    instance_frame = pl.DataFrame()
+    if fleets is not None:
+        spec = pl.col("spec")
+        nodes = spec.str.json_path_match("$.configuration.nodes")
+        fixed = _int(nodes)  # `nodes: 2` stored as a number
+        ssh_fields = [
+            spec.str.json_path_match(f"$.configuration.ssh_config.{name}").is_not_null()
+            for name in ("user", "port", "identity_file")
+        ]
+        fleet_frame = (
+            fleets.lazy()
+            .with_columns(normalise_id(pl.col("project_id")).alias("project_id"))
+            .join(projects.lazy(), left_on="project_id", right_on="id", how="left")
+            .select(
+                pl.lit(server).alias("server"),
+                normalise_id(pl.col("id")).alias("fleet_id"),
+                "project",
+                pl.col("name").alias("fleet_name"),
+                normalise_enum(pl.col("status")).alias("status"),
+                parse_db_time(pl.col("created_at")).alias("created_at"),
+                pl.when(_bool(pl.col("deleted")))
+                .then(
+                    pl.coalesce(
+                        parse_db_time(pl.col("deleted_at")),
+                        parse_db_time(pl.col("last_processed_at")),
+                    )
+                )
+                .alias("deleted_at"),
+                pl.coalesce(fixed, _int(nodes.str.json_path_match("$.min"))).alias("nodes_min"),
+                pl.coalesce(fixed, _int(nodes.str.json_path_match("$.max"))).alias("nodes_max"),
+                pl.any_horizontal(ssh_fields).alias("ssh"),
+                spec.str.json_path_match("$.configuration.placement").alias("placement"),
+                pl.concat_str([pl.lit("fleets:"), pl.col("id")]).alias("provenance"),
+            )
+            .collect()
+        )
+    if instances is not None:
+        resources = pl.coalesce(
+            pl.col("offer").str.json_path_match("$.instance.resources"),
+            pl.col("job_provisioning_data").str.json_path_match("$.instance_type.resources"),
+        )
+        gpus = resources.str.json_path_match("$.gpus").str.json_decode(
+            pl.List(pl.Struct({"name": pl.String, "memory_mib": pl.Int64}))
+        )
+        status = normalise_enum(pl.col("status"))
+        finished = status.is_in(["terminating", "terminated"]) | _bool(pl.col("deleted"))
+        instance_frame = (
+            instances.lazy()
+            .with_columns(normalise_id(pl.col("project_id")).alias("project_id"))
+            .join(projects.lazy(), left_on="project_id", right_on="id", how="left")
+            .select(
+                pl.lit(server).alias("server"),
+                normalise_id(pl.col("id")).alias("instance_id"),
+                pl.col("name").alias("instance_name"),
+                normalise_id(pl.col("fleet_id")).alias("fleet_id"),
+                "project",
+                status.alias("status"),
+                normalise_enum(pl.col("backend")).alias("backend"),
+                parse_db_time(pl.col("created_at")).alias("created_at"),
+                parse_db_time(pl.col("started_at")).alias("started_at"),
+                pl.coalesce(
+                    parse_db_time(pl.col("finished_at")),
+                    parse_db_time(pl.col("deleted_at")),
+                    pl.when(finished).then(parse_db_time(pl.col("last_processed_at"))),
+                ).alias("ended_at"),
+                normalise_enum(pl.col("termination_reason")).alias("termination_reason"),
+                _int(pl.col("total_blocks")).fill_null(1).alias("total_blocks"),
+                _int(resources.str.json_path_match("$.cpus")).alias("cpus"),
+                _int(resources.str.json_path_match("$.memory_mib")).alias("memory_mib"),
+                gpus.list.len().cast(pl.Int64).alias("gpus"),
+                gpus.list.first().struct.field("name").alias("gpu_name"),
+                gpus.list.first().struct.field("memory_mib").alias("gpu_memory_mib"),
+                _int(resources.str.json_path_match("$.disk.size_mib")).alias("disk_mib"),
+                pl.col("price").cast(pl.Float64, strict=False).alias("price"),
+                pl.concat_str([pl.lit("instances:"), pl.col("id")]).alias("provenance"),
+            )
+            .collect()
+        )
+    return fleet_frame, instance_frame
 
 
 def _secrets(runs: pl.DataFrame, jobs: pl.DataFrame | None, users: pl.DataFrame | None) -> set[str]:
@@ -424,7 +592,10 @@ def _jobs(reader: TableReader, server: str, runs: pl.DataFrame) -> pl.DataFrame:
         .not_()
         .alias("has_provisioning_data"),
         "price",
+        pl.col("used_instance_id").alias("instance_id"),
         "instance_name",
+        _int(pl.col("job_runtime_data").str.json_path_match("$.offer.blocks")).alias("blocks"),
+        "fleet_id",
         "fleet_name",
         "replica_group",
         (_bool(pl.col("ready")) if has_ready else pl.lit(None, pl.Boolean)).alias("ready"),

@@ -1,0 +1,771 @@
+"""Exposure: which running services the next failed rollout would take down, and whether a
+surge replica has room at a given moment.
+
+The state at T is rebuilt from what the tables record, never from a verdict: fleets that exist
+at T (created/deleted times, `nodes` from the spec), their instances alive at T (created /
+finished times) and the blocks that jobs hold on them at T (job assignment, job stop time).
+
+dstack's rules encoded here (dstackai/dstack, `background/pipeline_tasks/jobs_submitted.py`
+and `services/fleets.py` at the mirror HEAD 511c318c8, unchanged in the 0.22.5 wheel):
+- candidate fleets (`services/runs/plan.py::get_run_candidate_fleet_models_filters`): the
+  run's own fleet once it has one (`runs.fleet_id`), else the project's fleets that are not
+  deleted, narrowed by the run's `fleets` names;
+- an existing instance is used when it is IDLE or BUSY with enough idle blocks whose share of
+  the offer matches the requirements (`services/instances.py::get_shared_instances_with_offers`,
+  `services/offers.py::generate_shared_offer`: cpus, memory and GPUs divided by blocks, disk not);
+- otherwise a new instance is created only when `can_create_new_cloud_instance_in_fleet`
+  holds: not an SSH fleet and fewer active (not TERMINATING/TERMINATED) instances than
+  `nodes.max`; else the job fails FAILED_TO_START_DUE_TO_NO_CAPACITY "Fleet is at capacity".
+  With `creation_policy: reuse` no instance is created ("Could not reuse any instance").
+Whether the cloud provider then has an offer is not in the evidence: a fleet with room says
+`available` only when the provider placed a fitting instance in it before T and refused
+nothing since; otherwise `unknown`, with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Literal
+
+import polars as pl
+from pydantic import BaseModel, ConfigDict, Field
+
+from analyzer.report.schema import CapacityForesight, Finding, LimitationRecord
+
+Exposed = Literal["yes", "no", "unknown"]
+Surge = Literal["none", "available", "unknown"]
+
+# Releases with the behaviour: rolling deployments exist from 0.19.14 (reference section 0), and
+# the run-level failure rule is deployment-blind through 0.22.5 (dstack issue #4186, open;
+# `pipeline_tasks/runs/active.py` is identical in the mirror HEAD and the 0.22.5 wheel).
+FIRST_AFFECTED = (0, 19, 14)
+LAST_KNOWN_AFFECTED = (0, 22, 5)
+BEHAVIOUR_SOURCE = (
+    "dstack #4186 (open): a failed replica of a new deployment fails the whole run and stops "
+    "the healthy old replicas; present from 0.19.14 (rolling deployments) through 0.22.5"
+)
+# No-capacity messages that name a fleet-level cause, not the provider (jobs_submitted.py).
+FLEET_LEVEL_MESSAGES = (
+    "Fleet is at capacity",
+    "Could not reuse any instance",
+    "Failed to use specified",
+    "No matching fleet found",
+)
+NO_CAPACITY = "failed_to_start_due_to_no_capacity"
+BEFORE_UPDATE = timedelta(milliseconds=1)
+RETRY_DEFAULT_SECONDS = 3600  # reference 4.1: a retry without duration lasts 3600 s
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class InstanceAtT(_Record):
+    instance_id: str
+    instance_name: str | None
+    state: Literal["busy", "idle", "provisioning"]
+    blocks: str  # "busy/total"
+    fits: bool | None  # idle blocks enough for one more replica; None: resources unknown
+
+
+class FleetAtT(_Record):
+    fleet_id: str
+    fleet_name: str | None
+    nodes: str  # "min..max" as the spec says
+    ssh: bool
+    active_instances: int
+    instances: list[InstanceAtT]
+    can_add_node: bool
+    provenance: str | None
+
+
+class ServiceExposure(_Record):
+    server: str
+    run_id: str
+    project: str | None
+    run_name: str
+    as_of: datetime
+    exposed: Exposed
+    dstack_release: str | None
+    surge_capacity: Surge
+    healthy_replicas: int
+    active_replicas: int
+    desired_replicas: int | None
+    resources: list[str]  # per replica group: "group: requirements"
+    retry: str  # the retry policy for no-capacity, as it applies at T
+    fleets: list[FleetAtT]
+    reasons: list[str]
+    past_incidents: int
+    recommendation: str
+
+
+class ExposureReport(_Record):
+    as_of: datetime | None
+    services: list[ServiceExposure]
+    limitations: list[LimitationRecord] = Field(default_factory=list)
+
+
+def judge_release(version: str | None) -> tuple[Exposed, str]:
+    """Whether the server's release has the behaviour of #4186, and why."""
+    if not version:
+        return "unknown", "the dstack release is not in the evidence (" + BEHAVIOUR_SOURCE + ")"
+    numbers = re.findall(r"(\d+)\.(\d+)\.(\d+)", version)
+    if not numbers or version.startswith("unknown"):
+        return "unknown", f"release {version} cannot be judged ({BEHAVIOUR_SOURCE})"
+    first = tuple(int(n) for n in numbers[0])
+    last = tuple(int(n) for n in numbers[-1])
+    if first >= FIRST_AFFECTED and last <= LAST_KNOWN_AFFECTED:
+        return "yes", f"release {version}: {BEHAVIOUR_SOURCE}"
+    if last < FIRST_AFFECTED:
+        return "unknown", f"release {version} predates rolling deployments (0.19.14)"
+    return "unknown", f"release {version} is newer than 0.22.5, the last release checked"
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """One replica group's resources (dstack's ResourcesSpec: ranges with min/max)."""
+
+    group: str
+    cpu: tuple[float | None, float | None]
+    memory_gb: tuple[float | None, float | None]
+    gpus: tuple[float | None, float | None]
+    gpu_names: tuple[str, ...]
+    gpu_memory_gb: tuple[float | None, float | None]
+    disk_gb: tuple[float | None, float | None]
+
+    def text(self) -> str:
+        def rng(name: str, pair: tuple[float | None, float | None], unit: str = "") -> str:
+            low, high = pair
+            if low is None and high is None:
+                return ""
+            show = [f"{v:g}{unit}" if v is not None else "" for v in (low, high)]
+            return f"{name} {show[0]}..{show[1]}"
+
+        names = f" {'/'.join(self.gpu_names)}" if self.gpu_names else ""
+        parts = [
+            rng("cpu", self.cpu),
+            rng("memory", self.memory_gb, "GB"),
+            rng("gpu" + names, self.gpus) if self.gpus != (0, None) else "",
+            rng("gpu memory", self.gpu_memory_gb, "GB"),
+            rng("disk", self.disk_gb, "GB"),
+        ]
+        return f"{self.group}: " + (", ".join(p for p in parts if p) or "any")
+
+    def matches(self, cpus: int, memory_mib: int, gpus: int, gpu_name, gpu_mib, disk_mib) -> bool:
+        def inside(value: float, pair: tuple[float | None, float | None]) -> bool:
+            low, high = pair
+            return (low is None or value >= low) and (high is None or value <= high)
+
+        if not (inside(cpus, self.cpu) and inside(memory_mib / 1024, self.memory_gb)):
+            return False
+        if not (inside(gpus, self.gpus) and inside(disk_mib / 1024, self.disk_gb)):
+            return False
+        if gpus and self.gpu_names and (gpu_name or "").lower() not in self.gpu_names:
+            return False
+        return not gpus or gpu_mib is None or inside(gpu_mib / 1024, self.gpu_memory_gb)
+
+
+def _range(value) -> tuple[float | None, float | None]:
+    if value is None:
+        return (None, None)
+    if isinstance(value, int | float):
+        return (float(value), float(value))
+    if isinstance(value, dict):
+        if "count" in value or "size" in value:
+            return _range(value.get("count", value.get("size")))
+        low, high = value.get("min"), value.get("max")
+        return (
+            float(low) if isinstance(low, int | float) else None,
+            float(high) if isinstance(high, int | float) else None,
+        )
+    return (None, None)
+
+
+def requirement(group: str, resources: dict | None) -> Requirement | None:
+    if not isinstance(resources, dict):
+        return None
+    gpu = resources.get("gpu") if isinstance(resources.get("gpu"), dict) else {}
+    names = gpu.get("name") or ()
+    if isinstance(names, str):
+        names = (names,)
+    gpus = _range(gpu.get("count")) if gpu else (0.0, None)
+    return Requirement(
+        group=group,
+        cpu=_range(resources.get("cpu")),
+        memory_gb=_range(resources.get("memory")),
+        gpus=gpus,
+        gpu_names=tuple(str(n).lower() for n in names),
+        gpu_memory_gb=_range(gpu.get("memory")),
+        disk_gb=_range(resources.get("disk")),
+    )
+
+
+def _groups(spec: dict) -> list[tuple[str, int | None, Requirement | None]]:
+    """(group name, replicas wanted, resources) per replica group (reference 6.6): `groups`
+    (0.22.x), a list under `replicas` (0.20.7-0.21.x), else the one implicit group "0"."""
+    listed = spec.get("groups")
+    if not isinstance(listed, list) and isinstance(spec.get("replicas"), list):
+        listed = spec["replicas"]
+    base = spec.get("resources")
+    if isinstance(listed, list) and listed:
+        found = []
+        for index, item in enumerate(g for g in listed if isinstance(g, dict)):
+            name = str(item.get("name") or index)
+            wanted = _range(item.get("replicas") if "replicas" in item else item.get("count"))[0]
+            found.append(
+                (
+                    name,
+                    int(wanted) if wanted is not None else None,
+                    requirement(name, item.get("resources") or base),
+                )
+            )
+        return found
+    replicas = spec.get("replicas")
+    wanted = _range(replicas)[0] if replicas is not None else 1.0
+    return [("0", int(wanted) if wanted is not None else None, requirement("0", base))]
+
+
+def retry_for_no_capacity(retry, run_age: float | None) -> tuple[str, bool]:
+    """The no-capacity retry as it applies at T, and whether a placement failure would fail
+    the run at once. For a slot never provisioned the window runs from the run's submission
+    (reference 6.5), so a service older than the duration gets no retry."""
+    if retry in (None, False):
+        return "no retry on no-capacity: a placement failure fails the run at once", True
+    events, duration = None, RETRY_DEFAULT_SECONDS
+    if isinstance(retry, dict):
+        events = retry.get("on_events")
+        duration = retry.get("duration") or RETRY_DEFAULT_SECONDS
+    if events is not None and "no-capacity" not in events:
+        return (
+            f"retry on {', '.join(events) or 'nothing'}, not on no-capacity: a placement "
+            "failure fails the run at once",
+            True,
+        )
+    if run_age is not None and run_age > duration:
+        return (
+            f"retry on no-capacity for {duration:g} s from the run's submission, already past "
+            f"at T (run age {run_age:.0f} s): a placement failure fails the run at once",
+            True,
+        )
+    left = f", {duration - run_age:.0f} s left at T" if run_age is not None else ""
+    return f"retry on no-capacity for {duration:g} s from the run's submission{left}", False
+
+
+def _parse(text: str | None) -> dict | None:
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def running_services(
+    runs: pl.DataFrame, submissions: pl.DataFrame, as_of: datetime
+) -> pl.DataFrame:
+    """(server, run_id, as_of) of every service running at `as_of`: submitted, not finished,
+    with at least one job alive then."""
+    ended = pl.col("status").is_in(["terminated", "failed", "done"]) & (
+        pl.col("last_processed_at") <= as_of
+    )
+    alive = submissions.filter(
+        (pl.col("created_at") <= as_of)
+        & (pl.col("stopped_at").is_null() | (pl.col("stopped_at") > as_of))
+    ).select("server", "run_id")
+    return (
+        runs.filter((pl.col("run_type") == "service") & (pl.col("submitted_at") <= as_of) & ~ended)
+        .join(alive.unique(), on=["server", "run_id"], how="semi")
+        .select("server", "run_id", pl.lit(as_of).cast(pl.Datetime("us", "UTC")).alias("as_of"))
+    )
+
+
+@dataclass
+class Frames:
+    """What the computation reads: the canonical frames and the timeline's submissions."""
+
+    runs: pl.DataFrame
+    submissions: pl.DataFrame
+    fleets: pl.DataFrame
+    instances: pl.DataFrame
+    fleet_table_servers: set[str]
+    server_versions: dict[str, str]
+
+
+def assess_probes(frames: Frames, probes: pl.DataFrame, findings: list[Finding]) -> list:
+    """One ServiceExposure per probe row (server, run_id, as_of), each at its own moment."""
+    if probes.is_empty():
+        return []
+    runs = probes.join(frames.runs, on=["server", "run_id"], how="left")
+    subs = frames.submissions.join(probes, on=["server", "run_id"])
+    live = (pl.col("created_at") <= pl.col("as_of")) & (
+        pl.col("stopped_at").is_null() | (pl.col("stopped_at") > pl.col("as_of"))
+    )
+    healthy = (
+        subs.filter(
+            live & (pl.col("health") == "healthy") & (pl.col("healthy_since") <= pl.col("as_of"))
+        )
+        .group_by("server", "run_id", "as_of")
+        .agg(pl.col("replica_num").n_unique().alias("healthy"))
+    )
+    active = (
+        subs.filter(live)
+        .group_by("server", "run_id", "as_of")
+        .agg(pl.col("replica_num").n_unique().alias("active"))
+    )
+    counts = {
+        (r["server"], r["run_id"], r["as_of"]): r
+        for r in probes.join(healthy, on=["server", "run_id", "as_of"], how="left")
+        .join(active, on=["server", "run_id", "as_of"], how="left")
+        .iter_rows(named=True)
+    }
+
+    fleets_at = (
+        runs.select("server", "run_id", "as_of", "project", pl.col("fleet_id").alias("run_fleet"))
+        .join(frames.fleets, on=["server", "project"])
+        .filter(
+            (pl.col("created_at") <= pl.col("as_of"))
+            & (pl.col("deleted_at").is_null() | (pl.col("deleted_at") > pl.col("as_of")))
+            & (pl.col("run_fleet").is_null() | (pl.col("run_fleet") == pl.col("fleet_id")))
+        )
+    )
+    instances = frames.instances.rename(
+        {"created_at": "i_created", "status": "i_status", "provenance": "i_provenance"}
+    )
+    instances_at = (
+        fleets_at.select("server", "run_id", "as_of", "fleet_id")
+        .join(instances.drop("project"), on=["server", "fleet_id"])
+        .filter(
+            (pl.col("i_created") <= pl.col("as_of"))
+            & (pl.col("ended_at").is_null() | (pl.col("ended_at") > pl.col("as_of")))
+        )
+    )
+    held = (
+        frames.submissions.filter(pl.col("instance_id").is_not_null())
+        .select(
+            "server",
+            "instance_id",
+            "created_at",
+            "stopped_at",
+            pl.col("blocks").fill_null(1).alias("held"),
+        )
+        .join(
+            instances_at.select("server", "instance_id", "as_of").unique(),
+            on=["server", "instance_id"],
+        )
+        .filter(live)
+        .group_by("server", "instance_id", "as_of")
+        .agg(pl.col("held").sum().alias("busy_blocks"))
+    )
+    instances_at = instances_at.join(
+        held, on=["server", "instance_id", "as_of"], how="left"
+    ).with_columns(pl.col("busy_blocks").fill_null(0))
+    provisioned: dict[tuple, list[dict]] = {}
+    placed = frames.instances.filter(pl.col("started_at").is_not_null()).sort("created_at")
+    for item in placed.iter_rows(named=True):
+        provisioned.setdefault((item["server"], item["fleet_id"]), []).append(item)
+    refused = frames.submissions.filter(
+        (pl.col("termination_reason") == NO_CAPACITY)
+        & ~pl.any_horizontal(
+            [
+                pl.col("termination_reason_message").fill_null("").str.starts_with(m)
+                for m in FLEET_LEVEL_MESSAGES
+            ]
+        )
+    ).join(frames.runs.select("server", "run_id", "project"), on=["server", "run_id"], how="left")
+    refusals: dict[tuple, list[dict]] = {}
+    for item in refused.drop_nulls("stopped_at").sort("stopped_at").iter_rows(named=True):
+        refusals.setdefault((item["server"], item["project"]), []).append(item)
+
+    by_probe_fleets = _group(fleets_at)
+    by_probe_instances = _group(instances_at)
+    results = []
+    for row in runs.iter_rows(named=True):
+        key = (row["server"], row["run_id"], row["as_of"])
+        results.append(
+            _assess_one(
+                row,
+                counts.get(key, {}),
+                by_probe_fleets.get(key, []),
+                by_probe_instances.get(key, []),
+                provisioned,
+                refusals,
+                frames,
+                findings,
+            )
+        )
+    return results
+
+
+def _group(frame: pl.DataFrame) -> dict[tuple, list[dict]]:
+    grouped: dict[tuple, list[dict]] = {}
+    for item in frame.iter_rows(named=True):
+        grouped.setdefault((item["server"], item["run_id"], item["as_of"]), []).append(item)
+    return grouped
+
+
+def _fits(req: Requirement | None, inst: dict) -> bool | None:
+    """Whether the instance's idle blocks hold one replica of `req` (dstack takes the smallest
+    share of blocks that matches, and uses it when that many blocks are idle)."""
+    if req is None or inst["cpus"] is None or inst["memory_mib"] is None:
+        return None
+    total = max(inst["total_blocks"] or 1, 1)
+    idle = total - inst["busy_blocks"]
+    for blocks in range(1, total + 1):
+        share = (
+            inst["cpus"] // total * blocks,
+            inst["memory_mib"] // total * blocks,
+            (inst["gpus"] or 0) // total * blocks,
+        )
+        if req.matches(*share, inst["gpu_name"], inst["gpu_memory_mib"], inst["disk_mib"] or 0):
+            return blocks <= idle
+    return False
+
+
+def _assess_one(
+    row: dict,
+    counts: dict,
+    fleets: list[dict],
+    instances: list[dict],
+    provisioned: dict[tuple, list[dict]],
+    refusals: dict[tuple, list[dict]],
+    frames: Frames,
+    findings: list[Finding],
+) -> ServiceExposure:
+    as_of: datetime = row["as_of"]
+    server = row["server"]
+    spec = _parse(row.get("placement_spec")) or {}
+    groups = _groups(spec) if spec else []
+    version = frames.server_versions.get(server)
+    exposed, exposed_why = judge_release(version)
+    reasons = [exposed_why]
+    submitted = row.get("submitted_at")
+    age = (as_of - submitted).total_seconds() if submitted else None
+    retry_text, fails_at_once = (
+        retry_for_no_capacity(spec.get("retry"), age) if spec else ("retry policy unknown", False)
+    )
+    names = spec.get("fleets")
+    if isinstance(names, list):
+        wanted = {str(n).split("/")[-1] for n in names}
+        fleets = [f for f in fleets if f["fleet_name"] in wanted]
+    creation = str(spec.get("creation_policy") or "reuse-or-create")
+
+    fleet_records, group_verdicts = [], []
+    for fleet in fleets:
+        mine = [i for i in instances if i["fleet_id"] == fleet["fleet_id"]]
+        ssh = bool(fleet["ssh"]) or any(i["backend"] == "remote" for i in mine)
+        nodes_max = fleet["nodes_max"]
+        can_add = not ssh and creation != "reuse" and (nodes_max is None or len(mine) < nodes_max)
+        fleet_records.append(
+            FleetAtT(
+                fleet_id=fleet["fleet_id"],
+                fleet_name=fleet["fleet_name"],
+                nodes="ssh hosts"
+                if ssh
+                else f"{fleet['nodes_min'] if fleet['nodes_min'] is not None else ''}.."
+                f"{nodes_max if nodes_max is not None else ''}",
+                ssh=ssh,
+                active_instances=len(mine),
+                instances=[
+                    InstanceAtT(
+                        instance_id=i["instance_id"],
+                        instance_name=i["instance_name"],
+                        state="provisioning"
+                        if i["started_at"] is None or i["started_at"] > as_of
+                        else ("busy" if i["busy_blocks"] >= (i["total_blocks"] or 1) else "idle"),
+                        blocks=f"{i['busy_blocks']}/{i['total_blocks'] or 1}",
+                        fits=None,
+                    )
+                    for i in mine
+                ],
+                can_add_node=can_add,
+                provenance=fleet["provenance"],
+            )
+        )
+    for name, _wanted, req in groups or [("0", None, None)]:
+        group_verdicts.append(
+            _group_surge(name, req, fleets, instances, fleet_records, provisioned, refusals, row)
+        )
+    for record in fleet_records:  # the fits shown are those of the first group
+        for inst in record.instances:
+            source = next(i for i in instances if i["instance_id"] == inst.instance_id)
+            inst.fits = (
+                _fits(groups[0][2] if groups else None, source)
+                if inst.state != "provisioning"
+                else False
+            )
+
+    if server not in frames.fleet_table_servers:
+        surge: Surge = "unknown"
+        reasons.append(
+            "the sources hold no fleets and instances tables (an API export or a partial "
+            "export): the fleet's room at T cannot be rebuilt"
+        )
+    elif not fleets:
+        if row.get("fleet_id") is not None:
+            surge = "unknown"
+            reasons.append("the run's fleet is not in the fleets table")
+        else:
+            surge = "none"
+            reasons.append(
+                "no fleet the service can use exists at T: a new replica fails with "
+                "'No matching fleet found'"
+            )
+    else:
+        states = [v for v, _ in group_verdicts]
+        surge = "none" if "none" in states else ("unknown" if "unknown" in states else "available")
+        reasons.extend(text for _, text in group_verdicts)
+    if row.get("fleet_id") is not None and fleets:
+        reasons.append(
+            "the run is placed in fleet "
+            f"{fleets[0]['fleet_name']}: dstack places its new replicas only there"
+        )
+    reasons.append(retry_text)
+    if spec and not groups:
+        reasons.append("the run spec holds no resources: the fit of an idle instance is unknown")
+    past = _past_incidents(findings, row, as_of)
+    healthy = counts.get("healthy") or 0
+    return ServiceExposure(
+        server=server,
+        run_id=row["run_id"],
+        project=row.get("project"),
+        run_name=row.get("run_name") or "",
+        as_of=as_of,
+        exposed=exposed,
+        dstack_release=version,
+        surge_capacity=surge,
+        healthy_replicas=healthy,
+        active_replicas=counts.get("active") or 0,
+        desired_replicas=row.get("desired_replica_count"),
+        resources=[req.text() for _, _, req in groups if req is not None],
+        retry=retry_text,
+        fleets=fleet_records,
+        reasons=reasons,
+        past_incidents=past,
+        recommendation=_recommend(exposed, surge, healthy, fleet_records, fails_at_once),
+    )
+
+
+def _group_surge(
+    name: str,
+    req: Requirement | None,
+    fleets: list[dict],
+    instances: list[dict],
+    fleet_records: list[FleetAtT],
+    provisioned: dict[tuple, list[dict]],
+    refusals: dict[tuple, list[dict]],
+    row: dict,
+) -> tuple[Surge, str]:
+    """One replica group: an idle instance that fits, a fleet that can grow, or neither."""
+    as_of = row["as_of"]
+    fits_unknown = False
+    for fleet in fleets:
+        for inst in instances:
+            if inst["fleet_id"] != fleet["fleet_id"]:
+                continue
+            if inst["started_at"] is None or inst["started_at"] > as_of:
+                continue
+            fit = _fits(req, inst)
+            if fit:
+                return "available", (
+                    f"group {name}: instance {inst['instance_name']} of fleet "
+                    f"{fleet['fleet_name']} has idle blocks that fit one more replica"
+                )
+            fits_unknown = fits_unknown or fit is None
+    growable = [r for r in fleet_records if r.can_add_node]
+    for record in growable:
+        fitting = [
+            i
+            for i in provisioned.get((row["server"], record.fleet_id), [])
+            if i["created_at"] <= as_of and req is not None and _fits(req, {**i, "busy_blocks": 0})
+        ]
+        backend = fitting[-1]["backend"] if fitting else None
+        since = fitting[-1]["created_at"] if fitting else None
+        refused = [
+            j
+            for j in refusals.get((row["server"], row.get("project")), [])
+            if j["stopped_at"] <= as_of and (since is None or j["stopped_at"] > since)
+        ]
+        room = f"fleet {record.fleet_name} can add a node ({record.active_instances} of "
+        room += f"{record.nodes})"
+        if fitting and not refused:
+            return "available", (
+                f"group {name}: {room}; {backend} placed a fitting instance in it at "
+                f"{since:%Y-%m-%d %H:%M:%S} and refused nothing since (the provider's capacity "
+                "at T itself is not in the evidence)"
+            )
+        if refused:
+            last = refused[-1]
+            why = (
+                f"the provider had no capacity for {last['job_name']} at "
+                f"{last['stopped_at']:%Y-%m-%d %H:%M:%S}"
+                + (
+                    f" ({last['termination_reason_message']})"
+                    if last["termination_reason_message"]
+                    else ""
+                )
+            )
+        else:
+            why = "no fitting instance was ever provisioned in it: the offers are unknown"
+        return "unknown", f"group {name}: {room}, but a new node depends on the provider: {why}"
+    if fits_unknown:
+        return (
+            "unknown",
+            f"group {name}: idle instances exist but the service's resources are unknown",
+        )
+    full = "; ".join(
+        f"fleet {r.fleet_name}: "
+        + (
+            "an SSH fleet never provisions"
+            if r.ssh
+            else f"{r.active_instances} node(s) of {r.nodes}"
+        )
+        for r in fleet_records
+    )
+    return "none", (
+        f"group {name}: no idle instance fits one more replica and no fleet can add a node "
+        f"({full}): the surge replica would fail with 'Fleet is at capacity'"
+    )
+
+
+def _past_incidents(findings: list[Finding], row: dict, as_of: datetime) -> int:
+    """Collateral findings of the same service (server, project, name) that happened by T."""
+    count = 0
+    for finding in findings:
+        if (finding.server, finding.project, finding.run_name) != (
+            row["server"],
+            row.get("project"),
+            row.get("run_name"),
+        ):
+            continue
+        times = [c.failed_at for c in finding.culprits if c.failed_at] + [
+            v.terminated_at for v in finding.victims if v.terminated_at
+        ]
+        if times and min(times) <= as_of:
+            count += 1
+    return count
+
+
+def _recommend(
+    exposed: Exposed, surge: Surge, healthy: int, fleets: list[FleetAtT], fails_at_once: bool
+) -> str:
+    if healthy == 0:
+        return "no healthy replica at stake at T"
+    if surge == "none":
+        full = next((f for f in fleets if not f.can_add_node), None)
+        if full is not None and full.ssh:
+            return f"add a host to SSH fleet {full.fleet_name} (or free one) before the next apply"
+        if full is not None:
+            top = full.nodes.split("..")[-1]
+            bigger = int(top) + 1 if top.isdigit() else None
+            return (
+                f"raise fleet {full.fleet_name}'s nodes maximum to {bigger} before the next apply"
+                if bigger is not None
+                else f"make room in fleet {full.fleet_name} before the next apply"
+            )
+        return "create a fleet the service can use before the next apply"
+    if surge == "unknown":
+        return "keep an idle instance that fits in the service's fleet before the next apply" + (
+            "; a placement failure fails the run at once" if fails_at_once else ""
+        )
+    if exposed == "yes":
+        return (
+            f"room for the surge replica exists; a crashing new replica would still stop the "
+            f"{healthy} healthy replica(s) (dstack #4186): watch the next apply"
+        )
+    return "room for the surge replica exists"
+
+
+def exposure_report(audit, as_of: datetime | None = None) -> ExposureReport:
+    """Every service running at `as_of` (default: the end of the evidence), assessed."""
+    moment = as_of or audit.end_of_evidence
+    limitations = [
+        LimitationRecord(
+            code="fleet_spec_as_last_recorded",
+            message="fleet specs (nodes) are read as last recorded: an edit of a fleet's nodes "
+            "range before T is not dated in the tables",
+            source="exposure",
+        )
+    ]
+    if moment is None:
+        return ExposureReport(as_of=None, services=[], limitations=limitations)
+    frames = frames_of(audit)
+    missing = {s for s in set(audit.runs["server"]) if s not in frames.fleet_table_servers}
+    for server in sorted(missing):
+        limitations.append(
+            LimitationRecord(
+                code="no_fleet_tables",
+                message="no fleets and instances tables for this server: surge capacity is "
+                "unknown for its services",
+                source=server,
+            )
+        )
+    probes = running_services(audit.runs, audit.submissions, moment)
+    services = assess_probes(frames, probes, audit.findings)
+    services.sort(key=lambda s: (s.server, s.project or "", s.run_name, s.run_id))
+    return ExposureReport(as_of=moment, services=services, limitations=limitations)
+
+
+def frames_of(audit) -> Frames:
+    evidence = audit.evidence
+    return Frames(
+        runs=audit.runs,
+        submissions=audit.submissions,
+        fleets=evidence.fleets,
+        instances=evidence.instances,
+        fleet_table_servers=evidence.fleet_table_servers,
+        server_versions=evidence.server_versions,
+    )
+
+
+def foresight(frames: Frames, findings: list[Finding], deployments: pl.DataFrame) -> list[Finding]:
+    """Each finding whose culprit failed for lack of capacity, with the surge capacity as of
+    just before the update that started the failing deployment."""
+    wanted = [f for f in findings if any(c.termination_reason == NO_CAPACITY for c in f.culprits)]
+    if not wanted:
+        return findings
+    began = {
+        (r["server"], r["run_id"], r["deployment_num"]): r["began_at"] or r["first_job_at"]
+        for r in deployments.iter_rows(named=True)
+    }
+    rows = []
+    for finding in wanted:
+        culprit = next(c for c in finding.culprits if c.termination_reason == NO_CAPACITY)
+        start = began.get((finding.server, finding.run_id, culprit.deployment_num))
+        if start is not None:
+            rows.append((finding.server, finding.run_id, start - BEFORE_UPDATE))
+    probes = pl.DataFrame(
+        rows,
+        schema={"server": pl.String, "run_id": pl.String, "as_of": pl.Datetime("us", "UTC")},
+        orient="row",
+    ).unique()
+    states = {(s.server, s.run_id, s.as_of): s for s in assess_probes(frames, probes, [])}
+    updated = []
+    for finding in findings:
+        state = next(
+            (
+                s
+                for (srv, run, _), s in states.items()
+                if (srv, run) == (finding.server, finding.run_id)
+            ),
+            None,
+        )
+        if finding not in wanted or state is None:
+            updated.append(finding)
+            continue
+        updated.append(
+            finding.model_copy(
+                update={
+                    "capacity_foresight": CapacityForesight(
+                        as_of=state.as_of,
+                        surge_capacity=state.surge_capacity,
+                        foreseeable={"none": True, "available": False}.get(state.surge_capacity),
+                        reasons=state.reasons[1:],
+                    )
+                }
+            )
+        )
+    return updated
