@@ -1,0 +1,416 @@
+"""Exposure and surge capacity at T, rebuilt from the tables (never from a verdict).
+
+On the captures: just before each update whose replica later failed with "Fleet is at
+capacity" the surge capacity is `none`; just before the update that rolled out fine on a fleet
+with room, `available`. Own cases are copies of real capture databases with a few rows changed.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import polars as pl
+import pytest
+from click.testing import CliRunner
+
+from analyzer import open_sources
+from analyzer.cli import main
+from analyzer.exposure import BEFORE_UPDATE, exposure_report, judge_release
+from tests.conftest import CAPTURES, execute, load_truth, truth_files
+
+PROVIDER_REFUSAL = (
+    "Failed to provision in fleet 'cpu-fleet': tried 1 of 1 offers, all failed.\n"
+    "See https://dstack.ai/docs/guides/troubleshooting/#provisioning"
+)
+
+
+def _copy_row(db: Path, table: str, where: str, changes: str, params: tuple = ()) -> None:
+    """Insert a copy of a real row of `table` with `changes` (an SQL SET list) applied."""
+    with sqlite3.connect(db) as connection:
+        connection.execute(f"CREATE TEMP TABLE copied AS SELECT * FROM {table} WHERE {where}")
+        connection.execute(f"UPDATE copied SET {changes}", params)
+        connection.execute(f"INSERT INTO {table} SELECT * FROM copied")
+
+
+def _update_time(audit, run_id: str, deployment_num: int) -> datetime:
+    """When the deployment that holds the culprit began (the user's apply), from the timeline."""
+    row = audit.deployments.filter(
+        (pl.col("run_id") == run_id) & (pl.col("deployment_num") == deployment_num)
+    ).row(0, named=True)
+    return row["began_at"] or row["first_job_at"]
+
+
+def _service(report, run_id: str):
+    (service,) = [s for s in report.services if s.run_id == run_id]
+    return service
+
+
+def _before_update(source, run_id: str, deployment_num: int):
+    audit = open_sources([source])
+    moment = _update_time(audit, run_id, deployment_num) - BEFORE_UPDATE
+    return _service(exposure_report(audit, moment), run_id)
+
+
+def _fleet_capacity_culprits():
+    cases = []
+    for path in truth_files():
+        truth = load_truth(path)
+        for run in truth["runs"]:
+            for culprit in run.get("culprit") or []:
+                if culprit["termination_reason"] == "failed_to_start_due_to_no_capacity" and (
+                    culprit["termination_reason_message"] in (None, "Fleet is at capacity")
+                ):
+                    cases.append(
+                        pytest.param(
+                            path.parent / "server.db",
+                            run["run_id"],
+                            culprit["deployment_num"],
+                            id=f"{path.parent.parent.name}/{path.parent.name}",
+                        )
+                    )
+    return cases
+
+
+@pytest.mark.parametrize(("db", "run_id", "deployment_num"), _fleet_capacity_culprits())
+def test_surge_is_none_before_each_update_that_failed_at_fleet_capacity(db, run_id, deployment_num):
+    service = _before_update(db, run_id, deployment_num)
+    assert service.surge_capacity == "none"
+    (fleet,) = service.fleets
+    assert fleet.can_add_node is False
+    assert fleet.active_instances == int(fleet.nodes.split("..")[1])
+    assert any("Fleet is at capacity" in reason for reason in service.reasons)
+    assert service.healthy_replicas >= 0 and service.recommendation
+
+
+def test_the_captures_hold_fleet_capacity_culprits():
+    names = {case.id for case in _fleet_capacity_culprits()}
+    assert {"v0.22.5/seed", "v0.22.5/scale-up-fails", "v0.20/seed", "v0.19/seed"} <= names
+
+
+@pytest.mark.parametrize(
+    ("source", "provable"),
+    [
+        (CAPTURES / "v0.22.5/rolling-ok/server.db", True),
+        (CAPTURES / "v0.22.5/rolling-ok/tables", True),
+        (CAPTURES / "v0.20/rolling-ok/server.db", True),
+        # 0.19 tables alone cannot prove the old replica healthy: none is counted at stake.
+        (CAPTURES / "v0.19/rolling-ok/server.db", False),
+        (CAPTURES / "postgres/rolling-ok/tables", True),
+        # A crash, not a capacity failure: the 0..4 fleet had room for the surge replica.
+        (CAPTURES / "v0.22.5/multi-replica-crash/server.db", True),
+    ],
+    ids=lambda p: f"{p.parent.parent.name}/{p.parent.name}/{p.name}" if isinstance(p, Path) else "",
+)
+def test_surge_is_available_before_an_update_on_a_fleet_with_room(source, provable):
+    folder = source.parent if source.suffix == ".db" or source.name == "tables" else source
+    run = load_truth(folder / "truth.json")["runs"][0]
+    service = _before_update(source, run["run_id"], 1)
+    assert service.surge_capacity == "available"
+    (fleet,) = service.fleets
+    assert fleet.can_add_node is True
+    healthy = len(run["healthy_replicas_before_failure"])
+    assert service.healthy_replicas == (healthy if provable else 0)
+
+
+def test_a_cloud_capacity_failure_is_never_a_confident_none(copy_db):
+    """The provider refused (the fleet had room): `available` or `unknown`, never `none`; the
+    audit finding then says the failure was not foreseeable from the fleet."""
+    db = copy_db("v0.22.5/seed")
+    execute(db, "UPDATE fleets SET spec = json_set(spec, '$.configuration.nodes.max', 2)")
+    execute(
+        db,
+        "UPDATE jobs SET termination_reason_message = ? WHERE job_name = 'web-0-1'",
+        params=(PROVIDER_REFUSAL,),
+    )
+    truth = load_truth(CAPTURES / "v0.22.5/seed/truth.json")["runs"][0]
+    service = _before_update(db, truth["run_id"], 1)
+    assert service.surge_capacity in ("available", "unknown")
+    (finding,) = open_sources([db]).report.findings
+    assert finding.capacity_foresight is not None
+    assert finding.capacity_foresight.surge_capacity != "none"
+    assert finding.capacity_foresight.foreseeable is not True
+
+
+def test_an_earlier_provider_refusal_makes_room_unknown(copy_db):
+    db = copy_db("v0.22.5/seed")
+    execute(db, "UPDATE fleets SET spec = json_set(spec, '$.configuration.nodes.max', 2)")
+    # A refused submission two minutes before the update: the real culprit row, earlier.
+    _copy_row(
+        db,
+        "jobs",
+        "job_name = 'web-0-1'",
+        "id = 'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa', termination_reason_message = ?, "
+        "submitted_at = '2026-11-02 09:06:00.000000', "
+        "last_processed_at = '2026-11-02 09:06:08.000000'",
+        (PROVIDER_REFUSAL,),
+    )
+    truth = load_truth(CAPTURES / "v0.22.5/seed/truth.json")["runs"][0]
+    audit = open_sources([db])
+    service = _service(
+        exposure_report(audit, datetime.fromisoformat("2026-11-02T09:08:50+00:00")),
+        truth["run_id"],
+    )
+    assert service.surge_capacity == "unknown"
+    assert any("the provider had no capacity" in reason for reason in service.reasons)
+
+
+def _add_idle_instance(db, name: str = "cpu-fleet-1", cpus: int = 2) -> None:
+    """A second instance of the real one, IDLE since before the update (offer as recorded,
+    with `cpus` changed)."""
+    _copy_row(
+        db,
+        "instances",
+        "name = 'cpu-fleet-0'",
+        "id = 'bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb', name = ?, instance_num = 1, status = 'IDLE', "
+        "busy_blocks = 0, created_at = '2026-11-02 09:05:00.000000', "
+        "started_at = '2026-11-02 09:05:10.000000'",
+        (name,),
+    )
+    execute(
+        db,
+        "UPDATE instances SET offer = json_set(offer, '$.instance.resources.cpus', ?) "
+        "WHERE id = 'bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb'",
+        params=(cpus,),
+    )
+
+
+def test_an_idle_instance_that_fits_is_room(copy_db):
+    db = copy_db("v0.22.5/seed")
+    execute(db, "UPDATE fleets SET spec = json_set(spec, '$.configuration.nodes.max', 2)")
+    _add_idle_instance(db)
+    truth = load_truth(CAPTURES / "v0.22.5/seed/truth.json")["runs"][0]
+    service = _before_update(db, truth["run_id"], 1)
+    assert service.surge_capacity == "available"
+    (fleet,) = service.fleets
+    assert fleet.can_add_node is False  # 2 of 0..2: only the idle instance gives room
+    states = {i.instance_name: (i.state, i.fits) for i in fleet.instances}
+    assert states == {"cpu-fleet-0": ("busy", False), "cpu-fleet-1": ("idle", True)}
+    assert any("cpu-fleet-1" in reason and "idle" in reason for reason in service.reasons)
+
+
+def test_an_idle_instance_too_small_is_no_room(copy_db):
+    db = copy_db("v0.22.5/seed")
+    execute(db, "UPDATE fleets SET spec = json_set(spec, '$.configuration.nodes.max', 2)")
+    _add_idle_instance(db, cpus=1)  # the service asks for cpu 2..
+    truth = load_truth(CAPTURES / "v0.22.5/seed/truth.json")["runs"][0]
+    service = _before_update(db, truth["run_id"], 1)
+    assert service.surge_capacity == "none"
+    assert "raise fleet cpu-fleet's nodes maximum to 3" in service.recommendation
+
+
+def test_an_instance_created_after_t_does_not_count(copy_db):
+    db = copy_db("v0.22.5/seed")
+    execute(db, "UPDATE fleets SET spec = json_set(spec, '$.configuration.nodes.max', 2)")
+    _add_idle_instance(db)
+    truth = load_truth(CAPTURES / "v0.22.5/seed/truth.json")["runs"][0]
+    audit = open_sources([db])
+    early = _service(
+        exposure_report(audit, datetime.fromisoformat("2026-11-02T09:04:00+00:00")),
+        truth["run_id"],
+    )
+    assert [i.instance_name for i in early.fleets[0].instances] == ["cpu-fleet-0"]
+    assert early.fleets[0].can_add_node is True
+
+
+def _second_fleet(db, *, idle_instance: bool) -> None:
+    """A second fleet of the project (a copy of the real one, nodes 0..1), optionally with an
+    idle instance of its own."""
+    _copy_row(
+        db,
+        "fleets",
+        "name = 'cpu-fleet'",
+        "id = 'cccccccccccccccccccccccccccccccc', name = 'spare', "
+        "spec = json_set(spec, '$.configuration.name', 'spare')",
+    )
+    if idle_instance:
+        _add_idle_instance(db, name="spare-0")
+        execute(
+            db,
+            "UPDATE instances SET fleet_id = 'cccccccccccccccccccccccccccccccc', instance_num = 0 "
+            "WHERE id = 'bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb'",
+        )
+
+
+def test_several_fleets_the_run_not_yet_placed_can_use_another(copy_db):
+    db = copy_db("v0.22.5/seed")
+    _second_fleet(db, idle_instance=True)
+    execute(db, "UPDATE runs SET fleet_id = NULL")
+    truth = load_truth(CAPTURES / "v0.22.5/seed/truth.json")["runs"][0]
+    service = _before_update(db, truth["run_id"], 1)
+    assert sorted(f.fleet_name for f in service.fleets) == ["cpu-fleet", "spare"]
+    assert service.surge_capacity == "available"
+    assert any("spare-0 of fleet spare" in reason for reason in service.reasons)
+
+
+def test_several_fleets_a_placed_run_uses_only_its_own(copy_db):
+    """dstack narrows candidate fleets to runs.fleet_id once the run has one
+    (services/runs/plan.py::get_run_candidate_fleet_models_filters)."""
+    db = copy_db("v0.22.5/seed")
+    _second_fleet(db, idle_instance=True)
+    truth = load_truth(CAPTURES / "v0.22.5/seed/truth.json")["runs"][0]
+    service = _before_update(db, truth["run_id"], 1)
+    assert [f.fleet_name for f in service.fleets] == ["cpu-fleet"]
+    assert service.surge_capacity == "none"
+
+
+def test_several_fleets_narrowed_by_the_run_specs_fleets(copy_db):
+    db = copy_db("v0.22.5/seed")
+    _second_fleet(db, idle_instance=True)
+    execute(
+        db,
+        "UPDATE runs SET fleet_id = NULL, "
+        "run_spec = json_set(run_spec, '$.configuration.fleets', json_array('cpu-fleet'))",
+    )
+    truth = load_truth(CAPTURES / "v0.22.5/seed/truth.json")["runs"][0]
+    service = _before_update(db, truth["run_id"], 1)
+    assert [f.fleet_name for f in service.fleets] == ["cpu-fleet"]
+    assert service.surge_capacity == "none"
+
+
+def test_a_groups_resources_decide_the_fit(copy_db):
+    """Two replica groups: the idle CPU instance fits the `web` group, not the `gpu` group
+    (configuration.groups, reference 6.6): a rollout of the gpu group has no room."""
+    db = copy_db("v0.22.5/seed")
+    execute(db, "UPDATE fleets SET spec = json_set(spec, '$.configuration.nodes.max', 2)")
+    _add_idle_instance(db)
+    groups = [
+        {"name": "web", "replicas": {"min": 1, "max": 1}, "resources": None},
+        {
+            "name": "gpu",
+            "replicas": {"min": 1, "max": 1},
+            "resources": {"gpu": {"count": {"min": 1, "max": None}, "name": ["A100"]}},
+        },
+    ]
+    execute(
+        db,
+        "UPDATE runs SET run_spec = json_set(run_spec, '$.configuration.groups', json(?))",
+        params=(json.dumps(groups),),
+    )
+    truth = load_truth(CAPTURES / "v0.22.5/seed/truth.json")["runs"][0]
+    service = _before_update(db, truth["run_id"], 1)
+    assert service.surge_capacity == "none"
+    assert any(r.startswith("group web:") and "cpu-fleet-1" in r for r in service.reasons)
+    assert any(r.startswith("group gpu:") and "no idle instance fits" in r for r in service.reasons)
+    assert service.resources[1] == "gpu: gpu a100 1.."  # names compared lowercased
+
+
+def test_retry_on_no_capacity_measured_from_the_runs_submission(copy_db):
+    db = copy_db("v0.22.5/seed")
+    execute(
+        db,
+        "UPDATE runs SET run_spec = json_set(run_spec, '$.configuration.retry', "
+        'json(\'{"on_events": ["no-capacity"], "duration": 60}\'))',
+    )
+    truth = load_truth(CAPTURES / "v0.22.5/seed/truth.json")["runs"][0]
+    service = _before_update(db, truth["run_id"], 1)
+    assert "for 60 s from the run's submission, already past" in service.retry
+
+
+def test_releases_judged_from_dstack_4186():
+    assert judge_release("0.22.5")[0] == "yes"
+    assert judge_release("0.19.40")[0] == "yes"
+    assert judge_release("0.20.7-0.20.9")[0] == "yes"
+    assert judge_release("0.21.2+ (HEAD 2026-08)")[0] == "yes"
+    assert judge_release("0.19.13")[0] == "unknown"
+    assert judge_release("0.23.0")[0] == "unknown"
+    assert judge_release("unknown (alembic 0123abcd)")[0] == "unknown"
+    assert judge_release(None)[0] == "unknown"
+
+
+def test_without_fleet_tables_surge_is_unknown():
+    """An API export holds runs and jobs but no fleets or instances."""
+    audit = open_sources([CAPTURES / "v0.22.5/rolling-ok/api"])
+    report = exposure_report(audit)
+    (service,) = report.services
+    assert service.surge_capacity == "unknown"
+    assert service.fleets == []
+    assert any(lim.code == "no_fleet_tables" for lim in report.limitations)
+
+
+def test_the_same_answer_from_a_dataset(tmp_path):
+    runner = CliRunner()
+    db = CAPTURES / "v0.22.5/rolling-ok/server.db"
+    result = runner.invoke(main, ["ingest", str(db), "--to", str(tmp_path / "ds")])
+    assert result.exit_code == 0, result.output
+    direct = exposure_report(open_sources([db]))
+    from_dataset = exposure_report(open_sources([tmp_path / "ds"]))
+    assert [s.model_dump() for s in from_dataset.services] == [
+        s.model_dump() for s in direct.services
+    ]
+
+
+def test_json_shape_and_exit_codes():
+    runner = CliRunner()
+    db = str(CAPTURES / "v0.22.5/rolling-ok/server.db")
+    result = runner.invoke(main, ["exposure", db, "--format", "json", "--fail-on-exposed"])
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.output)
+    assert {"as_of", "services", "limitations"} <= set(report)
+    (service,) = report["services"]
+    required = {
+        "run_id",
+        "project",
+        "run_name",
+        "exposed",
+        "surge_capacity",
+        "healthy_replicas",
+        "fleets",
+        "reasons",
+        "past_incidents",
+    }
+    assert required <= set(service)
+    assert (service["run_name"], service["exposed"], service["surge_capacity"]) == (
+        "api",
+        "yes",
+        "available",
+    )
+    assert isinstance(service["past_incidents"], int) and service["reasons"]
+    assert service["fleets"][0]["fleet_name"] == "cpu-fleet"
+
+    plain = runner.invoke(main, ["exposure", db])
+    assert plain.exit_code == 0 and "surge capacity available" in plain.output
+    before = runner.invoke(
+        main, ["exposure", db, "--as-of", "2026-11-03T13:00:00", "--fail-on-exposed"]
+    )
+    assert before.exit_code == 0 and "0 running service(s)" in before.output
+    markdown = runner.invoke(main, ["exposure", db, "--format", "markdown"])
+    assert markdown.exit_code == 0 and "| globex/api | yes | available |" in markdown.output
+
+
+def test_unknown_release_does_not_fail_the_gate(copy_db):
+    db = copy_db("v0.22.5/rolling-ok")
+    execute(db, "DELETE FROM alembic_version")
+    result = CliRunner().invoke(main, ["exposure", str(db), "--fail-on-exposed"])
+    assert result.exit_code == 0, result.output
+    assert "exposed unknown" in result.output
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path):
+    result = CliRunner().invoke(main, ["exposure", str(tmp_path / "missing.db")])
+    assert result.exit_code == 2
+    assert result.output.count("\n") == 1 and "missing.db" in result.output
+
+
+def test_past_incidents_of_the_same_service(copy_db):
+    """After the seed incident, a new run of the same service counts it."""
+    db = copy_db("v0.22.5/seed")
+    truth = load_truth(CAPTURES / "v0.22.5/seed/truth.json")["runs"][0]
+    audit = open_sources([db])
+    (finding,) = audit.findings
+    after = finding.victims[0].terminated_at + timedelta(seconds=1)
+    before = finding.culprits[0].failed_at - timedelta(seconds=1)
+    assert _service(exposure_report(audit, before), truth["run_id"]).past_incidents == 0
+    assert exposure_report(audit, after).services == []  # the run itself ended
+
+
+def test_the_audit_finding_says_a_fleet_capacity_failure_was_foreseeable():
+    (finding,) = open_sources([CAPTURES / "v0.22.5/seed/server.db"]).report.findings
+    foresight = finding.capacity_foresight
+    assert foresight is not None
+    assert (foresight.surge_capacity, foresight.foreseeable) == ("none", True)
+    assert foresight.as_of < finding.culprits[0].failed_at
+    crash = open_sources([CAPTURES / "v0.22.5/multi-replica-crash/server.db"]).report.findings
+    assert all(f.capacity_foresight is None for f in crash)  # the culprit crashed: no field
