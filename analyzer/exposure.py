@@ -161,7 +161,9 @@ class Requirement:
 
         if not (inside(cpus, self.cpu) and inside(memory_mib / 1024, self.memory_gb)):
             return False
-        if not (inside(gpus, self.gpus) and inside(disk_mib / 1024, self.disk_gb)):
+        if not inside(gpus, self.gpus):
+            return False
+        if disk_mib is not None and not inside(disk_mib / 1024, self.disk_gb):
             return False
         if gpus and self.gpu_names and (gpu_name or "").lower() not in self.gpu_names:
             return False
@@ -420,7 +422,7 @@ def _fits(req: Requirement | None, inst: dict) -> bool | None:
             inst["memory_mib"] // total * blocks,
             (inst["gpus"] or 0) // total * blocks,
         )
-        if req.matches(*share, inst["gpu_name"], inst["gpu_memory_mib"], inst["disk_mib"] or 0):
+        if req.matches(*share, inst["gpu_name"], inst["gpu_memory_mib"], inst["disk_mib"]):
             return blocks <= idle
     return False
 

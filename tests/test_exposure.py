@@ -20,6 +20,7 @@ from analyzer import open_sources
 from analyzer.cli import main
 from analyzer.exposure import BEFORE_UPDATE, exposure_report, judge_release
 from tests.conftest import CAPTURES, execute, load_truth, truth_files
+from tests.test_postgres import loaded, pg  # noqa: F401  (the throwaway PostgreSQL server)
 
 PROVIDER_REFUSAL = (
     "Failed to provision in fleet 'cpu-fleet': tried 1 of 1 offers, all failed.\n"
@@ -395,15 +396,34 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
 
 
 def test_past_incidents_of_the_same_service(copy_db):
-    """After the seed incident, a new run of the same service counts it."""
+    """A new run of the seed service, submitted after the incident and still running (copies of
+    the real run and job rows): the earlier collateral incident counts against it."""
     db = copy_db("v0.22.5/seed")
-    truth = load_truth(CAPTURES / "v0.22.5/seed/truth.json")["runs"][0]
+    later = "'2026-11-02 09:20:00.000000'"
+    _copy_row(
+        db,
+        "runs",
+        "run_name = 'web'",
+        "id = 'dddddddddddddddddddddddddddddddd', status = 'RUNNING', termination_reason = NULL, "
+        f"deployment_num = 0, submitted_at = {later}, last_processed_at = {later}",
+    )
+    _copy_row(
+        db,
+        "jobs",
+        "job_name = 'web-0-0'",
+        "id = 'eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee', run_id = 'dddddddddddddddddddddddddddddddd', "
+        f"status = 'RUNNING', termination_reason = NULL, deployment_num = 0, "
+        f"submitted_at = {later}, last_processed_at = {later}",
+    )
     audit = open_sources([db])
-    (finding,) = audit.findings
-    after = finding.victims[0].terminated_at + timedelta(seconds=1)
+    (finding,) = [f for f in audit.findings if f.category == "collateral_termination"]
+    report = exposure_report(audit)
+    (service,) = report.services
+    assert service.run_id == "dddddddd-dddd-dddd-dddd-dddddddddddd" != finding.run_id
+    assert service.past_incidents == 1
     before = finding.culprits[0].failed_at - timedelta(seconds=1)
-    assert _service(exposure_report(audit, before), truth["run_id"]).past_incidents == 0
-    assert exposure_report(audit, after).services == []  # the run itself ended
+    (earlier,) = exposure_report(audit, before).services
+    assert (earlier.run_id, earlier.past_incidents) == (finding.run_id, 0)
 
 
 def test_the_audit_finding_says_a_fleet_capacity_failure_was_foreseeable():
@@ -414,3 +434,17 @@ def test_the_audit_finding_says_a_fleet_capacity_failure_was_foreseeable():
     assert foresight.as_of < finding.culprits[0].failed_at
     crash = open_sources([CAPTURES / "v0.22.5/multi-replica-crash/server.db"]).report.findings
     assert all(f.capacity_foresight is None for f in crash)  # the culprit crashed: no field
+
+
+@pytest.mark.parametrize(("scenario", "expected"), [("seed", "none"), ("rolling-ok", "available")])
+def test_postgresql_and_its_exports_agree(loaded, scenario, expected):  # noqa: F811
+    """The same fleets and instances through the PostgreSQL reader and its psql CSV export (the
+    export has no alembic_version, so only the database knows the release)."""
+    run = load_truth(CAPTURES / "postgres" / scenario / "truth.json")["runs"][0]
+    from_db = _before_update(loaded[scenario], run["run_id"], 1)
+    from_csv = _before_update(CAPTURES / "postgres" / scenario / "tables", run["run_id"], 1)
+    assert from_db.surge_capacity == expected
+    assert (from_db.exposed, from_csv.exposed) == ("yes", "unknown")
+    release = {"exposed", "dstack_release", "recommendation", "reasons"}
+    assert from_db.model_dump(exclude=release) == from_csv.model_dump(exclude=release)
+    assert from_db.reasons[1:] == from_csv.reasons[1:]

@@ -108,6 +108,13 @@ def render_markdown(report: Report) -> str:
                 f"- root cause: `{rc.failure_class}`: {rc.detail}; changed fields "
                 f"`{rc.changed_fields}`; fleets {', '.join(rc.fleets) or 'unknown'}"
             ]
+        if f.capacity_foresight:
+            cf = f.capacity_foresight
+            answer = {True: "yes", False: "no"}.get(cf.foreseeable, "cannot tell")
+            out += [
+                f"- foreseeable before the update: {answer} (surge capacity `{cf.surge_capacity}`"
+                f" as of {fmt_time(cf.as_of)}: {cf.reasons[0] if cf.reasons else 'no facts'})"
+            ]
         if f.counterfactuals:
             out += ["", "What a well-behaved rollout would have done:", ""]
             out += [
