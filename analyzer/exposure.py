@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from bisect import bisect_right
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
 
@@ -338,7 +339,8 @@ def assess_probes(frames: Frames, probes: pl.DataFrame, findings: list[Finding])
         {"created_at": "i_created", "status": "i_status", "provenance": "i_provenance"}
     )
     instances_at = (
-        fleets_at.select("server", "run_id", "as_of", "fleet_id")
+        fleets_at.select("server", "fleet_id", "as_of")
+        .unique()
         .join(instances.drop("project"), on=["server", "fleet_id"])
         .filter(
             (pl.col("i_created") <= pl.col("as_of"))
@@ -382,31 +384,38 @@ def assess_probes(frames: Frames, probes: pl.DataFrame, findings: list[Finding])
     for item in refused.drop_nulls("stopped_at").sort("stopped_at").iter_rows(named=True):
         refusals.setdefault((item["server"], item["project"]), []).append(item)
 
-    by_probe_fleets = _group(fleets_at)
-    by_probe_instances = _group(instances_at)
+    context = _Context(
+        frames=frames,
+        instances=_group(instances_at, ("server", "fleet_id", "as_of")),
+        provisioned=provisioned,
+        refusals=refusals,
+        incidents=_incidents(findings),
+    )
+    fleets_of = _group(fleets_at, ("server", "run_id", "as_of"))
     results = []
     for row in runs.iter_rows(named=True):
         key = (row["server"], row["run_id"], row["as_of"])
-        results.append(
-            _assess_one(
-                row,
-                counts.get(key, {}),
-                by_probe_fleets.get(key, []),
-                by_probe_instances.get(key, []),
-                provisioned,
-                refusals,
-                frames,
-                findings,
-            )
-        )
+        results.append(_assess_one(row, counts.get(key, {}), fleets_of.get(key, []), context))
     return results
 
 
-def _group(frame: pl.DataFrame) -> dict[tuple, list[dict]]:
+def _group(frame: pl.DataFrame, key: tuple[str, ...]) -> dict[tuple, list[dict]]:
     grouped: dict[tuple, list[dict]] = {}
     for item in frame.iter_rows(named=True):
-        grouped.setdefault((item["server"], item["run_id"], item["as_of"]), []).append(item)
+        grouped.setdefault(tuple(item[k] for k in key), []).append(item)
     return grouped
+
+
+@dataclass
+class _Context:
+    """Facts shared by every probe, indexed once; fleet states cached per moment."""
+
+    frames: Frames
+    instances: dict[tuple, list[dict]]  # (server, fleet_id, as_of) -> instances alive then
+    provisioned: dict[tuple, list[dict]]  # (server, fleet_id) -> provisioned, by creation
+    refusals: dict[tuple, list[dict]]  # (server, project) -> provider refusals, by stop time
+    incidents: dict[tuple, list[datetime]]  # (server, project, run_name) -> incident times
+    fleet_cache: dict[tuple, FleetAtT] = field(default_factory=dict)
 
 
 def _fits(req: Requirement | None, inst: dict) -> bool | None:
@@ -427,20 +436,12 @@ def _fits(req: Requirement | None, inst: dict) -> bool | None:
     return False
 
 
-def _assess_one(
-    row: dict,
-    counts: dict,
-    fleets: list[dict],
-    instances: list[dict],
-    provisioned: dict[tuple, list[dict]],
-    refusals: dict[tuple, list[dict]],
-    frames: Frames,
-    findings: list[Finding],
-) -> ServiceExposure:
+def _assess_one(row: dict, counts: dict, fleets: list[dict], context: _Context) -> ServiceExposure:
     as_of: datetime = row["as_of"]
     server = row["server"]
     spec = _parse(row.get("placement_spec")) or {}
     groups = _groups(spec) if spec else []
+    frames = context.frames
     version = frames.server_versions.get(server)
     exposed, exposed_why = judge_release(version)
     reasons = [exposed_why]
@@ -455,50 +456,12 @@ def _assess_one(
         fleets = [f for f in fleets if f["fleet_name"] in wanted]
     creation = str(spec.get("creation_policy") or "reuse-or-create")
 
-    fleet_records, group_verdicts = [], []
-    for fleet in fleets:
-        mine = [i for i in instances if i["fleet_id"] == fleet["fleet_id"]]
-        ssh = bool(fleet["ssh"]) or any(i["backend"] == "remote" for i in mine)
-        nodes_max = fleet["nodes_max"]
-        can_add = not ssh and creation != "reuse" and (nodes_max is None or len(mine) < nodes_max)
-        fleet_records.append(
-            FleetAtT(
-                fleet_id=fleet["fleet_id"],
-                fleet_name=fleet["fleet_name"],
-                nodes="ssh hosts"
-                if ssh
-                else f"{fleet['nodes_min'] if fleet['nodes_min'] is not None else ''}.."
-                f"{nodes_max if nodes_max is not None else ''}",
-                ssh=ssh,
-                active_instances=len(mine),
-                instances=[
-                    InstanceAtT(
-                        instance_id=i["instance_id"],
-                        instance_name=i["instance_name"],
-                        state="provisioning"
-                        if i["started_at"] is None or i["started_at"] > as_of
-                        else ("busy" if i["busy_blocks"] >= (i["total_blocks"] or 1) else "idle"),
-                        blocks=f"{i['busy_blocks']}/{i['total_blocks'] or 1}",
-                        fits=None,
-                    )
-                    for i in mine
-                ],
-                can_add_node=can_add,
-                provenance=fleet["provenance"],
-            )
-        )
-    for name, _wanted, req in groups or [("0", None, None)]:
-        group_verdicts.append(
-            _group_surge(name, req, fleets, instances, fleet_records, provisioned, refusals, row)
-        )
-    for record in fleet_records:  # the fits shown are those of the first group
-        for inst in record.instances:
-            source = next(i for i in instances if i["instance_id"] == inst.instance_id)
-            inst.fits = (
-                _fits(groups[0][2] if groups else None, source)
-                if inst.state != "provisioning"
-                else False
-            )
+    first = groups[0][2] if groups else None
+    fleet_records = [_fleet_at(fleet, as_of, creation, first, context) for fleet in fleets]
+    group_verdicts = [
+        _group_surge(name, req, fleets, fleet_records, context, row)
+        for name, _wanted, req in groups or [("0", None, None)]
+    ]
 
     if server not in frames.fleet_table_servers:
         surge: Surge = "unknown"
@@ -528,7 +491,11 @@ def _assess_one(
     reasons.append(retry_text)
     if spec and not groups:
         reasons.append("the run spec holds no resources: the fit of an idle instance is unknown")
-    past = _past_incidents(findings, row, as_of)
+    past = sum(
+        1
+        for when in context.incidents.get((server, row.get("project"), row.get("run_name")), [])
+        if when <= as_of
+    )
     healthy = counts.get("healthy") or 0
     return ServiceExposure(
         server=server,
@@ -551,24 +518,77 @@ def _assess_one(
     )
 
 
+def _fleet_at(
+    fleet: dict, as_of: datetime, creation: str, req: Requirement | None, context: _Context
+) -> FleetAtT:
+    """One fleet at T: its instances alive then, busy or idle, and whether it can add a node
+    (`can_create_new_cloud_instance_in_fleet`); fits shown for `req`."""
+    key = (fleet["server"], fleet["fleet_id"], as_of, creation, req)
+    if key in context.fleet_cache:
+        return context.fleet_cache[key]
+    mine = context.instances.get((fleet["server"], fleet["fleet_id"], as_of), [])
+    ssh = bool(fleet["ssh"]) or any(i["backend"] == "remote" for i in mine)
+    nodes_max = fleet["nodes_max"]
+    low = fleet["nodes_min"] if fleet["nodes_min"] is not None else ""
+    record = FleetAtT(
+        fleet_id=fleet["fleet_id"],
+        fleet_name=fleet["fleet_name"],
+        nodes="ssh hosts" if ssh else f"{low}..{nodes_max if nodes_max is not None else ''}",
+        ssh=ssh,
+        active_instances=len(mine),
+        instances=[
+            InstanceAtT(
+                instance_id=i["instance_id"],
+                instance_name=i["instance_name"],
+                state="provisioning"
+                if _provisioning(i, as_of)
+                else ("busy" if i["busy_blocks"] >= (i["total_blocks"] or 1) else "idle"),
+                blocks=f"{i['busy_blocks']}/{i['total_blocks'] or 1}",
+                fits=False if _provisioning(i, as_of) else _fits(req, i),
+            )
+            for i in mine
+        ],
+        can_add_node=not ssh
+        and creation != "reuse"
+        and (nodes_max is None or len(mine) < nodes_max),
+        provenance=fleet["provenance"],
+    )
+    context.fleet_cache[key] = record
+    return record
+
+
+def _provisioning(instance: dict, as_of: datetime) -> bool:
+    return instance["started_at"] is None or instance["started_at"] > as_of
+
+
+def _incidents(findings: list[Finding]) -> dict[tuple, list[datetime]]:
+    """Collateral findings by service (server, project, name): when each happened (the
+    culprit's failure, else the first victim's stop)."""
+    found: dict[tuple, list[datetime]] = {}
+    for finding in findings:
+        times = [c.failed_at for c in finding.culprits if c.failed_at] + [
+            v.terminated_at for v in finding.victims if v.terminated_at
+        ]
+        if times:
+            key = (finding.server, finding.project, finding.run_name)
+            found.setdefault(key, []).append(min(times))
+    return found
+
+
 def _group_surge(
     name: str,
     req: Requirement | None,
     fleets: list[dict],
-    instances: list[dict],
     fleet_records: list[FleetAtT],
-    provisioned: dict[tuple, list[dict]],
-    refusals: dict[tuple, list[dict]],
+    context: _Context,
     row: dict,
 ) -> tuple[Surge, str]:
     """One replica group: an idle instance that fits, a fleet that can grow, or neither."""
     as_of = row["as_of"]
     fits_unknown = False
     for fleet in fleets:
-        for inst in instances:
-            if inst["fleet_id"] != fleet["fleet_id"]:
-                continue
-            if inst["started_at"] is None or inst["started_at"] > as_of:
+        for inst in context.instances.get((fleet["server"], fleet["fleet_id"], as_of), []):
+            if _provisioning(inst, as_of):
                 continue
             fit = _fits(req, inst)
             if fit:
@@ -577,42 +597,16 @@ def _group_surge(
                     f"{fleet['fleet_name']} has idle blocks that fit one more replica"
                 )
             fits_unknown = fits_unknown or fit is None
-    growable = [r for r in fleet_records if r.can_add_node]
-    for record in growable:
-        fitting = [
-            i
-            for i in provisioned.get((row["server"], record.fleet_id), [])
-            if i["created_at"] <= as_of and req is not None and _fits(req, {**i, "busy_blocks": 0})
-        ]
-        backend = fitting[-1]["backend"] if fitting else None
-        since = fitting[-1]["created_at"] if fitting else None
-        refused = [
-            j
-            for j in refusals.get((row["server"], row.get("project")), [])
-            if j["stopped_at"] <= as_of and (since is None or j["stopped_at"] > since)
-        ]
-        room = f"fleet {record.fleet_name} can add a node ({record.active_instances} of "
-        room += f"{record.nodes})"
-        if fitting and not refused:
-            return "available", (
-                f"group {name}: {room}; {backend} placed a fitting instance in it at "
-                f"{since:%Y-%m-%d %H:%M:%S} and refused nothing since (the provider's capacity "
-                "at T itself is not in the evidence)"
-            )
-        if refused:
-            last = refused[-1]
-            why = (
-                f"the provider had no capacity for {last['job_name']} at "
-                f"{last['stopped_at']:%Y-%m-%d %H:%M:%S}"
-                + (
-                    f" ({last['termination_reason_message']})"
-                    if last["termination_reason_message"]
-                    else ""
-                )
-            )
-        else:
-            why = "no fitting instance was ever provisioned in it: the offers are unknown"
-        return "unknown", f"group {name}: {room}, but a new node depends on the provider: {why}"
+    unknown = None
+    for record in (r for r in fleet_records if r.can_add_node):
+        verdict, text = _provider_room(
+            name, req, record, context.provisioned, context.refusals, row
+        )
+        if verdict == "available":
+            return verdict, text
+        unknown = unknown or (verdict, text)
+    if unknown is not None:
+        return unknown
     if fits_unknown:
         return (
             "unknown",
@@ -623,7 +617,7 @@ def _group_surge(
         + (
             "an SSH fleet never provisions"
             if r.ssh
-            else f"{r.active_instances} node(s) of {r.nodes}"
+            else f"{r.active_instances} instance(s), nodes {r.nodes}"
         )
         for r in fleet_records
     )
@@ -633,22 +627,47 @@ def _group_surge(
     )
 
 
-def _past_incidents(findings: list[Finding], row: dict, as_of: datetime) -> int:
-    """Collateral findings of the same service (server, project, name) that happened by T."""
-    count = 0
-    for finding in findings:
-        if (finding.server, finding.project, finding.run_name) != (
-            row["server"],
-            row.get("project"),
-            row.get("run_name"),
-        ):
-            continue
-        times = [c.failed_at for c in finding.culprits if c.failed_at] + [
-            v.terminated_at for v in finding.victims if v.terminated_at
-        ]
-        if times and min(times) <= as_of:
-            count += 1
-    return count
+def _provider_room(
+    name: str,
+    req: Requirement | None,
+    record: FleetAtT,
+    provisioned: dict[tuple, list[dict]],
+    refusals: dict[tuple, list[dict]],
+    row: dict,
+) -> tuple[Surge, str]:
+    """A cloud fleet below its maximum: dstack asks the provider for a new node. `available`
+    when the provider placed a fitting instance in this fleet before T and no placement was
+    refused since; otherwise `unknown`."""
+    as_of = row["as_of"]
+    placed = provisioned.get((row["server"], record.fleet_id), [])
+    latest = None
+    for inst in reversed(placed[: bisect_right([i["created_at"] for i in placed], as_of)]):
+        if req is not None and _fits(req, {**inst, "busy_blocks": 0}):
+            latest = inst
+            break
+    since = latest["created_at"] if latest else None
+    project_refusals = refusals.get((row["server"], row.get("project")), [])
+    stops = [j["stopped_at"] for j in project_refusals]
+    first = bisect_right(stops, since) if since is not None else 0
+    refused = project_refusals[first : bisect_right(stops, as_of)]
+    room = f"fleet {record.fleet_name} can add a node ({record.active_instances} "
+    room += f"instance(s), nodes {record.nodes})"
+    if latest and not refused:
+        return "available", (
+            f"group {name}: {room}; {latest['backend']} placed a fitting instance in it at "
+            f"{since:%Y-%m-%d %H:%M:%S} and refused nothing since (the provider's capacity "
+            "at T itself is not in the evidence)"
+        )
+    if refused:
+        last = refused[-1]
+        message = last["termination_reason_message"]
+        why = (
+            f"the provider had no capacity for {last['job_name']} at "
+            f"{last['stopped_at']:%Y-%m-%d %H:%M:%S}" + (f" ({message})" if message else "")
+        )
+    else:
+        why = "no fitting instance was ever provisioned in it: the offers are unknown"
+    return "unknown", f"group {name}: {room}, but a new node depends on the provider: {why}"
 
 
 def _recommend(
@@ -744,18 +763,11 @@ def foresight(frames: Frames, findings: list[Finding], deployments: pl.DataFrame
         schema={"server": pl.String, "run_id": pl.String, "as_of": pl.Datetime("us", "UTC")},
         orient="row",
     ).unique()
-    states = {(s.server, s.run_id, s.as_of): s for s in assess_probes(frames, probes, [])}
+    states = {(s.server, s.run_id): s for s in assess_probes(frames, probes, [])}
     updated = []
     for finding in findings:
-        state = next(
-            (
-                s
-                for (srv, run, _), s in states.items()
-                if (srv, run) == (finding.server, finding.run_id)
-            ),
-            None,
-        )
-        if finding not in wanted or state is None:
+        state = states.get((finding.server, finding.run_id))
+        if state is None or not any(c.termination_reason == NO_CAPACITY for c in finding.culprits):
             updated.append(finding)
             continue
         updated.append(
