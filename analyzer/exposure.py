@@ -70,6 +70,7 @@ class InstanceAtT(_Record):
     state: Literal["busy", "idle", "provisioning"]
     blocks: str  # "busy/total"
     fits: bool | None  # idle blocks enough for one more replica; None: resources unknown
+    provenance: str | None
 
 
 class FleetAtT(_Record):
@@ -545,6 +546,7 @@ def _fleet_at(
                 else ("busy" if i["busy_blocks"] >= (i["total_blocks"] or 1) else "idle"),
                 blocks=f"{i['busy_blocks']}/{i['total_blocks'] or 1}",
                 fits=False if _provisioning(i, as_of) else _fits(req, i),
+                provenance=i["i_provenance"],
             )
             for i in mine
         ],
