@@ -22,6 +22,7 @@ from analyzer.exposure import BEFORE_UPDATE, exposure_report, judge_release
 from tests.conftest import CAPTURES, execute, load_truth, truth_files
 from tests.test_postgres import loaded, pg  # noqa: F401  (the throwaway PostgreSQL server)
 
+PLANTED = "echo planted-group-command-1f9a"
 PROVIDER_REFUSAL = (
     "Failed to provision in fleet 'cpu-fleet': tried 1 of 1 offers, all failed.\n"
     "See https://dstack.ai/docs/guides/troubleshooting/#provisioning"
@@ -278,7 +279,7 @@ def test_a_groups_resources_decide_the_fit(copy_db):
     execute(db, "UPDATE fleets SET spec = json_set(spec, '$.configuration.nodes.max', 2)")
     _add_idle_instance(db)
     groups = [
-        {"name": "web", "replicas": {"min": 1, "max": 1}, "resources": None},
+        {"name": "web", "replicas": {"min": 1, "max": 1}, "resources": None, "commands": [PLANTED]},
         {
             "name": "gpu",
             "replicas": {"min": 1, "max": 1},
@@ -296,6 +297,10 @@ def test_a_groups_resources_decide_the_fit(copy_db):
     assert any(r.startswith("group web:") and "cpu-fleet-1" in r for r in service.reasons)
     assert any(r.startswith("group gpu:") and "no idle instance fits" in r for r in service.reasons)
     assert service.resources[1] == "gpu: gpu a100 1.."  # names compared lowercased
+    # A group's commands are never carried into the canonical model or any output.
+    audit = open_sources([db])
+    assert PLANTED not in audit.evidence.runs.write_csv()
+    assert PLANTED not in exposure_report(audit).model_dump_json()
 
 
 def test_retry_on_no_capacity_measured_from_the_runs_submission(copy_db):

@@ -7,6 +7,7 @@ all-text columns; this module is the one place that knows dstack's schema and it
 
 from __future__ import annotations
 
+import json
 from typing import Protocol
 
 import polars as pl
@@ -358,9 +359,12 @@ def _placement_spec(spec: pl.Expr) -> pl.Expr:
     def part(name: str, value: pl.Expr) -> pl.Expr:
         return pl.concat_str([pl.lit(f'"{name}":'), value.fill_null("null")])
 
+    groups = spec.str.json_path_match("$.configuration.groups").map_elements(
+        _slim_groups, return_dtype=pl.String, skip_nulls=True
+    )
     parts = [
-        part(name, spec.str.json_path_match(f"$.configuration.{name}"))
-        for name in ("replicas", "groups")
+        part("replicas", spec.str.json_path_match("$.configuration.replicas")),
+        part("groups", groups),
     ] + [
         part(
             name,
@@ -373,6 +377,24 @@ def _placement_spec(spec: pl.Expr) -> pl.Expr:
     ]
     text = pl.concat_str([pl.lit("{"), pl.concat_str(parts, separator=","), pl.lit("}")])
     return pl.when(spec.is_null()).then(pl.lit(None, pl.String)).otherwise(text)
+
+
+def _slim_groups(text: str) -> str | None:
+    """Replica groups (0.20.7+) reduced to what placement needs: name, replicas, resources
+    (a group also holds commands and an image, which the canonical model never carries).
+    Called only for the runs that have groups."""
+    try:
+        groups = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(groups, list):
+        return None
+    kept = [
+        {key: group.get(key) for key in ("name", "replicas", "resources")}
+        for group in groups
+        if isinstance(group, dict)
+    ]
+    return json.dumps(kept)
 
 
 def _fleets(
