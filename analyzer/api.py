@@ -261,6 +261,7 @@ def open_sources(
     finally:
         READ_OPTIONS.reset(token)
     evidence = reconcile(combine(parts), TimeOptions(log_tz=log_tz, log_date=log_date))
+    evidence.narrowed = bool(partition or since or project)
     return Audit(evidence, project=project, run=run, since=since, until=until)
 
 

@@ -39,6 +39,7 @@ class Evidence:
     instances: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=INSTANCES_SCHEMA))
     fleet_table_servers: set[str] = field(default_factory=set)  # inputs held fleets + instances
     server_versions: dict[str, str] = field(default_factory=dict)  # dstack release per server
+    narrowed: bool = False  # read for some runs only: other runs' jobs on instances unseen
     latest_by_server: dict[str, datetime] = field(default_factory=dict)  # beyond a partition
     unparsed: pl.DataFrame = field(
         default_factory=lambda: pl.DataFrame(

@@ -297,6 +297,7 @@ class Frames:
     instances: pl.DataFrame
     fleet_table_servers: set[str]
     server_versions: dict[str, str]
+    narrowed: bool = False  # jobs of some runs not read: an idle-looking instance may be busy
 
 
 def assess_probes(frames: Frames, probes: pl.DataFrame, findings: list[Finding]) -> list:
@@ -593,6 +594,12 @@ def _group_surge(
             if _provisioning(inst, as_of):
                 continue
             fit = _fits(req, inst)
+            if fit and context.frames.narrowed:
+                return "unknown", (
+                    f"group {name}: instance {inst['instance_name']} of fleet "
+                    f"{fleet['fleet_name']} looks idle, but this audit read the jobs of some "
+                    "runs only (--partition, --project or --since): others may hold it"
+                )
             if fit:
                 return "available", (
                     f"group {name}: instance {inst['instance_name']} of fleet "
@@ -741,6 +748,7 @@ def frames_of(audit) -> Frames:
         instances=evidence.instances,
         fleet_table_servers=evidence.fleet_table_servers,
         server_versions=evidence.server_versions,
+        narrowed=evidence.narrowed,
     )
 
 

@@ -453,3 +453,17 @@ def test_postgresql_and_its_exports_agree(loaded, scenario, expected):  # noqa: 
     release = {"exposed", "dstack_release", "recommendation", "reasons"}
     assert from_db.model_dump(exclude=release) == from_csv.model_dump(exclude=release)
     assert from_db.reasons[1:] == from_csv.reasons[1:]
+
+
+def test_a_narrowed_read_cannot_call_an_idle_instance_free(copy_db):
+    """With --project (or a partition), jobs of other runs are not read: an instance that looks
+    idle may be held by one of them, so the room is `unknown`, not `available`."""
+    db = copy_db("v0.22.5/seed")
+    execute(db, "UPDATE fleets SET spec = json_set(spec, '$.configuration.nodes.max', 2)")
+    _add_idle_instance(db)
+    truth = load_truth(CAPTURES / "v0.22.5/seed/truth.json")["runs"][0]
+    audit = open_sources([db], project="acme")
+    moment = _update_time(audit, truth["run_id"], 1) - BEFORE_UPDATE
+    service = _service(exposure_report(audit, moment), truth["run_id"])
+    assert service.surge_capacity == "unknown"
+    assert any("read the jobs of some runs only" in reason for reason in service.reasons)
