@@ -467,3 +467,22 @@ def test_a_narrowed_read_cannot_call_an_idle_instance_free(copy_db):
     service = _service(exposure_report(audit, moment), truth["run_id"])
     assert service.surge_capacity == "unknown"
     assert any("read the jobs of some runs only" in reason for reason in service.reasons)
+
+
+def test_a_dataset_written_before_fleets_were_ingested_reads_as_unknown(tmp_path):
+    """A dataset without fleets/instances (its manifest has no fleet_table_servers) still
+    reads; its services' surge capacity is unknown, said as a limitation."""
+    import shutil
+
+    db = CAPTURES / "v0.22.5/rolling-ok/server.db"
+    folder = tmp_path / "ds"
+    assert CliRunner().invoke(main, ["ingest", str(db), "--to", str(folder)]).exit_code == 0
+    manifest = json.loads(pl.read_parquet(folder / "dataset.parquet")["manifest"][0])
+    del manifest["fleet_table_servers"]
+    pl.DataFrame({"manifest": [json.dumps(manifest)]}).write_parquet(folder / "dataset.parquet")
+    shutil.rmtree(folder / "fleets")
+    shutil.rmtree(folder / "instances")
+    report = exposure_report(open_sources([folder]))
+    (service,) = report.services
+    assert service.surge_capacity == "unknown" and service.exposed == "yes"
+    assert any(lim.code == "no_fleet_tables" for lim in report.limitations)
