@@ -18,7 +18,7 @@ from analyzer.api import audit_in_partitions, open_sources
 from analyzer.bundle import verify_bundle, write_bundle
 from analyzer.dataset import write_dataset
 from analyzer.errors import AuditInputError
-from analyzer.outputs import Outputs, plan
+from analyzer.outputs import plan
 from analyzer.redact import Redactor
 from analyzer.report.markdown import render_markdown
 from analyzer.report.text import render_table, render_timeline
@@ -311,9 +311,8 @@ def ingest(
 def synth(out: Path, runs: int, seed: int, log_tz: str, rich_width: int) -> None:
     """Generate a synthetic dstack server in OUT: server.db (dstack 0.22.5's schema), its logs in
     the three formats, and the truth.json of every run (for benchmarks and fleet-scale tests)."""
-    from analyzer.synth import default_captures, synthesize
+    from analyzer.synth import synthesize
 
-    Outputs([default_captures()]).folder(out, replace=False)
     summary = synthesize(out, runs=runs, seed=seed, log_tz=log_tz, rich_width=rich_width)
     click.echo(
         f"wrote {summary.runs} runs, {summary.rows.get('jobs', 0)} jobs, "
