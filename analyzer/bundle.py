@@ -177,6 +177,9 @@ class Verification:
 
 
 def verify_bundle(folder: Path) -> Verification:
+    """Check every recorded input's hash, then re-run the audit and compare verdicts and
+    findings. The sources are given as they were, from the folder they were given in (for the
+    call, then back): the new report names every input and provenance as the recorded one."""
     manifest, recorded = _read_manifest(folder)
     result = Verification()
     if manifest.tool != f"dstack-audit {__version__}":
@@ -200,8 +203,6 @@ def verify_bundle(folder: Path) -> Verification:
     if base is None:
         again = open_sources(manifest.sources, **options).report
     else:
-        # the same sources as given, from the folder they were given in: the report names
-        # every input and provenance by the same path as the recorded one
         back = Path.cwd()
         os.chdir(base)
         try:

@@ -203,6 +203,8 @@ class Outputs:
             descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
             with os.fdopen(descriptor, "wb") as handle:
                 yield handle
+                handle.flush()
+                os.fsync(handle.fileno())  # complete on disk before it takes the name
             if output.path.exists():
                 os.chmod(temporary, stat.S_IMODE(output.path.stat().st_mode))
             os.replace(temporary, output.path)
