@@ -36,8 +36,10 @@ def cannot_write(path: str | Path, reason: str) -> AuditInputError:
 
 
 def _resolve(given: str | Path) -> Path:
+    """Absolute, symlinks followed and `..` taken after them as the kernel does (a path that
+    does not exist yet: through its deepest existing parent)."""
     try:
-        return Path(os.path.abspath(Path(given).expanduser())).resolve()
+        return Path(given).resolve()
     except (OSError, RuntimeError) as error:  # a symlink loop
         raise cannot_write(given, f"cannot resolve the path ({error})") from None
 
@@ -50,7 +52,7 @@ def _local_inputs(sources: Iterable[str | Path]) -> list[Path]:
         if text == STDOUT or "://" in text or not text:
             continue
         try:
-            found.append(Path(os.path.abspath(Path(text).expanduser())).resolve())
+            found.append(Path(text).resolve())
         except (OSError, RuntimeError):
             continue  # an unresolvable input is named by the reader, not here
     return found

@@ -113,6 +113,12 @@ def test_output_symlinked_to_the_database_is_refused(case):
     assert (case / "out.html").is_symlink()
 
 
+def test_dotdot_after_a_symlink_is_taken_as_the_kernel_takes_it(case):
+    """`logs/..` through a link into the evidence is the evidence folder, not the link's."""
+    (case / "shortcut").symlink_to(case / "evidence" / "logs")
+    _refused(case, ["audit", "evidence/server.db", "-o", "shortcut/../x.txt"], "shortcut/../x.txt")
+
+
 def test_output_beside_an_input_found_inside_a_folder_is_refused(case):
     """The folder holds a link to a database elsewhere: its folder is an input's folder too."""
     linked = case / "linked"
