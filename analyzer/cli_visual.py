@@ -135,6 +135,9 @@ def register(main: click.Group) -> None:
         type=click.DateTime(formats=DATETIME_FORMATS),
         help="Only runs submitted at or before this UTC time.",
     )
+    @click.option(
+        "--force", is_flag=True, help="Replace FILE-images/ whole even when it holds other files."
+    )
     @_log_options
     @_clean_errors
     def report(
@@ -145,6 +148,7 @@ def register(main: click.Group) -> None:
         run: str | None,
         since: datetime | None,
         until: datetime | None,
+        force: bool,
         log_tz: str | None,
         log_date: Any,
     ) -> None:
@@ -156,7 +160,7 @@ def register(main: click.Group) -> None:
         images = output.with_name(f"{output.stem}-images")
         outputs = plan(sources, files=(output,))
         if fmt == "markdown":
-            outputs.folder(images, replaceable=_only_images)
+            outputs.folder(images, force=force, replaceable=_only_images)
         opened = _open(
             sources,
             log_tz,

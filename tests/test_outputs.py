@@ -226,6 +226,9 @@ def test_markdown_report_replaces_its_image_folder_whole(case):
     refused = run("report", "evidence/server.db", "-o", str(report))
     assert refused.exit_code == 2 and "incident-images" in refused.output
     assert "not empty" in refused.output and _snapshot(case) == before
+    forced = run("report", "evidence/server.db", "-o", str(report), "--force")
+    assert forced.exit_code == 0 and not (images / "notes.txt").exists()
+    assert {p.name for p in images.iterdir()} == names
 
 
 def test_devices_and_stdout_are_written_directly(case):
