@@ -44,20 +44,6 @@ def _resolve(given: str | Path) -> Path:
         raise cannot_write(given, f"cannot resolve the path ({error})") from None
 
 
-def _local_inputs(sources: Iterable[str | Path]) -> list[Path]:
-    """The inputs that are paths on this machine (not URLs, not standard input)."""
-    found = []
-    for source in sources:
-        text = str(source)
-        if text == STDOUT or "://" in text or not text:
-            continue
-        try:
-            found.append(Path(text).resolve())
-        except (OSError, RuntimeError):
-            continue  # an unresolvable input is named by the reader, not here
-    return found
-
-
 def _is_special(path: Path) -> bool:
     """A device, FIFO or socket: written to directly, never replaced."""
     try:
@@ -89,17 +75,52 @@ class Outputs:
     """
 
     def __init__(self, inputs: Iterable[str | Path]) -> None:
-        self._inputs: list[Path] = []
+        self._inputs: dict[str, None] = {}  # the real path of every input (file or folder)
+        self._inside: dict[str, str] = {}  # a folder nothing may be written in -> why
+        self._real_folders: dict[str, str] = {}  # the real path of each folder seen
         self._outputs: dict[str, _Output] = {}
         self.add_inputs(inputs)
 
     def add_inputs(self, inputs: Iterable[str | Path]) -> None:
         """More inputs (e.g. the files found inside an input folder, a database's -wal): every
-        output planned so far is checked against them too."""
-        new = [p for p in _local_inputs(inputs) if p not in self._inputs]
-        self._inputs += new
+        output planned so far is checked against them too. A string check per input: a folder
+        of many thousand files costs milliseconds."""
+        new = []
+        for source in inputs:
+            found = self._real_input(str(source))
+            if found is None or found[0] in self._inputs:
+                continue
+            real, is_folder = found
+            self._inputs[real] = None
+            new.append(real)
+            if is_folder:
+                self._inside[real] = f"the input folder {real}"
+            else:
+                folder = os.path.dirname(real)
+                self._inside.setdefault(folder, f"{folder}, the folder holding the input {real}")
         for output in self._outputs.values():
             self._check(output, new)
+
+    def _real_input(self, text: str) -> tuple[str, bool] | None:
+        """An input's real path and whether it is a folder; None for a URL or standard input.
+        The folder part is resolved once per folder, the name only when it is a link."""
+        if not text or text == STDOUT or "://" in text:
+            return None
+        try:
+            mode = os.lstat(text).st_mode
+        except OSError:
+            mode = 0  # missing: the reader names it; resolved through its parent
+        head, name = os.path.split(text)
+        try:
+            if stat.S_ISLNK(mode) or name in ("", ".", ".."):
+                real = os.path.realpath(text)
+                return real, os.path.isdir(real)
+            base = self._real_folders.get(head)
+            if base is None:
+                base = self._real_folders[head] = os.path.realpath(head or ".")
+            return os.path.join(base, name), stat.S_ISDIR(mode)
+        except (OSError, RuntimeError):  # a symlink loop: the reader names it
+            return None
 
     def file(self, given: str | Path | None) -> None:
         """Plan a file output (None and `-` are standard output)."""
@@ -160,12 +181,25 @@ class Outputs:
         self._check(output, self._inputs)
         self._outputs[output.given] = output
 
-    @staticmethod
-    def _check(output: _Output, inputs: Iterable[Path]) -> None:
-        for source in inputs:
-            problem = _overlap(output, source)
-            if problem:
-                raise AuditInputError(output.given, f"refused as an output: {problem}")
+    def _check(self, output: _Output, inputs: Iterable[str]) -> None:
+        """Refuse `output` when writing it could harm an input (`inputs`: the ones to test for
+        lying inside a folder output; the rest is looked up among all inputs)."""
+        problem = None
+        real = str(output.path)
+        if real in self._inputs:
+            problem = f"it is the input {real}"
+        elif not output.special:  # a device or FIFO creates nothing beside anything
+            folder, up = os.path.dirname(real), real
+            while problem is None and folder != up:
+                problem = self._inside.get(folder)
+                problem = f"it lies inside {problem}" if problem else None
+                folder, up = os.path.dirname(folder), folder
+            if problem is None and output.folder:
+                prefix = real.rstrip(os.sep) + os.sep
+                held = next((p for p in inputs if p.startswith(prefix)), None)
+                problem = f"it holds the input {held}" if held else None
+        if problem:
+            raise AuditInputError(output.given, f"refused as an output: {problem}")
 
     def _planned(self, given: str | Path) -> _Output:
         try:
@@ -251,29 +285,6 @@ def plan(
         if given is not None:
             outputs.folder(given, force=force)
     return outputs
-
-
-def _overlap(output: _Output, source: Path) -> str | None:
-    """Why writing `output` could harm the input `source`, or None."""
-    if output.path == source or (output.path.exists() and _same_file(output.path, source)):
-        return f"it is the input {source}"
-    if output.special:
-        return None  # a device or FIFO creates nothing beside anything
-    if source.is_dir():
-        if source in output.path.parents:
-            return f"it lies inside the input folder {source}"
-    elif source.parent in output.path.parents:
-        return f"it lies inside {source.parent}, the folder holding the input {source}"
-    if output.folder and output.path in source.parents:
-        return f"it holds the input {source}"
-    return None
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
 
 
 def _swap_in(staging: Path, final: Path, *, remove: bool) -> None:
