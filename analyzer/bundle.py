@@ -131,7 +131,7 @@ def _read_manifest(folder: Path) -> tuple[Manifest, Report]:
     read = []
     for name, model, what in ((MANIFEST, Manifest, "manifest"), (REPORT, Report, "JSON report")):
         path = folder / name
-        if not path.is_file():
+        if not path.exists():
             raise AuditInputError(str(folder), f"not a dstack-audit bundle (no {name} in it)")
         try:
             read.append(model.model_validate_json(path.read_bytes()))

@@ -347,14 +347,18 @@ def test_bundle_from_relative_paths_verifies_from_any_directory(case, monkeypatc
         (b'{"tool": "dstack-audit 0.1.0"}', "not a dstack-audit bundle manifest (created_at:"),
         (b"\xff\xfe\x00binary", "not a dstack-audit bundle manifest (Invalid JSON"),
         (None, "not a dstack-audit bundle (no manifest.json in it)"),
+        ("folder", "manifest.json: cannot read it (Is a directory)"),
     ],
-    ids=["text", "array", "fields-missing", "binary", "missing"],
+    ids=["text", "array", "fields-missing", "binary", "missing", "unreadable"],
 )
 def test_verify_of_a_garbage_manifest_is_one_line(case, manifest, problem):
     assert run("audit", "evidence/server.db", "--bundle", "bundle").exit_code == 0
     path = case / "bundle" / "manifest.json"
     if manifest is None:
         path.unlink()
+    elif manifest == "folder":
+        path.unlink()
+        path.mkdir()
     else:
         path.write_bytes(manifest)
     result = run("verify", "bundle")
