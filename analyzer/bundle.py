@@ -110,7 +110,7 @@ def write_bundle(
     manifest = Manifest(
         tool=f"dstack-audit {__version__}",
         created_at=datetime.now(UTC).isoformat(),
-        sources=[_shown(s) if DATABASE_URL.match(s) else str(Path(s).resolve()) for s in sources],
+        sources=[_shown(s) if "://" in s else str(Path(s).resolve()) for s in sources],
         given_sources=[_shown(s) for s in sources],
         cwd=str(cwd),
         cwd_from_bundle=from_bundle(cwd),
