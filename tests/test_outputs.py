@@ -408,3 +408,14 @@ def test_force_never_replaces_the_working_directory(case, monkeypatch):
         "dstack-audit: .: refusing to replace the folder holding the working directory\n"
     )
     assert _snapshot(case) == before
+
+
+def test_output_through_a_link_replaces_the_file_it_names_and_keeps_the_link(case):
+    (case / "reports").mkdir()
+    (case / "reports" / "latest.json").write_text("old\n")
+    (case / "latest.json").symlink_to(case / "reports" / "latest.json")
+    result = run("audit", "evidence/server.db", "--format", "json", "-o", "latest.json")
+    assert result.exit_code == 0, result.output
+    assert (case / "latest.json").is_symlink()
+    assert json.loads((case / "reports" / "latest.json").read_text())["findings"]
+    assert sorted(p.name for p in (case / "reports").iterdir()) == ["latest.json"]
