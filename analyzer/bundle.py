@@ -3,11 +3,13 @@ re-run later and compared, input hash by input hash and finding by finding."""
 
 from __future__ import annotations
 
-import json
+import os
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from analyzer import __version__
 from analyzer.api import open_sources
@@ -26,27 +28,142 @@ def _verdicts(report: Report) -> dict[str, Any]:
     return {"runs": data["runs"], "findings": data["findings"], "summary": data["summary"]}
 
 
+class ManifestInput(BaseModel):
+    path: str  # as the report shows it (relative to `cwd` when the audit was given one)
+    kind: str
+    sha256: str | None
+    size: int | None = None
+    absolute: str | None = None
+    from_bundle: str | None = None  # relative to the bundle: found again when both move together
+
+
+class ManifestOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    project: str | None = None
+    run: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    log_tz: str | None = None
+    log_date: date | None = None
+    server_labels: dict[str, str] | None = None
+    partition: tuple[int, int] | None = None
+
+    @field_validator("since", "until")
+    @classmethod
+    def _utc(cls, value: datetime | None) -> datetime | None:
+        """The CLI's --since/--until are UTC times written without a zone."""
+        return value.replace(tzinfo=UTC) if value and value.tzinfo is None else value
+
+
+class Manifest(BaseModel):
+    """What `verify` needs to re-run the audit: the sources as given and where from, the options
+    and every input's hash."""
+
+    tool: str
+    created_at: str
+    sources: list[str]  # resolved (absolute) paths, URLs without their password
+    given_sources: list[str] | None = None  # as given on the command line
+    cwd: str | None = None  # the working directory the given sources are relative to
+    cwd_from_bundle: str | None = None
+    options: ManifestOptions = Field(default_factory=ManifestOptions)
+    inputs: list[ManifestInput]
+    schema_version: int
+
+
+def _shown(source: str) -> str:
+    return url_without_password(source) if DATABASE_URL.match(source) else source
+
+
 def write_bundle(
-    folder: Path, sources: tuple[str, ...], options: dict[str, Any], report: Report, markdown: str
+    folder: Path,
+    sources: tuple[str, ...],
+    options: dict[str, Any],
+    report: Report,
+    markdown: str,
+    *,
+    location: Path | None = None,
 ) -> None:
+    """Write the bundle's files into `folder`; `location` is where the bundle will live (when
+    `folder` is built elsewhere and moved there), so paths relative to it are right."""
     folder.mkdir(parents=True, exist_ok=True)
-    manifest = {
-        "tool": f"dstack-audit {__version__}",
-        "created_at": datetime.now(UTC).isoformat(),
-        "sources": [
-            url_without_password(s) if DATABASE_URL.match(s) else str(Path(s).resolve())
-            for s in sources
-        ],
-        "options": options,
-        "inputs": [
-            {"path": i.path, "kind": i.kind, "sha256": i.sha256, "size": i.size}
-            for i in report.inputs
-        ],
-        "schema_version": report.schema_version,
-    }
-    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    home = Path(location or folder).resolve()
+    cwd = Path.cwd().resolve()
+
+    def from_bundle(path: Path) -> str:
+        return os.path.relpath(path, home)
+
+    inputs = []
+    for item in report.inputs:
+        local = not ("://" in item.path or item.path == "-")
+        absolute = (cwd / item.path).resolve() if local else None
+        inputs.append(
+            ManifestInput(
+                path=item.path,
+                kind=item.kind,
+                sha256=item.sha256,
+                size=item.size,
+                absolute=str(absolute) if absolute else None,
+                from_bundle=from_bundle(absolute) if absolute else None,
+            )
+        )
+    manifest = Manifest(
+        tool=f"dstack-audit {__version__}",
+        created_at=datetime.now(UTC).isoformat(),
+        sources=[_shown(s) if "://" in s else str(Path(s).resolve()) for s in sources],
+        given_sources=[_shown(s) for s in sources],
+        cwd=str(cwd),
+        cwd_from_bundle=from_bundle(cwd),
+        options=ManifestOptions.model_validate(options),
+        inputs=inputs,
+        schema_version=report.schema_version,
+    )
+    (folder / MANIFEST).write_text(manifest.model_dump_json(indent=2) + "\n", encoding="utf-8")
     (folder / REPORT).write_text(report.model_dump_json(indent=2) + "\n", encoding="utf-8")
     (folder / "report.md").write_text(markdown, encoding="utf-8")
+
+
+def _read_manifest(folder: Path) -> tuple[Manifest, Report]:
+    """The bundle's manifest and recorded report, or one line saying what is wrong."""
+    if not folder.is_dir():
+        problem = "not a folder" if folder.exists() else "no such folder"
+        raise AuditInputError(str(folder), f"not a dstack-audit bundle ({problem})")
+    read = []
+    for name, model, what in ((MANIFEST, Manifest, "manifest"), (REPORT, Report, "JSON report")):
+        path = folder / name
+        if not path.exists():
+            raise AuditInputError(str(folder), f"not a dstack-audit bundle (no {name} in it)")
+        try:
+            read.append(model.model_validate_json(path.read_bytes()))
+        except OSError as error:
+            raise AuditInputError(str(path), f"cannot read it ({error.strerror})") from None
+        except ValidationError as error:
+            raise AuditInputError(
+                str(path), f"not a dstack-audit bundle {what} ({_first(error)})"
+            ) from None
+    return read[0], read[1]
+
+
+def _first(error: ValidationError) -> str:
+    problem = error.errors()[0]
+    where = ".".join(str(part) for part in problem["loc"])
+    text = f"{where}: {problem['msg']}" if where else problem["msg"]
+    return " ".join(text.split())[:200]
+
+
+def _base(manifest: Manifest, folder: Path) -> Path | None:
+    """The folder the given sources are relative to, now: where the audit ran, or the same place
+    relative to the bundle when evidence and bundle moved together. None: neither holds them."""
+    if manifest.given_sources is None or manifest.cwd is None:
+        return None
+    candidates = [Path(manifest.cwd)]
+    if manifest.cwd_from_bundle is not None:
+        candidates.append(folder.resolve() / manifest.cwd_from_bundle)
+    local = [s for s in manifest.given_sources if "://" not in s and s != "-"]
+    for base in candidates:
+        if base.is_dir() and all((base / s).exists() for s in local):
+            return base.resolve()
+    return None
 
 
 @dataclass
@@ -60,39 +177,42 @@ class Verification:
 
 
 def verify_bundle(folder: Path) -> Verification:
-    try:
-        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
-        recorded = Report.model_validate_json((folder / REPORT).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise AuditInputError(str(folder), f"not a dstack-audit bundle ({error})") from None
+    """Check every recorded input's hash, then re-run the audit and compare verdicts and
+    findings. The sources are given as they were, from the folder they were given in (for the
+    call, then back): the new report names every input and provenance as the recorded one."""
+    manifest, recorded = _read_manifest(folder)
     result = Verification()
-    if manifest.get("tool") != f"dstack-audit {__version__}":
+    if manifest.tool != f"dstack-audit {__version__}":
         result.lines.append(
-            f"note: bundle made by {manifest.get('tool')}, verified with dstack-audit {__version__}"
+            f"note: bundle made by {manifest.tool}, verified with dstack-audit {__version__}"
         )
-    for item in manifest["inputs"]:
-        path = Path(item["path"])
-        if item.get("sha256") is None:
+    base = _base(manifest, folder)
+    for item in manifest.inputs:
+        if item.sha256 is None:
             continue
-        if not path.exists():
-            result.differ(f"input missing: {path}")
+        path = _input_path(item, base, folder)
+        if path is None:
+            result.differ(f"input missing: {item.absolute or item.path}")
             continue
-        now = file_facts(path, item["kind"]).sha256
-        if now != item["sha256"]:
-            result.differ(f"input changed: {path} sha256 {item['sha256']} -> {now}")
+        now = file_facts(path, item.kind).sha256
+        if now != item.sha256:
+            result.differ(f"input changed: {path} sha256 {item.sha256} -> {now}")
     if not result.same:
         return result
-    options = dict(manifest.get("options") or {})
-    for key in ("since", "until"):
-        if options.get(key):
-            options[key] = datetime.fromisoformat(options[key]).replace(tzinfo=UTC)
-    if options.get("log_date"):
-        options["log_date"] = date.fromisoformat(options["log_date"])
-    again = open_sources(manifest["sources"], **options).report
+    options = manifest.options.model_dump(exclude_none=True)
+    if base is None:
+        again = open_sources(manifest.sources, **options).report
+    else:
+        back = Path.cwd()
+        os.chdir(base)
+        try:
+            again = open_sources(manifest.given_sources or manifest.sources, **options).report
+        finally:
+            os.chdir(back)
     before, after = _verdicts(recorded), _verdicts(again)
     if before == after:
         result.lines.append(
-            f"verified: {len(manifest['inputs'])} input(s) unchanged, the same "
+            f"verified: {len(manifest.inputs)} input(s) unchanged, the same "
             f"{len(recorded.findings)} finding(s) and {len(recorded.runs)} run verdict(s)"
         )
         return result
@@ -114,3 +234,13 @@ def verify_bundle(folder: Path) -> Verification:
     if result.same:
         result.differ("the report differs in its summary")
     return result
+
+
+def _input_path(item: ManifestInput, base: Path | None, folder: Path) -> Path | None:
+    """Where a recorded input is now: beside the sources as given, at its absolute path, or
+    at its place relative to the bundle."""
+    candidates = [base / item.path] if base is not None else []
+    candidates += [Path(item.absolute)] if item.absolute else [Path(item.path)]
+    if item.from_bundle:
+        candidates.append(folder.resolve() / item.from_bundle)
+    return next((p for p in candidates if p.is_file()), None)

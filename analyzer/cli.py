@@ -18,6 +18,7 @@ from analyzer.api import audit_in_partitions, open_sources
 from analyzer.bundle import verify_bundle, write_bundle
 from analyzer.dataset import write_dataset
 from analyzer.errors import AuditInputError
+from analyzer.outputs import plan
 from analyzer.redact import Redactor
 from analyzer.report.markdown import render_markdown
 from analyzer.report.text import render_table, render_timeline
@@ -62,13 +63,6 @@ def main() -> None:
     SOURCE is a dstack SQLite database (server.db), a folder of table exports (CSV/Parquet),
     or a folder holding any of these. Inputs are opened read-only.
     """
-
-
-def _write(text: str, output: Path | None) -> None:
-    if output is None:
-        click.echo(text, nl=False)
-    else:
-        output.write_text(text, encoding="utf-8")
 
 
 def _log_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -152,6 +146,7 @@ def _open(sources: tuple[str, ...], log_tz: str | None, log_date: Any, **options
     help="Also write DIR with the JSON and markdown reports and a manifest (inputs' SHA-256, "
     "tool version, options) that `dstack-audit verify DIR` re-checks.",
 )
+@click.option("--force", is_flag=True, help="Replace a non-empty --bundle DIR whole.")
 @_log_options
 @_clean_errors
 def audit(
@@ -169,6 +164,7 @@ def audit(
     partitions: int | None,
     strict: bool,
     bundle: Path | None,
+    force: bool,
     log_tz: str | None,
     log_date: Any,
 ) -> None:
@@ -181,6 +177,7 @@ def audit(
     """
     labels = _server_labels(server_labels)
     sources = tuple(dict.fromkeys([*sources, *labels]))
+    outputs = plan(sources, files=(output, quarantine), folders=(bundle,), force=force)
     options = {
         "server_labels": labels,
         "project": project,
@@ -200,12 +197,14 @@ def audit(
             log_date=log_date.date() if log_date else None,
             **options,
         )
-        _write(RENDERERS[fmt](report), output)
+        outputs.add_inputs(i.path for i in report.inputs)
+        outputs.write_text(output, RENDERERS[fmt](report))
         if fail_on_findings and report.findings:
             sys.exit(1)
         return
     opened = _open(sources, log_tz, log_date, partition=_partition(partition), **options)
     report = opened.report
+    outputs.add_inputs(i.path for i in report.inputs)
     if strict:
         damaged = [i for i in report.inputs if i.unparsed or any("truncated" in n for n in i.notes)]
         if damaged:
@@ -216,7 +215,7 @@ def audit(
                 + (f", and {len(damaged) - 1} more damaged input(s)" if len(damaged) > 1 else ""),
                 "see --quarantine FILE for the lines, or drop --strict to audit leniently",
             )
-    _write(opened.redact(RENDERERS[fmt](report)), output)
+    outputs.write_text(output, opened.redact(RENDERERS[fmt](report)))
     if bundle is not None:
         options = {
             "project": project,
@@ -225,14 +224,18 @@ def audit(
             "until": until.isoformat() if until else None,
             "log_tz": log_tz,
             "log_date": log_date.date().isoformat() if log_date else None,
+            "server_labels": labels or None,
+            "partition": _partition(partition),
         }
-        write_bundle(bundle, sources, options, report, opened.redact(render_markdown(report)))
+        markdown = opened.redact(render_markdown(report))
+        with outputs.build(bundle) as folder:
+            write_bundle(folder, sources, options, report, markdown, location=bundle)
     if quarantine is not None:
         lines = [
             f"{row['file']}:{row['line']}\t{row['text']}"
             for row in opened.evidence.unparsed.iter_rows(named=True)
         ]
-        quarantine.write_text(opened.redact("".join(line + "\n" for line in lines)), "utf-8")
+        outputs.write_text(quarantine, opened.redact("".join(line + "\n" for line in lines)))
     if fail_on_findings and report.findings:
         sys.exit(1)
 
@@ -268,18 +271,27 @@ def _partition(text: str | None) -> tuple[int, int] | None:
     help="Folder to write the dataset to (runs/, jobs/, events/ partitioned by bucket).",
 )
 @click.option("--buckets", default=16, show_default=True, help="How many run buckets.")
+@click.option("--force", is_flag=True, help="Replace a non-empty --to DIR whole.")
 @_log_options
 @_clean_errors
 def ingest(
-    sources: tuple[str, ...], target: Path, buckets: int, log_tz: str | None, log_date: Any
+    sources: tuple[str, ...],
+    target: Path,
+    buckets: int,
+    force: bool,
+    log_tz: str | None,
+    log_date: Any,
 ) -> None:
     """Read SOURCES once and write the canonical tables as a Parquet dataset partitioned by run.
 
     `dstack-audit audit DIR` (or a URL polars reads) then audits it; `--partition I/N` audits a
     part of it, so a huge audit can be split and the reports compared or merged.
     """
+    outputs = plan(sources, folders=(target,), force=force)
     opened = _open(sources, log_tz, log_date)
-    written = write_dataset(opened.evidence, target, buckets=buckets)
+    outputs.add_inputs(i.path for i in opened.evidence.inputs)
+    with outputs.build(target) as folder:
+        written = write_dataset(opened.evidence, folder, buckets=buckets)
     rows = ", ".join(f"{count} {table}" for table, count in written.items())
     click.echo(f"wrote {rows} to {target} in {buckets} bucket(s)")
 
@@ -310,7 +322,7 @@ def synth(out: Path, runs: int, seed: int, log_tz: str, rich_width: int) -> None
 
 
 @main.command()
-@click.argument("bundle", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("bundle", type=click.Path(path_type=Path))
 @_clean_errors
 def verify(bundle: Path) -> None:
     """Re-run the audit recorded in BUNDLE and confirm the same findings, or name the difference.
@@ -336,7 +348,9 @@ def timeline(run: str, sources: tuple[str, ...], project: str | None, output: Pa
 
     RUN is a run name (add --project when several projects have one) or a run id prefix.
     """
+    outputs = plan(sources, files=(output,))
     opened = open_sources(sources, project=project, run=run)
+    outputs.add_inputs(i.path for i in opened.evidence.inputs)
     runs = opened.runs
     if runs.height == 0:
         raise AuditInputError(run, "no run with this name or id prefix in the given sources")
@@ -358,7 +372,7 @@ def timeline(run: str, sources: tuple[str, ...], project: str | None, output: Pa
         opened.submissions.filter(key),
         opened.events.filter(key),
     )
-    _write(opened.redact(text), output)
+    outputs.write_text(output, opened.redact(text))
 
 
 from analyzer.cli_visual import register as _register_visual  # noqa: E402

@@ -44,12 +44,18 @@ def _one_run(opened: Any, run: str) -> str:
     return runs["run_id"][0]
 
 
+def _only_images(folder: Path) -> bool:
+    """An earlier markdown report's image folder (PNGs only): replaced whole by the new one."""
+    return all(p.is_file() and p.suffix == ".png" for p in folder.iterdir())
+
+
 def register(main: click.Group) -> None:
     """Add `plot` and `report` to `main` (once)."""
     if "plot" in main.commands and "report" in main.commands:
         return
     # imported here: analyzer.cli imports this module's register
     from analyzer.cli import _clean_errors, _log_options, _open
+    from analyzer.outputs import plan
     from analyzer.report.html import render_html, render_report_markdown
     from analyzer.report.plots import figure_bytes, plot_fleet, plot_run, resolve_zone
 
@@ -92,15 +98,19 @@ def register(main: click.Group) -> None:
         fmt = _format(output, PLOT_FORMATS)
         resolve_zone(tz)
         if fleet:
+            outputs = plan(args, files=(output,))
             opened = _open(args, log_tz, log_date, project=project)
+            outputs.add_inputs(i.path for i in opened.evidence.inputs)
             fig = plot_fleet(opened.report)
         else:
             if len(args) < 2:
                 raise click.UsageError("give RUN and at least one SOURCE (or --fleet)")
             run, sources = args[0], args[1:]
+            outputs = plan(sources, files=(output,))
             opened = _open(sources, log_tz, log_date, project=project, run=run)
+            outputs.add_inputs(i.path for i in opened.evidence.inputs)
             fig = plot_run(opened, _one_run(opened, run), tz=tz)
-        output.write_bytes(figure_bytes(fig, fmt, dpi=dpi))
+        outputs.write_bytes(output, figure_bytes(fig, fmt, dpi=dpi))
         click.echo(f"dstack-audit: wrote {output}", err=True)
 
     @click.command("report")
@@ -125,6 +135,9 @@ def register(main: click.Group) -> None:
         type=click.DateTime(formats=DATETIME_FORMATS),
         help="Only runs submitted at or before this UTC time.",
     )
+    @click.option(
+        "--force", is_flag=True, help="Replace FILE-images/ whole even when it holds other files."
+    )
     @_log_options
     @_clean_errors
     def report(
@@ -135,6 +148,7 @@ def register(main: click.Group) -> None:
         run: str | None,
         since: datetime | None,
         until: datetime | None,
+        force: bool,
         log_tz: str | None,
         log_date: Any,
     ) -> None:
@@ -143,6 +157,10 @@ def register(main: click.Group) -> None:
         and the limitations. HTML opens offline and fetches nothing."""
         fmt = _format(output, REPORT_FORMATS)
         resolve_zone(tz)
+        images = output.with_name(f"{output.stem}-images")
+        outputs = plan(sources, files=(output,))
+        if fmt == "markdown":
+            outputs.folder(images, force=force, replaceable=_only_images)
         opened = _open(
             sources,
             log_tz,
@@ -152,12 +170,15 @@ def register(main: click.Group) -> None:
             since=since.replace(tzinfo=UTC) if since else None,
             until=until.replace(tzinfo=UTC) if until else None,
         )
+        outputs.add_inputs(i.path for i in opened.evidence.inputs)
         if fmt == "html":
-            output.write_text(render_html(opened, tz=tz), encoding="utf-8")
+            outputs.write_text(output, render_html(opened, tz=tz))
         else:
-            images = output.with_name(f"{output.stem}-images")
-            text = render_report_markdown(opened, tz=tz, image_dir=images)
-            output.write_text(text, encoding="utf-8")
+            with outputs.build(images, drop_if_empty=True) as staging:
+                text = render_report_markdown(
+                    opened, tz=tz, image_dir=staging, image_link=images.name
+                )
+                outputs.write_text(output, text)
         click.echo(f"dstack-audit: wrote {output}", err=True)
 
     for command in (plot, report):

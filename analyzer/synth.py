@@ -44,6 +44,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from analyzer.outputs import Outputs
+
 US = 1_000_000
 
 
@@ -2418,8 +2420,9 @@ def synthesize(
     if runs < 1:
         raise ValueError("runs must be >= 1")
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     tpl = templates if isinstance(templates, Templates) else Templates(templates)
+    Outputs([tpl.root]).folder(out, replace=False)  # never written into the captures it copies
+    out.mkdir(parents=True, exist_ok=True)
     start = start or datetime(2026, 10, 1, tzinfo=UTC)
     if start.tzinfo is None:
         start = start.replace(tzinfo=UTC)

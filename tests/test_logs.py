@@ -204,12 +204,14 @@ def test_gzip_and_rotated_set(tmp_path):
     assert len(report.inputs) == 3
 
 
-def test_damaged_lines_are_counted_quarantined_and_do_not_stop_the_audit(tmp_path):
+def test_damaged_lines_are_counted_quarantined_and_do_not_stop_the_audit(
+    tmp_path, tmp_path_factory
+):
     lines = _log(SEED, "standard").read_bytes().splitlines(keepends=True)
     damaged = [*lines[:10], b"\x00\xff\xfe garbage \x80\n", b"INFO 2026-11-02T09:0\n", *lines[10:]]
     log = tmp_path / "server.log"
     log.write_bytes(b"".join(damaged))
-    quarantine = tmp_path / "quarantine.txt"
+    quarantine = tmp_path_factory.mktemp("out") / "quarantine.txt"  # never beside the evidence
     result = CliRunner().invoke(
         main, ["audit", str(log), "--format", "json", "--quarantine", str(quarantine)]
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -65,11 +66,11 @@ def planted(copy_db, tmp_path):
     return db, log
 
 
-def _outputs(db, log, tmp_path) -> list[str]:
+def _outputs(db, log, out: Path) -> list[str]:
     runner = CliRunner()
     texts = []
     for fmt in ("table", "json", "markdown"):
-        quarantine = tmp_path / f"quarantine-{fmt}.txt"
+        quarantine = out / f"quarantine-{fmt}.txt"
         result = runner.invoke(
             main, ["audit", str(db), str(log), "--format", fmt, "--quarantine", str(quarantine)]
         )
@@ -82,9 +83,9 @@ def _outputs(db, log, tmp_path) -> list[str]:
     return texts
 
 
-def test_planted_secrets_never_appear(planted, tmp_path):
+def test_planted_secrets_never_appear(planted, tmp_path_factory):
     db, log = planted
-    outputs = _outputs(db, log, tmp_path)
+    outputs = _outputs(db, log, tmp_path_factory.mktemp("out"))  # never beside the evidence
     everything = "\n".join(outputs)
     for secret in PLANTED:
         assert secret not in everything, secret

@@ -1,0 +1,421 @@
+"""Outputs never touch the evidence (issue 12, part 1): every refused output leaves the evidence's
+bytes, mtimes and folder listings as they were and writes nothing at all; regular files are
+replaced atomically; devices are written directly; unwritable outputs are one line; --force
+replaces a folder whole; bundles verify from any working directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import CAPTURES
+
+from analyzer import cli
+from analyzer.cli import main
+from analyzer.errors import AuditInputError
+from analyzer.outputs import Outputs
+
+SEED = CAPTURES / "v0.22.5" / "seed"
+CRASH = CAPTURES / "v0.22.5" / "multi-replica-crash"
+
+
+def _snapshot(root: Path) -> dict[str, tuple[bytes, int] | str]:
+    """Every entry under `root`: a file's bytes and mtime, a folder's presence, a link's target."""
+    seen: dict[str, tuple[bytes, int] | str] = {}
+    for path in sorted(root.rglob("*")):
+        name = str(path.relative_to(root))
+        if path.is_symlink():
+            seen[name] = f"link to {os.readlink(path)}"
+        elif path.is_dir():
+            seen[name] = "folder"
+        else:
+            seen[name] = (path.read_bytes(), path.stat().st_mtime_ns)
+    return seen
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+@pytest.fixture
+def case(tmp_path, monkeypatch):
+    """A copy of the seed capture in `evidence/`, the working directory its parent."""
+    shutil.copytree(SEED, tmp_path / "evidence")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _refused(case: Path, args: list[str], named: str) -> None:
+    before = _snapshot(case)
+    result = run(*args)
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, result.output
+    assert lines[0].startswith(f"dstack-audit: {named}: refused as an output: "), lines[0]
+    assert _snapshot(case) == before  # evidence untouched, and nothing written anywhere
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["audit", "evidence/server.db", "--format", "json", "-o", "evidence/server.db"], None),
+        (
+            [
+                "audit",
+                "evidence/logs/server-info.standard.log",
+                "-o",
+                "evidence/logs/server-info.standard.log",
+            ],
+            None,
+        ),
+        (
+            ["audit", "evidence/logs", "--quarantine", "evidence/logs/server-info.rich.log"],
+            "evidence/logs/server-info.rich.log",
+        ),
+        (["audit", "evidence", "--bundle", "evidence/bundle"], "evidence/bundle"),
+        (["ingest", "evidence", "--to", "evidence/tables/dataset"], "evidence/tables/dataset"),
+        (["report", "evidence/server.db", "-o", "evidence/report.md"], "evidence/report.md"),
+        (["report", "evidence/server.db", "-o", "evidence/report.html"], "evidence/report.html"),
+        (
+            ["plot", "--fleet", "evidence/server.db", "-o", "evidence/fleet.png"],
+            "evidence/fleet.png",
+        ),
+        (
+            ["timeline", "web", "evidence/server.db", "-o", "evidence/../evidence/timeline.txt"],
+            "evidence/../evidence/timeline.txt",
+        ),
+        (["ingest", "evidence/logs", "--to", "evidence", "--force"], "evidence"),
+    ],
+    ids=[
+        "o-on-db",
+        "o-on-log",
+        "quarantine-on-log",
+        "bundle-in-evidence",
+        "ingest-inside-input-folder",
+        "report-md-beside-input",
+        "report-html-beside-input",
+        "plot-beside-input",
+        "timeline-dotdot",
+        "force-over-folder-holding-input",
+    ],
+)
+def test_output_that_would_touch_the_evidence_is_refused(case, args, named):
+    _refused(case, args, named or args[-1])
+
+
+def test_output_symlinked_to_the_database_is_refused(case):
+    (case / "out.html").symlink_to(case / "evidence" / "server.db")
+    _refused(case, ["report", "evidence/server.db", "-o", "out.html"], "out.html")
+    assert (case / "out.html").is_symlink()
+
+
+def test_dotdot_after_a_symlink_is_taken_as_the_kernel_takes_it(case):
+    """`logs/..` through a link into the evidence is the evidence folder, not the link's."""
+    (case / "shortcut").symlink_to(case / "evidence" / "logs")
+    _refused(case, ["audit", "evidence/server.db", "-o", "shortcut/../x.txt"], "shortcut/../x.txt")
+
+
+def test_output_beside_an_input_found_inside_a_folder_is_refused(case):
+    """The folder holds a link to a database elsewhere: its folder is an input's folder too."""
+    linked = case / "linked"
+    linked.mkdir()
+    (linked / "server.db").symlink_to(case / "evidence" / "server.db")
+    _refused(case, ["audit", "linked", "-o", "evidence/report.txt"], "evidence/report.txt")
+
+
+def test_two_outputs_on_one_path_are_refused(case):
+    (case / "out").mkdir()
+    _refused(
+        case,
+        ["audit", "evidence/server.db", "-o", "out/x.txt", "--quarantine", "out/x.txt"],
+        "out/x.txt",
+    )
+
+
+def test_synth_never_writes_into_its_templates(tmp_path, monkeypatch):
+    templates = tmp_path / "captures"
+    shutil.copytree(CAPTURES / "v0.22.5", templates)
+    monkeypatch.setenv("DSTACK_AUDIT_CAPTURES", str(templates))
+    out = str(templates / "seed" / "more")
+    _refused(tmp_path, ["synth", out, "--runs", "2"], out)
+
+
+def test_output_replaces_a_file_atomically_and_a_failing_renderer_leaves_it(case, monkeypatch):
+    (case / "out").mkdir()
+    target = case / "out" / "report.json"
+    made = run("audit", "evidence/server.db", "--format", "json", "-o", str(target))
+    assert made.exit_code == 0 and json.loads(target.read_text())["findings"]
+    target.chmod(0o640)
+    target.write_text("the previous report\n")
+
+    def broken(report):
+        raise RuntimeError("renderer broke")
+
+    with monkeypatch.context() as patched:
+        patched.setitem(cli.RENDERERS, "json", broken)
+        failed = run("audit", "evidence/server.db", "--format", "json", "-o", str(target))
+    assert failed.exit_code == 2 and "renderer broke" in failed.output
+    assert target.read_text() == "the previous report\n"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["report.json"]
+
+    again = run("audit", "evidence/server.db", "--format", "json", "-o", str(target))
+    assert again.exit_code == 0 and json.loads(target.read_text())["findings"]
+    assert (target.stat().st_mode & 0o777) == 0o640  # the replaced file keeps its mode
+
+
+def test_failure_mid_write_leaves_the_old_file_and_no_temporary(tmp_path):
+    target = tmp_path / "report.txt"
+    target.write_text("old\n")
+    outputs = Outputs([])
+    outputs.file(target)
+    with pytest.raises(KeyboardInterrupt), outputs.open(target) as handle:
+        handle.write(b"half of a new rep")
+        raise KeyboardInterrupt
+    assert target.read_text() == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["report.txt"]
+
+
+def test_interrupted_markdown_report_keeps_the_old_report_and_images(case, monkeypatch):
+    import analyzer.report.html as html
+
+    shutil.copytree(CRASH, case / "other")
+    sources = ["evidence/server.db", "other/server.db"]  # two findings: three pictures
+    (case / "out").mkdir()
+    report = case / "out" / "incident.md"
+    assert run("report", *sources, "-o", str(report)).exit_code == 0
+    images = case / "out" / "incident-images"
+    assert len(list(images.glob("*.png"))) == 3 and "incident-images/" in report.read_text()
+    before = _snapshot(case / "out")
+    drawn = html.figure_bytes
+    calls = []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 1:
+            raise KeyboardInterrupt
+        return drawn(*args, **kwargs)
+
+    monkeypatch.setattr(html, "figure_bytes", interrupted)
+    result = run("report", *sources, "-o", str(report))
+    assert result.exit_code != 0 and len(calls) == 2
+    assert _snapshot(case / "out") == before  # no half report, no half image folder, no temp
+
+
+def test_markdown_report_replaces_its_image_folder_whole(case):
+    (case / "out").mkdir()
+    report = case / "out" / "incident.md"
+    images = case / "out" / "incident-images"
+    images.mkdir()
+    (images / "stale-from-an-older-report.png").write_bytes(b"old")
+    assert run("report", "evidence/server.db", "-o", str(report)).exit_code == 0
+    names = {p.name for p in images.iterdir()}
+    assert names and "stale-from-an-older-report.png" not in names
+    linked = {
+        line.split("](incident-images/")[1].split(")")[0]
+        for line in report.read_text().splitlines()
+        if "](incident-images/" in line
+    }
+    assert linked == names
+
+    (images / "notes.txt").write_text("someone's notes")
+    before = _snapshot(case)
+    refused = run("report", "evidence/server.db", "-o", str(report))
+    assert refused.exit_code == 2 and "incident-images" in refused.output
+    assert "not empty" in refused.output and _snapshot(case) == before
+    forced = run("report", "evidence/server.db", "-o", str(report), "--force")
+    assert forced.exit_code == 0 and not (images / "notes.txt").exists()
+    assert {p.name for p in images.iterdir()} == names
+
+
+def test_devices_and_stdout_are_written_directly(case):
+    null = run("audit", "evidence/server.db", "-o", "/dev/null")
+    assert null.exit_code == 0 and null.output == ""
+    dash = run("audit", "evidence/server.db", "--format", "json", "-o", "-")
+    assert dash.exit_code == 0 and json.loads(dash.output)["findings"]
+    full = run("audit", "evidence/server.db", "-o", "/dev/full")
+    assert full.exit_code == 2
+    assert full.output.strip() == "dstack-audit: cannot write /dev/full: No space left on device"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["audit", "evidence/server.db", "-o", "afile/x.json"], "cannot write afile/x.json: "),
+        (["audit", "evidence/server.db", "-o", "missing/x.json"], "cannot write missing/x.json: "),
+        (["audit", "evidence/server.db", "--bundle", "afile/b"], "cannot write afile/b: "),
+        (["ingest", "evidence/server.db", "--to", "afile/d/e"], "cannot write afile/d/e: "),
+        (["report", "evidence/server.db", "-o", "missing/r.html"], "cannot write missing/r.html: "),
+    ],
+)
+def test_unwritable_output_is_one_line(case, args, message):
+    (case / "afile").write_text("a regular file, not a folder\n")
+    (case / "out").mkdir()
+    before = _snapshot(case)
+    result = run(*args)
+    assert result.exit_code == 2, result.output
+    assert result.output.count("\n") == 1
+    assert result.output.startswith(f"dstack-audit: {message}"), result.output
+    assert "internal error" not in result.output and _snapshot(case) == before
+
+
+def _run_ids(dataset: Path) -> set[str]:
+    report = run("audit", str(dataset), "--format", "json")
+    assert report.exit_code == 0, report.output
+    return {r["run_id"] for r in json.loads(report.output)["runs"]}
+
+
+def test_ingest_refuses_a_used_folder_and_force_replaces_it_whole(case):
+    shutil.copytree(CRASH, case / "other")
+    first = run("ingest", "evidence/server.db", "--to", "dataset")
+    assert first.exit_code == 0, first.output
+    seed_runs = _run_ids(case / "dataset")
+    (case / "dataset" / "stale.txt").write_text("left by someone\n")
+    before = _snapshot(case)
+
+    second = run("ingest", "other/server.db", "--to", "dataset")
+    assert second.exit_code == 2
+    assert second.output.strip() == (
+        "dstack-audit: dataset: the folder is not empty; refusing to write into it (give --force "
+        "to replace it whole, or name a new or empty folder)"
+    )
+    assert _snapshot(case) == before
+
+    forced = run("ingest", "other/server.db", "--to", "dataset", "--force")
+    assert forced.exit_code == 0, forced.output
+    assert not (case / "dataset" / "stale.txt").exists()
+    other_runs = _run_ids(case / "dataset")
+    assert other_runs and not other_runs & seed_runs  # only the second server's runs
+    assert other_runs == _run_ids(case / "other" / "server.db")
+    assert sorted(p.name for p in case.iterdir()) == ["dataset", "evidence", "other"]
+
+
+def test_bundle_refuses_a_used_folder_and_force_replaces_it_whole(case):
+    assert run("audit", "evidence/server.db", "--bundle", "bundle").exit_code == 0
+    (case / "bundle" / "stale.txt").write_text("old\n")
+    refused = run("audit", "evidence/server.db", "--bundle", "bundle")
+    assert refused.exit_code == 2 and "--force" in refused.output
+    assert (case / "bundle" / "stale.txt").exists()
+    forced = run("audit", "evidence/server.db", "--bundle", "bundle", "--force")
+    assert forced.exit_code == 0, forced.output
+    assert sorted(p.name for p in (case / "bundle").iterdir()) == [
+        "manifest.json",
+        "report.json",
+        "report.md",
+    ]
+    empty = case / "empty"
+    empty.mkdir()
+    assert run("audit", "evidence/server.db", "--bundle", "empty").exit_code == 0
+    assert (empty / "manifest.json").is_file()
+
+
+def test_bundle_from_relative_paths_verifies_from_any_directory(case, monkeypatch):
+    made = run("audit", "evidence", "--bundle", "bundle")
+    assert made.exit_code == 0, made.output
+    elsewhere = case / "elsewhere" / "deeper"
+    elsewhere.mkdir(parents=True)
+    monkeypatch.chdir(elsewhere)
+    verified = run("verify", str(case / "bundle"))
+    assert verified.exit_code == 0, verified.output
+    assert "verified: 35 input(s) unchanged, the same 1 finding(s)" in verified.output
+    assert Path.cwd() == elsewhere
+
+    moved = case.parent / f"{case.name}-moved"
+    monkeypatch.chdir(case.parent)
+    case.rename(moved)  # evidence and bundle moved together: found relative to the bundle
+    try:
+        again = run("verify", str(moved / "bundle"))
+        assert again.exit_code == 0, again.output
+        assert "verified:" in again.output
+        with (moved / "evidence" / "logs" / "server-info.standard.log").open("a") as log:
+            log.write("\n")
+        changed = run("verify", str(moved / "bundle"))
+        assert changed.exit_code == 1
+        assert "input changed: " in changed.output and "server-info.standard.log" in changed.output
+    finally:
+        moved.rename(case)
+
+
+@pytest.mark.parametrize(
+    ("manifest", "problem"),
+    [
+        (b"garbage\n", "not a dstack-audit bundle manifest (Invalid JSON"),
+        (b"[]", "not a dstack-audit bundle manifest (Input should be an object)"),
+        (b'{"tool": "dstack-audit 0.1.0"}', "not a dstack-audit bundle manifest (created_at:"),
+        (b"\xff\xfe\x00binary", "not a dstack-audit bundle manifest (Invalid JSON"),
+        (None, "not a dstack-audit bundle (no manifest.json in it)"),
+        ("folder", "manifest.json: cannot read it (Is a directory)"),
+    ],
+    ids=["text", "array", "fields-missing", "binary", "missing", "unreadable"],
+)
+def test_verify_of_a_garbage_manifest_is_one_line(case, manifest, problem):
+    assert run("audit", "evidence/server.db", "--bundle", "bundle").exit_code == 0
+    path = case / "bundle" / "manifest.json"
+    if manifest is None:
+        path.unlink()
+    elif manifest == "folder":
+        path.unlink()
+        path.mkdir()
+    else:
+        path.write_bytes(manifest)
+    result = run("verify", "bundle")
+    assert result.exit_code == 2
+    assert result.output.count("\n") == 1, result.output
+    assert problem in result.output and "internal error" not in result.output
+
+
+def test_verify_of_a_missing_bundle_or_bad_options_is_one_line(case):
+    missing = run("verify", "no-such-bundle")
+    assert missing.exit_code == 2
+    assert (
+        missing.output
+        == "dstack-audit: no-such-bundle: not a dstack-audit bundle (no such folder)\n"
+    )
+    assert run("audit", "evidence/server.db", "--bundle", "bundle").exit_code == 0
+    manifest = json.loads((case / "bundle" / "manifest.json").read_text())
+    manifest["options"]["since"] = "yesterday"
+    (case / "bundle" / "manifest.json").write_text(json.dumps(manifest))
+    bad = run("verify", "bundle")
+    assert bad.exit_code == 2 and bad.output.count("\n") == 1
+    assert "manifest.json: not a dstack-audit bundle manifest (options.since: " in bad.output
+
+
+def test_planned_outputs_are_checked_against_inputs_found_later(tmp_path):
+    """An input found while reading (a file inside a folder, a database's -wal) is checked
+    against every output planned before it."""
+    evidence = tmp_path / "evidence"
+    evidence.mkdir()
+    outputs = Outputs([evidence / "server.db"])
+    with pytest.raises(AuditInputError, match="the folder holding the input"):
+        outputs.file(evidence / "report.json")
+    outputs.file(tmp_path / "report.json")
+    with pytest.raises(AuditInputError, match="it lies inside the input folder"):
+        outputs.add_inputs([tmp_path])
+
+
+def test_force_never_replaces_the_working_directory(case, monkeypatch):
+    work = case / "work"
+    work.mkdir()
+    (work / "notes.txt").write_text("the investigator's notes\n")
+    monkeypatch.chdir(work)
+    before = _snapshot(case)
+    result = run("audit", "../evidence/server.db", "--bundle", ".", "--force")
+    assert result.exit_code == 2
+    assert result.output == (
+        "dstack-audit: .: refusing to replace the folder holding the working directory\n"
+    )
+    assert _snapshot(case) == before
+
+
+def test_output_through_a_link_replaces_the_file_it_names_and_keeps_the_link(case):
+    (case / "reports").mkdir()
+    (case / "reports" / "latest.json").write_text("old\n")
+    (case / "latest.json").symlink_to(case / "reports" / "latest.json")
+    result = run("audit", "evidence/server.db", "--format", "json", "-o", "latest.json")
+    assert result.exit_code == 0, result.output
+    assert (case / "latest.json").is_symlink()
+    assert json.loads((case / "reports" / "latest.json").read_text())["findings"]
+    assert sorted(p.name for p in (case / "reports").iterdir()) == ["latest.json"]
