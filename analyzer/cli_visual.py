@@ -6,42 +6,42 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import click
 
 PLOT_FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
+MAX_PLOTS = 20
 REPORT_FORMATS = {".html": "html", ".htm": "html", ".md": "markdown", ".markdown": "markdown"}
-DATETIME_FORMATS = ["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"]
 
 
-def _format(output: Path, formats: dict[str, str]) -> str:
+def _format(output: Path, formats: dict[str, str], given: str | None = None) -> str:
+    """--format when given, else the output's extension (- needs --format or takes the
+    first format)."""
+    if given:
+        return given
+    if str(output) == "-":
+        return next(iter(formats.values()))
     fmt = formats.get(output.suffix.lower())
     if fmt is None:
         raise click.BadParameter(
-            f"{output.name}: the file name must end with one of {', '.join(formats)}",
+            f"{output.name}: the file name must end with one of {', '.join(formats)} "
+            "(or give --format)",
             param_hint="'--output'",
         )
     return fmt
 
 
-def _one_run(opened: Any, run: str) -> str:
-    from analyzer.errors import AuditInputError
-
-    runs = opened.runs
-    if runs.height == 0:
-        raise AuditInputError(run, "no run with this name or id prefix in the given sources")
-    if runs.height > 1:
-        listed = "; ".join(
-            f"{r['project']}/{r['run_name']} id {r['run_id'][:8]} submitted {r['submitted_at']}"
-            for r in runs.iter_rows(named=True)
-        )
-        raise AuditInputError(
-            run, f"{runs.height} runs match: {listed}", "give --project or an id prefix"
-        )
-    return runs["run_id"][0]
+def _write_bytes(data: bytes, output: Path) -> None:
+    if str(output) == "-":
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+    else:
+        output.write_bytes(data)
+        click.echo(f"dstack-audit: wrote {output}", err=True)
 
 
 def register(main: click.Group) -> None:
@@ -49,7 +49,7 @@ def register(main: click.Group) -> None:
     if "plot" in main.commands and "report" in main.commands:
         return
     # imported here: analyzer.cli imports this module's register
-    from analyzer.cli import _clean_errors, _log_options, _open
+    from analyzer.cli import IsoTime, _clean_errors, _log_options, _open, _ui
     from analyzer.report.html import render_html, render_report_markdown
     from analyzer.report.plots import figure_bytes, plot_fleet, plot_run, resolve_zone
 
@@ -59,8 +59,14 @@ def register(main: click.Group) -> None:
         "--output",
         "-o",
         required=True,
-        type=click.Path(dir_okay=False, path_type=Path),
-        help="The picture to write: FILE.png, FILE.svg or FILE.pdf.",
+        type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
+        help="The picture to write: FILE.png, FILE.svg or FILE.pdf (- is standard output).",
+    )
+    @click.option(
+        "--format",
+        "fmt",
+        type=click.Choice(sorted(set(PLOT_FORMATS.values()))),
+        help="The picture's format, when FILE's extension does not say it.",
     )
     @click.option("--project", help="The run's project (when several projects have the name).")
     @click.option("--tz", help="Show times in this zone (IANA name, e.g. Europe/Berlin); UTC.")
@@ -71,10 +77,12 @@ def register(main: click.Group) -> None:
     )
     @click.option("--dpi", type=click.IntRange(50, 600), default=110, show_default=True)
     @_log_options
+    @_ui
     @_clean_errors
     def plot(
         args: tuple[str, ...],
         output: Path,
+        fmt: str | None,
         project: str | None,
         tz: str | None,
         fleet: bool,
@@ -86,10 +94,14 @@ def register(main: click.Group) -> None:
         bars, the healthy interval, markers for the update, the culprit's failure, the run
         going TERMINATING and each victim's stop, and the serving capacity with the outage.
 
-        RUN is a run name (add --project when several projects have one) or a run id prefix.
-        With --fleet: incidents per day, outage and cost by project and fleet, failure classes.
+        RUN is a run name, project/name or a run id prefix (add --project when several
+        projects have a run of that name). With --fleet: incidents per day, outage and cost by
+        project and fleet, failure classes.
+
+        \b
+        Exit status: 0 drawn, 2 unusable input, no such run or wrong usage.
         """
-        fmt = _format(output, PLOT_FORMATS)
+        fmt = _format(output, PLOT_FORMATS, fmt)
         resolve_zone(tz)
         if fleet:
             opened = _open(args, log_tz, log_date, project=project)
@@ -99,9 +111,8 @@ def register(main: click.Group) -> None:
                 raise click.UsageError("give RUN and at least one SOURCE (or --fleet)")
             run, sources = args[0], args[1:]
             opened = _open(sources, log_tz, log_date, project=project, run=run)
-            fig = plot_run(opened, _one_run(opened, run), tz=tz)
-        output.write_bytes(figure_bytes(fig, fmt, dpi=dpi))
-        click.echo(f"dstack-audit: wrote {output}", err=True)
+            fig = plot_run(opened, run, tz=tz)
+        _write_bytes(figure_bytes(fig, fmt, dpi=dpi), output)
 
     @click.command("report")
     @click.argument("sources", nargs=-1, required=True)
@@ -109,27 +120,45 @@ def register(main: click.Group) -> None:
         "--output",
         "-o",
         required=True,
-        type=click.Path(dir_okay=False, path_type=Path),
-        help="FILE.html (one self-contained file) or FILE.md (PNGs in FILE-images/ beside it).",
+        type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
+        help="FILE.html (one self-contained file) or FILE.md (PNGs in FILE-images/ beside it); "
+        "- writes the HTML to standard output.",
+    )
+    @click.option(
+        "--format",
+        "fmt",
+        type=click.Choice(["html", "markdown"]),
+        help="The report's format, when FILE's extension does not say it.",
+    )
+    @click.option(
+        "--max-plots",
+        type=click.IntRange(min=0),
+        default=MAX_PLOTS,
+        show_default=True,
+        help="Draw swimlanes for the worst N findings' runs (the rest are listed with their "
+        "evidence, without a picture).",
     )
     @click.option("--tz", help="Show times in this zone (IANA name, e.g. Europe/Berlin); UTC.")
     @click.option("--project", help="Only runs of this project.")
-    @click.option("--run", help="Only runs with this name or id prefix.")
+    @click.option("--run", help="Only runs with this name, project/name or id prefix.")
     @click.option(
         "--since",
-        type=click.DateTime(formats=DATETIME_FORMATS),
-        help="Only runs still active at or after this UTC time.",
+        type=IsoTime(),
+        help="Only runs still active at or after this time (ISO 8601; UTC without a zone).",
     )
     @click.option(
         "--until",
-        type=click.DateTime(formats=DATETIME_FORMATS),
-        help="Only runs submitted at or before this UTC time.",
+        type=IsoTime(),
+        help="Only runs submitted at or before this time (ISO 8601; UTC without a zone).",
     )
     @_log_options
+    @_ui
     @_clean_errors
     def report(
         sources: tuple[str, ...],
         output: Path,
+        fmt: str | None,
+        max_plots: int,
         tz: str | None,
         project: str | None,
         run: str | None,
@@ -140,8 +169,16 @@ def register(main: click.Group) -> None:
     ) -> None:
         """Write the incident report of SOURCES: the inputs' SHA-256, a summary, every finding
         with its story, swimlane, evidence chain, impact and counterfactuals, the run verdicts
-        and the limitations. HTML opens offline and fetches nothing."""
-        fmt = _format(output, REPORT_FORMATS)
+        and the limitations. HTML opens offline and fetches nothing.
+
+        \b
+        Exit status: 0 written, 2 unusable input or wrong usage.
+        """
+        fmt = _format(output, REPORT_FORMATS, fmt)
+        if fmt == "markdown" and str(output) == "-":
+            raise click.BadParameter(
+                "a markdown report needs a file (its PNGs go beside it)", param_hint="'--output'"
+            )
         resolve_zone(tz)
         opened = _open(
             sources,
@@ -149,16 +186,16 @@ def register(main: click.Group) -> None:
             log_date,
             project=project,
             run=run,
-            since=since.replace(tzinfo=UTC) if since else None,
-            until=until.replace(tzinfo=UTC) if until else None,
+            since=since,
+            until=until,
         )
         if fmt == "html":
-            output.write_text(render_html(opened, tz=tz), encoding="utf-8")
+            text = render_html(opened, tz=tz, max_plots=max_plots)
+            _write_bytes(text.encode("utf-8"), output)
         else:
             images = output.with_name(f"{output.stem}-images")
-            text = render_report_markdown(opened, tz=tz, image_dir=images)
-            output.write_text(text, encoding="utf-8")
-        click.echo(f"dstack-audit: wrote {output}", err=True)
+            text = render_report_markdown(opened, tz=tz, image_dir=images, max_plots=max_plots)
+            _write_bytes(text.encode("utf-8"), output)
 
     for command in (plot, report):
         if command.name not in main.commands:

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 
 import polars as pl
 
 from analyzer.report.schema import Finding, Report
 
 
-def fmt_time(value: datetime | None, *, date: bool = True) -> str:
+def fmt_time(value: datetime | None, *, date: bool = True, tz: tzinfo | None = None) -> str:
+    """UTC with a Z (the default), or in zone `tz` with its offset (both ISO 8601)."""
     if value is None:
         return "?"
+    if tz is not None:
+        local = (value if value.tzinfo else value.replace(tzinfo=UTC)).astimezone(tz)
+        text = local.strftime("%Y-%m-%d %H:%M:%S.%f" if date else "%H:%M:%S.%f")[:-3]
+        return text + (local.strftime("%z")[:3] + ":" + local.strftime("%z")[3:] if date else "")
     text = value.strftime("%Y-%m-%d %H:%M:%S.%f" if date else "%H:%M:%S.%f")[:-3]
     return text + ("Z" if date else "")
 
@@ -223,17 +228,56 @@ def _time_of_day(value: datetime | None, *, date: bool = True) -> str:
     return text + (" (date unknown)" if date else "")
 
 
+def _provenance(sources: Sequence[str] | str | None, show: bool) -> str:
+    """Where a record came from: every source with --sources, else how many."""
+    listed = [s for s in (sources.split("; ") if isinstance(sources, str) else sources or []) if s]
+    if show:
+        return f"[{'; '.join(listed)}]"
+    return f"[sources:{len(listed)}]"
+
+
+def _fit(lines: list[str], width: int) -> list[str]:
+    """Each line wrapped at spaces to `width`, continuation lines indented under it."""
+    import textwrap
+
+    out = []
+    for line in lines:
+        if len(line) <= width:
+            out.append(line)
+            continue
+        indent = " " * (len(line) - len(line.lstrip()) + 4)
+        out += textwrap.wrap(
+            line,
+            width,
+            subsequent_indent=indent,
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
+    return out
+
+
 def render_timeline(
     run: dict,
     verdict: str | None,
     deployments: pl.DataFrame,
     subs: pl.DataFrame,
     events: pl.DataFrame,
+    *,
+    width: int = 100,
+    sources: bool = False,
+    roles: dict[str, str] | None = None,
+    tz: tzinfo | None = None,
 ) -> str:
-    """A run's story: deployments, replica slots with each submission's path, then every event."""
-    when = fmt_time
+    """A run's story: deployments, replica slots with each submission's path, then every event
+    (one line per event across sources, victims and culprits marked), fitted to `width`."""
+    from analyzer.report.timeline_view import merged_events
+
+    def when(value: datetime | None, *, date: bool = True) -> str:
+        return fmt_time(value, date=date, tz=tz)
+
     if events.height and (events["time_basis"] == "time_of_day_only").any():
         when = _time_of_day  # a rich log alone: no date is shown, because none is known
+    roles = roles or {}
     out = [
         f"run {run['project'] or '(project unknown)'}/{run['run_name']}  id {run['run_id']}  "
         f"{run['run_type'] or 'type unknown'}"
@@ -241,7 +285,8 @@ def render_timeline(
         + (f" ({run['termination_reason']})" if run["termination_reason"] else "")
         + f"  deployment {run['deployment_num']}"
         + (f"  verdict: {verdict}" if verdict else ""),
-        f"submitted {when(run['submitted_at'])} by {run['user'] or '?'}  [{run['provenance']}]",
+        f"submitted {when(run['submitted_at'])} by {run['user'] or '?'}  "
+        + _provenance(run["provenance"], sources),
         "",
         "DEPLOYMENTS",
     ]
@@ -250,7 +295,8 @@ def render_timeline(
             began = f"began {when(dep['began_at'])} (run submitted)"
         elif dep["began_at"] is not None:
             began = (
-                f"began {when(dep['began_at'])} by {dep['actor']}, changed {dep['changed_fields']}"
+                f"began {when(dep['began_at'])} by {dep['actor']}, "
+                f"changed {', '.join(dep['changed_fields'] or []) or '?'}"
             )
         else:
             began = (
@@ -266,9 +312,11 @@ def render_timeline(
     for slot, rows in subs.group_by(["replica_num", "job_num"], maintain_order=True):
         out.append(f"  replica {slot[0]} job {slot[1]}")
         for job in rows.iter_rows(named=True):
+            role = roles.get(job["job_id"])
             out.append(
-                f"    {job['job_name']}  job {job['job_id']}  deployment {job['deployment_num']}"
-                f"  submission {job['submission_num']}  [{job['provenance']}]"
+                f"    {job['job_name']}{f' [{role}]' if role else ''}  job {job['job_id']}  "
+                f"deployment {job['deployment_num']}  submission {job['submission_num']}  "
+                + _provenance(job["provenance"], sources)
             )
             steps = [f"submitted {when(job['created_at'], date=False)}"]
             changes = status_events.filter(pl.col("entity_id") == job["job_id"])
@@ -308,11 +356,13 @@ def render_timeline(
     out += ["", "EVENTS"]
     if events.height == 0:
         out.append("  none recorded (dstack < 0.20.0, events past their TTL, or no log given)")
-    for event in events.filter(pl.col("kind") != "other").iter_rows(named=True):
+    for event in merged_events(events, roles):
+        role = f" [{event['role']}]" if event["role"] else ""
         out.append(
             f"  {when(event['time']) if event['time'] else event['time_text']}  "
-            f"{event['entity_type']} {event['entity_name']}: {event['message']}"
+            f"{event['entity_type']} {event['entity_name']}{role}: {event['message']}"
             + (f"  (by {event['actor']})" if event["actor"] not in (None, "system") else "")
-            + f"  [{'; '.join(event['provenance'] or [])}]"
+            + "  "
+            + _provenance(event["provenance"], sources)
         )
-    return "\n".join(out) + "\n"
+    return "\n".join(_fit(out, width)) + "\n"
