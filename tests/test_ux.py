@@ -378,3 +378,16 @@ def test_timeline_exports(tmp_path):
     out = tmp_path / "web.jsonl"
     assert run("timeline", "web", SEED_DB, "-o", str(out)).exit_code == 0
     assert all(json.loads(line) for line in out.read_text().splitlines())
+
+
+def test_dash_is_stdout_for_pictures_and_reports():
+    from analyzer.cli_visual import register
+
+    register(main)
+    picture = CliRunner().invoke(main, ["plot", "acme/web", SEED_DB, "-o", "-"])
+    assert picture.exit_code == 0 and picture.stdout_bytes.startswith(b"\x89PNG")
+    page = CliRunner().invoke(main, ["report", SEED_DB, "-o", "-", "--max-plots", "0"])
+    assert page.exit_code == 0 and page.output.startswith("<!DOCTYPE html>")
+    assert "pictures are drawn for the worst 0 runs" in page.output
+    markdown = CliRunner().invoke(main, ["report", SEED_DB, "-o", "-", "--format", "markdown"])
+    assert markdown.exit_code == 2 and "needs a file" in markdown.output
