@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import sys
 from collections.abc import Callable
 from datetime import datetime
 from functools import wraps
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import click
 import polars as pl
@@ -20,23 +22,17 @@ from analyzer.dataset import write_dataset
 from analyzer.errors import AuditInputError
 from analyzer.redact import Redactor
 from analyzer.report.markdown import render_markdown
+from analyzer.report.schema import Verdict
 from analyzer.report.text import render_timeline
 from analyzer.terminal import SETTINGS, colour_wanted, reporting
 from analyzer.times import EXAMPLES, parse_time
 
-RENDERERS = {
-    "table": None,  # the terminal view: needs the width, colour and filters (see _table)
+RENDERERS = {  # besides "table", the terminal view (it needs the width, colour and filters)
     "markdown": render_markdown,
     "json": lambda report: report.model_dump_json(indent=2) + "\n",
 }
+AUDIT_FORMATS = ["json", "markdown", "table"]
 FORMAT_BY_SUFFIX = {".json": "json", ".md": "markdown", ".markdown": "markdown", ".txt": "table"}
-VERDICTS = [
-    "collateral_termination",
-    "same_deployment_collateral",
-    "no_healthy_victim",
-    "no_incident",
-    "inconclusive",
-]
 
 
 class IsoTime(click.ParamType):
@@ -90,9 +86,6 @@ def _zone(tz: str | None):
 
 def _screen_width(output: Path | None) -> int:
     """The terminal's width when printing to one; COLUMNS or 100 otherwise."""
-    import os
-    import shutil
-
     if output is None or str(output) == "-":
         if sys.stdout.isatty():
             return shutil.get_terminal_size().columns
@@ -187,7 +180,7 @@ def _open(sources: tuple[str, ...], log_tz: str | None, log_date: Any, **options
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(sorted(RENDERERS)),
+    type=click.Choice(AUDIT_FORMATS),
     help="Output format: a readable table (default), markdown, or the JSON report contract; "
     "without it, -o FILE's extension decides (.json, .md).",
 )
@@ -215,8 +208,11 @@ def _open(sources: tuple[str, ...], log_tz: str | None, log_date: Any, **options
     "--verdict",
     "verdicts",
     multiple=True,
-    type=click.Choice(VERDICTS),
-    help="Table: only runs and findings with this verdict (repeatable).",
+    type=click.Choice(get_args(Verdict)),
+    metavar="VERDICT",
+    help="Table: only runs and findings with this verdict (repeatable): "
+    + ", ".join(get_args(Verdict))
+    + ".",
 )
 @_tz_option
 @click.option("--fail-on-findings", is_flag=True, help="Exit 1 when there is any finding.")

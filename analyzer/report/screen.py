@@ -124,7 +124,8 @@ def _impact_cell(finding: Finding, tz: tzinfo | None) -> Text:
             cell.append(" (not recovered)", "red")
     cell.append("\nlost ", "dim")
     cell.append(fmt_duration(impact.healthy_replica_seconds_lost if impact else None))
-    cell.append(" replica-time, ")
+    cell.append(" replica-time")
+    cell.append("\ncost ", "dim")
     cell.append(fmt_cost(impact.lost_cost if impact else None))
     return cell
 
