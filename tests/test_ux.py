@@ -349,12 +349,20 @@ def test_timeline_one_line_per_event_across_sources(seed):
 
 
 def test_rich_whole_seconds_join_the_precise_sighting():
-    audit = open_sources([SEED_DB, SEED / "logs" / "server-info.rich.log"])
+    """The rich log writes 09:00:46 where the json log writes 09:00:46.939: one event."""
+    logs = SEED / "logs"
+    audit = open_sources([SEED_DB, logs / "server-info.rich.log", logs / "server-info.json.log"])
+    rows = audit.events.filter(audit.events["kind"] == "job_provisioned")
+    assert sorted(t.microsecond for t in rows["time"]) == [0, 939000]  # two sightings
     items = merged_events(audit.events)
+    provisioned = [i for i in items if i["kind"] == "job_provisioned"]
+    assert len(provisioned) == 1 and provisioned[0]["time"].microsecond == 939000
+    sources = " ".join(provisioned[0]["provenance"])
+    assert "server-info.rich.log" in sources and "server-info.json.log" in sources
     times = [i["time"] for i in items]
     assert times == sorted(times)
-    assert not [i for i in items if i["time"].microsecond == 0 and i["kind"] == "job_status"]
-    assert any(any("rich.log" in p for p in i["provenance"]) for i in items)
+    alone = merged_events(open_sources([SEED_DB, logs / "server-info.rich.log"]).events)
+    assert [i["time"].microsecond for i in alone if i["kind"] == "job_provisioned"] == [0]
 
 
 def test_timeline_exports(tmp_path):
