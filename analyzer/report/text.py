@@ -1,4 +1,5 @@
-"""Plain-text renderings: the terminal table of an audit and a run's timeline."""
+"""Plain-text renderings: the figures every format shares and a run's timeline (the terminal
+table of an audit is report/screen.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,6 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, tzinfo
 
 import polars as pl
-
-from analyzer.report.schema import Finding, Report
 
 
 def fmt_time(value: datetime | None, *, date: bool = True, tz: tzinfo | None = None) -> str:
@@ -43,14 +42,6 @@ def fmt_cost(value: float | None, unknown: int = 0) -> str:
     return text + (f" (+{unknown} unpriced)" if unknown else "")
 
 
-def _outage(finding: Finding) -> str:
-    impact = finding.impact
-    if impact is None or impact.outage_seconds is None:
-        return "?"
-    text = fmt_duration(impact.outage_seconds)
-    return text + ("" if impact.recovered else " (not recovered)")
-
-
 GROUP_HEADERS = ["key", "findings", "victims", "outage", "replica-time lost", "cost lost"]
 
 
@@ -67,156 +58,6 @@ def group_rows(groups) -> list[list[object]]:
         ]
         for g in groups
     ]
-
-
-def _groups(title: str, groups) -> list[str]:
-    if not groups:
-        return []
-    return ["", title, table(GROUP_HEADERS, group_rows(groups))]
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[object]], *, max_width: int = 60) -> str:
-    """A left-aligned text table; cells longer than max_width are cut with an ellipsis."""
-
-    def cell(value: object) -> str:
-        text = "-" if value is None else str(value)
-        return text if len(text) <= max_width else text[: max_width - 1] + "…"
-
-    body = [[cell(v) for v in row] for row in rows]
-    widths = [max([len(h)] + [len(r[i]) for r in body]) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.upper().ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in body]
-    return "\n".join(lines)
-
-
-def _run_label(item) -> str:
-    label = f"{item.project}/{item.run_name}" if item.project else item.run_name
-    return f"{item.server}:{label}" if item.server != "default" else label
-
-
-def _victims(finding: Finding) -> str:
-    return ", ".join(f"{v.job_name} (dep {v.deployment_num})" for v in finding.victims)
-
-
-def _culprits(finding: Finding) -> str:
-    return ", ".join(
-        f"{c.job_name} (dep {c.deployment_num}): {c.termination_reason}"
-        + (f" '{c.termination_reason_message}'" if c.termination_reason_message else "")
-        for c in finding.culprits
-    )
-
-
-def render_table(report: Report) -> str:
-    summary = report.summary
-    out = [
-        f"{report.generated_by}: {len(report.inputs)} input(s), {summary.runs} run(s), "
-        f"{summary.findings} finding(s), {summary.victims} healthy replica(s) killed",
-        "",
-    ]
-    if report.findings:
-        out.append(
-            "FINDINGS, worst first: healthy replicas terminated because another replica's "
-            "failure failed the run"
-        )
-        out.append(
-            table(
-                [
-                    "#",
-                    "category",
-                    "confidence",
-                    "run",
-                    "victims",
-                    "culprit",
-                    "update",
-                    "killed at",
-                    "outage",
-                    "lost",
-                    "cost",
-                ],
-                [
-                    (
-                        i,
-                        f.category,
-                        f.confidence,
-                        _run_label(f),
-                        _victims(f),
-                        _culprits(f),
-                        (f"{f.updated_by}: {f.changed_fields}" if f.changed_fields else "-"),
-                        fmt_time(
-                            max(
-                                (v.terminated_at for v in f.victims if v.terminated_at),
-                                default=None,
-                            )
-                        ),
-                        _outage(f),
-                        fmt_duration(f.impact.healthy_replica_seconds_lost if f.impact else None),
-                        fmt_cost(f.impact.lost_cost if f.impact else None),
-                    )
-                    for i, f in enumerate(report.findings, 1)
-                ],
-            )
-        )
-        out += [
-            "",
-            f"IMPACT: {summary.victims} healthy replica(s) killed, outage "
-            f"{fmt_duration(summary.outage_seconds)}, replica-time lost "
-            f"{fmt_duration(summary.healthy_replica_seconds_lost)}, cost "
-            f"{fmt_cost(summary.lost_cost, summary.cost_unknown_victims)} "
-            "(until recovery, or until the end of the evidence "
-            f"{fmt_time(report.end_of_evidence)})",
-        ]
-        if len(report.findings) > 1 or len(summary.by_server) > 1:
-            if len(summary.by_server) > 1:
-                out += _groups("BY SERVER", summary.by_server)
-            out += _groups("BY PROJECT", summary.by_project)
-            out += _groups("BY FLEET", summary.by_fleet)
-            out += _groups("BY USER WHO APPLIED THE UPDATE", summary.by_user)
-            out += _groups("BY DAY", summary.by_day)
-            out += _groups("BY FAILURE CLASS", summary.by_failure_class)
-    else:
-        out.append("FINDINGS: none")
-    out += ["", "RUNS"]
-    out.append(
-        table(
-            ["verdict", "run", "run id", "type", "status", "deployment", "why"],
-            [
-                (
-                    v.verdict,
-                    _run_label(v),
-                    v.run_id[:8],
-                    v.run_type,
-                    f"{v.status}"
-                    + (f" ({v.termination_reason})" if v.termination_reason else "")
-                    + (" [in progress]" if v.in_progress else ""),
-                    v.deployment_num,
-                    v.why,
-                )
-                for v in report.runs
-            ],
-            max_width=90,
-        )
-    )
-    if report.limitations:
-        out += ["", "LIMITATIONS (what the evidence cannot show)"]
-        out += [f"- [{lim.code}] {lim.message} ({lim.source})" for lim in report.limitations]
-    out += ["", "INPUTS"]
-    out.append(
-        table(
-            ["path", "kind", "version", "records", "unparsed", "sha256"],
-            [
-                (i.path, i.kind, i.server_version, i.records, i.unparsed, (i.sha256 or "")[:16])
-                for i in report.inputs
-            ],
-            max_width=70,
-        )
-    )
-    if report.findings:
-        out += [
-            "",
-            "Details: --format markdown or json; a run's story: "
-            "dstack-audit timeline RUN SOURCE...",
-        ]
-    return "\n".join(out) + "\n"
 
 
 def _time_of_day(value: datetime | None, *, date: bool = True) -> str:
