@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from analyzer.errors import AuditInputError
 from analyzer.evidence import Evidence, combine
 from analyzer.exposure import foresight, frames_of
 from analyzer.impact import assess, impact_rank, serving_capacity, summarise
+from analyzer.progress import stage
 from analyzer.reconcile import TimeOptions, reconcile
 from analyzer.report import frames
 from analyzer.report.schema import (
@@ -28,8 +30,10 @@ from analyzer.report.schema import (
     RunVerdict,
     Summary,
 )
+from analyzer.selectors import run_filter
 from analyzer.sources import READ_OPTIONS, ReadOptions, load_path
 from analyzer.timeline import deployments, evidence_gaps, submissions
+from analyzer.times import parse_time
 
 DEFAULT_SERVER = "default"
 
@@ -51,10 +55,7 @@ class Audit:
         if self.project:
             runs = runs.filter(pl.col("project") == self.project)
         if self.run:
-            runs = runs.filter(
-                (pl.col("run_name") == self.run)
-                | pl.col("run_id").str.starts_with(self.run.lower())
-            )
+            runs = runs.filter(run_filter(self.run))
         if self.since:
             ended = pl.col("last_processed_at")
             runs = runs.filter(ended.is_null() | (ended >= self.since))
@@ -73,7 +74,15 @@ class Audit:
     def deployments(self) -> pl.DataFrame:
         """One row per (run, deployment): when it began, what changed, who applied it."""
         deps = deployments(self.evidence, self.submissions)
-        return deps.join(self.runs.select("server", "run_id"), on=["server", "run_id"], how="semi")
+        listed = (
+            pl.col("changed_fields")
+            .str.split(",")
+            .list.eval(pl.element().str.strip_chars())
+            .list.eval(pl.element().filter(pl.element() != ""))
+        )
+        return deps.join(
+            self.runs.select("server", "run_id"), on=["server", "run_id"], how="semi"
+        ).with_columns(listed.alias("changed_fields"))
 
     @cached_property
     def events(self) -> pl.DataFrame:
@@ -94,6 +103,10 @@ class Audit:
 
     @cached_property
     def _detected(self) -> tuple[list[RunVerdict], list[Finding]]:
+        with stage("auditing runs"):
+            return self._detect()
+
+    def _detect(self) -> tuple[list[RunVerdict], list[Finding]]:
         verdicts, findings = detect(self.runs, self.submissions, self.events)
         gaps = evidence_gaps(
             self.runs, self.evidence.jobs, self.events, self.evidence.events_table_servers
@@ -225,20 +238,35 @@ def _input_record(info) -> InputRecord:
     )
 
 
+Paths = str | Path | Iterable[str | Path]
+When = str | date | datetime
+
+
+def as_paths(paths: Paths) -> list[str | Path]:
+    """One path (text or Path) or several: a string is one path, never its characters."""
+    if isinstance(paths, str | Path):
+        return [paths]
+    return list(paths)
+
+
 def open_sources(
-    paths: Iterable[str | Path],
+    paths: Paths,
     *,
     project: str | None = None,
     run: str | None = None,
     server: str = DEFAULT_SERVER,
     log_tz: str | None = None,
-    log_date: date | None = None,
-    since: datetime | None = None,
-    until: datetime | None = None,
+    log_date: date | str | None = None,
+    since: When | None = None,
+    until: When | None = None,
     partition: tuple[int, int] | None = None,
     server_labels: dict[str, str] | None = None,
 ) -> Audit:
     """Read every input (read-only) and combine them into one audit.
+
+    `paths` is one path or a list; `since`/`until` a datetime, a date or ISO 8601 text
+    (`2026-11-02`, `2026-11-02T09:00:00Z`, `...+02:00`); `run` a name, `project/name` or an
+    id prefix.
 
     Sources of several dstack servers stay apart when labelled: `server_labels` maps a source
     (as given) to its server's name; unlabelled sources belong to `server`.
@@ -248,7 +276,10 @@ def open_sources(
     'web-0-0'
     """
     parts = []
-    given = list(paths)
+    given = as_paths(paths)
+    since, until = parse_time(since, "since"), parse_time(until, "until")
+    if isinstance(log_date, str):
+        log_date = _log_date(log_date)
     if not given:
         raise AuditInputError(
             "audit", "no input given", "name a server.db, an export folder or a log"
@@ -256,16 +287,33 @@ def open_sources(
     token = READ_OPTIONS.set(ReadOptions(partition=partition, since=since, project=project))
     try:
         labels = server_labels or {}
-        for path in given:
-            parts.extend(load_path(path, labels.get(str(path), server)))
+        with stage("reading", total=len(given)) as step:
+            for path in given:
+                started = time.perf_counter()
+                loaded = load_path(path, labels.get(str(path), server))
+                parts.extend(loaded)
+                read = [i for part in loaded for i in part.inputs]
+                step(
+                    f"read {path} in {time.perf_counter() - started:.2f}s: "
+                    + ", ".join(f"{i.path} ({i.kind}, {i.records} records)" for i in read[:20])
+                    + (f" and {len(read) - 20} more" if len(read) > 20 else "")
+                )
     finally:
         READ_OPTIONS.reset(token)
-    evidence = reconcile(combine(parts), TimeOptions(log_tz=log_tz, log_date=log_date))
+    with stage("combining and aligning clocks"):
+        evidence = reconcile(combine(parts), TimeOptions(log_tz=log_tz, log_date=log_date))
     evidence.narrowed = bool(partition or since or project)
     return Audit(evidence, project=project, run=run, since=since, until=until)
 
 
-def audit(paths: Iterable[str | Path], **options) -> Report:
+def _log_date(text: str) -> date:
+    try:
+        return date.fromisoformat(text.strip())
+    except ValueError:
+        raise AuditInputError("log_date", f"{text!r} is not a date", "e.g. 2026-11-02") from None
+
+
+def audit(paths: Paths, **options) -> Report:
     """Audit the given sources and return the report (what `dstack-audit audit` prints)."""
     return open_sources(paths, **options).report
 
@@ -310,11 +358,11 @@ def merge_reports(reports: list[Report]) -> Report:
     )
 
 
-def audit_in_partitions(paths: Iterable[str | Path], count: int, **options) -> Report:
+def audit_in_partitions(paths: Paths, count: int, **options) -> Report:
     """Audit one partition of whole services at a time and merge: memory is bounded by the
     largest partition, not by the input (databases and ingested datasets push the partition
     down into their reads)."""
-    given = list(paths)
+    given = as_paths(paths)
     return merge_reports(
         [open_sources(given, partition=(index, count), **options).report for index in range(count)]
     )

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import sys
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import wraps
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import click
 import polars as pl
@@ -21,13 +23,85 @@ from analyzer.errors import AuditInputError
 from analyzer.outputs import plan
 from analyzer.redact import Redactor
 from analyzer.report.markdown import render_markdown
-from analyzer.report.text import render_table, render_timeline
+from analyzer.report.schema import Verdict
+from analyzer.report.text import render_timeline
+from analyzer.terminal import SETTINGS, colour_wanted, reporting
+from analyzer.times import EXAMPLES, parse_time
 
-RENDERERS = {
-    "table": render_table,
+RENDERERS = {  # besides "table", the terminal view (it needs the width, colour and filters)
     "markdown": render_markdown,
     "json": lambda report: report.model_dump_json(indent=2) + "\n",
 }
+AUDIT_FORMATS = ["json", "markdown", "table"]
+FORMAT_BY_SUFFIX = {".json": "json", ".md": "markdown", ".markdown": "markdown", ".txt": "table"}
+
+
+class IsoTime(click.ParamType):
+    """ISO 8601: 2026-11-02, 2026-11-02T09:00:00Z, ...+02:00, or the tool's own output."""
+
+    name = "TIME"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> datetime:
+        try:
+            return parse_time(value, param.name if param else "time")
+        except AuditInputError:
+            self.fail(f"{value!r} is not an ISO 8601 time ({EXAMPLES})", param, ctx)
+
+
+def _ui(command: Callable[..., Any]) -> Callable[..., Any]:
+    """-q, -v and --no-color on every command; progress bars on stderr while it runs."""
+
+    @wraps(command)
+    def wrapper(*args: Any, quiet: bool, verbose: bool, no_color: bool, **kwargs: Any) -> Any:
+        SETTINGS.quiet, SETTINGS.verbose, SETTINGS.no_color = quiet, verbose, no_color
+        with reporting():
+            return command(*args, **kwargs)
+
+    wrapper = click.option(
+        "--no-color", is_flag=True, help="No colour (also when NO_COLOR is set or not a terminal)."
+    )(wrapper)
+    wrapper = click.option(
+        "-v", "--verbose", is_flag=True, help="Say what is read and how long each stage took."
+    )(wrapper)
+    return click.option(
+        "-q", "--quiet", is_flag=True, help="No progress bars and no notes on stderr."
+    )(wrapper)
+
+
+def _tz_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--tz", help="Show times in this zone (IANA name, e.g. Europe/Berlin); default UTC."
+    )(command)
+
+
+def _zone(tz: str | None):
+    if not tz:
+        return None
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    try:
+        return ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise AuditInputError("--tz", f"unknown time zone {tz!r}", "e.g. Europe/Berlin") from None
+
+
+def _screen_width(output: Path | None) -> int:
+    """The terminal's width when printing to one; COLUMNS or 100 otherwise."""
+    if output is None or str(output) == "-":
+        if sys.stdout.isatty():
+            return shutil.get_terminal_size().columns
+        if os.environ.get("COLUMNS", "").isdigit():
+            return int(os.environ["COLUMNS"])
+    return 100
+
+
+def _inferred_format(fmt: str | None, output: Path | None, default: str, known) -> str:
+    """--format when given, else the output file's extension, else `default`."""
+    if fmt:
+        return fmt
+    if output is not None and str(output) != "-":
+        return known.get(output.suffix.lower(), default)
+    return default
 
 
 def _clean_errors(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -56,12 +130,22 @@ def _clean_errors(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="dstack-audit")
+@click.version_option(__version__, "-V", "--version", prog_name="dstack-audit")
 def main() -> None:
     """Find healthy dstack service replicas killed because a newer deployment failed.
 
-    SOURCE is a dstack SQLite database (server.db), a folder of table exports (CSV/Parquet),
-    or a folder holding any of these. Inputs are opened read-only.
+    \b
+    SOURCE, detected by content (any mix; every input opened read-only):
+      a dstack SQLite database (server.db), a PostgreSQL URL (postgresql://...),
+      a folder of table exports (CSV or Parquet), API exports (/api/runs/list JSON,
+      `dstack ps --json`, `dstack event` text), server logs (rich, standard or json;
+      plain, .gz, rotated, docker/kubectl --timestamps, journalctl -o json; - for stdin),
+      an ingested dataset (a folder or a URL polars reads), or a folder of any of these.
+
+    \b
+    Exit status: 0 done, 1 findings with --fail-on-findings (verify: a difference),
+    2 unusable input or wrong usage (one line on stderr, never a traceback).
+    -o FILE picks the format from FILE's extension; -o - is standard output.
     """
 
 
@@ -90,26 +174,41 @@ def _open(sources: tuple[str, ...], log_tz: str | None, log_date: Any, **options
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(sorted(RENDERERS)),
-    default="table",
-    show_default=True,
-    help="Output format: a readable table, markdown, or the JSON report contract.",
+    type=click.Choice(AUDIT_FORMATS),
+    help="Output format: a readable table (default), markdown, or the JSON report contract; "
+    "without it, -o FILE's extension decides (.json, .md).",
 )
 @click.option(
-    "--output", "-o", type=click.Path(dir_okay=False, path_type=Path), help="Write to FILE."
+    "--output",
+    "-o",
+    type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
+    help="Write to FILE (- is standard output).",
 )
 @click.option("--project", help="Only runs of this project.")
-@click.option("--run", help="Only runs with this name or id prefix.")
+@click.option("--run", help="Only runs with this name, project/name or id prefix.")
 @click.option(
     "--since",
-    type=click.DateTime(formats=["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"]),
-    help="Only runs still active at or after this UTC time.",
+    type=IsoTime(),
+    help="Only runs still active at or after this time (ISO 8601; UTC without a zone).",
 )
 @click.option(
     "--until",
-    type=click.DateTime(formats=["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"]),
-    help="Only runs submitted at or before this UTC time.",
+    type=IsoTime(),
+    help="Only runs submitted at or before this time (ISO 8601; UTC without a zone).",
 )
+@click.option("--all-runs", is_flag=True, help="Table: list every run (not only the incidents).")
+@click.option("--inputs", "full_inputs", is_flag=True, help="Table: list every input, hashed.")
+@click.option(
+    "--verdict",
+    "verdicts",
+    multiple=True,
+    type=click.Choice(get_args(Verdict)),
+    metavar="VERDICT",
+    help="Table: only runs and findings with this verdict (repeatable): "
+    + ", ".join(get_args(Verdict))
+    + ".",
+)
+@_tz_option
 @click.option("--fail-on-findings", is_flag=True, help="Exit 1 when there is any finding.")
 @click.option(
     "--quarantine",
@@ -148,15 +247,20 @@ def _open(sources: tuple[str, ...], log_tz: str | None, log_date: Any, **options
 )
 @click.option("--force", is_flag=True, help="Replace a non-empty --bundle DIR whole.")
 @_log_options
+@_ui
 @_clean_errors
 def audit(
     sources: tuple[str, ...],
-    fmt: str,
+    fmt: str | None,
     output: Path | None,
     project: str | None,
     run: str | None,
     since: datetime | None,
     until: datetime | None,
+    all_runs: bool,
+    full_inputs: bool,
+    verdicts: tuple[str, ...],
+    tz: str | None,
     fail_on_findings: bool,
     quarantine: Path | None,
     server_labels: tuple[str, ...],
@@ -173,8 +277,29 @@ def audit(
     SOURCES: dstack SQLite databases, folders of table exports, server logs (rich, standard or
     json; plain, .gz, docker/kubectl --timestamps, journalctl -o json), or folders of these.
 
-    Exit status: 0 audit completed, 1 with --fail-on-findings and findings, 2 unusable input.
+    \b
+    Exit status: 0 audit completed, 1 with --fail-on-findings and findings,
+    2 unusable input or wrong usage.
     """
+    fmt = _inferred_format(fmt, output, "table", FORMAT_BY_SUFFIX)
+    zone = _zone(tz)
+
+    def render(report: Any) -> str:
+        if fmt != "table":
+            return RENDERERS[fmt](report)
+        from analyzer.report.screen import render_table
+
+        to_terminal = output is None or str(output) == "-"
+        return render_table(
+            report,
+            width=_screen_width(output),
+            colour=to_terminal and colour_wanted(sys.stdout),
+            all_runs=all_runs,
+            full_inputs=full_inputs,
+            verdicts=verdicts,
+            tz=zone,
+        )
+
     labels = _server_labels(server_labels)
     sources = tuple(dict.fromkeys([*sources, *labels]))
     outputs = plan(sources, files=(output, quarantine), folders=(bundle,), force=force)
@@ -182,8 +307,8 @@ def audit(
         "server_labels": labels,
         "project": project,
         "run": run,
-        "since": since.replace(tzinfo=UTC) if since else None,
-        "until": until.replace(tzinfo=UTC) if until else None,
+        "since": since,
+        "until": until,
     }
     if partitions and partitions > 1:
         if partition or quarantine or bundle:
@@ -198,7 +323,7 @@ def audit(
             **options,
         )
         outputs.add_inputs(i.path for i in report.inputs)
-        outputs.write_text(output, RENDERERS[fmt](report))
+        outputs.write_text(output, render(report))
         if fail_on_findings and report.findings:
             sys.exit(1)
         return
@@ -215,7 +340,7 @@ def audit(
                 + (f", and {len(damaged) - 1} more damaged input(s)" if len(damaged) > 1 else ""),
                 "see --quarantine FILE for the lines, or drop --strict to audit leniently",
             )
-    outputs.write_text(output, opened.redact(RENDERERS[fmt](report)))
+    outputs.write_text(output, opened.redact(render(report)))
     if bundle is not None:
         options = {
             "project": project,
@@ -273,6 +398,7 @@ def _partition(text: str | None) -> tuple[int, int] | None:
 @click.option("--buckets", default=16, show_default=True, help="How many run buckets.")
 @click.option("--force", is_flag=True, help="Replace a non-empty --to DIR whole.")
 @_log_options
+@_ui
 @_clean_errors
 def ingest(
     sources: tuple[str, ...],
@@ -286,6 +412,9 @@ def ingest(
 
     `dstack-audit audit DIR` (or a URL polars reads) then audits it; `--partition I/N` audits a
     part of it, so a huge audit can be split and the reports compared or merged.
+
+    \b
+    Exit status: 0 written, 2 unusable input or wrong usage.
     """
     outputs = plan(sources, folders=(target,), force=force)
     opened = _open(sources, log_tz, log_date)
@@ -307,10 +436,15 @@ def ingest(
     help="Local zone the generated logs are written in.",
 )
 @click.option("--rich-width", default=80, show_default=True, help="Console width of the rich log.")
+@_ui
 @_clean_errors
 def synth(out: Path, runs: int, seed: int, log_tz: str, rich_width: int) -> None:
     """Generate a synthetic dstack server in OUT: server.db (dstack 0.22.5's schema), its logs in
-    the three formats, and the truth.json of every run (for benchmarks and fleet-scale tests)."""
+    the three formats, and the truth.json of every run (for benchmarks and fleet-scale tests).
+
+    \b
+    Exit status: 0 written, 2 wrong usage.
+    """
     from analyzer.synth import synthesize
 
     summary = synthesize(out, runs=runs, seed=seed, log_tz=log_tz, rich_width=rich_width)
@@ -323,10 +457,12 @@ def synth(out: Path, runs: int, seed: int, log_tz: str, rich_width: int) -> None
 
 @main.command()
 @click.argument("bundle", type=click.Path(path_type=Path))
+@_ui
 @_clean_errors
 def verify(bundle: Path) -> None:
     """Re-run the audit recorded in BUNDLE and confirm the same findings, or name the difference.
 
+    \b
     Exit status: 0 same inputs and same findings, 1 something differs, 2 unusable bundle.
     """
     result = verify_bundle(bundle)
@@ -335,43 +471,85 @@ def verify(bundle: Path) -> None:
     sys.exit(0 if result.same else 1)
 
 
+TIMELINE_FORMATS = ["text", "json", "jsonl", "csv", "timesketch"]
+TIMELINE_BY_SUFFIX = {".json": "json", ".jsonl": "jsonl", ".csv": "csv", ".txt": "text"}
+
+
 @main.command()
 @click.argument("run")
 @click.argument("sources", nargs=-1, required=True)
 @click.option("--project", help="The run's project, when several projects have a run of that name.")
 @click.option(
-    "--output", "-o", type=click.Path(dir_okay=False, path_type=Path), help="Write to FILE."
+    "--output",
+    "-o",
+    type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
+    help="Write to FILE (- is standard output); its extension picks the format.",
 )
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(TIMELINE_FORMATS),
+    help="text (default), json, jsonl, csv, or timesketch (JSONL with message, datetime and "
+    "timestamp_desc for Timesketch); without it, -o FILE's extension decides.",
+)
+@click.option("--sources", "show_sources", is_flag=True, help="List each line's provenance.")
+@click.option(
+    "--width", type=click.IntRange(min=40), help="Text: fit this many columns (default 100)."
+)
+@_tz_option
+@_log_options
+@_ui
 @_clean_errors
-def timeline(run: str, sources: tuple[str, ...], project: str | None, output: Path | None) -> None:
+def timeline(
+    run: str,
+    sources: tuple[str, ...],
+    project: str | None,
+    output: Path | None,
+    fmt: str | None,
+    show_sources: bool,
+    width: int | None,
+    tz: str | None,
+    log_tz: str | None,
+    log_date: Any,
+) -> None:
     """Print RUN's timeline: deployments, replica slots, every submission, every event.
 
-    RUN is a run name (add --project when several projects have one) or a run id prefix.
+    RUN is a run name, project/name or a run id prefix (add --project when several projects
+    have a run of that name). The same event seen in several sources is one line; victims and
+    culprits are marked.
+
+    \b
+    Exit status: 0 printed, 2 unusable input, no such run or several runs match.
     """
+    from analyzer.report.timeline_view import export, merged_events, roles
+    from analyzer.selectors import one_run
+
+    fmt = _inferred_format(fmt, output, "text", TIMELINE_BY_SUFFIX)
+    zone = _zone(tz)
     outputs = plan(sources, files=(output,))
-    opened = open_sources(sources, project=project, run=run)
+    opened = _open(sources, log_tz, log_date, project=project, run=run)
     outputs.add_inputs(i.path for i in opened.evidence.inputs)
-    runs = opened.runs
-    if runs.height == 0:
-        raise AuditInputError(run, "no run with this name or id prefix in the given sources")
-    if runs.height > 1:
-        listed = "; ".join(
-            f"{r['project']}/{r['run_name']} id {r['run_id'][:8]} submitted {r['submitted_at']}"
-            for r in runs.iter_rows(named=True)
-        )
-        raise AuditInputError(
-            run, f"{runs.height} runs match: {listed}", "give --project or an id prefix"
-        )
-    row = runs.row(0, named=True)
+    row = one_run(opened.runs, run)
     key = (pl.col("server") == row["server"]) & (pl.col("run_id") == row["run_id"])
     verdict = next((v.verdict for v in opened.verdicts if v.run_id == row["run_id"]), None)
-    text = render_timeline(
-        row,
-        verdict,
-        opened.deployments.filter(key),
-        opened.submissions.filter(key),
-        opened.events.filter(key),
+    marked = roles(
+        f for f in opened.findings if f.server == row["server"] and f.run_id == row["run_id"]
     )
+    events = opened.events.filter(key)
+    if fmt == "text":
+        text = render_timeline(
+            row,
+            verdict,
+            opened.deployments.filter(key),
+            opened.submissions.filter(key),
+            events,
+            width=width or 100,
+            sources=show_sources,
+            roles=marked,
+            tz=zone,
+        )
+    else:
+        text = export(row, merged_events(events, marked), fmt)
     outputs.write_text(output, opened.redact(text))
 
 

@@ -6,42 +6,37 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import click
 
 PLOT_FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
+MAX_PLOTS = 20
 REPORT_FORMATS = {".html": "html", ".htm": "html", ".md": "markdown", ".markdown": "markdown"}
-DATETIME_FORMATS = ["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"]
 
 
-def _format(output: Path, formats: dict[str, str]) -> str:
+def _format(output: Path, formats: dict[str, str], given: str | None = None) -> str:
+    """--format when given, else the output's extension (- needs --format or takes the
+    first format)."""
+    if given:
+        return given
+    if str(output) == "-":
+        return next(iter(formats.values()))
     fmt = formats.get(output.suffix.lower())
     if fmt is None:
         raise click.BadParameter(
-            f"{output.name}: the file name must end with one of {', '.join(formats)}",
+            f"{output.name}: the file name must end with one of {', '.join(formats)} "
+            "(or give --format)",
             param_hint="'--output'",
         )
     return fmt
 
 
-def _one_run(opened: Any, run: str) -> str:
-    from analyzer.errors import AuditInputError
-
-    runs = opened.runs
-    if runs.height == 0:
-        raise AuditInputError(run, "no run with this name or id prefix in the given sources")
-    if runs.height > 1:
-        listed = "; ".join(
-            f"{r['project']}/{r['run_name']} id {r['run_id'][:8]} submitted {r['submitted_at']}"
-            for r in runs.iter_rows(named=True)
-        )
-        raise AuditInputError(
-            run, f"{runs.height} runs match: {listed}", "give --project or an id prefix"
-        )
-    return runs["run_id"][0]
+def _wrote(output: Path) -> None:
+    if str(output) != "-":
+        click.echo(f"dstack-audit: wrote {output}", err=True)
 
 
 def _only_images(folder: Path) -> bool:
@@ -54,7 +49,7 @@ def register(main: click.Group) -> None:
     if "plot" in main.commands and "report" in main.commands:
         return
     # imported here: analyzer.cli imports this module's register
-    from analyzer.cli import _clean_errors, _log_options, _open
+    from analyzer.cli import IsoTime, _clean_errors, _log_options, _open, _ui
     from analyzer.outputs import plan
     from analyzer.report.html import render_html, render_report_markdown
     from analyzer.report.plots import figure_bytes, plot_fleet, plot_run, resolve_zone
@@ -65,8 +60,14 @@ def register(main: click.Group) -> None:
         "--output",
         "-o",
         required=True,
-        type=click.Path(dir_okay=False, path_type=Path),
-        help="The picture to write: FILE.png, FILE.svg or FILE.pdf.",
+        type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
+        help="The picture to write: FILE.png, FILE.svg or FILE.pdf (- is standard output).",
+    )
+    @click.option(
+        "--format",
+        "fmt",
+        type=click.Choice(sorted(set(PLOT_FORMATS.values()))),
+        help="The picture's format, when FILE's extension does not say it.",
     )
     @click.option("--project", help="The run's project (when several projects have the name).")
     @click.option("--tz", help="Show times in this zone (IANA name, e.g. Europe/Berlin); UTC.")
@@ -77,10 +78,12 @@ def register(main: click.Group) -> None:
     )
     @click.option("--dpi", type=click.IntRange(50, 600), default=110, show_default=True)
     @_log_options
+    @_ui
     @_clean_errors
     def plot(
         args: tuple[str, ...],
         output: Path,
+        fmt: str | None,
         project: str | None,
         tz: str | None,
         fleet: bool,
@@ -92,10 +95,14 @@ def register(main: click.Group) -> None:
         bars, the healthy interval, markers for the update, the culprit's failure, the run
         going TERMINATING and each victim's stop, and the serving capacity with the outage.
 
-        RUN is a run name (add --project when several projects have one) or a run id prefix.
-        With --fleet: incidents per day, outage and cost by project and fleet, failure classes.
+        RUN is a run name, project/name or a run id prefix (add --project when several
+        projects have a run of that name). With --fleet: incidents per day, outage and cost by
+        project and fleet, failure classes.
+
+        \b
+        Exit status: 0 drawn, 2 unusable input, no such run or wrong usage.
         """
-        fmt = _format(output, PLOT_FORMATS)
+        fmt = _format(output, PLOT_FORMATS, fmt)
         resolve_zone(tz)
         if fleet:
             outputs = plan(args, files=(output,))
@@ -109,9 +116,9 @@ def register(main: click.Group) -> None:
             outputs = plan(sources, files=(output,))
             opened = _open(sources, log_tz, log_date, project=project, run=run)
             outputs.add_inputs(i.path for i in opened.evidence.inputs)
-            fig = plot_run(opened, _one_run(opened, run), tz=tz)
+            fig = plot_run(opened, run, tz=tz)
         outputs.write_bytes(output, figure_bytes(fig, fmt, dpi=dpi))
-        click.echo(f"dstack-audit: wrote {output}", err=True)
+        _wrote(output)
 
     @click.command("report")
     @click.argument("sources", nargs=-1, required=True)
@@ -119,30 +126,48 @@ def register(main: click.Group) -> None:
         "--output",
         "-o",
         required=True,
-        type=click.Path(dir_okay=False, path_type=Path),
-        help="FILE.html (one self-contained file) or FILE.md (PNGs in FILE-images/ beside it).",
+        type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
+        help="FILE.html (one self-contained file) or FILE.md (PNGs in FILE-images/ beside it); "
+        "- writes the HTML to standard output.",
+    )
+    @click.option(
+        "--format",
+        "fmt",
+        type=click.Choice(["html", "markdown"]),
+        help="The report's format, when FILE's extension does not say it.",
+    )
+    @click.option(
+        "--max-plots",
+        type=click.IntRange(min=0),
+        default=MAX_PLOTS,
+        show_default=True,
+        help="Draw swimlanes for the worst N findings' runs (the rest are listed with their "
+        "evidence, without a picture).",
     )
     @click.option("--tz", help="Show times in this zone (IANA name, e.g. Europe/Berlin); UTC.")
     @click.option("--project", help="Only runs of this project.")
-    @click.option("--run", help="Only runs with this name or id prefix.")
+    @click.option("--run", help="Only runs with this name, project/name or id prefix.")
     @click.option(
         "--since",
-        type=click.DateTime(formats=DATETIME_FORMATS),
-        help="Only runs still active at or after this UTC time.",
+        type=IsoTime(),
+        help="Only runs still active at or after this time (ISO 8601; UTC without a zone).",
     )
     @click.option(
         "--until",
-        type=click.DateTime(formats=DATETIME_FORMATS),
-        help="Only runs submitted at or before this UTC time.",
+        type=IsoTime(),
+        help="Only runs submitted at or before this time (ISO 8601; UTC without a zone).",
     )
     @click.option(
         "--force", is_flag=True, help="Replace FILE-images/ whole even when it holds other files."
     )
     @_log_options
+    @_ui
     @_clean_errors
     def report(
         sources: tuple[str, ...],
         output: Path,
+        fmt: str | None,
+        max_plots: int,
         tz: str | None,
         project: str | None,
         run: str | None,
@@ -154,8 +179,16 @@ def register(main: click.Group) -> None:
     ) -> None:
         """Write the incident report of SOURCES: the inputs' SHA-256, a summary, every finding
         with its story, swimlane, evidence chain, impact and counterfactuals, the run verdicts
-        and the limitations. HTML opens offline and fetches nothing."""
-        fmt = _format(output, REPORT_FORMATS)
+        and the limitations. HTML opens offline and fetches nothing.
+
+        \b
+        Exit status: 0 written, 2 unusable input or wrong usage.
+        """
+        fmt = _format(output, REPORT_FORMATS, fmt)
+        if fmt == "markdown" and str(output) == "-":
+            raise click.BadParameter(
+                "a markdown report needs a file (its PNGs go beside it)", param_hint="'--output'"
+            )
         resolve_zone(tz)
         images = output.with_name(f"{output.stem}-images")
         outputs = plan(sources, files=(output,))
@@ -167,19 +200,19 @@ def register(main: click.Group) -> None:
             log_date,
             project=project,
             run=run,
-            since=since.replace(tzinfo=UTC) if since else None,
-            until=until.replace(tzinfo=UTC) if until else None,
+            since=since,
+            until=until,
         )
         outputs.add_inputs(i.path for i in opened.evidence.inputs)
         if fmt == "html":
-            outputs.write_text(output, render_html(opened, tz=tz))
+            outputs.write_text(output, render_html(opened, tz=tz, max_plots=max_plots))
         else:
             with outputs.build(images, drop_if_empty=True) as staging:
                 text = render_report_markdown(
-                    opened, tz=tz, image_dir=staging, image_link=images.name
+                    opened, tz=tz, image_dir=staging, image_link=images.name, max_plots=max_plots
                 )
                 outputs.write_text(output, text)
-        click.echo(f"dstack-audit: wrote {output}", err=True)
+        _wrote(output)
 
     for command in (plot, report):
         if command.name not in main.commands:

@@ -218,7 +218,15 @@ class Outputs:
             return
         self.write_bytes(given, text.encode("utf-8"))
 
-    def write_bytes(self, given: str | Path, data: bytes) -> None:
+    def write_bytes(self, given: str | Path | None, data: bytes) -> None:
+        """Write `data` to a planned file output, or standard output for None or `-`."""
+        if given is None or str(given) == STDOUT:
+            try:
+                sys.stdout.buffer.write(data)
+                sys.stdout.flush()
+            except OSError as error:
+                raise cannot_write("standard output", error.strerror or str(error)) from None
+            return
         with self.open(given) as handle:
             handle.write(data)
 

@@ -8,6 +8,9 @@
   fastest reader found (ADBC SQLite, connectorx, sqlite3: each measured).
 - scaling: the same audit at N, 2N, 4N, 8N runs: time, growth per doubling, peak RSS (each
   audit runs in its own process), precision and recall against the generated truth.
+- report: `dstack-audit report -o report.html` of a synthetic server with >= 1,000 findings
+  (swimlanes for the worst --max-plots runs) vs the same audit as JSON (its floor), each a
+  whole process.
 Figures are printed as a table and written to <out>/results.json.
 """
 
@@ -202,19 +205,65 @@ def bench_scaling(base: Path, runs: int) -> list[dict]:
     return rows
 
 
+def timed_cli(*args: str) -> dict:
+    """One `dstack-audit` command in its own process: wall time and peak RSS."""
+    child = (
+        "import resource, runpy, sys, time; sys.argv = ['dstack-audit', *sys.argv[1:]]; "
+        "t = time.perf_counter()\ntry:\n    runpy.run_module('analyzer', run_name='__main__')\n"
+        "except SystemExit:\n    pass\nprint('BENCH', time.perf_counter() - t, "
+        "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, file=sys.stderr)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", child, *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    )
+    line = next(x for x in out.stderr.splitlines() if x.startswith("BENCH "))
+    seconds, rss = map(float, line.split()[1:])
+    return {"seconds": seconds, "peak_rss_mb": rss}
+
+
+def bench_report(base: Path, runs: int, findings: int = 1000) -> list[dict]:
+    """The HTML report of a server with at least `findings` findings, against its floor."""
+    size = max(runs, 4000)  # the synthetic fleet has ~0.26 findings per run
+    folder = fleet(base, size)
+    db = str(folder / "server.db")
+    floor = timed_cli("audit", db, "--format", "json", "-q", "-o", str(base / "report.json"))
+    found = len(json.loads((base / "report.json").read_text())["findings"])
+    report = timed_cli("report", db, "-q", "-o", str(base / "report.html"))
+    return [
+        {
+            "bench": "report/html",
+            "runs": size,
+            "findings": found,
+            "enough_findings": found >= findings,
+            "html_mb": (base / "report.html").stat().st_size / 1e6,
+            **report,
+            "floor_audit_json_seconds": floor["seconds"],
+            "ratio": report["seconds"] / floor["seconds"],
+        }
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=2000)
     parser.add_argument("--out", type=Path, default=Path("/tmp/dstack-audit-bench"))
-    parser.add_argument("--only", default="logs,db,scaling")
+    parser.add_argument("--only", default="logs,db,scaling,report")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     results: dict = {"machine": machine, "polars": pl.__version__, "runs": args.runs}
     for name in args.only.split(","):
-        results[name] = {"logs": bench_logs, "db": bench_db, "scaling": bench_scaling}[name](
-            args.out, args.runs
-        )
+        benches = {
+            "logs": bench_logs,
+            "db": bench_db,
+            "scaling": bench_scaling,
+            "report": bench_report,
+        }
+        results[name] = benches[name](args.out, args.runs)
         for row in results[name]:
             print(
                 json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()})

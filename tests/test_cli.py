@@ -22,9 +22,11 @@ def test_table_shows_the_finding_at_a_glance():
     result = run("audit", SEED)
     assert result.exit_code == 0, result.output
     assert "FINDINGS" in result.output
-    finding_line = next(line for line in result.output.splitlines() if line.startswith("1 "))
-    for needle in ("collateral_termination", "confirmed", "acme/web", "web-0-0", "web-0-1"):
-        assert needle in finding_line
+    lines = result.output.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("1 "))
+    block = "\n".join(lines[first : lines.index("", first) if "" in lines[first:] else None])
+    assert "collateral_termination (confirmed) acme/web" in lines[first]
+    assert "victims: web-0-0 (dep 0)" in block and "culprit: web-0-1 (dep 1)" in block
 
 
 def test_json_is_the_report_contract():

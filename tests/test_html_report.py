@@ -73,14 +73,22 @@ def _text_outside_images(text: str) -> str:
 # Structure and evidence
 
 
-def test_first_page_has_every_input_sha_tool_version_and_end_of_evidence(seed, seed_html):
+def test_first_page_is_the_incident_and_the_appendix_has_every_input(seed, seed_html):
     report = seed.report
     cover = seed_html[: seed_html.index('id="summary"')]
     assert "dstack-audit incident report" in cover
+    assert 'id="what-happened"' in cover
+    assert narrative(seed, report.findings[0]).split(".")[0].replace("`", "") in (
+        re.sub(r"</?code>", "", cover)
+    )
+    appendix = _section(seed_html, "appendix")
     for item in report.inputs:
+        assert item.sha256 is None or item.sha256 not in cover, item.path
         if item.sha256:
-            assert item.sha256 in cover, item.path
-        assert html.escape(item.path) in cover
+            assert item.sha256 in appendix, item.path
+        assert html.escape(item.path) in appendix
+    assert "not computed (not a file)" not in seed_html
+    assert "not hashed: not recognised" in appendix  # truth.json, manifests
     assert f'<dd id="tool-version">{report.generated_by}' in cover
     assert "dstack-audit 0." in cover
     assert '<dd id="end-of-evidence">2026-11-02 09:09:29.439 UTC</dd>' in cover
@@ -100,6 +108,7 @@ def test_sections_in_order(seed_html):
         "<h4>root cause</h4>",
         'id="runs"',
         'id="limitations"',
+        'id="appendix"',
     ]
     positions = [seed_html.index(needle) for needle in order]
     assert positions == sorted(positions)
@@ -140,7 +149,7 @@ def _check_findings_complete(audit, text: str) -> None:
             assert html.escape(item.text) in article
             for source in item.source.split("; "):
                 assert html.escape(source) in article, source
-        assert "<img" in article  # its swimlane
+        assert "<img" in article or "swimlane is shown with" in article  # its run's swimlane
         assert finding.run_id in article
 
 
@@ -462,3 +471,80 @@ def test_browser_opens_the_report_as_written(seed_html, tmp_path):
     dom = _chromium(tmp_path, "--dump-dom", page.as_uri())
     assert 'id="finding-1"' in dom.stdout and "web-0-0" in dom.stdout
     assert shutil.which(str(CHROMIUM))
+
+
+# ---------------------------------------------------------------------------------------------
+# The incident first (issue 16)
+
+
+FOLD = """<script>
+window.addEventListener('load', function () {
+  function top(selector) {
+    var e = document.querySelector(selector);
+    return e ? e.getBoundingClientRect().top + window.scrollY : null;
+  }
+  var out = document.createElement('pre');
+  out.id = 'fold-result';
+  out.textContent = JSON.stringify({
+    story: top('#what-happened'), kpis: top('.kpis'), worst: top('#summary nav'),
+    appendix: top('#appendix'), height: window.innerHeight});
+  document.body.appendChild(out);
+});
+</script>"""
+
+
+def test_first_screen_is_the_incident_in_a_browser(seed_html, tmp_path):
+    """At 1280x800 the story, the impact figures and the worst findings are on the first
+    screen; the inputs are far below (the screenshot is kept as first-screen.png)."""
+    copy = seed_html.replace(
+        "style-src 'unsafe-inline';", "style-src 'unsafe-inline'; script-src 'unsafe-inline';", 1
+    ).replace("</head>", FOLD + "</head>", 1)
+    page = tmp_path / "fold.html"
+    page.write_text(copy, encoding="utf-8")
+    done = _chromium(
+        tmp_path,
+        "--window-size=1280,800",
+        "--virtual-time-budget=10000",
+        "--dump-dom",
+        page.as_uri(),
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = re.search(r'<pre id="fold-result">(.*?)</pre>', done.stdout, re.S)
+    assert found, done.stdout[-2000:]
+    tops = json.loads(html.unescape(found.group(1)))
+    assert tops["story"] < tops["kpis"] < tops["worst"] < 800 < tops["appendix"], tops
+    shot = tmp_path / "first-screen.png"
+    done = _chromium(tmp_path, "--window-size=1280,800", f"--screenshot={shot}", page.as_uri())
+    assert done.returncode == 0 and shot.read_bytes().startswith(PNG)
+
+
+def test_summary_figures_match_the_json(fleet, fleet_html):
+    summary = fleet.report.summary
+    kpis = re.findall(r'<div class="kpi"><b>([^<]*)</b>([^<]*)</div>', fleet_html)
+    figures = {name: value for value, name in kpis}
+    assert figures["findings"] == str(summary.findings)
+    assert figures["healthy replicas killed"] == str(summary.victims)
+    assert figures["runs audited"] == str(summary.runs)
+    from analyzer.report.text import fmt_cost, fmt_duration
+
+    assert figures["outage, summed"] == fmt_duration(summary.outage_seconds)
+    assert figures["cost lost"] == html.escape(
+        fmt_cost(summary.lost_cost, summary.cost_unknown_victims)
+    )
+
+
+def test_one_run_gets_no_fleet_charts(seed_html):
+    assert "fleet-wide charts" not in seed_html
+    assert seed_html.count("<img") == 1
+
+
+def test_max_plots_draws_the_worst_runs_only(fleet):
+    text = render_html(fleet, max_plots=2)
+    assert text.count('alt="swimlane of run') == 2
+    assert "pictures are drawn for the worst 2 runs (--max-plots)" in text
+    _check_findings_complete_without_pictures(fleet, text)
+
+
+def _check_findings_complete_without_pictures(audit, text: str) -> None:
+    articles = re.findall(r'<article class="finding" id="finding-(\d+)"', text)
+    assert [int(n) for n in articles] == list(range(1, len(audit.report.findings) + 1))

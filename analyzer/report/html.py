@@ -24,6 +24,7 @@ from typing import Any
 
 import polars as pl
 
+from analyzer.progress import stage
 from analyzer.report.markdown import render_markdown
 from analyzer.report.plots import (
     Clock,
@@ -78,11 +79,43 @@ def _run_label(item: Any) -> str:
     return f"{item.server}:{label}" if item.server != "default" else label
 
 
-def _facts(audit: Any, finding: Finding, tz: str | None) -> _Facts:
-    key = (pl.col("server") == finding.server) & (pl.col("run_id") == finding.run_id)
-    subs = {row["job_id"]: row for row in audit.submissions.filter(key).iter_rows(named=True)}
-    events = audit.events.filter(key)
-    run = audit.runs.filter(key)
+class RunFrames:
+    """The audit's frames split by run once, for the runs that have findings: a report of
+    1,000 findings then reads each run's rows directly instead of filtering whole frames
+    per finding."""
+
+    NAMES = ("submissions", "events", "runs", "deployments", "capacity")
+
+    def __init__(self, audit: Any, findings: Sequence[Finding]) -> None:
+        keys = pl.DataFrame(
+            {"server": [f.server for f in findings], "run_id": [f.run_id for f in findings]},
+            schema={"server": pl.String, "run_id": pl.String},
+        ).unique()
+        self.parts = {
+            name: getattr(audit, name)
+            .join(keys, on=["server", "run_id"], how="semi")
+            .partition_by(["server", "run_id"], as_dict=True)
+            for name in self.NAMES
+        }
+        self.empty = {name: getattr(audit, name).clear() for name in self.NAMES}
+        self.facts: dict[tuple[int, str | None], _Facts] = {}
+
+    def get(self, name: str, finding: Finding) -> pl.DataFrame:
+        return self.parts[name].get((finding.server, finding.run_id), self.empty[name])
+
+
+def _facts(audit: Any, finding: Finding, tz: str | None, frames: RunFrames | None = None) -> _Facts:
+    frames = frames or RunFrames(audit, [finding])
+    memo = (id(finding), tz)
+    if memo not in frames.facts:
+        frames.facts[memo] = _read_facts(audit, finding, tz, frames)
+    return frames.facts[memo]
+
+
+def _read_facts(audit: Any, finding: Finding, tz: str | None, frames: RunFrames) -> _Facts:
+    subs = {row["job_id"]: row for row in frames.get("submissions", finding).iter_rows(named=True)}
+    events = frames.get("events", finding)
+    run = frames.get("runs", finding)
     submitted = _as_utc(run["submitted_at"][0]) if run.height else None
     dateless = is_pseudo_date(submitted) or any(
         is_pseudo_date(_as_utc(j.get("created_at"))) for j in subs.values()
@@ -96,15 +129,15 @@ def _facts(audit: Any, finding: Finding, tz: str | None) -> _Facts:
     update_at = first_job = None
     actor, fields = finding.updated_by, finding.changed_fields
     if finding.update_deployment_num is not None:
-        deps = audit.deployments.filter(
-            key & (pl.col("deployment_num") == finding.update_deployment_num)
+        deps = frames.get("deployments", finding).filter(
+            pl.col("deployment_num") == finding.update_deployment_num
         )
         if deps.height:
             dep = deps.row(0, named=True)
             update_at = ok(dep["began_at"])
             first_job = ok(dep["first_job_at"])
             actor = actor or actor_name(dep["actor"])
-            fields = fields or dep["changed_fields"]
+            fields = fields or ", ".join(dep["changed_fields"] or []) or None
     terminating = events.filter(
         (pl.col("kind") == "run_status") & (pl.col("new_status") == "terminating")
     )
@@ -132,7 +165,7 @@ def _facts(audit: Any, finding: Finding, tz: str | None) -> _Facts:
     seen = False
     if victim_stops and all(victim_stops) and end is not None:
         last = max(s for s in victim_stops if s is not None)
-        capacity = audit.capacity.filter(key).sort("time")
+        capacity = frames.get("capacity", finding).sort("time")
         after = [
             n
             for t, n in capacity.select("time", "healthy_replicas").rows()
@@ -169,10 +202,13 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
-def narrative(audit: Any, finding: Finding, *, tz: str | None = None) -> str:
+def narrative(
+    audit: Any, finding: Finding, *, tz: str | None = None, frames: RunFrames | None = None
+) -> str:
     """What happened, in a few sentences, with times in the display zone (`code` in
-    backticks). Times of day only say so; nothing is guessed."""
-    f = _facts(audit, finding, tz)
+    backticks). Times of day only say so; nothing is guessed. `frames`: the audit split by
+    run (RunFrames), when many findings are told."""
+    f = _facts(audit, finding, tz, frames)
     clock = f.clock
     first_time = next(
         (
@@ -449,13 +485,13 @@ def _time_cell(clock: Clock, value: datetime | None) -> str:
     return clock.full(value, ms=True) if value is not None else "-"
 
 
-def _cover(report: Report, clock: Clock, audit: Any) -> str:
-    end = report.end_of_evidence
-    scope = []
-    for name in ("project", "run", "since", "until"):
-        value = getattr(audit, name, None)
-        if value:
-            scope.append(f"{name} = {value}")
+def _no_hash(item: Any) -> str:
+    if item.kind == "unrecognised":
+        return "not hashed: not recognised, so not read"
+    return "not hashed: not a file (a URL or standard input)"
+
+
+def _appendix(report: Report) -> str:
     inputs = _table(
         ["path", "kind", "version", "records", "unparsed", "SHA-256"],
         [
@@ -465,7 +501,7 @@ def _cover(report: Report, clock: Clock, audit: Any) -> str:
                 i.server_version,
                 i.records,
                 i.unparsed,
-                _Raw(f'<span class="sha">{_e(i.sha256 or "not computed (not a file)")}</span>'),
+                _Raw(f'<span class="sha">{_e(i.sha256 or _no_hash(i))}</span>'),
             ]
             for i in report.inputs
         ],
@@ -473,6 +509,35 @@ def _cover(report: Report, clock: Clock, audit: Any) -> str:
         css="inputs",
         cols=["path", "kind", "ver", "n", "n", "sha"],
     )
+    return (
+        '<section id="appendix"><h2>Appendix: inputs and their SHA-256</h2>'
+        f"<p>{len(report.inputs)} input(s), opened read-only; the SHA-256 of each file as read."
+        f'</p><div id="inputs">{inputs}</div></section>'
+    )
+
+
+def _cover(report: Report, clock: Clock, audit: Any, tz: str | None, frames: RunFrames) -> str:
+    end = report.end_of_evidence
+    scope = []
+    for name in ("project", "run", "since", "until"):
+        value = getattr(audit, name, None)
+        if value:
+            scope.append(f"{name} = {value}")
+    story = ""
+    if report.findings:
+        worst = report.findings[0]
+        story = (
+            f'<div id="what-happened"><h2>What happened</h2><p class="narrative story">'
+            f"<b>{_e(_run_label(worst))}</b>: "
+            f"{_code_spans(narrative(audit, worst, tz=tz, frames=frames))}</p>"
+            + (
+                f'<p class="muted">The worst of {len(report.findings)} findings; every one is '
+                'listed below (<a href="#findings">findings</a>).</p>'
+                if len(report.findings) > 1
+                else ""
+            )
+            + "</div>"
+        )
     zone = clock.zone_label(end) if end is not None else clock.name
     schema = report.schema_version
     end_text = Clock(clock.zone).full(end, ms=True) if end else "unknown (no dated record)"
@@ -482,14 +547,15 @@ def _cover(report: Report, clock: Clock, audit: Any) -> str:
 <p class="lead">Healthy dstack service replicas terminated because a replica of a (newer)
 deployment failed: {report.summary.findings} finding(s), {report.summary.victims} healthy
 replica(s) killed, {report.summary.runs} run(s) audited.</p>
+{story}
 <dl>
 <dt>tool</dt><dd id="tool-version">{_e(report.generated_by)} (report schema {schema})</dd>
 <dt>end of the evidence</dt><dd id="end-of-evidence">{_e(end_text)}</dd>
 <dt>times shown in</dt><dd>{_e(zone)}</dd>
 <dt>scope</dt><dd>{_e("; ".join(scope) or "everything in the inputs")}</dd>
-<dt>inputs</dt><dd>{len(report.inputs)} (opened read-only; SHA-256 of each file as read)</dd>
+<dt>inputs</dt><dd>{len(report.inputs)}, opened read-only (hashes in the
+<a href="#appendix">appendix</a>)</dd>
 </dl>
-<div id="inputs">{inputs}</div>
 </section>"""
 
 
@@ -522,7 +588,17 @@ def _summary(report: Report, images: _Images) -> str:
         )
     )
     if report.findings:
-        if len(report.findings) > 1:
+        out.append("<h4>findings, worst first</h4><nav><ol>")
+        for n, f in enumerate(report.findings, 1):
+            out.append(
+                f'<li><a href="#finding-{n}">{_e(_run_label(f))} (run {_e(f.run_id[:8])})</a>: '
+                f'<span class="badge {_e(f.category)}">{_e(f.category)}</span> '
+                f"{_e(len(f.victims))} victim(s), outage "
+                f"{_e(fmt_duration(f.impact.outage_seconds) if f.impact else '?')}</li>"
+            )
+        out.append("</ol></nav>")
+        runs = {(f.server, f.run_id) for f in report.findings}
+        if len(runs) > 1 or len(s.by_day) > 1:
             fig = plot_fleet(report)
             out.append(
                 "<figure>"
@@ -545,29 +621,28 @@ def _summary(report: Report, images: _Images) -> str:
         ):
             if groups and several:
                 out.append(f"<h4>{_e(title)}</h4>{_groups_table(groups)}")
-        out.append("<h4>findings, worst first</h4><nav><ol>")
-        for n, f in enumerate(report.findings, 1):
-            out.append(
-                f'<li><a href="#finding-{n}">{_e(_run_label(f))} (run {_e(f.run_id[:8])})</a>: '
-                f'<span class="badge {_e(f.category)}">{_e(f.category)}</span> '
-                f"{_e(len(f.victims))} victim(s), outage "
-                f"{_e(fmt_duration(f.impact.outage_seconds) if f.impact else '?')}</li>"
-            )
-        out.append("</ol></nav>")
     out.append("</section>")
     return "\n".join(out)
 
 
 def _finding(
-    n: int, f: Finding, audit: Any, tz: str | None, images: _Images, swimlanes: dict
+    n: int,
+    f: Finding,
+    audit: Any,
+    tz: str | None,
+    images: _Images,
+    swimlanes: dict,
+    max_plots: int | None,
+    step: Any,
+    frames: RunFrames,
 ) -> str:
-    clock = _facts(audit, f, tz).clock
+    clock = _facts(audit, f, tz, frames).clock
     out = [
         f'<article class="finding" id="finding-{n}">',
         f'<h3>{n}. {_e(_run_label(f))} <span class="muted">run {_e(f.run_id[:8])}</span> '
         f'<span class="badge {_e(f.category)}">{_e(f.category)}</span> '
         f'<span class="badge">{_e(f.confidence)}</span></h3>',
-        f'<p class="narrative">{_code_spans(narrative(audit, f, tz=tz))}</p>',
+        f'<p class="narrative">{_code_spans(narrative(audit, f, tz=tz, frames=frames))}</p>',
         f'<p class="muted">run id <code>{_e(f.run_id)}</code> on server <code>{_e(f.server)}'
         f"</code>; run termination reason <code>{_e(f.run_termination_reason)}</code>"
         + (
@@ -580,22 +655,33 @@ def _finding(
         + "</p>",
     ]
     key = (f.server, f.run_id)
-    if key not in swimlanes:
+    if key in swimlanes:
+        out.append(
+            f'<p class="muted">The run\'s swimlane is shown with '
+            f'<a href="#finding-{swimlanes[key]}">finding {swimlanes[key]}</a>.</p>'
+        )
+    elif max_plots is not None and len(swimlanes) >= max_plots:
+        out.append(
+            f'<p class="muted">No swimlane: pictures are drawn for the worst {max_plots} '
+            f"runs (--max-plots); draw this one with <code>dstack-audit plot {_e(f.run_id)} "
+            "SOURCE...</code>.</p>"
+        )
+    else:
+        swimlanes[key] = n
         try:
-            swimlanes[key] = images.add(
+            picture = images.add(
                 plot_run(audit, f.run_id, tz=tz),
                 f"swimlane of run {_run_label(f)}: lanes per job submission by deployment, "
                 "status bars, healthy interval hatched, markers, serving capacity and outage",
             )
         except Exception as error:  # a picture must never cost the report
-            swimlanes[key] = (
-                f'<p class="muted">(no picture: {_e(type(error).__name__)}: {_e(error)})</p>'
-            )
-    out.append(
-        f"<figure>{swimlanes[key]}<figcaption>The run's lanes, one per job submission, grouped by "
-        "deployment; hatched: healthy (serving); numbered markers in time order; below, the "
-        "healthy replicas over time with the outage shaded.</figcaption></figure>"
-    )
+            picture = f'<p class="muted">(no picture: {_e(type(error).__name__)}: {_e(error)})</p>'
+        step()
+        out.append(
+            f"<figure>{picture}<figcaption>The run's lanes, one per job submission, grouped by "
+            "deployment; hatched: healthy (serving); numbered markers in time order; below, the "
+            "healthy replicas over time with the outage shaded.</figcaption></figure>"
+        )
     out.append("<h4>victims (healthy replicas killed)</h4>")
     out.append(
         _table(
@@ -832,23 +918,29 @@ def _models(report: Report) -> str:
     )
 
 
-def render_html(audit: Any, *, tz: str | None = None) -> str:
-    """The whole report as one self-contained HTML document (a string)."""
+def render_html(audit: Any, *, tz: str | None = None, max_plots: int | None = 20) -> str:
+    """The whole report as one self-contained HTML document (a string): the incident first,
+    inputs and hashes in the appendix; swimlanes (one per run) for the runs of the worst
+    `max_plots` findings (None: every run)."""
     clock = Clock(resolve_zone(tz))
     report: Report = audit.report
     images = _Images()
     swimlanes: dict = {}
-    body = [_cover(report, clock, audit), _summary(report, images)]
+    runs = len({(f.server, f.run_id) for f in report.findings})
+    drawn = runs if max_plots is None else min(runs, max_plots)
+    frames = RunFrames(audit, report.findings)
+    body = [_cover(report, clock, audit, tz, frames), _summary(report, images)]
     body.append('<section id="findings"><h2>Findings, worst first</h2>')
     if not report.findings:
         body.append(
             "<p>None: no healthy replica was terminated because another replica's failure "
             "failed its run.</p>"
         )
-    for n, finding in enumerate(report.findings, 1):
-        body.append(_finding(n, finding, audit, tz, images, swimlanes))
+    with stage("drawing the report", total=drawn) as step:
+        for n, finding in enumerate(report.findings, 1):
+            body.append(_finding(n, finding, audit, tz, images, swimlanes, max_plots, step, frames))
     body.append("</section>")
-    body += [_runs(report), _limitations(report), _models(report)]
+    body += [_runs(report), _limitations(report), _models(report), _appendix(report)]
     title = (
         f"dstack-audit: {report.summary.findings} finding(s), "
         f"{report.summary.victims} healthy replica(s) killed"
@@ -867,8 +959,8 @@ def render_html(audit: Any, *, tz: str | None = None) -> str:
 <body>
 <main>
 {chr(10).join(body)}
-<footer class="muted"><p>Generated by {_e(report.generated_by)} from the inputs listed on the
-first page; self-contained: this file fetches nothing.</p></footer>
+<footer class="muted"><p>Generated by {_e(report.generated_by)} from the inputs listed in the
+appendix; self-contained: this file fetches nothing.</p></footer>
 </main>
 </body>
 </html>
@@ -891,6 +983,7 @@ def render_report_markdown(
     *,
     image_dir: Path | None = None,
     image_link: str | None = None,
+    max_plots: int | None = 20,
 ) -> str:
     """The same report as markdown: narratives and (when `image_dir` is given) swimlane and
     fleet PNGs written into `image_dir`, linked as `image_link/<name>.png` (default: the
@@ -898,6 +991,7 @@ def render_report_markdown(
     `render_markdown` (times there in UTC)."""
     clock = Clock(resolve_zone(tz))
     report: Report = audit.report
+    frames = RunFrames(audit, report.findings)
     s = report.summary
     link = image_link if image_link is not None else (image_dir.name if image_dir else "")
     written: dict[tuple[str, str], str] = {}
@@ -930,7 +1024,7 @@ def render_report_markdown(
         f"| {_md_cell(i.path)} | {i.kind} | `{i.sha256 or 'not computed'}` |" for i in report.inputs
     ]
     out.append("")
-    if len(report.findings) > 1:
+    if len({(f.server, f.run_id) for f in report.findings}) > 1 or len(s.by_day) > 1:
         path = save(plot_fleet(report), "fleet.png")
         if path:
             out += [f"![fleet-wide charts]({path})", ""]
@@ -941,10 +1035,12 @@ def render_report_markdown(
             f"### {n}. {_run_label(finding)} (run {finding.run_id[:8]}): `{finding.category}` "
             f"({finding.confidence})",
             "",
-            narrative(audit, finding, tz=tz),
+            narrative(audit, finding, tz=tz, frames=frames),
             "",
         ]
         key = (finding.server, finding.run_id)
+        if key not in written and max_plots is not None and len(written) >= max_plots:
+            written[key] = ""
         if key not in written:
             name = (
                 f"run-{finding.run_id[:8]}-{re.sub(r'[^A-Za-z0-9_.-]', '_', finding.run_name)}.png"

@@ -29,6 +29,7 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator
 from analyzer.errors import AuditInputError
 from analyzer.report.schema import Culprit, Finding, Report
 from analyzer.report.text import fmt_cost, fmt_duration
+from analyzer.selectors import one_run
 
 # Older submissions of one replica slot beyond this many are collapsed into one lane.
 KEEP_PER_SLOT = 3
@@ -186,11 +187,12 @@ def fmt_seconds(seconds: float | None) -> str:
     return fmt_duration(seconds)
 
 
-def field_names(changed: str | None) -> str | None:
-    """'configuration.commands, configuration.env' -> 'commands, env'."""
-    if not changed:
-        return changed
-    parts = [p.strip().removeprefix("configuration.") for p in changed.split(",")]
+def field_names(changed: str | Sequence[str] | None) -> str | None:
+    """'configuration.commands, configuration.env' (or its list) -> 'commands, env'."""
+    if changed is None or len(changed) == 0:
+        return None
+    listed = changed.split(",") if isinstance(changed, str) else changed
+    parts = [p.strip().removeprefix("configuration.") for p in listed]
     return ", ".join(p for p in parts if p)
 
 
@@ -269,19 +271,8 @@ def _as_utc(value: datetime | None) -> datetime | None:
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
-def _select_run(audit: Any, run_id: str) -> dict[str, Any]:
-    runs = audit.runs.filter(
-        (pl.col("run_id") == run_id) | pl.col("run_id").str.starts_with(run_id.lower())
-    )
-    exact = runs.filter(pl.col("run_id") == run_id)
-    if exact.height:
-        runs = exact
-    if runs.height == 0:
-        raise AuditInputError(run_id, "no run with this id in the audit")
-    if runs.height > 1:
-        listed = ", ".join(f"{r['server']}:{r['run_id']}" for r in runs.iter_rows(named=True))
-        raise AuditInputError(run_id, f"{runs.height} runs match: {listed}", "give the full id")
-    return runs.row(0, named=True)
+def _select_run(audit: Any, run: str) -> dict[str, Any]:
+    return one_run(audit.runs, run)
 
 
 def _fields(row: dict[str, Any], *names: str) -> datetime | None:
@@ -1073,6 +1064,9 @@ def _title(view: _RunView) -> tuple[str, str]:
     parts = []
     if view.verdict:
         parts.append(f"verdict: {view.verdict}")
+    categories = sorted({f.category for f in view.findings} - {view.verdict})
+    if categories:  # a finding of another category than the run's verdict names its own
+        parts.append(f"also: {', '.join(categories)}")
     victims = sum(len(f.victims) for f in view.findings)
     if victims:
         parts.append(f"{victims} healthy replica{'s' if victims != 1 else ''} killed")
@@ -1183,6 +1177,7 @@ def plot_run(
     When the incident is a small part of the run, a second panel zooms on it. Older retried
     submissions of a replica slot are collapsed into one lane that says how many.
 
+    `run_id`: the run's id, an id prefix, its name or `project/name` (as the CLI takes).
     `tz`: an IANA zone to show times in (default UTC). `ax`: draw only the lanes into this
     axes (one panel, no capacity strip, no key) and return its figure.
     """

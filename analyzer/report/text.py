@@ -1,18 +1,22 @@
-"""Plain-text renderings: the terminal table of an audit and a run's timeline."""
+"""Plain-text renderings: the figures every format shares and a run's timeline (the terminal
+table of an audit is report/screen.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 
 import polars as pl
 
-from analyzer.report.schema import Finding, Report
 
-
-def fmt_time(value: datetime | None, *, date: bool = True) -> str:
+def fmt_time(value: datetime | None, *, date: bool = True, tz: tzinfo | None = None) -> str:
+    """UTC with a Z (the default), or in zone `tz` with its offset (both ISO 8601)."""
     if value is None:
         return "?"
+    if tz is not None:
+        local = (value if value.tzinfo else value.replace(tzinfo=UTC)).astimezone(tz)
+        text = local.strftime("%Y-%m-%d %H:%M:%S.%f" if date else "%H:%M:%S.%f")[:-3]
+        return text + (local.strftime("%z")[:3] + ":" + local.strftime("%z")[3:] if date else "")
     text = value.strftime("%Y-%m-%d %H:%M:%S.%f" if date else "%H:%M:%S.%f")[:-3]
     return text + ("Z" if date else "")
 
@@ -38,14 +42,6 @@ def fmt_cost(value: float | None, unknown: int = 0) -> str:
     return text + (f" (+{unknown} unpriced)" if unknown else "")
 
 
-def _outage(finding: Finding) -> str:
-    impact = finding.impact
-    if impact is None or impact.outage_seconds is None:
-        return "?"
-    text = fmt_duration(impact.outage_seconds)
-    return text + ("" if impact.recovered else " (not recovered)")
-
-
 GROUP_HEADERS = ["key", "findings", "victims", "outage", "replica-time lost", "cost lost"]
 
 
@@ -64,156 +60,6 @@ def group_rows(groups) -> list[list[object]]:
     ]
 
 
-def _groups(title: str, groups) -> list[str]:
-    if not groups:
-        return []
-    return ["", title, table(GROUP_HEADERS, group_rows(groups))]
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[object]], *, max_width: int = 60) -> str:
-    """A left-aligned text table; cells longer than max_width are cut with an ellipsis."""
-
-    def cell(value: object) -> str:
-        text = "-" if value is None else str(value)
-        return text if len(text) <= max_width else text[: max_width - 1] + "…"
-
-    body = [[cell(v) for v in row] for row in rows]
-    widths = [max([len(h)] + [len(r[i]) for r in body]) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.upper().ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in body]
-    return "\n".join(lines)
-
-
-def _run_label(item) -> str:
-    label = f"{item.project}/{item.run_name}" if item.project else item.run_name
-    return f"{item.server}:{label}" if item.server != "default" else label
-
-
-def _victims(finding: Finding) -> str:
-    return ", ".join(f"{v.job_name} (dep {v.deployment_num})" for v in finding.victims)
-
-
-def _culprits(finding: Finding) -> str:
-    return ", ".join(
-        f"{c.job_name} (dep {c.deployment_num}): {c.termination_reason}"
-        + (f" '{c.termination_reason_message}'" if c.termination_reason_message else "")
-        for c in finding.culprits
-    )
-
-
-def render_table(report: Report) -> str:
-    summary = report.summary
-    out = [
-        f"{report.generated_by}: {len(report.inputs)} input(s), {summary.runs} run(s), "
-        f"{summary.findings} finding(s), {summary.victims} healthy replica(s) killed",
-        "",
-    ]
-    if report.findings:
-        out.append(
-            "FINDINGS, worst first: healthy replicas terminated because another replica's "
-            "failure failed the run"
-        )
-        out.append(
-            table(
-                [
-                    "#",
-                    "category",
-                    "confidence",
-                    "run",
-                    "victims",
-                    "culprit",
-                    "update",
-                    "killed at",
-                    "outage",
-                    "lost",
-                    "cost",
-                ],
-                [
-                    (
-                        i,
-                        f.category,
-                        f.confidence,
-                        _run_label(f),
-                        _victims(f),
-                        _culprits(f),
-                        (f"{f.updated_by}: {f.changed_fields}" if f.changed_fields else "-"),
-                        fmt_time(
-                            max(
-                                (v.terminated_at for v in f.victims if v.terminated_at),
-                                default=None,
-                            )
-                        ),
-                        _outage(f),
-                        fmt_duration(f.impact.healthy_replica_seconds_lost if f.impact else None),
-                        fmt_cost(f.impact.lost_cost if f.impact else None),
-                    )
-                    for i, f in enumerate(report.findings, 1)
-                ],
-            )
-        )
-        out += [
-            "",
-            f"IMPACT: {summary.victims} healthy replica(s) killed, outage "
-            f"{fmt_duration(summary.outage_seconds)}, replica-time lost "
-            f"{fmt_duration(summary.healthy_replica_seconds_lost)}, cost "
-            f"{fmt_cost(summary.lost_cost, summary.cost_unknown_victims)} "
-            "(until recovery, or until the end of the evidence "
-            f"{fmt_time(report.end_of_evidence)})",
-        ]
-        if len(report.findings) > 1 or len(summary.by_server) > 1:
-            if len(summary.by_server) > 1:
-                out += _groups("BY SERVER", summary.by_server)
-            out += _groups("BY PROJECT", summary.by_project)
-            out += _groups("BY FLEET", summary.by_fleet)
-            out += _groups("BY USER WHO APPLIED THE UPDATE", summary.by_user)
-            out += _groups("BY DAY", summary.by_day)
-            out += _groups("BY FAILURE CLASS", summary.by_failure_class)
-    else:
-        out.append("FINDINGS: none")
-    out += ["", "RUNS"]
-    out.append(
-        table(
-            ["verdict", "run", "run id", "type", "status", "deployment", "why"],
-            [
-                (
-                    v.verdict,
-                    _run_label(v),
-                    v.run_id[:8],
-                    v.run_type,
-                    f"{v.status}"
-                    + (f" ({v.termination_reason})" if v.termination_reason else "")
-                    + (" [in progress]" if v.in_progress else ""),
-                    v.deployment_num,
-                    v.why,
-                )
-                for v in report.runs
-            ],
-            max_width=90,
-        )
-    )
-    if report.limitations:
-        out += ["", "LIMITATIONS (what the evidence cannot show)"]
-        out += [f"- [{lim.code}] {lim.message} ({lim.source})" for lim in report.limitations]
-    out += ["", "INPUTS"]
-    out.append(
-        table(
-            ["path", "kind", "version", "records", "unparsed", "sha256"],
-            [
-                (i.path, i.kind, i.server_version, i.records, i.unparsed, (i.sha256 or "")[:16])
-                for i in report.inputs
-            ],
-            max_width=70,
-        )
-    )
-    if report.findings:
-        out += [
-            "",
-            "Details: --format markdown or json; a run's story: "
-            "dstack-audit timeline RUN SOURCE...",
-        ]
-    return "\n".join(out) + "\n"
-
-
 def _time_of_day(value: datetime | None, *, date: bool = True) -> str:
     """A time from a log without a date: the time of day and the days rolled over."""
     if value is None:
@@ -223,17 +69,56 @@ def _time_of_day(value: datetime | None, *, date: bool = True) -> str:
     return text + (" (date unknown)" if date else "")
 
 
+def _provenance(sources: Sequence[str] | str | None, show: bool) -> str:
+    """Where a record came from: every source with --sources, else how many."""
+    listed = [s for s in (sources.split("; ") if isinstance(sources, str) else sources or []) if s]
+    if show:
+        return f"[{'; '.join(listed)}]"
+    return f"[sources:{len(listed)}]"
+
+
+def _fit(lines: list[str], width: int) -> list[str]:
+    """Each line wrapped at spaces to `width`, continuation lines indented under it."""
+    import textwrap
+
+    out = []
+    for line in lines:
+        if len(line) <= width:
+            out.append(line)
+            continue
+        indent = " " * (len(line) - len(line.lstrip()) + 4)
+        out += textwrap.wrap(
+            line,
+            width,
+            subsequent_indent=indent,
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
+    return out
+
+
 def render_timeline(
     run: dict,
     verdict: str | None,
     deployments: pl.DataFrame,
     subs: pl.DataFrame,
     events: pl.DataFrame,
+    *,
+    width: int = 100,
+    sources: bool = False,
+    roles: dict[str, str] | None = None,
+    tz: tzinfo | None = None,
 ) -> str:
-    """A run's story: deployments, replica slots with each submission's path, then every event."""
-    when = fmt_time
+    """A run's story: deployments, replica slots with each submission's path, then every event
+    (one line per event across sources, victims and culprits marked), fitted to `width`."""
+    from analyzer.report.timeline_view import merged_events
+
+    def when(value: datetime | None, *, date: bool = True) -> str:
+        return fmt_time(value, date=date, tz=tz)
+
     if events.height and (events["time_basis"] == "time_of_day_only").any():
         when = _time_of_day  # a rich log alone: no date is shown, because none is known
+    roles = roles or {}
     out = [
         f"run {run['project'] or '(project unknown)'}/{run['run_name']}  id {run['run_id']}  "
         f"{run['run_type'] or 'type unknown'}"
@@ -241,7 +126,8 @@ def render_timeline(
         + (f" ({run['termination_reason']})" if run["termination_reason"] else "")
         + f"  deployment {run['deployment_num']}"
         + (f"  verdict: {verdict}" if verdict else ""),
-        f"submitted {when(run['submitted_at'])} by {run['user'] or '?'}  [{run['provenance']}]",
+        f"submitted {when(run['submitted_at'])} by {run['user'] or '?'}  "
+        + _provenance(run["provenance"], sources),
         "",
         "DEPLOYMENTS",
     ]
@@ -250,7 +136,8 @@ def render_timeline(
             began = f"began {when(dep['began_at'])} (run submitted)"
         elif dep["began_at"] is not None:
             began = (
-                f"began {when(dep['began_at'])} by {dep['actor']}, changed {dep['changed_fields']}"
+                f"began {when(dep['began_at'])} by {dep['actor']}, "
+                f"changed {', '.join(dep['changed_fields'] or []) or '?'}"
             )
         else:
             began = (
@@ -266,9 +153,11 @@ def render_timeline(
     for slot, rows in subs.group_by(["replica_num", "job_num"], maintain_order=True):
         out.append(f"  replica {slot[0]} job {slot[1]}")
         for job in rows.iter_rows(named=True):
+            role = roles.get(job["job_id"])
             out.append(
-                f"    {job['job_name']}  job {job['job_id']}  deployment {job['deployment_num']}"
-                f"  submission {job['submission_num']}  [{job['provenance']}]"
+                f"    {job['job_name']}{f' [{role}]' if role else ''}  job {job['job_id']}  "
+                f"deployment {job['deployment_num']}  submission {job['submission_num']}  "
+                + _provenance(job["provenance"], sources)
             )
             steps = [f"submitted {when(job['created_at'], date=False)}"]
             changes = status_events.filter(pl.col("entity_id") == job["job_id"])
@@ -308,11 +197,13 @@ def render_timeline(
     out += ["", "EVENTS"]
     if events.height == 0:
         out.append("  none recorded (dstack < 0.20.0, events past their TTL, or no log given)")
-    for event in events.filter(pl.col("kind") != "other").iter_rows(named=True):
+    for event in merged_events(events, roles):
+        role = f" [{event['role']}]" if event["role"] else ""
         out.append(
             f"  {when(event['time']) if event['time'] else event['time_text']}  "
-            f"{event['entity_type']} {event['entity_name']}: {event['message']}"
+            f"{event['entity_type']} {event['entity_name']}{role}: {event['message']}"
             + (f"  (by {event['actor']})" if event["actor"] not in (None, "system") else "")
-            + f"  [{'; '.join(event['provenance'] or [])}]"
+            + "  "
+            + _provenance(event["provenance"], sources)
         )
-    return "\n".join(out) + "\n"
+    return "\n".join(_fit(out, width)) + "\n"
