@@ -21,6 +21,7 @@ from analyzer.errors import AuditInputError
 from analyzer.redact import Redactor
 from analyzer.report.markdown import render_markdown
 from analyzer.report.text import render_table, render_timeline
+from analyzer.sources.live import use_token
 
 RENDERERS = {
     "table": render_table,
@@ -83,6 +84,14 @@ def _log_options(command: Callable[..., Any]) -> Callable[..., Any]:
         help="The date of a rich log's first line (rich logs carry times of day only).",
     )(command)
     return command
+
+
+def _token_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--token",
+        help="A dstack user token for a server URL (prefer DSTACK_TOKEN: a command line is "
+        "visible to other users). Never printed or stored.",
+    )(command)
 
 
 def _open(sources: tuple[str, ...], log_tz: str | None, log_date: Any, **options: Any):
@@ -152,6 +161,7 @@ def _open(sources: tuple[str, ...], log_tz: str | None, log_date: Any, **options
     help="Also write DIR with the JSON and markdown reports and a manifest (inputs' SHA-256, "
     "tool version, options) that `dstack-audit verify DIR` re-checks.",
 )
+@_token_option
 @_log_options
 @_clean_errors
 def audit(
@@ -171,6 +181,7 @@ def audit(
     bundle: Path | None,
     log_tz: str | None,
     log_date: Any,
+    token: str | None,
 ) -> None:
     """Audit SOURCES and report every run's verdict and every finding.
 
@@ -179,6 +190,7 @@ def audit(
 
     Exit status: 0 audit completed, 1 with --fail-on-findings and findings, 2 unusable input.
     """
+    use_token(token)
     labels = _server_labels(server_labels)
     sources = tuple(dict.fromkeys([*sources, *labels]))
     options = {
@@ -285,6 +297,40 @@ def ingest(
 
 
 @main.command()
+@click.argument("url")
+@click.option(
+    "--to",
+    "target",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="New folder to write the server's answers to (it appears only once complete).",
+)
+@click.option("--project", help="Only this project (default: every project the token sees).")
+@_token_option
+@_clean_errors
+def collect(url: str, target: Path, project: str | None, token: str | None) -> None:
+    """Collect a running dstack server's API (URL, or dstack:[PROJECT]) into a folder.
+
+    Read-only list/get calls; every page byte for byte with its SHA-256 in a manifest (never
+    the token). `dstack-audit audit DIR` audits it offline, `dstack-audit verify DIR` checks it.
+    """
+    from analyzer.collect import collect as collect_server
+    from analyzer.sources.live import target_of
+
+    use_token(token)
+    found = target_of(url)
+    if not found.token:
+        raise AuditInputError(url, "no token given", "set DSTACK_TOKEN or give --token")
+    result = collect_server(found.url, target, found.token, project=project or found.project)
+    pages = len(result.pages)
+    click.echo(
+        f"collected {pages} pages ({result.bytes} bytes) of {len(result.projects)} project(s) "
+        f"from {result.url} (dstack {result.server_version}) in {result.seconds:.2f}s "
+        f"({pages / max(result.seconds, 1e-9):.0f} pages/s) to {target}"
+    )
+
+
+@main.command()
 @click.argument("out", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--runs", default=1000, show_default=True, help="How many runs to generate.")
 @click.option("--seed", default=0, show_default=True, help="Random seed (same seed, same bytes).")
@@ -315,9 +361,14 @@ def synth(out: Path, runs: int, seed: int, log_tz: str, rich_width: int) -> None
 def verify(bundle: Path) -> None:
     """Re-run the audit recorded in BUNDLE and confirm the same findings, or name the difference.
 
+    BUNDLE may also be a folder `dstack-audit collect` wrote: every page is checked against
+    the SHA-256 its manifest recorded.
+
     Exit status: 0 same inputs and same findings, 1 something differs, 2 unusable bundle.
     """
-    result = verify_bundle(bundle)
+    from analyzer.sources.live import read_manifest, verify_collection
+
+    result = verify_collection(bundle) if read_manifest(bundle) else verify_bundle(bundle)
     for line in result.lines:
         click.echo(line)
     sys.exit(0 if result.same else 1)

@@ -105,7 +105,7 @@ def load_server(given: str, server: str) -> SourceData:
         raise AuditInputError(
             label,
             f"dstack {version} answers, but no token was given",
-            "set DSTACK_TOKEN=... or give --token (a dstack user token)",
+            "set DSTACK_TOKEN or give --token (a dstack user token)",
         )
     with tempfile.TemporaryDirectory(prefix="dstack-audit-live-") as private:
         folder = Path(private) / "api"
@@ -249,3 +249,23 @@ def _load(path: Path, server: str) -> SourceData:
 
 
 SOURCE = Source(kind=KIND, sniff=_sniff, load=_load)
+
+
+def verify_collection(folder: Path):
+    """`dstack-audit verify DIR` for a collected folder: every page as its manifest recorded
+    it, nothing missing, nothing added (then the folder is the snapshot collect wrote)."""
+    from analyzer.bundle import Verification
+
+    manifest = read_manifest(folder)
+    if manifest is None:
+        raise AuditInputError(str(folder), "not a folder written by dstack-audit collect")
+    result = Verification()
+    for problem in check_pages(folder, manifest):
+        result.differ(problem)
+    if result.same:
+        result.lines.append(
+            f"verified: {len(manifest['pages'])} page(s) unchanged, as collected from "
+            f"{manifest.get('server')} (dstack {manifest.get('dstack_version')}) at "
+            f"{manifest.get('collected_at')}"
+        )
+    return result
