@@ -190,7 +190,7 @@ def audit(
 
     Exit status: 0 audit completed, 1 with --fail-on-findings and findings, 2 unusable input.
     """
-    use_token(token)
+    click.get_current_context().call_on_close(use_token(token))
     labels = _server_labels(server_labels)
     sources = tuple(dict.fromkeys([*sources, *labels]))
     options = {
@@ -317,7 +317,7 @@ def collect(url: str, target: Path, project: str | None, token: str | None) -> N
     from analyzer.collect import collect as collect_server
     from analyzer.sources.live import target_of
 
-    use_token(token)
+    click.get_current_context().call_on_close(use_token(token))
     found = target_of(url)
     if not found.token:
         raise AuditInputError(url, "no token given", "set DSTACK_TOKEN or give --token")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,10 +33,11 @@ KIND = "dstack-api-collection"
 GIVEN_TOKEN: ContextVar[str | None] = ContextVar("dstack_token", default=None)
 
 
-def use_token(token: str | None) -> None:
-    """The token given on the command line (`--token`), preferred to DSTACK_TOKEN."""
-    if token:
-        GIVEN_TOKEN.set(token)
+def use_token(token: str | None) -> Callable[[], None]:
+    """The token given on the command line (`--token`), preferred to DSTACK_TOKEN, until the
+    returned function is called (at the end of the command)."""
+    given = GIVEN_TOKEN.set(token or None)
+    return lambda: GIVEN_TOKEN.reset(given)
 
 
 @dataclass(frozen=True)
