@@ -21,6 +21,7 @@ from analyzer.errors import AuditInputError
 from analyzer.redact import Redactor
 from analyzer.report.markdown import render_markdown
 from analyzer.report.text import render_table, render_timeline
+from analyzer.sources import LIVE_URL
 from analyzer.sources.live import use_token
 
 RENDERERS = {
@@ -191,6 +192,12 @@ def audit(
     Exit status: 0 audit completed, 1 with --fail-on-findings and findings, 2 unusable input.
     """
     click.get_current_context().call_on_close(use_token(token))
+    if bundle is not None and any(LIVE_URL.match(source) for source in sources):
+        raise AuditInputError(
+            "--bundle",
+            "a live server's answers cannot be checked again later",
+            "collect them first (dstack-audit collect URL --to DIR), then audit DIR --bundle",
+        )
     labels = _server_labels(server_labels)
     sources = tuple(dict.fromkeys([*sources, *labels]))
     options = {

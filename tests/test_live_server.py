@@ -301,6 +301,14 @@ def test_cli_end_to_end_token_in_no_output(servers, tmp_path):
     outputs += [collected.stdout, collected.stderr, all_text(tmp_path / "c")]
     assert "collateral_termination" in outputs[0]
     assert all(server.token not in text for text in outputs)
+    refused = run_cli("audit", server.url, "--bundle", str(tmp_path / "b"), env=env)
+    assert refused.returncode == 2 and "collect them first" in refused.stderr
+    page = tmp_path / "c" / "runs_list" / "acme" / "page-001.json"
+    page.write_bytes(page.read_bytes().replace(b'"failed"', b'"running"', 1))
+    changed = CliRunner().invoke(main, ["verify", str(tmp_path / "c")])
+    assert changed.exit_code == 1 and "page changed: runs_list/acme/page-001.json" in changed.output
+    codes = {lim.code for lim in open_sources([tmp_path / "c"]).report.limitations}
+    assert "collection_altered" in codes
 
 
 def one_line_error(result) -> str:
@@ -440,7 +448,7 @@ def test_dstack_cli_configuration(servers, tmp_path, monkeypatch):
     server = servers["v0.22.5/seed"]
     home = tmp_path / "home"
     home.mkdir()
-    for name in ("acme", "main"):
+    for name in ("main", "acme"):  # with -y, each added project becomes the default
         added = subprocess.run(
             [
                 *(str(DSTACK), "project", "add", "--name", name, "--url", server.url),
@@ -456,7 +464,7 @@ def test_dstack_cli_configuration(servers, tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.delenv("DSTACK_TOKEN", raising=False)
     truth = load_truth(CAPTURES / "v0.22.5" / "seed" / "truth.json")
-    default = open_sources(["dstack:"]).report  # the first project added is the default
+    default = open_sources(["dstack:"]).report
     check_truth(default, truth)
     assert open_sources(["dstack:main"]).report.runs == []
     runner = CliRunner()
