@@ -472,4 +472,4 @@ def test_dstack_cli_configuration(servers, tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     assert json.loads((tmp_path / "c" / "manifest.json").read_text())["projects"] == ["acme"]
     line = one_line_error(runner.invoke(main, ["audit", "dstack:nope"]))
-    assert "no project 'nope'" in line and "acme, main" in line
+    assert "no project 'nope' (configured: main, acme)" in line
