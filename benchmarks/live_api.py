@@ -24,9 +24,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from test_live_server import DstackServer  # noqa: E402
+
 from analyzer.collect import collect_into  # noqa: E402
 from analyzer.synth import synthesize  # noqa: E402
-from test_live_server import DstackServer  # noqa: E402
 
 
 def victims(report: dict) -> set[tuple[str, str]]:
