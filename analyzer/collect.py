@@ -138,10 +138,13 @@ class Server:
             try:
                 response = self._client.post(self.url + path, json=body)
             except httpx.TransportError as error:
+                reason = _reason(error)
+                if reason.startswith("TLS"):  # trying again will not change a certificate
+                    raise AuditInputError(self.label, f"POST {path}: {reason}") from None
                 if attempt + 1 == attempts:
                     raise AuditInputError(
                         self.label,
-                        f"POST {path}: {_reason(error)}"
+                        f"POST {path}: {reason}"
                         + (f" after {attempts} tries" if attempts > 1 else ""),
                         "check the URL and that the server is up",
                     ) from None

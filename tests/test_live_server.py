@@ -122,13 +122,16 @@ class DstackServer:
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait(timeout=30)
 
-    def stop(self) -> None:
+    def terminate(self) -> None:
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.kill()
+
+    def stop(self) -> None:
+        self.terminate()
+        try:
+            self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.kill()
 
 
 @pytest.fixture(scope="module")
@@ -143,6 +146,8 @@ def servers(tmp_path_factory):
             list(pool.map(DstackServer.wait, started.values()))
         yield started
     finally:
+        for server in started.values():
+            server.terminate()  # all at once, then each waited for (or killed)
         for server in started.values():
             server.stop()
 
