@@ -25,6 +25,8 @@ from analyzer.redact import Redactor
 from analyzer.report.markdown import render_markdown
 from analyzer.report.schema import Verdict
 from analyzer.report.text import render_timeline
+from analyzer.sources import LIVE_URL
+from analyzer.sources.live import use_token
 from analyzer.terminal import SETTINGS, colour_wanted, reporting
 from analyzer.times import EXAMPLES, parse_time
 
@@ -163,6 +165,14 @@ def _log_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return command
 
 
+def _token_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--token",
+        help="A dstack user token for a server URL (prefer DSTACK_TOKEN: a command line is "
+        "visible to other users). Never printed or stored.",
+    )(command)
+
+
 def _open(sources: tuple[str, ...], log_tz: str | None, log_date: Any, **options: Any):
     return open_sources(
         sources, log_tz=log_tz, log_date=log_date.date() if log_date else None, **options
@@ -246,6 +256,7 @@ def _open(sources: tuple[str, ...], log_tz: str | None, log_date: Any, **options
     "tool version, options) that `dstack-audit verify DIR` re-checks.",
 )
 @click.option("--force", is_flag=True, help="Replace a non-empty --bundle DIR whole.")
+@_token_option
 @_log_options
 @_ui
 @_clean_errors
@@ -271,6 +282,7 @@ def audit(
     force: bool,
     log_tz: str | None,
     log_date: Any,
+    token: str | None,
 ) -> None:
     """Audit SOURCES and report every run's verdict and every finding.
 
@@ -281,6 +293,13 @@ def audit(
     Exit status: 0 audit completed, 1 with --fail-on-findings and findings,
     2 unusable input or wrong usage.
     """
+    click.get_current_context().call_on_close(use_token(token))
+    if bundle is not None and any(LIVE_URL.match(source) for source in sources):
+        raise AuditInputError(
+            "--bundle",
+            "a live server's answers cannot be checked again later",
+            "collect them first (dstack-audit collect URL --to DIR), then audit DIR --bundle",
+        )
     fmt = _inferred_format(fmt, output, "table", FORMAT_BY_SUFFIX)
     zone = _zone(tz)
 
@@ -426,6 +445,45 @@ def ingest(
 
 
 @main.command()
+@click.argument("url")
+@click.option(
+    "--to",
+    "target",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="New folder to write the server's answers to (it appears only once complete).",
+)
+@click.option("--project", help="Only this project (default: every project the token sees).")
+@_token_option
+@_ui
+@_clean_errors
+def collect(url: str, target: Path, project: str | None, token: str | None) -> None:
+    """Collect a running dstack server's API (URL, or dstack:[PROJECT]) into a folder.
+
+    Read-only list/get calls; every page byte for byte with its SHA-256 in a manifest (never
+    the token). `dstack-audit audit DIR` audits it offline, `dstack-audit verify DIR` checks it.
+
+    \b
+    Exit status: 0 collected, 2 unreachable server, bad token, not a dstack server, a server
+    that failed mid-collection (nothing is left in DIR) or wrong usage.
+    """
+    from analyzer.collect import collect as collect_server
+    from analyzer.sources.live import target_of
+
+    click.get_current_context().call_on_close(use_token(token))
+    found = target_of(url)
+    if not found.token:
+        raise AuditInputError(url, "no token given", "set DSTACK_TOKEN or give --token")
+    result = collect_server(found.url, target, found.token, project=project or found.project)
+    pages = len(result.pages)
+    click.echo(
+        f"collected {pages} pages ({result.bytes} bytes) of {len(result.projects)} project(s) "
+        f"from {result.url} (dstack {result.server_version}) in {result.seconds:.2f}s "
+        f"({pages / max(result.seconds, 1e-9):.0f} pages/s) to {target}"
+    )
+
+
+@main.command()
 @click.argument("out", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--runs", default=1000, show_default=True, help="How many runs to generate.")
 @click.option("--seed", default=0, show_default=True, help="Random seed (same seed, same bytes).")
@@ -462,10 +520,15 @@ def synth(out: Path, runs: int, seed: int, log_tz: str, rich_width: int) -> None
 def verify(bundle: Path) -> None:
     """Re-run the audit recorded in BUNDLE and confirm the same findings, or name the difference.
 
+    BUNDLE may also be a folder `dstack-audit collect` wrote: every page is checked against
+    the SHA-256 its manifest recorded.
+
     \b
     Exit status: 0 same inputs and same findings, 1 something differs, 2 unusable bundle.
     """
-    result = verify_bundle(bundle)
+    from analyzer.sources.live import read_manifest, verify_collection
+
+    result = verify_collection(bundle) if read_manifest(bundle) else verify_bundle(bundle)
     for line in result.lines:
         click.echo(line)
     sys.exit(0 if result.same else 1)

@@ -30,6 +30,7 @@ from analyzer.model import (
 
 DATABASE_URL = re.compile(r"^postgres(?:ql)?(?:\+\w+)?://")
 DATASET_URL = re.compile(r"^(?:s3|gs|gcs|az|abfs|abfss|https?|file)://")
+LIVE_URL = re.compile(r"^(?:https?://|dstack:)")
 
 
 @dataclass(frozen=True)
@@ -125,10 +126,10 @@ def file_facts(path: Path, kind: str) -> InputInfo:
 
 
 def _registry() -> list[Source]:
-    from analyzer.sources import api, dataset, sqlite, tables
+    from analyzer.sources import api, dataset, live, sqlite, tables
     from analyzer.sources.logs import source as logs
 
-    return [sqlite.SOURCE, dataset.SOURCE, tables.SOURCE, api.SOURCE, logs.SOURCE]
+    return [sqlite.SOURCE, dataset.SOURCE, tables.SOURCE, live.SOURCE, api.SOURCE, logs.SOURCE]
 
 
 def sniff(path: Path) -> Source | None:
@@ -158,6 +159,10 @@ def load_path(given: str | Path, server: str, *, inside_folder: bool = False) ->
         from analyzer.sources.postgres import load_url
 
         return [load_url(given, server).conformed()]
+    if isinstance(given, str) and LIVE_URL.match(given):  # a dstack server, else a dataset
+        from analyzer.sources.live import load_server
+
+        return [load_server(given, server).conformed()]
     if isinstance(given, str) and DATASET_URL.match(given):
         from analyzer.sources.dataset import load_location
 
