@@ -18,6 +18,7 @@ from analyzer.errors import AuditInputError
 from analyzer.evidence import Evidence, combine
 from analyzer.impact import assess, impact_rank, serving_capacity, summarise
 from analyzer.reconcile import TimeOptions, reconcile
+from analyzer.redact import RULE_SET, without_controls
 from analyzer.report import frames
 from analyzer.report.schema import (
     Finding,
@@ -194,6 +195,7 @@ class Audit:
         )
         report = Report(
             generated_by=f"dstack-audit {__version__}",
+            redaction_rules=RULE_SET,
             inputs=[_input_record(i) for i in self.evidence.inputs],
             limitations=limitations,
             summary=summarise(findings, verdicts, summary),
@@ -202,11 +204,12 @@ class Audit:
             runs=sorted(verdicts, key=lambda v: (v.server, v.project or "", v.run_name, v.run_id)),
             findings=findings,
         )
-        return Report.model_validate_json(self.redact(report.model_dump_json()))
+        return Report.model_validate(self.evidence.redactor.apply_data(report.model_dump()))
 
     def redact(self, text: str) -> str:
-        """Mask every secret the inputs hold (and every secret-shaped string) in `text`."""
-        return self.evidence.redactor.apply(text)
+        """Mask every secret the inputs hold (and every secret-shaped string) in `text`, and
+        remove its control characters: the last pass over every rendered output."""
+        return without_controls(self.evidence.redactor.apply(text))
 
 
 def _input_record(info) -> InputRecord:

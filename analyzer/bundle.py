@@ -12,6 +12,7 @@ from typing import Any
 from analyzer import __version__
 from analyzer.api import open_sources
 from analyzer.errors import AuditInputError
+from analyzer.redact import Redactor
 from analyzer.report.schema import Report
 from analyzer.sources import DATABASE_URL, file_facts
 from analyzer.sources.postgres import url_without_password
@@ -44,6 +45,7 @@ def write_bundle(
         ],
         "schema_version": report.schema_version,
     }
+    manifest = Redactor().apply_data(manifest)  # secret shapes (the report is redacted already)
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     (folder / REPORT).write_text(report.model_dump_json(indent=2) + "\n", encoding="utf-8")
     (folder / "report.md").write_text(markdown, encoding="utf-8")

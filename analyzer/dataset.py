@@ -3,7 +3,8 @@
 Everything a run's verdict needs (its run row, its jobs, its events) lands in the same bucket,
 so a huge audit can be split by bucket across processes or machines (`--partition I/N`) and
 the dataset can live anywhere polars reads (local paths, s3://, gs://, https://...). Texts are
-redacted before they are written: the dataset never holds a secret.
+redacted before they are written (every string column, the manifest too): the dataset
+never holds a secret.
 """
 
 from __future__ import annotations
@@ -21,10 +22,6 @@ from analyzer.partition import service_buckets
 FORMAT = "dstack-audit-dataset"
 MANIFEST = "dataset.parquet"  # parquet, not JSON: polars reads it from any URL it supports
 TABLES = ("runs", "jobs", "events")
-TEXT_COLUMNS = {
-    "jobs": ("termination_reason_message",),
-    "events": ("message", "termination_message"),
-}
 
 
 def write_dataset(evidence: Evidence, folder: Path, *, buckets: int = 16) -> dict[str, int]:
@@ -39,13 +36,8 @@ def write_dataset(evidence: Evidence, folder: Path, *, buckets: int = 16) -> dic
     )
     written = {}
     for table in TABLES:
-        frame: pl.DataFrame = getattr(evidence, table)
-        redacted = [
-            evidence.redactor.apply_expr(pl.col(column)).alias(column)
-            for column in TEXT_COLUMNS.get(table, ())
-        ]
         frame = (
-            frame.with_columns(*redacted)
+            evidence.redactor.apply_frame(getattr(evidence, table))
             .join(bucket_of_run, on=["server", "run_id"], how="left", maintain_order="left")
             .with_columns(pl.col("bucket").fill_null(-1))
         )
@@ -62,7 +54,8 @@ def write_dataset(evidence: Evidence, folder: Path, *, buckets: int = 16) -> dic
         "events_table_servers": sorted(evidence.events_table_servers),
         "ends_by_server": {k: v.isoformat() for k, v in evidence.ends_by_server().items()},
     }
-    pl.DataFrame({"manifest": [json.dumps(manifest, default=str)]}).write_parquet(folder / MANIFEST)
+    manifest = evidence.redactor.apply_data(json.loads(json.dumps(manifest, default=str)))
+    pl.DataFrame({"manifest": [json.dumps(manifest)]}).write_parquet(folder / MANIFEST)
     return written
 
 
