@@ -204,7 +204,8 @@ class Audit:
             runs=sorted(verdicts, key=lambda v: (v.server, v.project or "", v.run_name, v.run_id)),
             findings=findings,
         )
-        return Report.model_validate(self.evidence.redactor.apply_data(report.model_dump()))
+        data = self.evidence.redactor.apply_data(report.model_dump(), controls=True)
+        return Report.model_validate(data)
 
     def redact(self, text: str) -> str:
         """Mask every secret the inputs hold (and every secret-shaped string) in `text`, and

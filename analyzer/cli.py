@@ -18,7 +18,7 @@ from analyzer.api import audit_in_partitions, open_sources
 from analyzer.bundle import verify_bundle, write_bundle
 from analyzer.dataset import write_dataset
 from analyzer.errors import AuditInputError
-from analyzer.redact import Redactor
+from analyzer.redact import Redactor, without_controls
 from analyzer.report.markdown import render_markdown
 from analyzer.report.text import render_table, render_timeline
 
@@ -37,15 +37,17 @@ def _clean_errors(command: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return command(*args, **kwargs)
         except AuditInputError as error:
-            click.echo(Redactor().apply(f"dstack-audit: {error}"), err=True)
+            click.echo(without_controls(Redactor().apply(f"dstack-audit: {error}")), err=True)
             sys.exit(2)
         except (click.exceptions.Exit, click.ClickException, SystemExit):
             raise
         except Exception as error:  # a bug of ours: still one line, still exit 2
             click.echo(
-                Redactor().apply(
-                    f"dstack-audit: internal error while auditing ({type(error).__name__}: "
-                    f"{error}); please report it with the command line"
+                without_controls(
+                    Redactor().apply(
+                        f"dstack-audit: internal error while auditing ({type(error).__name__}: "
+                        f"{error}); please report it with the command line"
+                    )
                 ),
                 err=True,
             )
@@ -200,7 +202,7 @@ def audit(
             log_date=log_date.date() if log_date else None,
             **options,
         )
-        _write(RENDERERS[fmt](report), output)
+        _write(without_controls(Redactor().apply(RENDERERS[fmt](report))), output)
         if fail_on_findings and report.findings:
             sys.exit(1)
         return

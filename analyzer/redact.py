@@ -386,14 +386,18 @@ class Redactor:
                 columns.append(_relist(self.apply_series(flat), frame[name]))
         return frame.with_columns(columns) if columns else frame
 
-    def apply_data(self, data: object) -> object:
-        """A JSON-like value (dicts, lists, strings) with every string redacted, all strings in
-        one column: the report's structure is never touched, only its texts."""
+    def apply_data(self, data: object, *, controls: bool = False) -> object:
+        """A JSON-like value (dicts, lists, strings) with every string redacted (and, with
+        `controls`, its control characters removed), all strings in one column: the
+        structure is never touched, only its texts."""
         strings: list[str] = []
         _collect(data, strings)
         if not strings:
             return data
-        redacted = iter(self.apply_series(pl.Series(strings, dtype=pl.String)).to_list())
+        texts = self.apply_series(pl.Series(strings, dtype=pl.String))
+        if controls:
+            texts = texts.str.replace_all(_CONTROLS.pattern, "")
+        redacted = iter(texts.to_list())
         return _rebuild(data, redacted)
 
     def _value_forms(self) -> tuple[list[str], list[str]]:
