@@ -231,23 +231,50 @@ def _keyword_rules() -> tuple[list[str], dict[str, list[int]], list[int]]:
 
 
 def redact_shapes(texts: pl.Series) -> pl.Series:
-    """Every secret shape in a column of texts masked. Rules that can span lines run over
-    whole texts; every other rule runs over their lines (so a long text costs what its lines
-    holding a rule's keyword cost, not its whole length per rule)."""
+    """Every secret shape in a column of texts masked. Each distinct text is redacted once.
+    Rules that can span lines run over whole texts; every other rule runs over their lines (a
+    long text costs what its lines holding a rule's keyword cost, not its length per rule)."""
     texts = texts.cast(pl.String)
+    distinct = texts.drop_nulls().unique()
+    if distinct.len() == 0:
+        return texts
+    if distinct.len() < texts.len():
+        redacted = redact_shapes(distinct)
+        changed = distinct != redacted
+        if not changed.any():
+            return texts
+        return texts.replace(distinct.filter(changed), redacted.filter(changed))
+    multi = texts.str.contains("\n", literal=True).fill_null(False)
+    if not multi.any():
+        return _run_rules(texts, None)
     spanning = {i for i, rule in enumerate(rules()) if rule.spans_lines}
-    texts = _run_rules(texts, spanning)
-    if not texts.str.contains("\n", literal=True).any():
-        return _run_rules(texts, None, exclude=spanning)
-    lines = texts.str.split("\n")
-    owner = pl.int_range(texts.len(), eager=True).repeat_by(lines.list.len().fill_null(1))
-    flat = _run_rules(lines.explode(keep_nulls=True), None, exclude=spanning)
+    rows = multi.arg_true()
+    whole = _run_rules(texts.gather(rows), spanning)
+    lines = whole.str.split("\n")
+    owner = pl.int_range(whole.len(), eager=True).repeat_by(lines.list.len())
+    flat = _run_rules(lines.explode(), None, exclude=spanning)
     joined = (
         pl.DataFrame({"owner": owner.explode(), "line": flat})
         .group_by("owner", maintain_order=True)
         .agg(pl.col("line").str.join("\n"))["line"]
     )
-    return joined.zip_with(texts.is_not_null(), texts).alias(texts.name)
+    single = _run_rules(texts.filter(~multi), None)
+    return (
+        pl.DataFrame({"text": texts})
+        .with_row_index("row")
+        .join(
+            pl.concat(
+                [
+                    pl.DataFrame({"row": rows, "new": joined}),
+                    pl.DataFrame({"row": (~multi).arg_true(), "new": single}),
+                ]
+            ),
+            on="row",
+            how="left",
+            maintain_order="left",
+        )["new"]
+        .alias(texts.name)
+    )
 
 
 def _run_rules(
