@@ -563,4 +563,5 @@ def load_url(url: str, server: str, *, engine: str | None = None) -> SourceData:
         f"reader {reader.engine_name})"
     )
     data.inputs.append(info)
+    data.secrets.update(target.secrets)  # the password is a known value: masked wherever it shows
     return data
