@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -21,6 +22,7 @@ from analyzer.exposure import foresight, frames_of
 from analyzer.impact import assess, impact_rank, serving_capacity, summarise
 from analyzer.progress import stage
 from analyzer.reconcile import TimeOptions, reconcile
+from analyzer.redact import RULE_SET, without_controls
 from analyzer.report import frames
 from analyzer.report.schema import (
     Finding,
@@ -209,6 +211,7 @@ class Audit:
         )
         report = Report(
             generated_by=f"dstack-audit {__version__}",
+            redaction_rules=RULE_SET,
             inputs=[_input_record(i) for i in self.evidence.inputs],
             limitations=limitations,
             summary=summarise(findings, verdicts, summary),
@@ -217,11 +220,16 @@ class Audit:
             runs=sorted(verdicts, key=lambda v: (v.server, v.project or "", v.run_name, v.run_id)),
             findings=findings,
         )
-        return Report.model_validate_json(self.redact(report.model_dump_json()))
+        # its texts redacted one by one (a JSON round trip: pydantic's fast path both ways)
+        data = self.evidence.redactor.apply_data(
+            json.loads(report.model_dump_json()), controls=True
+        )
+        return Report.model_validate_json(json.dumps(data))
 
     def redact(self, text: str) -> str:
-        """Mask every secret the inputs hold (and every secret-shaped string) in `text`."""
-        return self.evidence.redactor.apply(text)
+        """Mask every secret the inputs hold (and every secret-shaped string) in `text`, and
+        remove its control characters: the last pass over every rendered output."""
+        return without_controls(self.evidence.redactor.apply(text))
 
 
 def _input_record(info) -> InputRecord:

@@ -3,6 +3,7 @@ re-run later and compared, input hash by input hash and finding by finding."""
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
@@ -14,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from analyzer import __version__
 from analyzer.api import open_sources
 from analyzer.errors import AuditInputError
+from analyzer.redact import Redactor
 from analyzer.report.schema import Report
 from analyzer.sources import DATABASE_URL, file_facts
 from analyzer.sources.postgres import url_without_password
@@ -118,7 +120,8 @@ def write_bundle(
         inputs=inputs,
         schema_version=report.schema_version,
     )
-    (folder / MANIFEST).write_text(manifest.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    shown = Redactor().apply_data(manifest.model_dump(mode="json"))  # secret shapes too
+    (folder / MANIFEST).write_text(json.dumps(shown, indent=2) + "\n", encoding="utf-8")
     (folder / REPORT).write_text(report.model_dump_json(indent=2) + "\n", encoding="utf-8")
     (folder / "report.md").write_text(markdown, encoding="utf-8")
 

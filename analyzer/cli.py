@@ -21,7 +21,7 @@ from analyzer.bundle import verify_bundle, write_bundle
 from analyzer.dataset import write_dataset
 from analyzer.errors import AuditInputError
 from analyzer.outputs import plan
-from analyzer.redact import Redactor
+from analyzer.redact import Redactor, without_controls
 from analyzer.report.markdown import render_markdown
 from analyzer.report.schema import Verdict
 from analyzer.report.text import render_timeline
@@ -114,15 +114,17 @@ def _clean_errors(command: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return command(*args, **kwargs)
         except AuditInputError as error:
-            click.echo(Redactor().apply(f"dstack-audit: {error}"), err=True)
+            click.echo(without_controls(Redactor().apply(f"dstack-audit: {error}")), err=True)
             sys.exit(2)
         except (click.exceptions.Exit, click.ClickException, SystemExit):
             raise
         except Exception as error:  # a bug of ours: still one line, still exit 2
             click.echo(
-                Redactor().apply(
-                    f"dstack-audit: internal error while auditing ({type(error).__name__}: "
-                    f"{error}); please report it with the command line"
+                without_controls(
+                    Redactor().apply(
+                        f"dstack-audit: internal error while auditing ({type(error).__name__}: "
+                        f"{error}); please report it with the command line"
+                    )
                 ),
                 err=True,
             )
@@ -342,7 +344,7 @@ def audit(
             **options,
         )
         outputs.add_inputs(i.path for i in report.inputs)
-        outputs.write_text(output, render(report))
+        outputs.write_text(output, without_controls(Redactor().apply(render(report))))
         if fail_on_findings and report.findings:
             sys.exit(1)
         return

@@ -3,7 +3,8 @@
 Everything a run's verdict needs (its run row, its jobs, its events) lands in the same bucket,
 so a huge audit can be split by bucket across processes or machines (`--partition I/N`) and
 the dataset can live anywhere polars reads (local paths, s3://, gs://, https://...). Texts are
-redacted before they are written: the dataset never holds a secret.
+redacted before they are written (every string column, the manifest too): the dataset
+never holds a secret.
 """
 
 from __future__ import annotations
@@ -22,10 +23,6 @@ FORMAT = "dstack-audit-dataset"
 MANIFEST = "dataset.parquet"  # parquet, not JSON: polars reads it from any URL it supports
 TABLES = ("runs", "jobs", "events")
 FLEET_TABLES = ("fleets", "instances")  # belong to no run: bucket -1, read by every partition
-TEXT_COLUMNS = {
-    "jobs": ("termination_reason_message",),
-    "events": ("message", "termination_message"),
-}
 
 
 def write_dataset(evidence: Evidence, folder: Path, *, buckets: int = 16) -> dict[str, int]:
@@ -40,20 +37,17 @@ def write_dataset(evidence: Evidence, folder: Path, *, buckets: int = 16) -> dic
     )
     written = {}
     for table in TABLES:
-        frame: pl.DataFrame = getattr(evidence, table)
-        redacted = [
-            evidence.redactor.apply_expr(pl.col(column)).alias(column)
-            for column in TEXT_COLUMNS.get(table, ())
-        ]
         frame = (
-            frame.with_columns(*redacted)
+            evidence.redactor.apply_frame(getattr(evidence, table))
             .join(bucket_of_run, on=["server", "run_id"], how="left", maintain_order="left")
             .with_columns(pl.col("bucket").fill_null(-1))
         )
         frame.write_parquet(folder / table, partition_by="bucket")
         written[table] = frame.height
     for table in FLEET_TABLES:
-        frame = getattr(evidence, table).with_columns(pl.lit(-1).alias("bucket"))
+        frame = evidence.redactor.apply_frame(getattr(evidence, table)).with_columns(
+            pl.lit(-1).alias("bucket")
+        )
         frame.write_parquet(folder / table, partition_by="bucket")
         written[table] = frame.height
     manifest = {
@@ -69,7 +63,8 @@ def write_dataset(evidence: Evidence, folder: Path, *, buckets: int = 16) -> dic
         "fleet_table_servers": sorted(evidence.fleet_table_servers),
         "server_versions": evidence.server_versions,
     }
-    pl.DataFrame({"manifest": [json.dumps(manifest, default=str)]}).write_parquet(folder / MANIFEST)
+    manifest = evidence.redactor.apply_data(json.loads(json.dumps(manifest, default=str)))
+    pl.DataFrame({"manifest": [json.dumps(manifest)]}).write_parquet(folder / MANIFEST)
     return written
 
 

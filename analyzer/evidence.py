@@ -146,4 +146,20 @@ def combine(parts: list[SourceData]) -> Evidence:
             lim for lim in evidence.limitations if not lim.code.startswith(API_ONLY_PREFIXES)
         ]
     evidence.events = evidence.events.sort(["server", "time", "seq"], nulls_last=True)
+    _redact(evidence)
     return evidence
+
+
+def _redact(evidence: Evidence) -> None:
+    """Every text of the evidence masked once, raw, before any stage templates, cuts or hashes
+    it: the report, the notebook tables, the dataset and every picture start from here."""
+    redactor = evidence.redactor
+    for table in ("runs", "jobs", "events", "unparsed", "fleets", "instances"):
+        setattr(evidence, table, redactor.apply_frame(getattr(evidence, table)))
+    texts = [[i.path, *i.notes] for i in evidence.inputs]
+    texts += [[lim.message, lim.source] for lim in evidence.limitations]
+    redacted = iter(redactor.apply_data(texts))
+    for info in evidence.inputs:
+        info.path, *info.notes = next(redacted)
+    for limitation in evidence.limitations:
+        limitation.message, limitation.source = next(redacted)

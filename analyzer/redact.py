@@ -1,55 +1,334 @@
 """The one place that knows what a secret looks like (reference section 3.11).
 
-Two nets: the secret *values* the sources saw (user tokens, env values and registry auth in
-run/job specs, private keys, the admin token printed at start-up, a database URL's password),
-and secret *shapes* (private key blocks, URL passwords, "The admin token is ..." lines,
-`Bearer` tokens, `enc:identity:noname:` payloads). Every output of the tool passes through
-`Redactor.apply` last, so evidence text that contains a secret keeps its place with `***`.
+Two nets, cast over raw text before anything else touches it (templating, truncation,
+hashing) and again over every rendered output:
+
+- the secret *values* the sources saw (user tokens, env values and registry auth in run/job
+  specs, private keys, the admin token printed at start-up, a database URL's password), masked
+  wherever they occur, also JSON-escaped or with their digits templated to `N`;
+- secret *shapes*: gitleaks' maintained rule set, vendored verbatim in `rules/gitleaks.toml`
+  (cloud keys, forge, chat and model-hub tokens, JWTs, private key blocks, ~220 detectors),
+  and the shapes of `PROJECT_RULES` that gitleaks leaves out or that dstack's evidence shows:
+  key bodies without their BEGIN/END lines, `--token VALUE` arguments, `NAME=value` where
+  NAME says key/token/secret/password/credential, URL passwords, `The admin token is ...`.
+
+A match keeps its place: only the secret (a rule's secret group) becomes `***`. gitleaks'
+regexes are RE2's; they are translated to Python's `re` once (`python_regex`), and each rule
+runs only over the texts holding one of its keywords (one Aho-Corasick pass in polars picks
+them), so redaction stays a handful of C-level scans however many rules there are.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+import tomllib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
 
 import polars as pl
 
 MASK = "***"
 MIN_SECRET_LENGTH = 4  # shorter values (e.g. "1", "true") would mask ordinary text
 
-PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+GITLEAKS_FILE = Path(__file__).parent / "rules" / "gitleaks.toml"
+GITLEAKS_VERSION = "v8.30.0"  # tag; commit 6eaad039603a4de39fddd1cf5f727391efe9974e, MIT
+PROJECT_RULES_VERSION = 1  # bump when PROJECT_RULES change
+RULE_SET = (
+    f"gitleaks {GITLEAKS_VERSION} config/gitleaks.toml + dstack-audit {PROJECT_RULES_VERSION}"
+)
+# gitleaks' catch-all: it needs an entropy score to stay quiet on ordinary `key: value` text;
+# `name-value` below masks every value of a secret-named field instead.
+GITLEAKS_LEFT_OUT = ("generic-api-key",)
+
+# a bare `key` names ordinary entries (the report's own group rows): a key needs a qualifier
+_SECRET_NAME = r"(?:[\w.-]*(?:token|secret|passw(?:or)?d|pwd|credential|creds)|[\w.-]+key)[\w.-]*"
+
+# (id, regex, keywords, secret group): dstack-audit's own shapes, in Python's syntax.
+PROJECT_RULES: tuple[tuple[str, str, tuple[str, ...], int], ...] = (
     (
-        re.compile(
-            r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|$)",
-            re.S,
-        ),
-        MASK,
+        "private-key-block",  # also a block cut before its END line
+        r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----(?s:.*?)"
+        r"(?:-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|\Z)",
+        ("private key",),
+        0,
     ),
-    (re.compile(r"(The admin token is )\S+"), r"\1" + MASK),
-    (re.compile(r"(://[^/\s:@]+:)[^@\s/]+(@)"), r"\1" + MASK + r"\2"),
-    (re.compile(r"(Bearer\s+)[A-Za-z0-9._~+/=-]+"), r"\1" + MASK),
-    (re.compile(r"(enc:[a-z]+:[^:\s]+:)\S+"), r"\1" + MASK),
     (
-        re.compile(
-            r"""((?:password|passwd|secret|token|api[_-]?key)["']?\s*[:=]\s*["']?)[^\s"',;]+""",
-            re.I,
-        ),
-        r"\1" + MASK,
+        "private-key-body",  # OpenSSH, PKCS#1/#8 (DER "MII..."), SEC1 EC bodies, no BEGIN line
+        r"(?:b3BlbnNzaC1rZXktdjE|MII[A-Za-z0-9+/]{4}|MHcCAQEE|MIG[Hk]AgEA)[A-Za-z0-9+/=]*"
+        r"(?:(?:\r?\n|\\r?\\n)[A-Za-z0-9+/=]+)*",
+        ("b3blbnnzac1rzxktdje", "mii", "mhccaqee", "migh", "migk"),
+        0,
     ),
+    (
+        "secret-argument",  # --token VALUE, --password=VALUE, -secret VALUE
+        r"(?i)(?<![\w-])--?[\w-]*(?:token|passw(?:or)?d|secret|api[-_]?key|credential)s?"
+        r"(?:=|[ \t]+)(?!\*\*\*)([^\s\"'\\]+)",
+        ("token", "passw", "secret", "key", "credential"),
+        1,
+    ),
+    (
+        "name-value",  # AWS_SECRET_ACCESS_KEY=..., "token": "...", password: ...
+        r"(?i)\b" + _SECRET_NAME + r"[\"']?[ \t]*(?:=|:)[ \t]*[\"']?(?!\*\*\*)([^\s\"'\\,;]+)",
+        ("key", "token", "secret", "passw", "pwd", "credential", "creds"),
+        1,
+    ),
+    (
+        "url-password",  # scheme://user:password@host, a raw / # ? @ in the password included
+        r"://[^/\s:@\"'\\]*:(?!\d+(?:[/\s?#\"']|$))([^\s\"'\\<>]*)@",
+        ("://",),
+        1,
+    ),
+    ("admin-token-line", r"The admin token is (\S+)", ("the admin token is",), 1),
+    ("bearer", r"(?i)\bBearer\s+([A-Za-z0-9._~+/=-]+)", ("bearer",), 1),
+    ("dstack-encrypted", r"enc:[a-z]+:[^:\s]+:([^\s\"'\\]+)", ("enc:",), 1),
+    ("huggingface-token", r"\bhf_[A-Za-z0-9]{30,}", ("hf_",), 0),  # gitleaks': letters only
 )
 
-# Literal words without which a pattern cannot match (checked first: scanning a large report
-# with every pattern is what costs).
-TRIGGERS: tuple[tuple[str, ...], ...] = (
-    ("private key-----",),
-    ("the admin token is",),
-    ("://",),
-    ("bearer",),
-    ("enc:",),
-    ("password", "passwd", "secret", "token", "api_key", "api-key", "apikey"),
-)
+
+# gitleaks keywords too common to select anything ("ey" is in "key", "s." in every dotted
+# name): the texts these rules run over are narrowed by a cheap regex first (in polars).
+ROW_FILTERS = {
+    "jwt": r"ey[a-zA-Z0-9]{17,}\.ey",
+    "vault-service-token": r"hvs\.|s\.[a-zA-Z0-9]{24}",
+    "octopus-deploy-api-key": r"API-[A-Z0-9]{26}",
+    "twilio-api-key": r"SK[0-9a-fA-F]{32}",
+    "azure-ad-client-secret": r"[0-9]Q~",
+}
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    pattern: re.Pattern[str]
+    keywords: tuple[str, ...]  # lowercase; a rule without keywords runs over every text
+    group: int | None  # the secret's group; None: the first non-empty group (gitleaks' way)
+
+    @property
+    def spans_lines(self) -> bool:
+        """Whether a match can hold a newline on purpose (a key block, a curl command)."""
+        source = self.pattern.pattern
+        return any(mark in source for mark in (r"\n", r"[\s\S", "(?s", r"\Z"))
+
+
+_POSIX_CLASSES = {
+    "alnum": "0-9A-Za-z",
+    "alpha": "A-Za-z",
+    "digit": "0-9",
+    "lower": "a-z",
+    "upper": "A-Z",
+    "xdigit": "0-9A-Fa-f",
+    "word": "0-9A-Za-z_",
+    "space": r"\t\n\v\f\r ",
+}
+
+
+def python_regex(re2: str) -> str:
+    """An RE2 (Go) regex as Python's `re` reads it. The differences gitleaks' rules use:
+    `\\z` (Python: `\\Z`), POSIX classes such as `[[:alnum:]]`, and flags such as `(?i)` in the
+    middle of a pattern, which RE2 applies up to the end of the enclosing group and Python
+    refuses (they become scoped groups `(?i:...)`, closed and reopened around each `|`).
+    `\\w \\d \\s \\b` are ASCII in RE2: the rules are compiled with `re.ASCII`."""
+    out: list[str] = []
+    scoped: list[list[str]] = [[]]  # per open group: the flag groups opened inside it
+    i, n = 0, len(re2)
+    while i < n:
+        char = re2[i]
+        if char == "\\":
+            escape = re2[i : i + 2]
+            out.append(r"\Z" if escape == r"\z" else escape)
+            i += 2
+        elif char == "[":
+            end = i + 1 + (re2[i + 1 : i + 2] == "^")
+            end += re2[end : end + 1] == "]"
+            out.append(re2[i:end])
+            while end < n and re2[end] != "]":
+                posix = re.match(r"\[:(\w+):\]", re2[end:])
+                if posix:
+                    out.append(_POSIX_CLASSES[posix[1]])
+                    end += posix.end()
+                elif re2[end] == "\\":
+                    out.append(re2[end : end + 2])
+                    end += 2
+                else:  # a literal [ inside a class is escaped (Python warns otherwise)
+                    out.append("\\[" if re2[end] == "[" else re2[end])
+                    end += 1
+            out.append("]")
+            i = end + 1
+        elif char == "(":
+            flags = re.match(r"\(\?([imsU-]+)\)", re2[i:])
+            if flags and i > 0:
+                out.append(f"(?{flags[1]}:")
+                scoped[-1].append(flags[1])
+                i += flags.end()
+            else:
+                out.append(char)
+                scoped.append([])
+                i += 1
+        elif char == ")":
+            out.append(")" * len(scoped.pop()) + ")")
+            i += 1
+        elif char == "|" and scoped[-1]:
+            out.append(")" * len(scoped[-1]) + "|" + "".join(f"(?{f}:" for f in scoped[-1]))
+            i += 1
+        else:
+            out.append(char)
+            i += 1
+    out.append(")" * len(scoped[-1]))
+    return "".join(out)
+
+
+@cache
+def rules() -> tuple[Rule, ...]:
+    """The rule set: gitleaks' (translated) then the project's. A rule that does not compile
+    fails here, loudly (tests/test_secrets.py loads them all)."""
+    config = tomllib.loads(GITLEAKS_FILE.read_text(encoding="utf-8"))
+    loaded = [
+        Rule(
+            item["id"],
+            re.compile(python_regex(item["regex"]), re.ASCII),
+            tuple(k.lower() for k in item.get("keywords", ())),
+            item.get("secretGroup"),
+        )
+        for item in config["rules"]
+        if "regex" in item and item["id"] not in GITLEAKS_LEFT_OUT
+    ]
+    loaded += [
+        Rule(rule_id, re.compile(regex, re.ASCII), keywords, group)
+        for rule_id, regex, keywords, group in PROJECT_RULES
+    ]
+    return tuple(loaded)
+
+
+def _masked(match: re.Match[str], group: int | None) -> str:
+    if group is None:
+        group = next((g for g in range(1, (match.re.groups or 0) + 1) if match.group(g)), 0)
+    start, end = match.span(group)
+    if start < 0 or start == end:
+        return match.group(0)
+    whole = match.start()
+    text = match.group(0)
+    return text[: start - whole] + MASK + text[end - whole :]
+
+
+def _apply_rule(rule: Rule, text: str) -> str:
+    return rule.pattern.sub(lambda match: _masked(match, rule.group), text)
+
+
+@cache
+def _keyword_rules() -> tuple[list[str], dict[str, list[int]], list[int]]:
+    """Every keyword, the rules each one triggers, and the rules that have none."""
+    triggered: dict[str, list[int]] = {}
+    always = []
+    for index, rule in enumerate(rules()):
+        if not rule.keywords:
+            always.append(index)
+        for keyword in rule.keywords:
+            triggered.setdefault(keyword, []).append(index)
+    return sorted(triggered), triggered, always
+
+
+def redact_shapes(texts: pl.Series) -> pl.Series:
+    """Every secret shape in a column of texts masked. Each distinct text is redacted once.
+    Rules that can span lines run over whole texts; every other rule runs over their lines (a
+    long text costs what its lines holding a rule's keyword cost, not its length per rule)."""
+    texts = texts.cast(pl.String)
+    distinct = texts.drop_nulls().unique()
+    if distinct.len() == 0:
+        return texts
+    if distinct.len() < texts.len():
+        redacted = redact_shapes(distinct)
+        changed = distinct != redacted
+        if not changed.any():
+            return texts
+        return texts.replace(distinct.filter(changed), redacted.filter(changed))
+    multi = texts.str.contains("\n", literal=True).fill_null(False)
+    if not multi.any():
+        return _run_rules(texts, None)
+    spanning = {i for i, rule in enumerate(rules()) if rule.spans_lines}
+    rows = multi.arg_true()
+    whole = _run_rules(texts.gather(rows), spanning)
+    lines = whole.str.split("\n")
+    owner = pl.int_range(whole.len(), eager=True).repeat_by(lines.list.len())
+    flat = _run_rules(lines.explode(), None, exclude=spanning)
+    joined = (
+        pl.DataFrame({"owner": owner.explode(), "line": flat})
+        .group_by("owner", maintain_order=True)
+        .agg(pl.col("line").str.join("\n"))["line"]
+    )
+    single = _run_rules(texts.filter(~multi), None)
+    return (
+        pl.DataFrame({"text": texts})
+        .with_row_index("row")
+        .join(
+            pl.concat(
+                [
+                    pl.DataFrame({"row": rows, "new": joined}),
+                    pl.DataFrame({"row": (~multi).arg_true(), "new": single}),
+                ]
+            ),
+            on="row",
+            how="left",
+            maintain_order="left",
+        )["new"]
+        .alias(texts.name)
+    )
+
+
+def _run_rules(
+    texts: pl.Series, only: set[int] | None, exclude: set[int] = frozenset()
+) -> pl.Series:
+    """The rules (`only` those, or all but `exclude`) over the texts holding their keywords:
+    one polars pass finds, per text, the keywords it holds; each rule then runs once over its
+    texts joined by newlines (texts holding a newline themselves are run one by one)."""
+    keywords, triggered, always = _keyword_rules()
+    wanted = (lambda i: i in only) if only is not None else (lambda i: i not in exclude)
+    found = (
+        pl.DataFrame({"text": texts})
+        .with_row_index("row")
+        .select(
+            "row",
+            pl.col("text")
+            .str.extract_many(keywords, ascii_case_insensitive=True, overlapping=True)
+            .alias("keyword"),
+        )
+        .explode("keyword")
+        .drop_nulls("keyword")
+        .unique()
+    )
+    rows_of_rule: dict[int, set[int]] = {}
+    every = set(range(texts.len()))
+    for index in always:
+        if wanted(index):
+            rows_of_rule[index] = every
+    for keyword, rows in found.group_by("keyword").agg("row").iter_rows():
+        for index in triggered[keyword.lower()]:
+            if wanted(index):
+                rows_of_rule.setdefault(index, set()).update(rows)
+    if not rows_of_rule:
+        return texts
+    values = texts.to_list()
+    for index in sorted(rows_of_rule):
+        rule = rules()[index]
+        rows = sorted(rows_of_rule[index])
+        if rule.id in ROW_FILTERS:
+            candidates = texts.gather(rows).str.contains(ROW_FILTERS[rule.id])
+            rows = [r for r, keep in zip(rows, candidates, strict=True) if keep]
+        rows = [r for r in rows if values[r] is not None]
+        single = [r for r in rows if "\n" in values[r]]
+        joined = [r for r in rows if "\n" not in values[r]]
+        if joined:
+            out = _apply_rule(rule, "\n".join(values[r] for r in joined)).split("\n")
+            if len(out) != len(joined):  # a secret spanned texts: mask each text on its own
+                out = [_apply_rule(rule, values[r]) for r in joined]
+            for r, text in zip(joined, out, strict=True):
+                values[r] = text
+        for r in single:
+            values[r] = _apply_rule(rule, values[r])
+    return pl.Series(texts.name, values, dtype=pl.String)
+
 
 # JSON paths (inside run_spec / job_spec_data) whose string values are secrets.
 SECRET_JSON_OBJECTS = ("$.env", "$.configuration.env")
@@ -79,6 +358,13 @@ def json_secret_values(column: pl.Expr) -> list[pl.Expr]:
     return values + scalars
 
 
+def templated(value: str) -> str:
+    """`value` as the notes of unrecognised log lines template it (ids -> <id>, numbers -> N;
+    see sources/logs/messages.py), so a known value is recognised there too."""
+    value = re.sub(r"[0-9a-f]{32}|[0-9a-f-]{36}", "<id>", value)
+    return re.sub(r"\d+(\.\d+)?", "N", value)
+
+
 @dataclass
 class Redactor:
     values: set[str] = field(default_factory=set)
@@ -106,32 +392,104 @@ class Redactor:
                     self.add([value])
 
     def apply(self, text: str) -> str:
-        lowered = text.lower()
-        for (pattern, replacement), triggers in zip(PATTERNS, TRIGGERS, strict=True):
-            if any(trigger in lowered for trigger in triggers):
-                text = pattern.sub(replacement, text)
+        """`text` with every known value and every secret shape masked."""
+        return self.apply_series(pl.Series([text]))[0]
+
+    def apply_series(self, texts: pl.Series) -> pl.Series:
+        """The same as `apply`, over a whole column at once."""
+        texts = texts.cast(pl.String)
         if self.values:
-            text = pl.Series([text]).str.replace_many(*self._value_forms())[0]
-        return text
+            texts = texts.str.replace_many(*self._value_forms())
+        return redact_shapes(texts)
+
+    def apply_frame(self, frame: pl.DataFrame) -> pl.DataFrame:
+        """Every string column of `frame` (lists of strings too) redacted."""
+        columns = []
+        for name, dtype in frame.schema.items():
+            if dtype == pl.String:
+                columns.append(self.apply_series(frame[name]))
+            elif dtype == pl.List(pl.String):
+                flat = frame[name].explode(empty_as_null=True, keep_nulls=True)
+                columns.append(_relist(self.apply_series(flat), frame[name]))
+        return frame.with_columns(columns) if columns else frame
+
+    def apply_data(self, data: object, *, controls: bool = False) -> object:
+        """A JSON-like value (dicts, lists, strings) with every string redacted (and, with
+        `controls`, its control characters removed), all strings in one column: the
+        structure is never touched, only its texts."""
+        strings: list[str] = []
+        _collect(data, strings)
+        if not strings:
+            return data
+        texts = self.apply_series(pl.Series(strings, dtype=pl.String))
+        if controls:
+            texts = texts.str.replace_all(_CONTROLS.pattern, "")
+        redacted = iter(texts.to_list())
+        return _rebuild(data, redacted)
 
     def _value_forms(self) -> tuple[list[str], list[str]]:
-        """Every known value and its JSON-escaped form, longest first (Aho-Corasick in polars
-        takes the first listed pattern at a position)."""
+        """Every known value, JSON-escaped and templated too, longest first (Aho-Corasick in
+        polars takes the first listed pattern at a position)."""
         forms = {form for value in self.values for form in (value, json.dumps(value)[1:-1])}
+        forms |= {
+            form
+            for form in map(templated, self.values)
+            if len(re.sub(r"N|<id>", "", form)) >= MIN_SECRET_LENGTH
+        }
         ordered = sorted(forms, key=len, reverse=True)
         return ordered, [MASK] * len(ordered)
 
-    def apply_expr(self, expr: pl.Expr) -> pl.Expr:
-        """The same redaction as `apply`, in polars (for whole columns)."""
-        for pattern, replacement in PATTERNS:
-            flags = "(?s)" if pattern.flags & re.S else ""
-            flags += "(?i)" if pattern.flags & re.I else ""
-            expr = expr.str.replace_all(
-                flags + pattern.pattern, replacement.replace("\\1", "${1}").replace("\\2", "${2}")
-            )
-        if self.values:
-            expr = expr.str.replace_many(*self._value_forms())
-        return expr
+
+def _relist(flat: pl.Series, lists: pl.Series) -> pl.Series:
+    """`flat` (the exploded `lists`, transformed) put back into lists of the same lengths."""
+    lengths = lists.list.len()
+    owner = pl.int_range(lists.len(), eager=True).repeat_by(lengths.fill_null(0).clip(1))
+    regrouped = (
+        pl.DataFrame({"owner": owner.explode(), "v": flat})
+        .group_by("owner", maintain_order=True)
+        .agg("v")
+        .with_columns(length=lengths)
+    )
+    return regrouped.select(
+        pl.when(pl.col("length").is_null())
+        .then(None)
+        .when(pl.col("length") == 0)
+        .then(pl.lit([], dtype=pl.List(pl.String)))
+        .otherwise(pl.col("v"))
+        .alias(lists.name)
+    ).to_series()
+
+
+def _collect(data: object, strings: list[str]) -> None:
+    if isinstance(data, str):
+        strings.append(data)
+    elif isinstance(data, dict):
+        for key, value in data.items():
+            _collect(key, strings)
+            _collect(value, strings)
+    elif isinstance(data, list | tuple):
+        for value in data:
+            _collect(value, strings)
+
+
+def _rebuild(data: object, redacted: Iterator[str]) -> object:
+    if isinstance(data, str):
+        return next(redacted)
+    if isinstance(data, dict):
+        return {_rebuild(key, redacted): _rebuild(value, redacted) for key, value in data.items()}
+    if isinstance(data, list | tuple):
+        return [_rebuild(value, redacted) for value in data]
+    return data
+
+
+# C0 controls but tab and newline, DEL, C1 controls: a terminal acts on them (ESC sequences
+# move the cursor or retitle the window, BEL rings), XML 1.0 forbids them in an SVG.
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def without_controls(text: str) -> str:
+    """`text` with its control characters removed (newline and tab kept)."""
+    return _CONTROLS.sub("", text)
 
 
 def _unescape_json(value: str) -> str:

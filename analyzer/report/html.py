@@ -25,7 +25,7 @@ from typing import Any
 import polars as pl
 
 from analyzer.progress import stage
-from analyzer.report.markdown import render_markdown
+from analyzer.report.markdown import md_code, md_text, render_markdown
 from analyzer.report.plots import (
     Clock,
     actor_name,
@@ -973,10 +973,6 @@ appendix; self-contained: this file fetches nothing.</p></footer>
 # Markdown
 
 
-def _md_cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
 def render_report_markdown(
     audit: Any,
     tz: str | None = None,
@@ -1021,7 +1017,8 @@ def render_report_markdown(
         "|---|---|---|",
     ]
     out += [
-        f"| {_md_cell(i.path)} | {i.kind} | `{i.sha256 or 'not computed'}` |" for i in report.inputs
+        f"| {md_text(i.path)} | {md_text(i.kind)} | {md_code(i.sha256 or 'not computed')} |"
+        for i in report.inputs
     ]
     out.append("")
     if len({(f.server, f.run_id) for f in report.findings}) > 1 or len(s.by_day) > 1:
@@ -1032,10 +1029,11 @@ def render_report_markdown(
         out += ["## What happened", ""]
     for n, finding in enumerate(report.findings, 1):
         out += [
-            f"### {n}. {_run_label(finding)} (run {finding.run_id[:8]}): `{finding.category}` "
+            f"### {n}. {md_text(_run_label(finding))} (run {md_text(finding.run_id[:8])}): "
+            f"{md_code(finding.category)} "
             f"({finding.confidence})",
             "",
-            narrative(audit, finding, tz=tz, frames=frames),
+            md_text(narrative(audit, finding, tz=tz, frames=frames), keep_code=True),
             "",
         ]
         key = (finding.server, finding.run_id)
@@ -1050,7 +1048,7 @@ def render_report_markdown(
             except Exception:  # a picture must never cost the report
                 written[key] = ""
         if written[key]:
-            out += [f"![swimlane of {_run_label(finding)}]({written[key]})", ""]
+            out += [f"![swimlane of {md_text(_run_label(finding))}]({written[key]})", ""]
     details = render_markdown(report).splitlines()
     first = next((i for i, line in enumerate(details) if line.startswith("## ")), len(details))
     details = [("#" + line if line.startswith("#") else line) for line in details[first:]]

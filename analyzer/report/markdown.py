@@ -2,12 +2,37 @@
 
 from __future__ import annotations
 
+import re
+
 from analyzer.report.schema import Report
 from analyzer.report.text import GROUP_HEADERS, fmt_cost, fmt_duration, fmt_time, group_rows
 
+# Markdown's active characters: data (a termination message is the workload's free text) must
+# never become raw HTML (`<img onerror=...>`), a link or an image (`[x](javascript:...)`,
+# `![x](http://...)`, which a viewer fetches), emphasis or a table break.
+_ACTIVE = re.compile(r"([\\`*_{}\[\]()<>#!|~])")
+_ACTIVE_BUT_CODE = re.compile(r"([\\*_{}\[\]()<>#!|~])")
+
+
+def md_text(value: object, *, keep_code: bool = False) -> str:
+    """`value` as inert markdown text: every active character backslash-escaped, bare URLs
+    (which GitHub-flavoured viewers turn into links) broken, newlines made spaces.
+    `keep_code` leaves backticks alone, for our own texts that mark `code` with them."""
+    text = "-" if value is None else str(value)
+    text = (_ACTIVE_BUT_CODE if keep_code else _ACTIVE).sub(r"\\\1", text)
+    text = re.sub(r"(?i)(?<=[a-z0-9])://", r":\\/\\/", text)
+    text = re.sub(r"(?i)\bwww\.", r"www\\.", text)
+    return text.replace("\r", " ").replace("\n", " ")
+
+
+def md_code(value: object) -> str:
+    """`value` as a code span that data cannot leave (its backticks become quotes)."""
+    text = "-" if value is None else str(value)
+    return "`" + text.replace("`", "'").replace("|", "\\|").replace("\n", " ") + "`"
+
 
 def _cell(value: object) -> str:
-    return ("-" if value is None else str(value)).replace("|", "\\|").replace("\n", " ")
+    return md_text(value)
 
 
 def _table(headers: list[str], rows: list[list[object]]) -> list[str]:
@@ -31,15 +56,20 @@ def render_markdown(report: Report) -> str:
         out += ["None.", ""]
     for n, f in enumerate(report.findings, 1):
         out += [
-            f"### {n}. `{f.category}` in {f.project}/{f.run_name} ({f.confidence})",
+            f"### {n}. {md_code(f.category)} in {md_text(f.project)}/{md_text(f.run_name)} "
+            f"({f.confidence})",
             "",
-            f"- run id `{f.run_id}` on server `{f.server}`; run termination reason "
-            f"`{f.run_termination_reason}`",
+            f"- run id {md_code(f.run_id)} on server {md_code(f.server)}; run termination reason "
+            f"{md_code(f.run_termination_reason)}",
         ]
         if f.update_deployment_num is not None:
             out.append(
                 f"- update to deployment {f.update_deployment_num}"
-                + (f" by {f.updated_by}, changed `{f.changed_fields}`" if f.changed_fields else "")
+                + (
+                    f" by {md_text(f.updated_by)}, changed {md_code(f.changed_fields)}"
+                    if f.changed_fields
+                    else ""
+                )
             )
         out += ["", "Victims:", ""]
         out += _table(
@@ -75,7 +105,10 @@ def render_markdown(report: Report) -> str:
         )
         if f.also_stopped:
             out += ["", "Also stopped by the cascade, not victims:", ""]
-            out += [f"- {o.job_name} (`{o.job_id}`): {o.why_not_victim}" for o in f.also_stopped]
+            out += [
+                f"- {md_text(o.job_name)} ({md_code(o.job_id)}): {md_text(o.why_not_victim)}"
+                for o in f.also_stopped
+            ]
         out += ["", "Evidence, in time order:", ""]
         out += _table(
             ["time", "what", "source"],
@@ -89,7 +122,8 @@ def render_markdown(report: Report) -> str:
                 "",
                 f"- outage from {fmt_time(i.outage_start)} for {fmt_duration(i.outage_seconds)}"
                 + (
-                    f", recovered at {fmt_time(i.recovered_at)} (run `{i.recovered_by_run_id}`)"
+                    f", recovered at {fmt_time(i.recovered_at)} "
+                    f"(run {md_code(i.recovered_by_run_id)})"
                     if i.recovered
                     else ", not recovered as of the end of the evidence "
                     + fmt_time(i.end_of_evidence)
@@ -105,8 +139,8 @@ def render_markdown(report: Report) -> str:
         if f.root_cause:
             rc = f.root_cause
             out += [
-                f"- root cause: `{rc.failure_class}`: {rc.detail}; changed fields "
-                f"`{rc.changed_fields}`; fleets {', '.join(rc.fleets) or 'unknown'}"
+                f"- root cause: {md_code(rc.failure_class)}: {md_text(rc.detail)}; changed fields "
+                f"{md_code(rc.changed_fields)}; fleets {md_text(', '.join(rc.fleets) or 'unknown')}"
             ]
         if f.capacity_foresight:
             cf = f.capacity_foresight
@@ -118,14 +152,16 @@ def render_markdown(report: Report) -> str:
         if f.counterfactuals:
             out += ["", "What a well-behaved rollout would have done:", ""]
             out += [
-                f"- `{c.model}` ({', '.join(f'{k}={v}' for k, v in c.parameters.items())}): "
+                f"- {md_code(c.model)} "
+                f"({md_text(', '.join(f'{k}={v}' for k, v in c.parameters.items()))}): "
                 f"declared failed at {fmt_time(c.declared_failed_at)}; keeps "
                 f"{c.old_replicas_kept} old replica(s) serving "
-                f"({fmt_duration(c.serving_seconds_kept)} of replica-time); {c.explanation}"
+                f"({fmt_duration(c.serving_seconds_kept)} of replica-time); "
+                f"{md_text(c.explanation)}"
                 for c in f.counterfactuals
             ]
         if f.notes:
-            out += ["", "Notes:", ""] + [f"- {note}" for note in f.notes]
+            out += ["", "Notes:", ""] + [f"- {md_text(note)}" for note in f.notes]
         out.append("")
     if report.findings:
         out += ["## Impact by group", ""]
@@ -158,9 +194,10 @@ def render_markdown(report: Report) -> str:
         ],
     )
     out += ["", "## Limitations", ""]
-    out += [f"- `{lim.code}`: {lim.message} ({lim.source})" for lim in report.limitations] or [
-        "None."
-    ]
+    out += [
+        f"- {md_code(lim.code)}: {md_text(lim.message)} ({md_text(lim.source)})"
+        for lim in report.limitations
+    ] or ["None."]
     out += ["", "## Inputs", ""]
     out += _table(
         ["path", "kind", "server version", "records", "unparsed", "sha256"],

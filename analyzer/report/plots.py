@@ -27,6 +27,7 @@ from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from analyzer.errors import AuditInputError
+from analyzer.redact import without_controls
 from analyzer.report.schema import Culprit, Finding, Report
 from analyzer.report.text import fmt_cost, fmt_duration
 from analyzer.selectors import one_run
@@ -1514,9 +1515,15 @@ def plot_fleet(report: Report, *, limit: int = 12) -> Figure:
 
 
 def figure_bytes(fig: Figure, fmt: str = "png", *, dpi: int = 110) -> bytes:
-    """The figure as PNG, SVG or PDF bytes (Agg canvas; deterministic metadata)."""
+    """The figure as PNG, SVG or PDF bytes (Agg canvas; deterministic metadata). Every text of
+    the figure loses its control characters first: an SVG keeps each text in a comment, and XML
+    forbids them there."""
     import io
 
+    from matplotlib.text import Text
+
+    for text in fig.findobj(Text):
+        text.set_text(without_controls(text.get_text()))
     buffer = io.BytesIO()
     metadata: dict[str, Any] = {}
     if fmt == "png":

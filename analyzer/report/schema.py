@@ -218,6 +218,7 @@ class ModelDescription(_Record):
 class Report(_Record):
     schema_version: int = SCHEMA_VERSION
     generated_by: str
+    redaction_rules: str = ""  # the secret rule set every text was masked with (redact.py)
     inputs: list[InputRecord]
     limitations: list[LimitationRecord]
     summary: Summary

@@ -81,10 +81,19 @@ def parse_url(url: str) -> Target:
             _redact_loose(url), "not a PostgreSQL URL", "expected postgresql://user@host:port/db"
         )
     scheme, rest = match["scheme"], match["rest"]
+    # A password may hold a raw / # ? or @ (seen: DSTACK_DATABASE_URL values are rarely
+    # percent-encoded): after `user:`, the password runs to the last @ of the URL, so no part
+    # of it is ever taken for the host, path, query or fragment (and shown).
+    userinfo, at = "", ""
+    user_part = re.match(r"[^:/?#@]*:", rest)
+    if user_part and "@" in rest[user_part.end() :]:
+        userinfo, at, rest = rest.rpartition("@")
     rest, _, fragment = rest.partition("#")
     rest, _, query = rest.partition("?")
     netloc, slash, path = rest.partition("/")
-    userinfo, at, hostspec = netloc.rpartition("@")  # the last @: a raw @ in a password stays in it
+    if not at:
+        userinfo, at, netloc = netloc.rpartition("@")
+    hostspec = netloc
     user_raw, colon, password_raw = userinfo.partition(":")
     user = unquote(user_raw) or None
     password = unquote(password_raw) if colon else None
@@ -171,7 +180,7 @@ def _where(host: str, port: str | None) -> str:
 
 def _redact_loose(url: str) -> str:
     """Best effort for a URL that cannot be parsed: hide anything between ':' and '@'."""
-    return re.sub(r"(//[^/@:]*:)[^/]*@", r"\1***@", url)
+    return re.sub(r"(//[^/@:]*:).*@", r"\1***@", url, flags=re.S)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -554,4 +563,5 @@ def load_url(url: str, server: str, *, engine: str | None = None) -> SourceData:
         f"reader {reader.engine_name})"
     )
     data.inputs.append(info)
+    data.secrets.update(target.secrets)  # the password is a known value: masked wherever it shows
     return data

@@ -14,6 +14,7 @@ import polars as pl
 
 from analyzer import catalogue
 from analyzer.model import UTC_TIME
+from analyzer.redact import redact_shapes
 
 EVENT_LINE = (
     r"^Emitting ?event: ?(?P<body>.*)\. ?Event ?targets: ?(?P<targets>.*)\. ?Actor: ?"
@@ -62,10 +63,16 @@ class LogFacts:
 
 
 def _shape(message: pl.Expr) -> pl.Expr:
-    """A line's template shape: ids, names, numbers and quoted text replaced by placeholders."""
+    """A line's template shape: ids, names, numbers and quoted text replaced by placeholders.
+    Its first 200 characters, cut at a space (never inside a token a later redaction must see
+    whole)."""
+    cut = (
+        pl.when(message.str.len_chars() > 200)
+        .then(message.str.slice(0, 200).str.replace(r"\S+$", "…"))
+        .otherwise(message)
+    )
     return (
-        message.str.slice(0, 200)
-        .str.replace_all(
+        cut.str.replace_all(
             r"\b(run|job|instance|fleet|gateway|user|project)\([0-9a-f]{6}\)[A-Za-z0-9._-]+",
             "$1(…)",
         )
@@ -118,6 +125,8 @@ def records_to_events(
     )
     facts.unrecognised = unrecognised.height
     if unrecognised.height:
+        # secret shapes masked in the raw text, before templating can hide them
+        unrecognised = unrecognised.with_columns(redact_shapes(unrecognised["text"]))
         shapes = (
             unrecognised.group_by(_shape(pl.col("text")).alias("shape"))
             .len()
