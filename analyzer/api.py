@@ -177,6 +177,8 @@ class Audit:
             LimitationRecord(code=lim.code, message=lim.message, source=lim.source)
             for lim in self.evidence.limitations
         ]
+        for finding in findings:  # what a finding cannot prove is said for the whole audit too
+            limitations.extend(lim for lim in finding.limitations if lim not in limitations)
         if not self.evidence.runs.height and not self.evidence.events.height:
             limitations.append(
                 LimitationRecord(

@@ -35,6 +35,7 @@ from analyzer.model import (
 )
 from analyzer.sources import Limitation
 
+AMBIGUOUS_FIELDS = frozenset({"configuration.replicas", "configuration.groups"})
 QUARTER_HOUR_US = 15 * 60 * 1_000_000
 MATCH_TOLERANCE_US = 2_000_000  # log ms (or rich s) precision against the DB's microseconds
 UNALIGNED = ("log_local_unaligned", "time_of_day_only")
@@ -617,7 +618,30 @@ def _derive_jobs(events: pl.DataFrame) -> pl.DataFrame:
         .group_by(["server", "entity_id"])
         .agg(pl.col("_b_dep").max().alias("_in_place"))
     )
-    per_job = per_job.join(bumps, on=["server", "entity_id"], how="left")
+    # Reference 11.2 step 6: an update of only `replicas` / `groups` may bump some replicas in
+    # place and redeploy others (per group); pipeline builds log no bump, so a job active at
+    # such an update has a deployment the log cannot prove.
+    ambiguous = (
+        per_job.select("server", "run_id", "entity_id", "_first", "_ended")
+        .join(
+            updates.filter(
+                pl.col("changed_fields").map_elements(
+                    lambda fields: {f.strip() for f in fields.split(",")} <= AMBIGUOUS_FIELDS,
+                    return_dtype=pl.Boolean,
+                )
+            ).select("server", "run_id", "_u_order"),
+            on=["server", "run_id"],
+        )
+        .filter(
+            (pl.col("_u_order") > pl.col("_first"))
+            & (pl.col("_ended").is_null() | (pl.col("_ended") > pl.col("_u_order")))
+        )
+        .select("server", "entity_id", pl.lit(True).alias("_ambiguous"))
+        .unique()
+    )
+    per_job = per_job.join(bumps, on=["server", "entity_id"], how="left").join(
+        ambiguous, on=["server", "entity_id"], how="left"
+    )
     return per_job.with_columns(
         pl.col("entity_id").alias("job_id"),
         pl.col("job_name").str.extract(r"-(\d+)-\d+$", 1).cast(pl.Int64).alias("job_num"),
@@ -628,7 +652,9 @@ def _derive_jobs(events: pl.DataFrame) -> pl.DataFrame:
         pl.max_horizontal(pl.coalesce("_u_dep", "_s_dep", pl.lit(0)), "_bumped", "_in_place")
         .cast(pl.Int64)
         .alias("deployment_num"),
-        pl.when(
+        pl.when(pl.col("_ambiguous").fill_null(False) & pl.col("_bumped").is_null())
+        .then(pl.lit("ambiguous_update"))
+        .when(
             pl.col("_u_dep").is_not_null()
             | pl.col("_bumped").is_not_null()
             | pl.col("_in_place").is_not_null()
