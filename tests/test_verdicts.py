@@ -5,6 +5,8 @@ where it applies: database, table exports, each log format, database + log."""
 from __future__ import annotations
 
 import csv
+import json
+import re
 import sqlite3
 from pathlib import Path
 
@@ -13,6 +15,7 @@ from conftest import CAPTURES, execute
 from test_own_cases import _snapshot_before
 
 from analyzer import open_sources
+from analyzer.synth import rich_fold
 
 FORMATS = ("standard", "json", "rich")
 SEED = CAPTURES / "v0.22.5" / "seed"
@@ -257,3 +260,140 @@ def test_newer_and_same_deployment_victims_are_never_mixed(copy_db):
     assert report.summary.healthy_replica_seconds_lost == pytest.approx(lost)
     (server,) = report.summary.by_server
     assert server.outage_seconds == pytest.approx(same.impact.outage_seconds)
+
+
+# 3. Confidence from logs alone ---------------------------------------------------------------
+
+STANDARD = re.compile(r"^(\w+) (\S+)T(\S+)\.(\d{3}) (\S+) (.*)$")
+
+
+def from_standard(text: str, fmt: str) -> str:
+    """Standard-format lines rewritten in the json or rich layout (rich at 120 columns)."""
+    if fmt == "standard":
+        return text
+    out: list[str] = []
+    last = None
+    for line in text.splitlines():
+        match = STANDARD.match(line)
+        if match is None:
+            continue
+        level, day, clock, millis, logger, message = match.groups()
+        if fmt == "json":
+            record = {
+                "timestamp": f"{day} {clock},{millis}",
+                "logger": logger,
+                "level": level,
+                "message": message,
+            }
+            out.append(json.dumps(record))
+            continue
+        stamp = f"[{clock}]"
+        shown = " " * 10 if stamp == last else stamp
+        last = stamp
+        for i, piece in enumerate(rich_fold(f"{logger}:1 {message}", 100)):
+            head = f"{shown} {level:<8} " if i == 0 else " " * 20
+            out.append((head + piece).ljust(120))
+    return "\n".join(out) + "\n"
+
+
+def _reused_slot_log(fmt: str, tmp_path: Path) -> Path:
+    """The 0.19 seed log where replica slot 1 ran earlier (scaled up, then down) and the
+    rollout re-runs it: the failing surge replica reuses the job name web-0-1 (new id)."""
+    text = (CAPTURES / "v0.19" / "seed" / "logs" / "server-info.standard.log").read_text()
+    logger = "dstack._internal.server"
+    earlier = "".join(
+        f"INFO 2026-11-02T{clock} {logger}.{line}\n"
+        for clock, line in (
+            ("09:04:04.143", "services.runs run(686b0f)web: scaling UP 1 replica(s)"),
+            (
+                "09:04:40.000",
+                "background.tasks.process_running_jobs job(7a7a7a)web-0-1: now is PULLING",
+            ),
+            (
+                "09:05:01.000",
+                "services.services job(7a7a7a)web-0-1: service replica registered to receive "
+                "requests, gateway=False",
+            ),
+            ("09:06:04.143", "services.runs run(686b0f)web: scaling DOWN 1 replica(s)"),
+            (
+                "09:06:10.000",
+                "services.jobs job(7a7a7a)web-0-1: job status is TERMINATED, reason: SCALED_DOWN",
+            ),
+        )
+    )
+    at = text.index("INFO 2026-11-02T09:09:02.820")
+    log = tmp_path / f"server.{fmt}.log"
+    log.write_text(from_standard(text[:at] + earlier + text[at:], fmt))
+    return log
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_019_log_reused_job_name_still_finds_the_new_submission_as_culprit(tmp_path, fmt):
+    report = open_sources([_reused_slot_log(fmt, tmp_path)]).report
+    (verdict,) = report.runs
+    assert verdict.verdict == "collateral_termination", verdict.why
+    (finding,) = report.findings
+    assert finding.confidence == "suspected"
+    (culprit,) = finding.culprits
+    assert (culprit.job_id, culprit.job_name, culprit.submission_num) == ("1ded4f", "web-0-1", 1)
+    assert culprit.termination_reason == "failed_to_start_due_to_no_capacity"
+    assert [(v.job_id, v.job_name) for v in finding.victims] == [("4da89b", "web-0-0")]
+
+
+def _groups_update_log(fmt: str, tmp_path: Path) -> Path:
+    text = (SEED / "logs" / "server-info.standard.log").read_text()
+    log = tmp_path / f"server.{fmt}.log"
+    log.write_text(
+        from_standard(text.replace("configuration.commands", "configuration.groups"), fmt)
+    )
+    return log
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_groups_only_update_from_a_log_alone_is_suspected(tmp_path, fmt):
+    report = open_sources([_groups_update_log(fmt, tmp_path)]).report
+    (finding,) = report.findings
+    assert finding.confidence == "suspected"
+    assert [v.job_id for v in finding.victims] == [SEED_VICTIM[:6]]
+    assert [c.job_id for c in finding.culprits] == [SEED_CULPRIT]
+    (limitation,) = finding.limitations
+    assert limitation.code == "deployment_not_provable_from_logs"
+    assert "configuration.groups" in limitation.message and "web-0-0" in limitation.message
+    assert limitation in report.limitations
+
+
+def test_groups_only_update_with_the_database_is_decided(copy_db, tmp_path):
+    db = copy_db("v0.22.5/seed")
+    execute(
+        db,
+        "UPDATE events SET message = replace(message, 'configuration.commands', "
+        "'configuration.groups')",
+    )
+    report = open_sources([db, _groups_update_log("standard", tmp_path)]).report
+    (finding,) = report.findings
+    assert finding.category == "collateral_termination"
+    assert finding.confidence == "confirmed"
+    assert finding.limitations == []
+    assert [v.job_id for v in finding.victims] == [SEED_VICTIM]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_readiness_line_of_a_service_with_probes_proves_no_health_at_the_kill(fmt):
+    report = open_sources([CRASH / "logs" / f"server-info.{fmt}.log"]).report
+    (finding,) = report.findings
+    assert finding.category == "collateral_termination"
+    assert finding.confidence == "suspected"
+    assert len(finding.victims) == 3
+    (limitation,) = finding.limitations
+    assert limitation.code == "health_not_provable_from_logs"
+    assert "probe" in limitation.message
+    assert finding.impact.replicas_lost == 3
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_readiness_at_running_proves_a_probeless_replica_healthy(fmt):
+    """The seed's service has no probes: the log shows it ready in the pass that made it
+    RUNNING, which is proof enough."""
+    (finding,) = open_sources([SEED / "logs" / f"server-info.{fmt}.log"]).report.findings
+    assert finding.confidence == "confirmed"
+    assert finding.limitations == []
