@@ -27,10 +27,12 @@ from analyzer.report.schema import (
     RunVerdict,
     Summary,
 )
+from analyzer.servers import assign_servers
 from analyzer.sources import READ_OPTIONS, ReadOptions, load_path
 from analyzer.timeline import deployments, evidence_gaps, submissions
 
 DEFAULT_SERVER = "default"
+END_BOUND = "end_of_evidence_lower_bound"
 
 
 @dataclass
@@ -179,6 +181,19 @@ class Audit:
         ]
         for finding in findings:  # what a finding cannot prove is said for the whole audit too
             limitations.extend(lim for lim in finding.limitations if lim not in limitations)
+        ends = self.evidence.ends_by_server()
+        for server, end in sorted(ends.items()):
+            if any(f.server == server for f in findings):
+                limitations.append(
+                    LimitationRecord(
+                        code=END_BOUND,
+                        message=f"the end of the evidence, {end.isoformat()}, is the latest "
+                        "moment any input shows the server alive (every table's times, every "
+                        "log line): a lower bound of when it was captured, so an outage not "
+                        "recovered by then lasted at least that long",
+                        source=f"server {server}",
+                    )
+                )
         if not self.evidence.runs.height and not self.evidence.events.height:
             limitations.append(
                 LimitationRecord(
@@ -240,14 +255,14 @@ def open_sources(
 ) -> Audit:
     """Read every input (read-only) and combine them into one audit.
 
-    Sources of several dstack servers stay apart when labelled: `server_labels` maps a source
-    (as given) to its server's name; unlabelled sources belong to `server`.
+    Each database is its own server; a log or an API export joins the database whose ids it
+    shares (analyzer.servers). `server_labels` maps a source (as given) to its server's name,
+    overriding that; a single server is called `server`.
 
     >>> audit = open_sources(["samples/v0.22.5/seed"])  # doctest: +SKIP
     >>> audit.report.findings[0].victims[0].job_name  # doctest: +SKIP
     'web-0-0'
     """
-    parts = []
     given = list(paths)
     if not given:
         raise AuditInputError(
@@ -256,10 +271,13 @@ def open_sources(
     token = READ_OPTIONS.set(ReadOptions(partition=partition, since=since, project=project))
     try:
         labels = server_labels or {}
-        for path in given:
-            parts.extend(load_path(path, labels.get(str(path), server)))
+        loaded = [
+            (load_path(path, labels.get(str(path), server)), labels.get(str(path)))
+            for path in given
+        ]
     finally:
         READ_OPTIONS.reset(token)
+    parts = assign_servers(loaded, server, partitioned=partition is not None)
     evidence = reconcile(combine(parts), TimeOptions(log_tz=log_tz, log_date=log_date))
     return Audit(evidence, project=project, run=run, since=since, until=until)
 
@@ -283,6 +301,10 @@ def merge_reports(reports: list[Report]) -> Report:
         if key not in seen_limitations:
             seen_limitations.add(key)
             limitations.append(item)
+    # as Audit.report orders them: the end-of-evidence bounds last, by server
+    limitations = [lim for lim in limitations if lim.code != END_BOUND] + sorted(
+        (lim for lim in limitations if lim.code == END_BOUND), key=lambda lim: lim.source
+    )
     verdicts = sorted(
         (v for r in reports for v in r.runs),
         key=lambda v: (v.server, v.project or "", v.run_name, v.run_id),

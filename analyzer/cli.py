@@ -357,6 +357,7 @@ def timeline(run: str, sources: tuple[str, ...], project: str | None, output: Pa
         opened.deployments.filter(key),
         opened.submissions.filter(key),
         opened.events.filter(key),
+        [f for f in opened.findings if (f.server, f.run_id) == (row["server"], row["run_id"])],
     )
     _write(opened.redact(text), output)
 

@@ -8,13 +8,16 @@ import csv
 import json
 import re
 import sqlite3
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from conftest import CAPTURES, execute
 from test_own_cases import _snapshot_before
 
 from analyzer import open_sources
+from analyzer.cli import main
 from analyzer.synth import rich_fold
 
 FORMATS = ("standard", "json", "rich")
@@ -397,3 +400,252 @@ def test_readiness_at_running_proves_a_probeless_replica_healthy(fmt):
     (finding,) = open_sources([SEED / "logs" / f"server-info.{fmt}.log"]).report.findings
     assert finding.confidence == "confirmed"
     assert finding.limitations == []
+
+
+# 5. Outages that hold ------------------------------------------------------------------------
+
+
+def _alive_until(db: Path) -> datetime:
+    """By hand: the latest time any of the seed's tables records (instances and fleets are
+    processed for minutes after the run ended)."""
+    with sqlite3.connect(db) as connection:
+        values = [
+            connection.execute(f"SELECT max({column}) FROM {table}").fetchone()[0]
+            for table, column in (
+                ("runs", "last_processed_at"),
+                ("jobs", "last_processed_at"),
+                ("events", "recorded_at"),
+                ("instances", "last_processed_at"),
+                ("fleets", "last_processed_at"),
+            )
+        ]
+    return max(datetime.fromisoformat(v).replace(tzinfo=UTC) for v in values if v)
+
+
+@pytest.mark.parametrize("form", ["server.db", "tables", ""])
+def test_end_of_evidence_is_the_last_moment_any_table_shows_the_server_alive(form):
+    report = open_sources([SEED / form] if form else [SEED]).report
+    end = _alive_until(SEED / "server.db")
+    assert report.end_of_evidence == end
+    (finding,) = report.findings
+    impact = finding.impact
+    assert impact.end_of_evidence == end
+    # the server ran ~3 more minutes after the run's last event: the honest lower bound
+    assert impact.outage_seconds == pytest.approx((end - impact.outage_start).total_seconds())
+    assert impact.outage_seconds > 170
+    assert impact.outage_is_lower_bound is True
+    (bound,) = [lim for lim in report.limitations if lim.code == "end_of_evidence_lower_bound"]
+    assert "lower bound" in bound.message and end.isoformat() in bound.message
+
+
+def _with_trailing_line(tmp_path: Path, hours: int = 0) -> Path:
+    """The seed's standard log with one later line of instance processing, as the server
+    writes it minutes after the run ended; optionally in another local time zone."""
+    text = (SEED / "logs" / "server-info.standard.log").read_text()
+    text += (
+        "INFO 2026-11-02T09:12:17.000 dstack._internal.server.background.pipeline_tasks.fleets "
+        "Added 1 instances to fleet cpu-fleet\n"
+    )
+
+    def shift(match: re.Match) -> str:
+        moment = datetime.fromisoformat(match.group(1)) + timedelta(hours=hours)
+        return moment.isoformat(timespec="milliseconds")
+
+    log = tmp_path / "server.log"
+    log.write_text(re.sub(r"(?<=^INFO )(\S+)", shift, text, flags=re.M))
+    return log
+
+
+def test_end_of_evidence_reaches_the_last_log_line(tmp_path):
+    report = open_sources([_with_trailing_line(tmp_path)]).report
+    assert report.end_of_evidence == datetime(2026, 11, 2, 9, 12, 17, tzinfo=UTC)
+    (finding,) = report.findings
+    assert finding.impact.end_of_evidence == report.end_of_evidence
+    assert finding.impact.outage_seconds == pytest.approx(
+        (report.end_of_evidence - finding.impact.outage_start).total_seconds()
+    )
+
+
+def test_last_log_line_is_aligned_like_the_rest_of_its_log(copy_db, tmp_path):
+    """A log two hours ahead of UTC: its trailing line is shifted with the log's offset, so
+    the end of the evidence is the database's (later) instance time, not a local time."""
+    db = copy_db("v0.22.5/seed")
+    report = open_sources([db, _with_trailing_line(tmp_path, hours=2)]).report
+    assert report.end_of_evidence == _alive_until(db)
+
+
+def test_rich_log_alone_has_no_date_and_no_invented_outage():
+    report = open_sources([SEED / "logs" / "server-info.rich.log"]).report
+    assert report.end_of_evidence is None
+    (finding,) = report.findings
+    assert finding.impact.end_of_evidence is None
+    assert finding.impact.outage_seconds is None
+    assert report.summary.outage_seconds is None
+    assert report.summary.outage_unknown_runs == 1
+    assert "1970" not in report.model_dump_json()
+
+
+# The timeline states the facts an operator needs --------------------------------------------
+
+
+def _timeline(*args: str) -> str:
+    result = CliRunner().invoke(main, ["timeline", *args])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_timeline_marks_bumps_groups_victims_and_culprits():
+    out = _timeline("web", str(CAPTURES / "v0.22.5" / "scale-up-fails" / "server.db"))
+    victim = next(line for line in out.splitlines() if line.strip().startswith("web-0-0 "))
+    assert "created in deployment 0, bumped in place to 1" in victim
+    assert "group 0" in victim
+    assert "** VICTIM (same_deployment_collateral) **" in victim
+    culprit = next(line for line in out.splitlines() if line.strip().startswith("web-0-1 "))
+    assert "** CULPRIT (same_deployment_collateral) **" in culprit
+    assert "deployment 1" in culprit and "bumped" not in culprit
+
+
+def test_timeline_marks_a_victim_not_yet_stopped(copy_db):
+    out = _timeline("web", str(_seed_mid_cascade(copy_db)))
+    assert "VICTIM (collateral_termination), not yet stopped: expected terminated_by_server" in out
+
+
+def test_timeline_states_a_run_deleted_by_a_resubmission(copy_db):
+    """dstack marks the replaced run's row deleted and records the user's 'Run deleted'
+    event (a copy of the run's real 'Run updated' event, re-worded)."""
+    db = copy_db("v0.22.5/seed")
+    execute(
+        db,
+        "UPDATE runs SET deleted = 1",
+        """INSERT INTO events (id, message, recorded_at, actor_user_id)
+           SELECT 'aaaaaaaaaaaa4aaa8aaaaaaaaaaaaaaa', 'Run deleted', '2026-11-02 09:10:00.000000',
+                  actor_user_id FROM events WHERE message LIKE 'Run updated%'""",
+        """INSERT INTO event_targets (id, event_id, entity_project_id, entity_type, entity_id,
+                                      entity_name)
+           SELECT 'bbbbbbbbbbbb4bbb8bbbbbbbbbbbbbbb', 'aaaaaaaaaaaa4aaa8aaaaaaaaaaaaaaa',
+                  entity_project_id, entity_type, entity_id, entity_name FROM event_targets
+           WHERE event_id = (SELECT id FROM events WHERE message LIKE 'Run updated%')""",
+    )
+    out = _timeline("web", str(db))
+    deleted = next(line for line in out.splitlines() if line.startswith("deleted:"))
+    assert "marked deleted" in deleted
+    assert "'Run deleted' 2026-11-02 09:10:00.000Z by user alice" in deleted
+
+
+# 4. One server per database, one record per fact ----------------------------------------------
+
+
+def _by_server(report) -> dict[str, object]:
+    return {f.server: f for f in report.findings}
+
+
+def _check_two_servers(report) -> None:
+    seed_end = _alive_until(SEED / "server.db")
+    crash_end = _alive_until(CRASH / "server.db")
+    findings = _by_server(report)
+    assert set(findings) == {"seed/server.db", "multi-replica-crash/server.db"}
+    seed, crash = findings["seed/server.db"], findings["multi-replica-crash/server.db"]
+    assert seed.impact.end_of_evidence == seed_end
+    assert crash.impact.end_of_evidence == crash_end
+    assert seed.impact.outage_seconds == pytest.approx(
+        (seed_end - seed.impact.outage_start).total_seconds()
+    )
+    assert seed.impact.outage_seconds < 200  # never the other server's days
+    assert crash.impact.outage_seconds < 200
+    assert {g.key for g in report.summary.by_server} == set(findings)
+    assert report.summary.outage_seconds == pytest.approx(
+        seed.impact.outage_seconds + crash.impact.outage_seconds
+    )
+    assert {v.server for v in report.runs} == set(findings)
+    assert report.end_of_evidence == max(seed_end, crash_end)
+
+
+def test_a_folder_of_capture_folders_is_one_server_per_database(tmp_path):
+    folder = tmp_path / "captures"
+    folder.mkdir()
+    for capture in (SEED, CRASH):
+        (folder / capture.name).symlink_to(capture, target_is_directory=True)
+    report = open_sources([folder]).report
+    _check_two_servers(report)
+    # the logs, table exports and API exports of each capture joined their own database
+    assert not any(lim.code == "log_matches_no_database" for lim in report.limitations)
+    assert all(f.confidence == "confirmed" for f in report.findings)
+
+
+def test_two_databases_at_once_are_two_servers():
+    _check_two_servers(open_sources([SEED / "server.db", CRASH / "server.db"]).report)
+
+
+def test_database_and_its_own_log_are_one_server():
+    report = open_sources([SEED / "server.db", SEED / "logs" / "server-info.json.log"]).report
+    (finding,) = report.findings
+    assert finding.server == "default"
+    assert [g.key for g in report.summary.by_server] == ["default"]
+
+
+def test_a_log_that_agrees_with_no_database_is_a_server_of_its_own():
+    log = CRASH / "logs" / "server-info.standard.log"
+    report = open_sources([SEED / "server.db", log]).report
+    findings = _by_server(report)
+    assert set(findings) == {"server.db", "server-info.standard.log"}
+    seed = findings["server.db"]
+    assert seed.impact.end_of_evidence == _alive_until(SEED / "server.db")
+    (alone,) = [lim for lim in report.limitations if lim.code == "log_matches_no_database"]
+    assert alone.source == str(log) and "server of its own" in alone.message
+    # the other server's log says nothing about this database's events table
+    assert not any(lim.code.startswith("log_events_") for lim in report.limitations)
+
+
+def test_server_label_stays_the_override():
+    log = CRASH / "logs" / "server-info.standard.log"
+    report = open_sources(
+        [SEED / "server.db", log], server_labels={str(SEED / "server.db"): "prod", str(log): "prod"}
+    ).report
+    assert {f.server for f in report.findings} == {"prod"}
+
+
+def test_a_log_newer_than_its_database_is_another_server_state(copy_db):
+    """The seed's own log (0.21.1+ lines) beside its database stamped with a 0.20.16 schema."""
+    db = copy_db("v0.22.5/seed")
+    execute(db, "UPDATE alembic_version SET version_num = 'ad8c50120507'")
+    log = SEED / "logs" / "server-info.standard.log"
+    report = open_sources([db, log]).report
+    (finding,) = report.findings
+    assert finding.server == "default"
+    (state,) = [lim for lim in report.limitations if lim.code == "log_from_different_server_state"]
+    assert state.source == str(log)
+    assert ">=0.21.1" in state.message and "0.20.16" in state.message
+
+
+def test_deleted_submission_in_events_table_and_log_is_counted_once(copy_db):
+    """dstack deletes superseded no-capacity submissions from jobs and keeps their events:
+    with the log of the same server, each of their events is one fact with both provenances."""
+    db = copy_db("v0.22.5/seed")
+    execute(db, "DELETE FROM jobs WHERE job_name = 'web-0-1'")
+    alone = open_sources([db]).report
+    both = open_sources([db, SEED / "logs" / "server-info.standard.log"]).report
+    (gap_alone,) = [g for g in alone.runs[0].gaps if "appear only in events" in g]
+    (gap_both,) = [g for g in both.runs[0].gaps if "appear only in events" in g]
+    assert gap_alone.startswith("1 job submission(s)") and gap_both == gap_alone
+    assert not any(lim.code.startswith("log_events_") for lim in both.limitations)
+    audit = open_sources([db, SEED / "logs" / "server-info.standard.log"])
+    deleted = audit.events.filter(audit.events["entity_name"] == "web-0-1")
+    assert deleted.height == 3
+    for provenance in deleted["provenance"].to_list():
+        assert any(p.startswith("events:") for p in provenance)
+        assert any(".log:" in p for p in provenance)
+
+
+def test_ttl_claim_only_for_lines_older_than_the_events_table(copy_db):
+    db = copy_db("v0.22.5/seed")
+    _snapshot_before(db, "2026-11-02 09:20:00")  # nothing removed: the table holds every event
+    execute(
+        db,
+        "DELETE FROM event_targets WHERE event_id IN "
+        "(SELECT id FROM events WHERE recorded_at < '2026-11-02 09:01:00')",
+        "DELETE FROM events WHERE recorded_at < '2026-11-02 09:01:00'",
+    )
+    report = open_sources([db, SEED / "logs" / "server-info.standard.log"]).report
+    (ttl,) = [lim for lim in report.limitations if lim.code == "log_events_past_events_ttl"]
+    assert "TTL" in ttl.message
+    assert not any(lim.code == "log_events_missing_from_database" for lim in report.limitations)

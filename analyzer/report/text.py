@@ -223,14 +223,31 @@ def _time_of_day(value: datetime | None, *, date: bool = True) -> str:
     return text + (" (date unknown)" if date else "")
 
 
+def _roles(findings: Sequence[Finding]) -> dict[str, str]:
+    """job id -> what the findings say it was: a victim (of which category) or a culprit."""
+    roles: dict[str, str] = {}
+    for finding in findings:
+        for culprit in finding.culprits:
+            roles[culprit.job_id] = f"CULPRIT ({finding.category})"
+        for victim in finding.victims:
+            roles[victim.job_id] = f"VICTIM ({finding.category})" + (
+                ""
+                if victim.stopped
+                else f", not yet stopped: expected {victim.expected_termination_reason}"
+            )
+    return roles
+
+
 def render_timeline(
     run: dict,
     verdict: str | None,
     deployments: pl.DataFrame,
     subs: pl.DataFrame,
     events: pl.DataFrame,
+    findings: Sequence[Finding] = (),
 ) -> str:
-    """A run's story: deployments, replica slots with each submission's path, then every event."""
+    """A run's story: deployments, replica slots with each submission's path (bumps in place,
+    replica groups, victims and culprits marked), then every event."""
     when = fmt_time
     if events.height and (events["time_basis"] == "time_of_day_only").any():
         when = _time_of_day  # a rich log alone: no date is shown, because none is known
@@ -242,9 +259,20 @@ def render_timeline(
         + f"  deployment {run['deployment_num']}"
         + (f"  verdict: {verdict}" if verdict else ""),
         f"submitted {when(run['submitted_at'])} by {run['user'] or '?'}  [{run['provenance']}]",
-        "",
-        "DEPLOYMENTS",
     ]
+    deleted_events = events.filter(pl.col("message") == "Run deleted")
+    if run.get("deleted") or deleted_events.height:
+        by = deleted_events.row(0, named=True) if deleted_events.height else None
+        out.append(
+            "deleted: the run row is marked deleted (a later run of the same name replaced it)"
+            + (
+                f"; event 'Run deleted' {when(by['time']) if by['time'] else by['time_text']}"
+                f" by {by['actor']}"
+                if by
+                else ""
+            )
+        )
+    out += ["", "DEPLOYMENTS"]
     for dep in deployments.iter_rows(named=True):
         if dep["deployment_num"] == 0:
             began = f"began {when(dep['began_at'])} (run submitted)"
@@ -262,13 +290,25 @@ def render_timeline(
             f"  #{dep['deployment_num']}  {began}; jobs now at this deployment: {dep['jobs']}"
         )
     out += ["", "REPLICA SLOTS (every submission, keyed on job id)"]
+    roles = _roles(findings)
     status_events = events.filter(pl.col("kind") == "job_status")
     for slot, rows in subs.group_by(["replica_num", "job_num"], maintain_order=True):
         out.append(f"  replica {slot[0]} job {slot[1]}")
         for job in rows.iter_rows(named=True):
+            created = job.get("created_deployment")
+            deployment = (
+                f"created in deployment {created}, bumped in place to {job['deployment_num']}"
+                if created is not None
+                and job["deployment_num"] is not None
+                and created < job["deployment_num"]
+                else f"deployment {job['deployment_num']}"
+            )
             out.append(
-                f"    {job['job_name']}  job {job['job_id']}  deployment {job['deployment_num']}"
-                f"  submission {job['submission_num']}  [{job['provenance']}]"
+                f"    {job['job_name']}  job {job['job_id']}  {deployment}"
+                f"  submission {job['submission_num']}"
+                + (f"  group {job['replica_group']}" if job.get("replica_group") else "")
+                + (f"  ** {roles[job['job_id']]} **" if job["job_id"] in roles else "")
+                + f"  [{job['provenance']}]"
             )
             steps = [f"submitted {when(job['created_at'], date=False)}"]
             changes = status_events.filter(pl.col("entity_id") == job["job_id"])

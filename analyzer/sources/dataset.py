@@ -43,11 +43,9 @@ def load_location(location: str, server: str) -> SourceData:
     )
     data.limitations = [Limitation(**item) for item in manifest["limitations"]]
     servers = manifest.get("events_table_servers") or []
-    data.events_table_of = servers[0] if servers else None
+    data.events_table_of = set(servers)
     ends = manifest.get("ends_by_server") or {}
-    if len(ends) == 1:
-        ((name, value),) = ends.items()
-        data.latest_time = (name, datetime.fromisoformat(value))
+    data.latest_time = {name: datetime.fromisoformat(value) for name, value in ends.items()}
     return data
 
 
