@@ -179,7 +179,8 @@ def _judge_candidate(ctx: _Context) -> RunJudgement:
     if not culprits:
         return RunJudgement(
             "inconclusive",
-            f"the run failed with {run_reason} but no job that failed by itself is in the evidence "
+            f"the run {'is failing' if run['status'] == 'terminating' else 'failed'} with "
+            f"{run_reason} but no job that failed by itself is in the evidence "
             "(rows deleted, or events past their TTL)",
         )
 
@@ -206,7 +207,7 @@ def _judge_candidate(ctx: _Context) -> RunJudgement:
                 )
             if not (active and in_flight):
                 continue
-            if job["status"] != "running":
+            if job["status"] != "running":  # pulling, provisioning, submitted: never served
                 also.append(
                     _other(
                         job,
@@ -237,11 +238,14 @@ def _judge_candidate(ctx: _Context) -> RunJudgement:
             continue
         if job["health"] == "not_healthy":
             proof = UNHEALTHY_PROOFS.get(job["health_proof"], job["health_proof"])
-            also.append(_other(job, f"not healthy when stopped: {proof}"))
+            when = "at the end of the evidence" if active else "when stopped"
+            also.append(_other(job, f"not healthy {when}: {proof}"))
             continue
         if job["health"] != "healthy":
             undecided.append(
-                f"{_job_label(job)} was stopped by the cascade but its health cannot be decided"
+                f"{_job_label(job)} was "
+                + ("hit" if active else "stopped")
+                + " by the cascade but its health cannot be decided"
                 + (f" ({job['health_proof']})" if job["health_proof"] else "")
             )
             continue
@@ -300,9 +304,11 @@ def _judge_candidate(ctx: _Context) -> RunJudgement:
     if undecided:
         return RunJudgement("inconclusive", "; ".join(undecided))
     failed = ", ".join(f"{c['job_name']} ({c['termination_reason']})" for c in culprits)
-    why = f"the run failed ({run_reason}: {failed}) but no healthy replica was stopped by it"
+    outcome = "is failing" if in_flight else "failed"
+    stopped = "was or will be stopped" if in_flight else "was stopped"
+    why = f"the run {outcome} ({run_reason}: {failed}) but no healthy replica {stopped} by it"
     if also:
-        why += "; stopped but not victims: " + "; ".join(
+        why += f"; {'hit' if in_flight else 'stopped'} but not victims: " + "; ".join(
             f"{o.job_name}: {o.why_not_victim}" for o in also
         )
     return RunJudgement("no_healthy_victim", why)

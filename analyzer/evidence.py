@@ -38,13 +38,18 @@ class Evidence:
         )
     )
 
-    def ends_by_server(self) -> dict[str, datetime]:
+    def ends_by_server(self, *, dated_only: bool = True) -> dict[str, datetime]:
         """Per server: the latest moment any of its inputs shows it alive (every table's times,
         every log line): a lower bound of when the evidence was captured. Runs and jobs known
-        only from a log without a date add nothing (their times are times of day)."""
-        dated = self.events.filter(pl.col("time_basis") != "time_of_day_only")
+        only from a log without a date add nothing (their times are times of day), unless
+        `dated_only` is false (a drawing on the log's own clock, its pseudo day)."""
+        dated = (
+            self.events.filter(pl.col("time_basis") != "time_of_day_only")
+            if dated_only
+            else self.events
+        )
         dateless = (
-            self.events.filter(pl.col("time_basis") == "time_of_day_only")
+            self.events.filter((pl.col("time_basis") == "time_of_day_only") & dated_only)
             .select("server", "run_id")
             .unique()
         )

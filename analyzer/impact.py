@@ -318,15 +318,18 @@ def _day(finding: Finding) -> list[str]:
 def summarise(findings: list[Finding], verdicts: list[RunVerdict], base: Summary) -> Summary:
     outages = _run_outages(findings)
     known = [v for v in outages.values() if v is not None]
+    lost = [
+        f.impact.healthy_replica_seconds_lost
+        for f in findings
+        if f.impact and f.impact.healthy_replica_seconds_lost is not None
+    ]
     return base.model_copy(
         update={
             "runs_in_progress": sum(v.in_progress for v in verdicts),
             # An outage that is not known is not zero: null when no run's outage is known.
             "outage_seconds": sum(known) if known or not outages else None,
             "outage_unknown_runs": len(outages) - len(known),
-            "healthy_replica_seconds_lost": sum(
-                f.impact.healthy_replica_seconds_lost or 0.0 for f in findings if f.impact
-            ),
+            "healthy_replica_seconds_lost": sum(lost) if lost or not findings else None,
             "lost_cost": sum(
                 v.lost_cost or 0.0 for f in findings if f.impact for v in f.impact.per_victim
             ),

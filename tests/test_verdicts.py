@@ -143,7 +143,8 @@ def test_in_flight_replica_still_pulling_is_not_a_victim(copy_db):
     assert report.findings == []
     (verdict,) = report.runs
     assert verdict.verdict == "no_healthy_victim"
-    assert "still pulling" in verdict.why
+    assert verdict.why.startswith("the run is failing (job_failed: web-0-1")
+    assert "hit but not victims: web-0-0: still pulling" in verdict.why
 
 
 # 2. Newer-deployment collateral ------------------------------------------------------------
@@ -482,6 +483,8 @@ def test_rich_log_alone_has_no_date_and_no_invented_outage():
     assert finding.impact.outage_seconds is None
     assert report.summary.outage_seconds is None
     assert report.summary.outage_unknown_runs == 1
+    assert report.summary.healthy_replica_seconds_lost is None
+    assert finding.impact.healthy_replica_seconds_lost is None
     assert "1970" not in report.model_dump_json()
 
 

@@ -200,7 +200,7 @@ class Summary(_Record):
     runs_in_progress: int = 0
     outage_seconds: float | None = 0.0  # each run's outage once; null when none is known
     outage_unknown_runs: int = 0  # runs with findings whose outage is unknown (not in the sum)
-    healthy_replica_seconds_lost: float = 0.0
+    healthy_replica_seconds_lost: float | None = 0.0  # null when no victim's loss is known
     lost_cost: float = 0.0
     cost_unknown_victims: int = 0
     by_server: list[GroupSummary] = Field(default_factory=list)

@@ -17,6 +17,22 @@ from analyzer.model import normalise_enum, normalise_id, parse_db_time
 from analyzer.redact import Redactor, json_secret_values
 from analyzer.sources import Limitation, SourceData
 
+# Times at which the server was seen processing something (reference 3.5, 3.6: instances and
+# fleets keep being processed minutes after a run ends). Future times (remove_at, due,
+# lock_expires_at, termination_deadline) are left out: they say what was planned, not done.
+ALIVE_INSTANCE_COLUMNS = [
+    "created_at",
+    "started_at",
+    "finished_at",
+    "deleted_at",
+    "last_processed_at",
+    "last_job_processed_at",
+    "last_retry_at",
+    "first_termination_retry_at",
+    "last_termination_retry_at",
+]
+ALIVE_FLEET_COLUMNS = ["created_at", "last_processed_at", "deleted_at", "last_consolidated_at"]
+
 # Only the columns the audit needs are read: secrets (tokens, keys, env) are never loaded,
 # except job_spec_data, which is reduced to a fingerprint and a few plain fields in polars.
 TABLE_COLUMNS: dict[str, list[str]] = {
@@ -69,31 +85,18 @@ TABLE_COLUMNS: dict[str, list[str]] = {
         "entity_run_id",
     ],
     "probes": ["id", "job_id", "probe_num", "success_streak"],
-    "instances": ["id", "name", "fleet_id", "price"],
-    "fleets": ["id", "name"],
+    "instances": ["id", "name", "fleet_id", "price", *ALIVE_INSTANCE_COLUMNS],
+    "fleets": ["id", "name", *ALIVE_FLEET_COLUMNS],
     "projects": ["id", "name", "original_name", "deleted"],
     "users": ["id", "name", "original_name", "deleted", "token"],
     "alembic_version": ["version_num"],
 }
-# Times at which the server was seen processing something (reference 3.5, 3.6: instances and
-# fleets keep being processed minutes after a run ends). Future times (remove_at, due,
-# lock_expires_at, termination_deadline) are left out: they say what was planned, not done.
 ALIVE_COLUMNS: dict[str, list[str]] = {
     "runs": ["submitted_at", "last_processed_at"],
     "jobs": ["submitted_at", "last_processed_at"],
     "events": ["recorded_at"],
-    "instances": [
-        "created_at",
-        "started_at",
-        "finished_at",
-        "deleted_at",
-        "last_processed_at",
-        "last_job_processed_at",
-        "last_retry_at",
-        "first_termination_retry_at",
-        "last_termination_retry_at",
-    ],
-    "fleets": ["created_at", "last_processed_at", "deleted_at", "last_consolidated_at"],
+    "instances": ALIVE_INSTANCE_COLUMNS,
+    "fleets": ALIVE_FLEET_COLUMNS,
 }
 REQUIRED_TABLES = ("runs", "jobs")
 # Without these, no run's story can be told: their absence means a schema we do not know.
