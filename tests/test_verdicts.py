@@ -652,3 +652,42 @@ def test_ttl_claim_only_for_lines_older_than_the_events_table(copy_db):
     (ttl,) = [lim for lim in report.limitations if lim.code == "log_events_past_events_ttl"]
     assert "TTL" in ttl.message
     assert not any(lim.code == "log_events_missing_from_database" for lim in report.limitations)
+
+
+def _old_replica_crashes_log(fmt: str, tmp_path: Path) -> Path:
+    """multi-replica-crash's log with the roles swapped as in the database case: from the
+    crash on, svc-0-0's and svc-0-3's lines trade targets; svc-0-3 is ready 10 s before."""
+    lines = (CRASH / "logs" / "server-info.standard.log").read_text().splitlines(keepends=True)
+    old, new = "job(3b2106)svc-0-0", "job(ca8425)svc-0-3"
+    out = []
+    for line in lines:
+        moment = line[5:28]
+        if moment >= "2026-11-04T10:39:14.469" and (old in line or new in line):
+            line = line.replace(old, "\0").replace(new, old).replace("\0", new)
+        if moment == "2026-11-04T10:39:14.469" and not any("10:39:04" in o for o in out):
+            ready = next(x for x in lines if "ready to receive" in x and old in x)
+            out.append(ready.replace("10:32:39.118", "10:39:04.000").replace(old, new))
+        out.append(line)
+    log = tmp_path / f"server.{fmt}.log"
+    log.write_text(from_standard("".join(out), fmt))
+    return log
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_newer_and_same_deployment_victims_from_a_log_alone(tmp_path, fmt):
+    report = open_sources([_old_replica_crashes_log(fmt, tmp_path)]).report
+    (verdict,) = report.runs
+    assert verdict.verdict == "same_deployment_collateral", verdict.why
+    by_category = {f.category: f for f in report.findings}
+    assert set(by_category) == {"same_deployment_collateral", "newer_deployment_collateral"}
+    newer = by_category["newer_deployment_collateral"]
+    assert [(v.job_id, v.deployment_num) for v in newer.victims] == [("ca8425", 1)]
+    assert [(c.job_id, c.deployment_num) for c in newer.culprits] == [("3b2106", 0)]
+    assert newer.culprits[0].termination_reason == "container_exited_with_error"
+    same = by_category["same_deployment_collateral"]
+    assert sorted(v.job_id for v in same.victims) == ["3a2bde", "dc2185"]
+    # readiness lines of a service with probes: suspected from the log alone
+    for finding in report.findings:
+        assert finding.confidence == "suspected"
+        assert {lim.code for lim in finding.limitations} == {"health_not_provable_from_logs"}
+    assert report.summary.outage_seconds == pytest.approx(newer.impact.outage_seconds)
