@@ -33,11 +33,13 @@ from analyzer.report.schema import (
     Summary,
 )
 from analyzer.selectors import run_filter
+from analyzer.servers import assign_servers
 from analyzer.sources import READ_OPTIONS, ReadOptions, load_path
 from analyzer.timeline import deployments, evidence_gaps, submissions
 from analyzer.times import parse_time
 
 DEFAULT_SERVER = "default"
+END_BOUND = "end_of_evidence_lower_bound"
 
 
 @dataclass
@@ -126,7 +128,13 @@ class Audit:
             self.events,
             self.evidence.ends_by_server(),
         )
-        findings = foresight(frames_of(self), findings, self.deployments)
+        dateless = self.events.filter(pl.col("time_basis") == "time_of_day_only")
+        findings = foresight(
+            frames_of(self),
+            findings,
+            self.deployments,
+            set(dateless.select("server", "run_id").unique().iter_rows()),
+        )
         return verdicts, findings
 
     @property
@@ -194,6 +202,21 @@ class Audit:
             LimitationRecord(code=lim.code, message=lim.message, source=lim.source)
             for lim in self.evidence.limitations
         ]
+        for finding in findings:  # what a finding cannot prove is said for the whole audit too
+            limitations.extend(lim for lim in finding.limitations if lim not in limitations)
+        ends = self.evidence.ends_by_server()
+        for server, end in sorted(ends.items()):
+            if any(f.server == server for f in findings):
+                limitations.append(
+                    LimitationRecord(
+                        code=END_BOUND,
+                        message=f"the end of the evidence, {end.isoformat()}, is the latest "
+                        "moment any input shows the server alive (every table's times, every "
+                        "log line): a lower bound of when it was captured, so an outage not "
+                        "recovered by then lasted at least that long",
+                        source=f"server {server}",
+                    )
+                )
         if not self.evidence.runs.height and not self.evidence.events.height:
             limitations.append(
                 LimitationRecord(
@@ -226,10 +249,11 @@ class Audit:
         )
         return Report.model_validate_json(json.dumps(data))
 
-    def redact(self, text: str) -> str:
+    def redact(self, text: str, *, keep_styles: bool = False) -> str:
         """Mask every secret the inputs hold (and every secret-shaped string) in `text`, and
-        remove its control characters: the last pass over every rendered output."""
-        return without_controls(self.evidence.redactor.apply(text))
+        remove its control characters: the last pass over every rendered output
+        (`keep_styles`: but a terminal table's own colour sequences)."""
+        return without_controls(self.evidence.redactor.apply(text), keep_styles=keep_styles)
 
 
 def _input_record(info) -> InputRecord:
@@ -276,14 +300,14 @@ def open_sources(
     (`2026-11-02`, `2026-11-02T09:00:00Z`, `...+02:00`); `run` a name, `project/name` or an
     id prefix.
 
-    Sources of several dstack servers stay apart when labelled: `server_labels` maps a source
-    (as given) to its server's name; unlabelled sources belong to `server`.
+    Each database is its own server; a log or an API export joins the database whose ids it
+    shares (analyzer.servers). `server_labels` maps a source (as given) to its server's name,
+    overriding that; a single server is called `server`.
 
     >>> audit = open_sources(["samples/v0.22.5/seed"])  # doctest: +SKIP
     >>> audit.report.findings[0].victims[0].job_name  # doctest: +SKIP
     'web-0-0'
     """
-    parts = []
     given = as_paths(paths)
     since, until = parse_time(since, "since"), parse_time(until, "until")
     if isinstance(log_date, str):
@@ -295,12 +319,13 @@ def open_sources(
     token = READ_OPTIONS.set(ReadOptions(partition=partition, since=since, project=project))
     try:
         labels = server_labels or {}
+        loaded = []
         with stage("reading", total=len(given)) as step:
             for path in given:
                 started = time.perf_counter()
-                loaded = load_path(path, labels.get(str(path), server))
-                parts.extend(loaded)
-                read = [i for part in loaded for i in part.inputs]
+                data = load_path(path, labels.get(str(path), server))
+                loaded.append((data, labels.get(str(path))))
+                read = [i for part in data for i in part.inputs]
                 step(
                     f"read {path} in {time.perf_counter() - started:.2f}s: "
                     + ", ".join(f"{i.path} ({i.kind}, {i.records} records)" for i in read[:20])
@@ -309,6 +334,7 @@ def open_sources(
     finally:
         READ_OPTIONS.reset(token)
     with stage("combining and aligning clocks"):
+        parts = assign_servers(loaded, server, partitioned=partition is not None)
         evidence = reconcile(combine(parts), TimeOptions(log_tz=log_tz, log_date=log_date))
     evidence.narrowed = bool(partition or since or project)
     return Audit(evidence, project=project, run=run, since=since, until=until)
@@ -340,6 +366,10 @@ def merge_reports(reports: list[Report]) -> Report:
         if key not in seen_limitations:
             seen_limitations.add(key)
             limitations.append(item)
+    # as Audit.report orders them: the end-of-evidence bounds last, by server
+    limitations = [lim for lim in limitations if lim.code != END_BOUND] + sorted(
+        (lim for lim in limitations if lim.code == END_BOUND), key=lambda lim: lim.source
+    )
     verdicts = sorted(
         (v for r in reports for v in r.runs),
         key=lambda v: (v.server, v.project or "", v.run_name, v.run_id),

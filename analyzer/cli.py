@@ -361,7 +361,8 @@ def audit(
                 + (f", and {len(damaged) - 1} more damaged input(s)" if len(damaged) > 1 else ""),
                 "see --quarantine FILE for the lines, or drop --strict to audit leniently",
             )
-    outputs.write_text(output, opened.redact(render(report)))
+    styled = fmt == "table" and (output is None or str(output) == "-")  # colour on a terminal
+    outputs.write_text(output, opened.redact(render(report), keep_styles=styled))
     if bundle is not None:
         options = {
             "project": project,
@@ -597,9 +598,8 @@ def timeline(
     row = one_run(opened.runs, run)
     key = (pl.col("server") == row["server"]) & (pl.col("run_id") == row["run_id"])
     verdict = next((v.verdict for v in opened.verdicts if v.run_id == row["run_id"]), None)
-    marked = roles(
-        f for f in opened.findings if f.server == row["server"] and f.run_id == row["run_id"]
-    )
+    found = [f for f in opened.findings if (f.server, f.run_id) == (row["server"], row["run_id"])]
+    marked = roles(found)
     events = opened.events.filter(key)
     if fmt == "text":
         text = render_timeline(
@@ -611,6 +611,7 @@ def timeline(
             width=width or 100,
             sources=show_sources,
             roles=marked,
+            findings=found,
             tz=zone,
         )
     else:

@@ -3,9 +3,10 @@
 A candidate run is a service that failed (or is failing) with JOB_FAILED or
 RETRY_LIMIT_EXCEEDED. Inside it, the culprits are the latest submissions whose own failure
 failed the run, and the victims are healthy replicas the run's termination cascade stopped
-(TERMINATED_BY_SERVER without a message). Comparing their deployments sorts each victim into
-`collateral_termination` (culprit newer) or `same_deployment_collateral`; everything else
-that the cascade stopped is listed with the reason it is not a victim.
+(TERMINATED_BY_SERVER without a message) or, in a copy taken mid-cascade, is about to stop.
+Comparing their deployments sorts each victim into `collateral_termination` (culprit newer),
+`same_deployment_collateral` or `newer_deployment_collateral` (culprit older); everything
+else that the cascade stopped is listed with the reason it is not a victim.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from analyzer.report.schema import (
     Culprit,
     EvidenceItem,
     Finding,
+    LimitationRecord,
     OtherJob,
     RunVerdict,
     Victim,
@@ -37,6 +39,12 @@ from analyzer.report.schema import (
 from analyzer.timeline import HEALTH_PROOFS, UNHEALTHY_PROOFS
 
 Row = dict[str, Any]
+# A run's verdict is its first category with victims.
+CATEGORY_ORDER = (
+    "collateral_termination",
+    "same_deployment_collateral",
+    "newer_deployment_collateral",
+)
 # The event kinds the rules and the evidence chain read.
 DETECTION_KINDS = (
     "run_status",
@@ -171,7 +179,8 @@ def _judge_candidate(ctx: _Context) -> RunJudgement:
     if not culprits:
         return RunJudgement(
             "inconclusive",
-            f"the run failed with {run_reason} but no job that failed by itself is in the evidence "
+            f"the run {'is failing' if run['status'] == 'terminating' else 'failed'} with "
+            f"{run_reason} but no job that failed by itself is in the evidence "
             "(rows deleted, or events past their TTL)",
         )
 
@@ -179,25 +188,46 @@ def _judge_candidate(ctx: _Context) -> RunJudgement:
     also: list[OtherJob] = []
     undecided: list[str] = []
     culprit_ids = {c["job_id"] for c in culprits}
+    # A copy taken mid-cascade: dstack 0.22.5's run pipeline locks every job of a TERMINATING
+    # run that is neither finished nor TERMINATING (pipeline_tasks/runs/__init__.py,
+    # JOB_STATUSES_EXCLUDED_FOR_LOCKING) and `terminating.py::process_terminating_run` sets
+    # each of them TERMINATING with `run.termination_reason.to_job_termination_reason()`
+    # (JOB_FAILED, RETRY_LIMIT_EXCEEDED -> TERMINATED_BY_SERVER; RUNNING ones with a graceful
+    # stop). Such a job is doomed: it is a victim not yet stopped.
+    in_flight = run["status"] == "terminating"
     for job in ctx.jobs:
         if job["job_id"] in culprit_ids:
             continue
+        active = job["status"] not in FINISHED_JOB_STATUSES and job["status"] != "terminating"
         if not is_cascade_stop(job):
-            if job["status"] not in FINISHED_JOB_STATUSES and job["status"] != "terminating":
+            if active and not in_flight:
                 undecided.append(
                     f"{_job_label(job)} was still {job['status']} at the end of the evidence: "
                     "snapshot taken before the cascade reached it"
                 )
-            continue
+            if not (active and in_flight):
+                continue
+            if job["status"] != "running":  # pulling, provisioning, submitted: never served
+                also.append(
+                    _other(
+                        job,
+                        f"still {job['status']} when the evidence ends (never served); the "
+                        "run's terminating pass stops it next",
+                    )
+                )
+                continue
         stop = job["stopped_at"] or job["last_processed_at"]
         triggering = [
             c
             for c in culprits
-            if (c["created_at"] is None or stop is None or stop >= c["created_at"])
-            and (
-                job["terminating_at"] is None
-                or c["terminating_at"] is None
-                or job["terminating_at"] >= c["terminating_at"]
+            if active
+            or (
+                (c["created_at"] is None or stop is None or stop >= c["created_at"])
+                and (
+                    job["terminating_at"] is None
+                    or c["terminating_at"] is None
+                    or job["terminating_at"] >= c["terminating_at"]
+                )
             )
         ]
         if not triggering:
@@ -208,11 +238,14 @@ def _judge_candidate(ctx: _Context) -> RunJudgement:
             continue
         if job["health"] == "not_healthy":
             proof = UNHEALTHY_PROOFS.get(job["health_proof"], job["health_proof"])
-            also.append(_other(job, f"not healthy when stopped: {proof}"))
+            when = "at the end of the evidence" if active else "when stopped"
+            also.append(_other(job, f"not healthy {when}: {proof}"))
             continue
         if job["health"] != "healthy":
             undecided.append(
-                f"{_job_label(job)} was stopped by the cascade but its health cannot be decided"
+                f"{_job_label(job)} was "
+                + ("hit" if active else "stopped")
+                + " by the cascade but its health cannot be decided"
                 + (f" ({job['health_proof']})" if job["health_proof"] else "")
             )
             continue
@@ -237,28 +270,32 @@ def _judge_candidate(ctx: _Context) -> RunJudgement:
         elif same:
             victims["same_deployment_collateral"].append((job, same))
         elif older:
-            also.append(
-                _other(
-                    job,
-                    "newer than the failing replica: killed by an older deployment's own failure "
-                    "(deployment-agnostic cascade, not a rollout incident)",
-                )
-            )
+            # Reference 11.4: an older replica failed on its own and the deployment-blind
+            # cascade (6.7, 6.8) killed this healthy replica of a newer deployment.
+            victims["newer_deployment_collateral"].append((job, older))
         else:
             undecided.append(f"{_job_label(job)}: the failing replica's deployment is unknown")
 
+    victim_categories = {
+        v["job_id"]: category for category, entries in victims.items() for v, _ in entries
+    }
+    # Victims whose deployment the evidence proves and those it cannot (a log alone after a
+    # replicas/groups-only update) are reported apart, each finding at its own confidence.
     findings = [
-        _finding(ctx, category, entries, culprits, also, run_terminating_at, terminating)
-        for category, entries in victims.items()
+        _finding(ctx, category, part, also, terminating, victim_categories)
+        for category in CATEGORY_ORDER
+        for part in _split_by_provable(victims.get(category, []))
     ]
     if findings:
-        category = (
-            "collateral_termination"
-            if "collateral_termination" in victims
-            else "same_deployment_collateral"
+        category = next(c for c in CATEGORY_ORDER if c in victims)
+        counts = ", ".join(f"{len(victims[c])} {c}" for c in CATEGORY_ORDER if c in victims)
+        pending = sum(not v.stopped for f in findings for v in f.victims)
+        why = (
+            f"healthy replicas stopped by the run's {run_reason} cascade: {counts}"
+            if not pending
+            else f"healthy replicas hit by the run's {run_reason} cascade: {counts} "
+            f"({pending} not yet stopped when the evidence ends: the run is still TERMINATING)"
         )
-        counts = ", ".join(f"{len(v)} {k}" for k, v in victims.items())
-        why = f"healthy replicas killed by the run's {run_reason} cascade: {counts}"
         if undecided:
             why += "; also undecided: " + "; ".join(undecided)
             for finding in findings:
@@ -267,12 +304,22 @@ def _judge_candidate(ctx: _Context) -> RunJudgement:
     if undecided:
         return RunJudgement("inconclusive", "; ".join(undecided))
     failed = ", ".join(f"{c['job_name']} ({c['termination_reason']})" for c in culprits)
-    why = f"the run failed ({run_reason}: {failed}) but no healthy replica was stopped by it"
+    outcome = "is failing" if in_flight else "failed"
+    stopped = "was or will be stopped" if in_flight else "was stopped"
+    why = f"the run {outcome} ({run_reason}: {failed}) but no healthy replica {stopped} by it"
     if also:
-        why += "; stopped but not victims: " + "; ".join(
+        why += f"; {'hit' if in_flight else 'stopped'} but not victims: " + "; ".join(
             f"{o.job_name}: {o.why_not_victim}" for o in also
         )
     return RunJudgement("no_healthy_victim", why)
+
+
+def _split_by_provable(
+    entries: list[tuple[Row, list[Row]]],
+) -> list[list[tuple[Row, list[Row]]]]:
+    provable = [e for e in entries if e[0]["deployment_basis"] != "ambiguous_update"]
+    unprovable = [e for e in entries if e[0]["deployment_basis"] == "ambiguous_update"]
+    return [part for part in (provable, unprovable) if part]
 
 
 def _other(job: Row, why: str) -> OtherJob:
@@ -289,10 +336,9 @@ def _finding(
     ctx: _Context,
     category: str,
     entries: list[tuple[Row, list[Row]]],
-    all_culprits: list[Row],
     also: list[OtherJob],
-    run_terminating_at: datetime | None,
     terminating_event: Row | None,
+    victim_categories: dict[str, str],
 ) -> Finding:
     run = ctx.run
     culprit_ids: dict[str, Row] = {}
@@ -303,17 +349,28 @@ def _finding(
     victim_rows = [victim for victim, _ in entries]
     victim_ids = {v["job_id"] for v in victim_rows}
     notes: list[str] = []
+    limitations: list[LimitationRecord] = []
     confidence = "confirmed"
 
-    update = None
-    if category == "collateral_termination":
+    def limit(code: str, message: str) -> None:
+        nonlocal confidence
+        confidence = "suspected"
+        limitations.append(LimitationRecord(code=code, message=message, source=run["provenance"]))
+
+    # The rollout the finding happened in: the culprit's deployment for the #4186 pattern,
+    # the victims' (newer) deployment when an older replica's own failure killed them.
+    if category == "newer_deployment_collateral":
+        update_dep = max(v["deployment_num"] for v in victim_rows)
+    else:
         update_dep = max(c["deployment_num"] for c in culprits)
-        update = ctx.run_event("run_updated", deployment_num=update_dep)
+    update = ctx.run_event("run_updated", deployment_num=update_dep)
+    if category == "collateral_termination":
         for culprit in culprits:
             proven, how = _culprit_created_in_its_deployment(ctx, culprit)
             notes.append(f"{culprit['job_name']}: {how}")
             if not proven:
                 confidence = "suspected"
+    if category != "same_deployment_collateral":
         inferred = [
             j["job_name"]
             for j in [*culprits, *(v for v, _ in entries)]
@@ -334,9 +391,42 @@ def _finding(
                     "the update changed only fields applied in place; the older replicas kept "
                     "their deployment number in the database, which decides"
                 )
-    else:
-        update_dep = max(c["deployment_num"] for c in culprits)
-        update = ctx.run_event("run_updated", deployment_num=update_dep)
+    assumed = [v["job_name"] for v in victim_rows if v["deployment_basis"] == "ambiguous_update"]
+    if assumed:
+        limit(
+            "deployment_not_provable_from_logs",
+            f"run {run['run_name']}: the update changed only "
+            f"{update['changed_fields'] if update else 'replica counts or groups'}, which does "
+            "not say which replicas were redeployed and which were bumped in place (pipeline "
+            "builds log no bump, reference 11.2 step 6); from the log alone "
+            + ", ".join(assumed)
+            + " (active at that update) may have been bumped in place or left in the older "
+            "deployment and redeployed; the category is the log's best reading, a database of "
+            "the same server (jobs.deployment_num) decides",
+        )
+    sticky = [v["job_name"] for v in victim_rows if _sticky_readiness_only(v)]
+    if sticky:
+        limit(
+            "health_not_provable_from_logs",
+            f"run {run['run_name']}: "
+            + ", ".join(sticky)
+            + " proven healthy by the readiness line only; it is never retracted and probe "
+            "results are DEBUG-only (reference 6.4, 11.3), and the log shows it ready later "
+            "than RUNNING (the service has probes), so it may have been failing its probe at "
+            "the kill; jobs.ready and the probes' streaks in a database decide",
+        )
+    pending = [v for v in victim_rows if not is_cascade_stop(v)]
+    if pending:
+        expected = _expected_stop_reason(run)
+        limit(
+            "copy_taken_mid_cascade",
+            f"run {run['run_name']}: the copy was taken mid-cascade: the run is TERMINATING "
+            f"({run['termination_reason']}) and "
+            + ", ".join(v["job_name"] for v in pending)
+            + f" is still {pending[0]['status']}; dstack's terminating-run pass stops every job "
+            f"neither finished nor TERMINATING with {expected} (pipeline_tasks/runs/"
+            "terminating.py, process_terminating_run): suspected until a stop is in the evidence",
+        )
 
     evidence: list[EvidenceItem] = []
     if update:
@@ -370,14 +460,17 @@ def _finding(
         notes.append("the log gives times of day only: datetimes are left empty, see evidence text")
 
     stopped_too = [
-        _other(j, f"same or newer deployment than the culprit ({j['deployment_num']})")
+        _other(
+            j,
+            f"a victim of this run's {victim_categories[j['job_id']]} finding"
+            if j["job_id"] in victim_categories
+            else "stopped by the cascade, not decided (see the notes)",
+        )
         for j in ctx.jobs
         if is_cascade_stop(j)
         and j["job_id"] not in victim_ids
         and j["job_id"] not in culprit_ids
         and not any(o.job_id == j["job_id"] for o in also)
-        and j["deployment_num"] is not None
-        and j["deployment_num"] >= min(c["deployment_num"] for c in culprits)
     ]
     return Finding(
         category=category,  # type: ignore[arg-type]
@@ -396,6 +489,10 @@ def _finding(
                 healthy_since=ctx.when(v["healthy_since"]),
                 terminated_at=ctx.when(v["stopped_at"]),
                 health_proof=HEALTH_PROOFS.get(v["health_proof"], v["health_proof"]),
+                stopped=is_cascade_stop(v),
+                expected_termination_reason=None
+                if is_cascade_stop(v)
+                else _expected_stop_reason(run),
             )
             for v in victim_rows
         ],
@@ -420,7 +517,33 @@ def _finding(
         also_stopped=[o for o in also if o.job_id not in victim_ids] + stopped_too,
         evidence=evidence,
         notes=notes,
+        limitations=limitations,
     )
+
+
+def _expected_stop_reason(run: Row) -> str:
+    """RunTerminationReason.to_job_termination_reason (dstack core/models/runs.py): the run
+    failure reasons map to TERMINATED_BY_SERVER."""
+    return "terminated_by_server" if run["termination_reason"] in RUN_FAILURE_REASONS else "?"
+
+
+READY_AT_RUNNING_SECONDS = 1.0
+
+
+def _sticky_readiness_only(job: Row) -> bool:
+    """Health proven by a readiness line alone, for a service that may have probes.
+
+    The line is never retracted (reference 6.4), so it proves health at the kill only where
+    the service has no probes: dstack then counts the replica ready in the same pass that made
+    it RUNNING, and the log shows both at once."""
+    if job["health_proof"] not in ("ready_event", "registered_event"):
+        return False
+    if job["probe_count"] is not None:
+        return job["probe_count"] > 0
+    ready, running = job["ready_at"], job["running_event_at"]
+    if ready is None or running is None:
+        return True
+    return (ready - running).total_seconds() > READY_AT_RUNNING_SECONDS
 
 
 def _culprit_evidence(ctx: _Context, culprit: Row) -> list[EvidenceItem]:
@@ -461,12 +584,17 @@ def _victim_evidence(ctx: _Context, victim: Row) -> list[EvidenceItem]:
         or (e["kind"] == "job_status" and e["new_status"] in ("terminating", "terminated"))
     ]
     proof = HEALTH_PROOFS.get(victim["health_proof"], victim["health_proof"])
+    state = (
+        f"{victim['status']}, {victim['termination_reason']} with no message"
+        if is_cascade_stop(victim)
+        else f"still {victim['status']} when the evidence ends, not yet stopped (the run's "
+        f"terminating pass stops it with {_expected_stop_reason(ctx.run)})"
+    )
     items.append(
         _evidence_from_job(
             victim,
             f"job {victim['job_name']} (deployment {victim['deployment_num']}, submission "
-            f"{victim['submission_num']}): {victim['status']}, {victim['termination_reason']} "
-            f"with no message; healthy: {proof}",
+            f"{victim['submission_num']}): {state}; healthy: {proof}",
             None if any(e["kind"] == "job_status" for e in events) else victim["last_processed_at"],
         )
     )

@@ -41,19 +41,54 @@ class Evidence:
     server_versions: dict[str, str] = field(default_factory=dict)  # dstack release per server
     narrowed: bool = False  # read for some runs only: other runs' jobs on instances unseen
     latest_by_server: dict[str, datetime] = field(default_factory=dict)  # beyond a partition
+    # Per log: seconds its last line (any line) comes after its last run/job line, so that the
+    # end of the evidence reaches the last line once the log's clock is aligned.
+    log_trailing_seconds: dict[str, float] = field(default_factory=dict)
     unparsed: pl.DataFrame = field(
         default_factory=lambda: pl.DataFrame(
             schema={"file": pl.String, "line": pl.Int64, "text": pl.String}
         )
     )
 
-    def ends_by_server(self) -> dict[str, datetime]:
-        """Per server: the latest moment its inputs speak of (a lower bound of the capture)."""
-        dated = self.events.filter(pl.col("time_basis") != "time_of_day_only")
+    def ends_by_server(self, *, dated_only: bool = True) -> dict[str, datetime]:
+        """Per server: the latest moment any of its inputs shows it alive (every table's times,
+        every log line): a lower bound of when the evidence was captured. Runs and jobs known
+        only from a log without a date add nothing (their times are times of day), unless
+        `dated_only` is false (a drawing on the log's own clock, its pseudo day)."""
+        dated = (
+            self.events.filter(pl.col("time_basis") != "time_of_day_only")
+            if dated_only
+            else self.events
+        )
+        dateless = (
+            self.events.filter((pl.col("time_basis") == "time_of_day_only") & dated_only)
+            .select("server", "run_id")
+            .unique()
+        )
+        from_log = pl.col("provenance").str.contains(r"^[^#;]*:\d+$")
         frames = [
-            self.runs.select("server", pl.col("last_processed_at").alias("t")),
-            self.jobs.select("server", pl.col("last_processed_at").alias("t")),
+            _undated_removed(self.runs, dateless, from_log).select(
+                "server", pl.col("last_processed_at").alias("t")
+            ),
+            _undated_removed(self.jobs, dateless, from_log).select(
+                "server", pl.col("last_processed_at").alias("t")
+            ),
             dated.select("server", pl.col("time").alias("t")),
+            dated.filter(pl.col("source").is_in(list(self.log_trailing_seconds)))
+            .group_by("server", "source")
+            .agg(pl.col("time").max())
+            .select(
+                "server",
+                (
+                    pl.col("time")
+                    + pl.duration(
+                        microseconds=pl.col("source").replace_strict(
+                            {k: round(v * 1e6) for k, v in self.log_trailing_seconds.items()},
+                            return_dtype=pl.Int64,
+                        )
+                    )
+                ).alias("t"),
+            ),
         ]
         ends = dict(
             pl.concat(frames).drop_nulls().group_by("server").agg(pl.col("t").max()).iter_rows()
@@ -66,6 +101,34 @@ class Evidence:
     def end_of_evidence(self) -> datetime | None:
         """The latest moment any input speaks of, over every server."""
         return max(self.ends_by_server().values(), default=None)
+
+
+def _undated_removed(
+    frame: pl.DataFrame, dateless: pl.DataFrame, from_log: pl.Expr
+) -> pl.DataFrame:
+    """Rows derived from a log that gives times of day only carry no real date."""
+    if not dateless.height:
+        return frame
+    flagged = frame.join(
+        dateless.with_columns(pl.lit(True).alias("_dateless")), on=["server", "run_id"], how="left"
+    )
+    return flagged.filter(~(pl.col("_dateless").fill_null(False) & from_log)).drop("_dateless")
+
+
+def _log_trailing_seconds(part: SourceData) -> dict[str, float]:
+    """How long after its last lifecycle line each log of this input still wrote lines."""
+    from analyzer.sources.logs.messages import _times
+
+    trailing = {}
+    for read, _ in part.log_reads:
+        if not read.records.height or not part.events.height:
+            continue
+        source = part.inputs[0].path
+        last_line = read.records.select(_times()[0])["time"].max()
+        last_event = part.events.filter(pl.col("source") == source)["time"].max()
+        if last_line is not None and last_event is not None and last_line > last_event:
+            trailing[source] = (last_line - last_event).total_seconds()
+    return trailing
 
 
 def _first_per_key(frames: list[pl.DataFrame], schema: dict, key: list[str]) -> pl.DataFrame:
@@ -119,17 +182,16 @@ def combine(parts: list[SourceData]) -> Evidence:
     if unparsed:
         evidence.unparsed = pl.concat([evidence.unparsed, *unparsed], how="vertical_relaxed")
     for part in parts:
+        evidence.log_trailing_seconds.update(_log_trailing_seconds(part))
         evidence.redactor.add(part.secrets)
-        if part.events_table_of is not None:
-            evidence.events_table_servers.add(part.events_table_of)
+        evidence.events_table_servers |= part.events_table_of
         servers = set(part.runs["server"]) | set(part.fleets["server"])
         if part.has_fleet_tables:
             evidence.fleet_table_servers |= servers
         if part.server_version is not None:
             for server in servers:
                 evidence.server_versions.setdefault(server, part.server_version)
-        if part.latest_time is not None:
-            server, latest = part.latest_time
+        for server, latest in part.latest_time.items():
             evidence.latest_by_server[server] = max(
                 latest, evidence.latest_by_server.get(server, latest)
             )

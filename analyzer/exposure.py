@@ -752,9 +752,23 @@ def frames_of(audit) -> Frames:
     )
 
 
-def foresight(frames: Frames, findings: list[Finding], deployments: pl.DataFrame) -> list[Finding]:
+DATELESS = CapacityForesight(
+    as_of=None,
+    surge_capacity="unknown",
+    foreseeable=None,
+    reasons=["the update's date is unknown (a rich log alone gives times of day only)"],
+)
+
+
+def foresight(
+    frames: Frames,
+    findings: list[Finding],
+    deployments: pl.DataFrame,
+    dateless: set[tuple[str, str]] = frozenset(),
+) -> list[Finding]:
     """Each finding whose culprit failed for lack of capacity, with the surge capacity as of
-    just before the update that started the failing deployment."""
+    just before the update that started the failing deployment (unknown for the `dateless`
+    (server, run id) pairs: no date places the update among the tables' times)."""
     wanted = [f for f in findings if any(c.termination_reason == NO_CAPACITY for c in f.culprits)]
     if not wanted:
         return findings
@@ -764,6 +778,8 @@ def foresight(frames: Frames, findings: list[Finding], deployments: pl.DataFrame
     }
     rows = []
     for finding in wanted:
+        if (finding.server, finding.run_id) in dateless:
+            continue
         culprit = next(c for c in finding.culprits if c.termination_reason == NO_CAPACITY)
         start = began.get((finding.server, finding.run_id, culprit.deployment_num))
         if start is not None:
@@ -777,7 +793,11 @@ def foresight(frames: Frames, findings: list[Finding], deployments: pl.DataFrame
     updated = []
     for finding in findings:
         state = states.get((finding.server, finding.run_id))
-        if state is None or not any(c.termination_reason == NO_CAPACITY for c in finding.culprits):
+        no_capacity = any(c.termination_reason == NO_CAPACITY for c in finding.culprits)
+        if no_capacity and (finding.server, finding.run_id) in dateless:
+            updated.append(finding.model_copy(update={"capacity_foresight": DATELESS}))
+            continue
+        if state is None or not no_capacity:
             updated.append(finding)
             continue
         updated.append(

@@ -86,8 +86,24 @@ def _failure_class(finding: Finding) -> tuple[str, str]:
     return "other", reason + suffix
 
 
+def _run_outage_starts(findings: list[Finding]) -> dict[tuple[str, str], datetime | None]:
+    """Per run: its outage began when the last of its victims stopped, whatever the category
+    of the finding that holds the victim (one incident per run); unknown if any stop is."""
+    stops: dict[tuple[str, str], list[datetime | None]] = defaultdict(list)
+    for finding in findings:
+        stops[(finding.server, finding.run_id)].extend(v.terminated_at for v in finding.victims)
+    return {
+        key: max(values) if values and all(v is not None for v in values) else None  # type: ignore[type-var]
+        for key, values in stops.items()
+    }
+
+
 def _lookups(
-    findings: list[Finding], subs: pl.DataFrame, runs: pl.DataFrame, events: pl.DataFrame
+    findings: list[Finding],
+    subs: pl.DataFrame,
+    runs: pl.DataFrame,
+    events: pl.DataFrame,
+    starts: dict[tuple[str, str], datetime | None],
 ) -> tuple[dict, dict, dict]:
     """One join each, for all findings at once: recovery, update time, fleets."""
     keys = pl.DataFrame(
@@ -98,9 +114,7 @@ def _lookups(
                 "run_id": f.run_id,
                 "run_name": f.run_name,
                 "project": f.project,
-                "start": max((v.terminated_at for v in f.victims if v.terminated_at), default=None)
-                if all(v.terminated_at for v in f.victims)
-                else None,
+                "start": starts[(f.server, f.run_id)],
                 "dep": f.update_deployment_num,
                 "jobs": [v.job_id for v in f.victims] + [c.job_id for c in f.culprits],
             }
@@ -170,12 +184,12 @@ def assess(
     if not findings:
         return []
     prices = dict(subs.select("job_id", "price").filter(pl.col("price").is_not_null()).iter_rows())
-    recoveries, update_times, fleets = _lookups(findings, subs, runs, events)
+    starts = _run_outage_starts(findings)
+    recoveries, update_times, fleets = _lookups(findings, subs, runs, events, starts)
     assessed = []
     for i, finding in enumerate(findings):
         end_of_evidence = ends.get(finding.server)
-        stops = [v.terminated_at for v in finding.victims]
-        start = max(stops) if stops and all(s is not None for s in stops) else None
+        start = starts[(finding.server, finding.run_id)]
         recovered_at, by_run = recoveries.get(i, (None, None))
         window_end = recovered_at or end_of_evidence
         per_victim = []
@@ -205,6 +219,7 @@ def assess(
             recovered_by_run_id=by_run,
             recovered=recovered_at is not None,
             outage_seconds=(window_end - start).total_seconds() if start and window_end else None,
+            outage_is_lower_bound=recovered_at is None and start is not None,
             replicas_lost=len(finding.victims),
             healthy_replica_seconds_lost=lost_total,
             lost_cost=sum(costs) if costs and all(c is not None for c in costs) else None,
@@ -255,6 +270,20 @@ def impact_rank(finding: Finding) -> tuple:
     )
 
 
+def _run_outages(findings: Iterable[Finding]) -> dict[tuple[str, str], float | None]:
+    """Each run's outage once, however many findings (categories) the run has."""
+    outages: dict[tuple[str, str], float | None] = {}
+    for finding in findings:
+        seconds = finding.impact.outage_seconds if finding.impact else None
+        key = (finding.server, finding.run_id)
+        outages[key] = seconds if outages.get(key) is None else outages[key]
+    return outages
+
+
+def _known_sum(values: Iterable[float | None]) -> float:
+    return sum(v for v in values if v is not None)
+
+
 def _group(findings: Iterable[Finding], key: Callable[[Finding], list[str]]) -> list[GroupSummary]:
     groups: dict[str, list[Finding]] = defaultdict(list)
     for finding in findings:
@@ -265,7 +294,7 @@ def _group(findings: Iterable[Finding], key: Callable[[Finding], list[str]]) -> 
             key=name,
             findings=len(members),
             victims=sum(len(f.victims) for f in members),
-            outage_seconds=sum(f.impact.outage_seconds or 0.0 for f in members if f.impact),
+            outage_seconds=_known_sum(_run_outages(members).values()),
             healthy_replica_seconds_lost=sum(
                 f.impact.healthy_replica_seconds_lost or 0.0 for f in members if f.impact
             ),
@@ -287,13 +316,20 @@ def _day(finding: Finding) -> list[str]:
 
 
 def summarise(findings: list[Finding], verdicts: list[RunVerdict], base: Summary) -> Summary:
+    outages = _run_outages(findings)
+    known = [v for v in outages.values() if v is not None]
+    lost = [
+        f.impact.healthy_replica_seconds_lost
+        for f in findings
+        if f.impact and f.impact.healthy_replica_seconds_lost is not None
+    ]
     return base.model_copy(
         update={
             "runs_in_progress": sum(v.in_progress for v in verdicts),
-            "outage_seconds": sum(f.impact.outage_seconds or 0.0 for f in findings if f.impact),
-            "healthy_replica_seconds_lost": sum(
-                f.impact.healthy_replica_seconds_lost or 0.0 for f in findings if f.impact
-            ),
+            # An outage that is not known is not zero: null when no run's outage is known.
+            "outage_seconds": sum(known) if known or not outages else None,
+            "outage_unknown_runs": len(outages) - len(known),
+            "healthy_replica_seconds_lost": sum(lost) if lost or not findings else None,
             "lost_cost": sum(
                 v.lost_cost or 0.0 for f in findings if f.impact for v in f.impact.per_victim
             ),

@@ -64,7 +64,7 @@ JOBS_SCHEMA: dict[str, pl.DataType] = {
     "probes_below_ready_after": pl.Int64(),
     "min_probe_streak": pl.Int64(),
     "spec_fingerprint": pl.String(),  # hash of the JobSpec fields a rolling deployment changes
-    "deployment_basis": pl.String(),  # table | events | scaling_lines (0.19 logs: suspected)
+    "deployment_basis": pl.String(),  # table | events | scaling_lines | ambiguous_update (logs)
     "provenance": pl.String(),
 }
 

@@ -35,6 +35,7 @@ from analyzer.model import (
 )
 from analyzer.sources import Limitation
 
+AMBIGUOUS_FIELDS = frozenset({"configuration.replicas", "configuration.groups"})
 QUARTER_HOUR_US = 15 * 60 * 1_000_000
 MATCH_TOLERANCE_US = 2_000_000  # log ms (or rich s) precision against the DB's microseconds
 UNALIGNED = ("log_local_unaligned", "time_of_day_only")
@@ -358,8 +359,30 @@ def resolve_ids(evidence: Evidence) -> None:
         pl.col("run_id").alias("_full"),
         pl.col("run_id").alias("_run"),
     )
-    known = pl.concat([jobs, runs]).filter(
-        pl.len().over(["server", "entity_type", "entity_id", "entity_name"]) == 1
+    # Jobs dstack deleted (superseded no-capacity submissions, 0.20.29+) are known only from
+    # the events table: their full ids resolve the log's prefixes too, so each event is one.
+    deleted_jobs = events.filter(
+        (pl.col("time_basis") == "db_utc") & (pl.col("entity_type") == "job") & ~short
+    ).select(
+        "server",
+        "entity_type",
+        pl.col("entity_id").str.replace_all("-", "").str.slice(0, 6).alias("_prefix"),
+        "entity_name",
+        pl.col("entity_id").alias("_full"),
+        pl.col("run_id").alias("_run"),
+    )
+    known = (
+        pl.concat(
+            [
+                jobs.rename({"entity_id": "_prefix"}),
+                runs.rename({"entity_id": "_prefix"}),
+                deleted_jobs,
+            ],
+            how="vertical_relaxed",
+        )
+        .unique(["server", "entity_type", "_full"], keep="first", maintain_order=True)
+        .filter(pl.len().over(["server", "entity_type", "_prefix", "entity_name"]) == 1)
+        .rename({"_prefix": "entity_id"})
     )
     run_prefixes = runs.select(
         "server", pl.col("entity_id").alias("run_id"), pl.col("_full").alias("_run_by_prefix")
@@ -418,19 +441,7 @@ def merge_duplicates(evidence: Evidence) -> None:
         .drop("_log_prov")
     )
     remaining = logs.join(pairs.select("_row"), on="_row", how="anti")
-    unmatched_events = remaining.filter(pl.col("origin") == "event_line")
-    for source, count in unmatched_events.group_by("source").len().iter_rows():
-        in_db_span = _db_span_overlaps(db, logs.filter(pl.col("source") == source))
-        if in_db_span:
-            evidence.limitations.append(
-                Limitation(
-                    "log_events_missing_from_database",
-                    f"{count} log line(s) describe events the events table does not hold "
-                    "(deleted past the TTL, or the writing transaction rolled back); they are "
-                    "kept as log-only evidence",
-                    source,
-                )
-            )
+    _say_unmatched(evidence, db, logs, remaining.filter(pl.col("origin") == "event_line"))
     evidence.events = (
         pl.concat([merged_db, remaining], how="vertical_relaxed")
         .drop("_row")
@@ -438,10 +449,53 @@ def merge_duplicates(evidence: Evidence) -> None:
     )
 
 
-def _db_span_overlaps(db: pl.DataFrame, log: pl.DataFrame) -> bool:
-    if db.height == 0 or log.height == 0:
-        return False
-    return bool(db["time"].max() >= log["time"].min() and log["time"].max() >= db["time"].min())
+def _say_unmatched(
+    evidence: Evidence, db: pl.DataFrame, logs: pl.DataFrame, unmatched: pl.DataFrame
+) -> None:
+    """Log event lines the same server's events table does not hold, with the reason that is
+    true: older than every event the table kept (its TTL, 30 days by default, deleted them),
+    or inside the span it kept (a rolled-back transaction, or another state of the server)."""
+    spans = db.group_by("server").agg(
+        pl.col("time").min().alias("_first"), pl.col("time").max().alias("_last")
+    )
+    log_spans = logs.group_by("source").agg(
+        pl.col("time").min().alias("_log_first"), pl.col("time").max().alias("_log_last")
+    )
+    counted = (
+        unmatched.join(spans, on="server")
+        .join(log_spans, on="source")
+        .filter(
+            (pl.col("_log_last") >= pl.col("_first")) & (pl.col("_log_first") <= pl.col("_last"))
+        )
+        .group_by("source")
+        .agg(
+            (pl.col("time") < pl.col("_first")).sum().alias("older"),
+            (pl.col("time") >= pl.col("_first")).sum().alias("within"),
+        )
+        .sort("source")
+    )
+    for source, older, within in counted.iter_rows():
+        if older:
+            evidence.limitations.append(
+                Limitation(
+                    "log_events_past_events_ttl",
+                    f"{older} log line(s) describe events older than any the events table "
+                    "holds (deleted past the events TTL, 30 days by default); they are kept "
+                    "as log-only evidence",
+                    source,
+                )
+            )
+        if within:
+            evidence.limitations.append(
+                Limitation(
+                    "log_events_missing_from_database",
+                    f"{within} log line(s) describe events the events table does not hold "
+                    "although it holds events of that time (the writing transaction rolled "
+                    "back, or the database is another state of the server); they are kept as "
+                    "log-only evidence",
+                    source,
+                )
+            )
 
 
 def derive_from_events(evidence: Evidence) -> None:
@@ -617,7 +671,30 @@ def _derive_jobs(events: pl.DataFrame) -> pl.DataFrame:
         .group_by(["server", "entity_id"])
         .agg(pl.col("_b_dep").max().alias("_in_place"))
     )
-    per_job = per_job.join(bumps, on=["server", "entity_id"], how="left")
+    # Reference 11.2 step 6: an update of only `replicas` / `groups` may bump some replicas in
+    # place and redeploy others (per group); pipeline builds log no bump, so a job active at
+    # such an update has a deployment the log cannot prove.
+    ambiguous = (
+        per_job.select("server", "run_id", "entity_id", "_first", "_ended")
+        .join(
+            updates.filter(
+                pl.col("changed_fields").map_elements(
+                    lambda fields: {f.strip() for f in fields.split(",")} <= AMBIGUOUS_FIELDS,
+                    return_dtype=pl.Boolean,
+                )
+            ).select("server", "run_id", "_u_order"),
+            on=["server", "run_id"],
+        )
+        .filter(
+            (pl.col("_u_order") > pl.col("_first"))
+            & (pl.col("_ended").is_null() | (pl.col("_ended") > pl.col("_u_order")))
+        )
+        .select("server", "entity_id", pl.lit(True).alias("_ambiguous"))
+        .unique()
+    )
+    per_job = per_job.join(bumps, on=["server", "entity_id"], how="left").join(
+        ambiguous, on=["server", "entity_id"], how="left"
+    )
     return per_job.with_columns(
         pl.col("entity_id").alias("job_id"),
         pl.col("job_name").str.extract(r"-(\d+)-\d+$", 1).cast(pl.Int64).alias("job_num"),
@@ -628,7 +705,9 @@ def _derive_jobs(events: pl.DataFrame) -> pl.DataFrame:
         pl.max_horizontal(pl.coalesce("_u_dep", "_s_dep", pl.lit(0)), "_bumped", "_in_place")
         .cast(pl.Int64)
         .alias("deployment_num"),
-        pl.when(
+        pl.when(pl.col("_ambiguous").fill_null(False) & pl.col("_bumped").is_null())
+        .then(pl.lit("ambiguous_update"))
+        .when(
             pl.col("_u_dep").is_not_null()
             | pl.col("_bumped").is_not_null()
             | pl.col("_in_place").is_not_null()

@@ -487,9 +487,17 @@ def _rebuild(data: object, redacted: Iterator[str]) -> object:
 _CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
-def without_controls(text: str) -> str:
-    """`text` with its control characters removed (newline and tab kept)."""
-    return _CONTROLS.sub("", text)
+_STYLE = re.compile("(\x1b\\[[0-9;]*m)")  # SGR: the colours and weights a terminal table uses
+
+
+def without_controls(text: str, *, keep_styles: bool = False) -> str:
+    """`text` with its control characters removed (newline and tab kept). With `keep_styles`,
+    the renderer's own SGR colour sequences stay (the data it drew from is cleaned already:
+    every string of the report loses its control characters)."""
+    if not keep_styles:
+        return _CONTROLS.sub("", text)
+    parts = _STYLE.split(text)
+    return "".join(p if i % 2 else _CONTROLS.sub("", p) for i, p in enumerate(parts))
 
 
 def _unescape_json(value: str) -> str:

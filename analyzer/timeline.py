@@ -30,6 +30,10 @@ HEALTH_PROOFS = {
         "graceful_termination_attempts / remove_at set, or RUNNING -> TERMINATING) and the "
         "service has no probes, so dstack counted it ready on its first RUNNING pass"
     ),
+    "still_running_no_probes": (
+        "still RUNNING when the evidence ends and the service has no probes, so dstack counted "
+        "it ready on its first RUNNING pass"
+    ),
 }
 UNHEALTHY_PROOFS = {
     "probe_failing": "a probe's last success_streak is below its ready_after (failing at the stop)",
@@ -157,6 +161,8 @@ def submissions(evidence: Evidence) -> pl.DataFrame:
         .then(pl.lit("not_ready"))
         .when(running_marker & (pl.col("probe_count") == 0))
         .then(pl.lit("running_no_probes"))
+        .when((pl.col("status") == "running") & (pl.col("probe_count") == 0))
+        .then(pl.lit("still_running_no_probes"))
         .otherwise(pl.lit(None, pl.String))
     )
     health = (

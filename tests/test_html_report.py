@@ -91,7 +91,8 @@ def test_first_page_is_the_incident_and_the_appendix_has_every_input(seed, seed_
     assert "not hashed: not recognised" in appendix  # truth.json, manifests
     assert f'<dd id="tool-version">{report.generated_by}' in cover
     assert "dstack-audit 0." in cover
-    assert '<dd id="end-of-evidence">2026-11-02 09:09:29.439 UTC</dd>' in cover
+    # the instance kept being processed after the run ended (the instances table says so)
+    assert '<dd id="end-of-evidence">2026-11-02 09:12:18.470 UTC</dd>' in cover
 
 
 def test_sections_in_order(seed_html):
@@ -128,7 +129,7 @@ def test_seed_narrative_tells_the_story(seed, seed_html):
         "at 09:09:20 stopped the healthy replica web-0-0 of deployment 0, which had served "
         "since 09:01:50" in story
     )
-    assert "The service has not served since (as of 09:09:29, the end of the evidence)." in story
+    assert "The service has not served since (as of 09:12:18, the end of the evidence)." in story
     assert "updated <code>commands</code> of acme/web" in seed_html
 
 

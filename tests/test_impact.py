@@ -21,13 +21,21 @@ def _t(text: str) -> datetime:
 def _hand(db_path) -> dict:
     """End of evidence, each victim's stop (its RUNNING -> TERMINATING event) and price."""
     with sqlite3.connect(db_path) as db:
+        # the latest moment any table shows the server alive (instances and fleets go on
+        # being processed after the run ended)
         end = max(
-            _t(db.execute(f"SELECT max({column}) FROM {table}").fetchone()[0])
+            _t(value)
             for table, column in (
                 ("runs", "last_processed_at"),
                 ("jobs", "last_processed_at"),
                 ("events", "recorded_at"),
+                ("instances", "last_processed_at"),
+                ("instances", "finished_at"),
+                ("instances", "deleted_at"),
+                ("fleets", "last_processed_at"),
+                ("fleets", "deleted_at"),
             )
+            if (value := db.execute(f"SELECT max({column}) FROM {table}").fetchone()[0])
         )
         stops = {}
         for job_id, recorded_at, price in db.execute(

@@ -117,22 +117,6 @@ def test_snapshot_mid_cascade_victim_terminating(copy_db):
     assert report.runs[0].verdict == "collateral_termination"
 
 
-def test_snapshot_before_the_cascade_reached_the_old_replica(copy_db):
-    db = copy_db("v0.22.5/seed")
-    _snapshot_before(db, "2026-11-02 09:09:20")
-    execute(
-        db,
-        "UPDATE runs SET status = 'TERMINATING'",
-        """UPDATE jobs SET status = 'RUNNING', termination_reason = NULL,
-           graceful_termination_attempts = NULL, remove_at = NULL WHERE job_name = 'web-0-0'""",
-    )
-    report = open_sources([db]).report
-    assert report.findings == []
-    (verdict,) = report.runs
-    assert verdict.verdict == "inconclusive"
-    assert "still running" in verdict.why
-
-
 def test_old_replica_failing_probe_is_not_a_victim(copy_db):
     """ready is sticky: a probe streak below ready_after at the stop is evidence against health."""
     db = copy_db("v0.22.5/multi-replica-crash")

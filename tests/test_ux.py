@@ -21,6 +21,7 @@ from conftest import CAPTURES, ROOT
 
 from analyzer import AuditInputError, open_sources
 from analyzer.cli import main
+from analyzer.report.schema import SCHEMA_VERSION
 from analyzer.report.screen import middle_ellipsis, render_table
 from analyzer.report.text import render_timeline
 from analyzer.report.timeline_view import merged_events, roles
@@ -188,7 +189,7 @@ def test_colour_only_on_a_terminal():
 def test_output_format_follows_the_extension(tmp_path):
     out = tmp_path / "x.json"
     assert run("audit", SEED_DB, "-o", str(out)).exit_code == 0
-    assert json.loads(out.read_text())["schema_version"] == 1
+    assert json.loads(out.read_text())["schema_version"] == SCHEMA_VERSION
     md = tmp_path / "x.md"
     assert run("audit", SEED_DB, "-o", str(md)).exit_code == 0
     assert md.read_text().startswith("#")
@@ -196,7 +197,7 @@ def test_output_format_follows_the_extension(tmp_path):
     assert run("audit", SEED_DB, "-o", str(table), "--format", "table").exit_code == 0
     assert table.read_text().startswith("dstack-audit ")
     dash = run("audit", SEED_DB, "-o", "-", "--format", "json")
-    assert json.loads(dash.output)["schema_version"] == 1
+    assert json.loads(dash.output)["schema_version"] == SCHEMA_VERSION
 
 
 def test_version_flags():

@@ -376,7 +376,7 @@ def _run_view(audit: Any, run_id: str, clock_tz: str | None) -> _RunView:
             end_of_evidence = _as_utc(finding.impact.end_of_evidence)
     if end_of_evidence is None:
         ends = getattr(getattr(audit, "evidence", None), "ends_by_server", None)
-        by_server = ends() if callable(ends) else {}
+        by_server = ends(dated_only=not dateless) if callable(ends) else {}
         end_of_evidence = _as_utc(by_server.get(run["server"]) or audit.end_of_evidence)
     if end_of_evidence is not None and is_pseudo_date(end_of_evidence) != dateless:
         # a dated audit with an undated log, or the reverse: the other clock's end is no bound

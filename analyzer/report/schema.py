@@ -1,5 +1,9 @@
 """The JSON report: a stable, versioned contract (bump SCHEMA_VERSION only when a field
-changes meaning; adding fields keeps the version)."""
+changes meaning; adding fields keeps the version).
+
+Version 2: the category `newer_deployment_collateral`; victims not yet stopped (a copy taken
+mid-cascade); per-finding limitations; `summary.outage_seconds` counts each run's outage once
+and is null when no outage is known."""
 
 from __future__ import annotations
 
@@ -8,12 +12,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
-Category = Literal["collateral_termination", "same_deployment_collateral"]
+Category = Literal[
+    "collateral_termination", "same_deployment_collateral", "newer_deployment_collateral"
+]
 Verdict = Literal[
     "collateral_termination",
     "same_deployment_collateral",
+    "newer_deployment_collateral",
     "no_healthy_victim",
     "no_incident",
     "inconclusive",
@@ -58,6 +65,10 @@ class Victim(_Record):
     healthy_since: datetime | None
     terminated_at: datetime | None
     health_proof: str
+    # False when the evidence ends before the cascade reached it (a copy taken mid-cascade):
+    # dstack's terminating-run pass will stop it with `expected_termination_reason`.
+    stopped: bool = True
+    expected_termination_reason: str | None = None
 
 
 class Culprit(_Record):
@@ -96,7 +107,8 @@ class Impact(_Record):
     recovered_at: datetime | None  # a replica of the same service served again
     recovered_by_run_id: str | None = None
     recovered: bool
-    outage_seconds: float | None  # until recovery, or until the end of the evidence
+    outage_seconds: float | None  # the run's outage: until recovery, or the end of the evidence
+    outage_is_lower_bound: bool = False  # not recovered: the server may have stayed down longer
     replicas_lost: int
     healthy_replica_seconds_lost: float | None
     lost_cost: float | None  # sum over victims; None if any victim's price is unknown
@@ -134,9 +146,10 @@ class RootCause(_Record):
 class CapacityForesight(_Record):
     """For a culprit that failed for lack of capacity: the surge capacity of its fleet(s) as of
     just before the update (`dstack-audit exposure --as-of` that moment), rebuilt from the
-    tables. `foreseeable` is true when it was `none`, false when `available`, null when unknown."""
+    tables. `foreseeable` is true when it was `none`, false when `available`, null when unknown;
+    `as_of` is null when the evidence has no date for the update (a rich log alone)."""
 
-    as_of: datetime
+    as_of: datetime | None
     surge_capacity: Literal["none", "available", "unknown"]
     foreseeable: bool | None
     reasons: list[str]
@@ -158,6 +171,7 @@ class Finding(_Record):
     also_stopped: list[OtherJob] = Field(default_factory=list)
     evidence: list[EvidenceItem]
     notes: list[str] = Field(default_factory=list)
+    limitations: list[LimitationRecord] = Field(default_factory=list)
     impact: Impact | None = None
     counterfactuals: list[Counterfactual] = Field(default_factory=list)
     root_cause: RootCause | None = None
@@ -197,8 +211,9 @@ class Summary(_Record):
     victims: int
     by_verdict: dict[str, int]
     runs_in_progress: int = 0
-    outage_seconds: float = 0.0
-    healthy_replica_seconds_lost: float = 0.0
+    outage_seconds: float | None = 0.0  # each run's outage once; null when none is known
+    outage_unknown_runs: int = 0  # runs with findings whose outage is unknown (not in the sum)
+    healthy_replica_seconds_lost: float | None = 0.0  # null when no victim's loss is known
     lost_cost: float = 0.0
     cost_unknown_victims: int = 0
     by_server: list[GroupSummary] = Field(default_factory=list)

@@ -175,7 +175,13 @@ def _groups(report: Report, width: int) -> list:
     for title, groups in sections:
         if not groups:
             continue
-        rows = ([str(v) for v in row] for row in group_rows(groups))
+        rows = [[str(v) for v in row] for row in group_rows(groups)]
+        others = [
+            max([len(header), *(len(row[i]) for row in rows)])
+            for i, header in enumerate(GROUP_HEADERS)
+        ][1:]
+        key_room = max(12, width - sum(others) - 2 * len(others))
+        rows = [[middle_ellipsis(row[0], key_room), *row[1:]] for row in rows]  # a server's path
         table = _fill(_table(*GROUP_HEADERS), rows, width)
         out += [Text(""), Text(title, "bold"), table]
     return out

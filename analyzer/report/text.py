@@ -8,6 +8,8 @@ from datetime import UTC, datetime, tzinfo
 
 import polars as pl
 
+from analyzer.report.schema import Finding
+
 
 def fmt_time(value: datetime | None, *, date: bool = True, tz: tzinfo | None = None) -> str:
     """UTC with a Z (the default), or in zone `tz` with its offset (both ISO 8601)."""
@@ -97,6 +99,21 @@ def _fit(lines: list[str], width: int) -> list[str]:
     return out
 
 
+def _roles(findings: Sequence[Finding]) -> dict[str, str]:
+    """job id -> what the findings say it was: a victim (of which category) or a culprit."""
+    roles: dict[str, str] = {}
+    for finding in findings:
+        for culprit in finding.culprits:
+            roles[culprit.job_id] = f"CULPRIT ({finding.category})"
+        for victim in finding.victims:
+            roles[victim.job_id] = f"VICTIM ({finding.category})" + (
+                ""
+                if victim.stopped
+                else f", not yet stopped: expected {victim.expected_termination_reason}"
+            )
+    return roles
+
+
 def render_timeline(
     run: dict,
     verdict: str | None,
@@ -108,9 +125,11 @@ def render_timeline(
     sources: bool = False,
     roles: dict[str, str] | None = None,
     tz: tzinfo | None = None,
+    findings: Sequence[Finding] = (),
 ) -> str:
-    """A run's story: deployments, replica slots with each submission's path, then every event
-    (one line per event across sources, victims and culprits marked), fitted to `width`."""
+    """A run's story: deployments, replica slots with each submission's path (bumps in place,
+    replica groups, victims and culprits with `findings`' details), then every event (one line
+    per event across sources, victims and culprits marked), fitted to `width`."""
     from analyzer.report.timeline_view import merged_events
 
     def when(value: datetime | None, *, date: bool = True) -> str:
@@ -128,9 +147,20 @@ def render_timeline(
         + (f"  verdict: {verdict}" if verdict else ""),
         f"submitted {when(run['submitted_at'])} by {run['user'] or '?'}  "
         + _provenance(run["provenance"], sources),
-        "",
-        "DEPLOYMENTS",
     ]
+    deleted_events = events.filter(pl.col("message") == "Run deleted")
+    if run.get("deleted") or deleted_events.height:
+        by = deleted_events.row(0, named=True) if deleted_events.height else None
+        out.append(
+            "deleted: the run row is marked deleted (a later run of the same name replaced it)"
+            + (
+                f"; event 'Run deleted' {when(by['time']) if by['time'] else by['time_text']}"
+                f" by {by['actor']}"
+                if by
+                else ""
+            )
+        )
+    out += ["", "DEPLOYMENTS"]
     for dep in deployments.iter_rows(named=True):
         if dep["deployment_num"] == 0:
             began = f"began {when(dep['began_at'])} (run submitted)"
@@ -149,14 +179,25 @@ def render_timeline(
             f"  #{dep['deployment_num']}  {began}; jobs now at this deployment: {dep['jobs']}"
         )
     out += ["", "REPLICA SLOTS (every submission, keyed on job id)"]
+    details = _roles(findings)
     status_events = events.filter(pl.col("kind") == "job_status")
     for slot, rows in subs.group_by(["replica_num", "job_num"], maintain_order=True):
         out.append(f"  replica {slot[0]} job {slot[1]}")
         for job in rows.iter_rows(named=True):
-            role = roles.get(job["job_id"])
+            created = job.get("created_deployment")
+            deployment = (
+                f"created in deployment {created}, bumped in place to {job['deployment_num']}"
+                if created is not None
+                and job["deployment_num"] is not None
+                and created < job["deployment_num"]
+                else f"deployment {job['deployment_num']}"
+            )
             out.append(
-                f"    {job['job_name']}{f' [{role}]' if role else ''}  job {job['job_id']}  "
-                f"deployment {job['deployment_num']}  submission {job['submission_num']}  "
+                f"    {job['job_name']}  job {job['job_id']}  {deployment}"
+                f"  submission {job['submission_num']}"
+                + (f"  group {job['replica_group']}" if job.get("replica_group") else "")
+                + (f"  ** {details[job['job_id']]} **" if job["job_id"] in details else "")
+                + "  "
                 + _provenance(job["provenance"], sources)
             )
             steps = [f"submitted {when(job['created_at'], date=False)}"]

@@ -87,8 +87,9 @@ class SourceData:
     server_version: str | None = None
     log_reads: list = field(default_factory=list)  # (LogRead, LogFacts) of each log read
     secrets: set[str] = field(default_factory=set)  # values never to show (see redact.py)
-    events_table_of: str | None = None  # the server whose events table this input holds
-    latest_time: tuple[str, datetime] | None = None  # (server, latest moment of the whole input)
+    events_table_of: set[str] = field(default_factory=set)  # servers whose events table it holds
+    # per server: the latest moment the whole input shows it alive (beyond a partition)
+    latest_time: dict[str, datetime] = field(default_factory=dict)
 
     def conformed(self) -> SourceData:
         self.runs = conform(self.runs, RUNS_SCHEMA).collect()

@@ -47,14 +47,12 @@ def load_location(location: str, server: str) -> SourceData:
     )
     data.limitations = [Limitation(**item) for item in manifest["limitations"]]
     servers = manifest.get("events_table_servers") or []
-    data.events_table_of = servers[0] if servers else None
+    data.events_table_of = set(servers)
     versions = manifest.get("server_versions") or {}
     if len(versions) == 1:
         data.server_version = next(iter(versions.values()))
     ends = manifest.get("ends_by_server") or {}
-    if len(ends) == 1:
-        ((name, value),) = ends.items()
-        data.latest_time = (name, datetime.fromisoformat(value))
+    data.latest_time = {name: datetime.fromisoformat(value) for name, value in ends.items()}
     return data
 
 

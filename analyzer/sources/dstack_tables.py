@@ -18,6 +18,22 @@ from analyzer.model import normalise_enum, normalise_id, parse_db_time
 from analyzer.redact import Redactor, json_secret_values
 from analyzer.sources import Limitation, SourceData
 
+# Times at which the server was seen processing something (reference 3.5, 3.6: instances and
+# fleets keep being processed minutes after a run ends). Future times (remove_at, due,
+# lock_expires_at, termination_deadline) are left out: they say what was planned, not done.
+ALIVE_INSTANCE_COLUMNS = [
+    "created_at",
+    "started_at",
+    "finished_at",
+    "deleted_at",
+    "last_processed_at",
+    "last_job_processed_at",
+    "last_retry_at",
+    "first_termination_retry_at",
+    "last_termination_retry_at",
+]
+ALIVE_FLEET_COLUMNS = ["created_at", "last_processed_at", "deleted_at", "last_consolidated_at"]
+
 # Only the columns the audit needs are read: secrets (tokens, keys, env) are never loaded,
 # except job_spec_data, which is reduced to a fingerprint and a few plain fields in polars.
 TABLE_COLUMNS: dict[str, list[str]] = {
@@ -80,32 +96,25 @@ TABLE_COLUMNS: dict[str, list[str]] = {
         "project_id",
         "status",
         "backend",
-        "created_at",
-        "started_at",
-        "finished_at",
         "deleted",
-        "deleted_at",
-        "last_processed_at",
         "termination_reason",
         "total_blocks",
         "offer",
         "job_provisioning_data",
         "price",
+        *ALIVE_INSTANCE_COLUMNS,
     ],
-    "fleets": [
-        "id",
-        "name",
-        "project_id",
-        "status",
-        "created_at",
-        "deleted",
-        "deleted_at",
-        "last_processed_at",
-        "spec",
-    ],
+    "fleets": ["id", "name", "project_id", "status", "deleted", "spec", *ALIVE_FLEET_COLUMNS],
     "projects": ["id", "name", "original_name", "deleted"],
     "users": ["id", "name", "original_name", "deleted", "token"],
     "alembic_version": ["version_num"],
+}
+ALIVE_COLUMNS: dict[str, list[str]] = {
+    "runs": ["submitted_at", "last_processed_at"],
+    "jobs": ["submitted_at", "last_processed_at"],
+    "events": ["recorded_at"],
+    "instances": ALIVE_INSTANCE_COLUMNS,
+    "fleets": ALIVE_FLEET_COLUMNS,
 }
 REQUIRED_TABLES = ("runs", "jobs")
 # Without these, no run's story can be told: their absence means a schema we do not know.
@@ -348,7 +357,10 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
             )
         )
     data.server_version = version
-    data.events_table_of = server if "events" in present else None
+    data.events_table_of = {server} if "events" in present else set()
+    latest = _latest_alive(reader, data)
+    if latest is not None:
+        data.latest_time = {server: latest}
     data.secrets = _secrets(raw_runs, _read(reader, "jobs"), _read(reader, "users"))
     return data
 
@@ -483,6 +495,29 @@ def _fleets(
             .collect()
         )
     return fleet_frame, instance_frame
+
+
+def _latest_alive(reader: TableReader, data: SourceData):
+    """The latest moment any table shows the server at work: a lower bound of when the copy
+    was taken (runs, jobs and events as read; instances and fleets read for their times)."""
+    frames = [
+        data.runs.select(pl.max_horizontal("submitted_at", "last_processed_at").alias("t")),
+        data.jobs.select(pl.max_horizontal("submitted_at", "last_processed_at").alias("t")),
+    ]
+    if data.events.height:
+        frames.append(data.events.select(pl.col("time").alias("t")))
+    for table in ("instances", "fleets"):
+        if table not in reader.tables():
+            continue
+        columns = [c for c in ALIVE_COLUMNS[table] if c in reader.columns(table)]
+        if columns:
+            times = reader.read(table, columns)
+            frames.append(
+                times.select(
+                    pl.max_horizontal(parse_db_time(pl.col(c)) for c in columns).alias("t")
+                )
+            )
+    return pl.concat(frames, how="vertical_relaxed")["t"].max() if frames else None
 
 
 def _secrets(runs: pl.DataFrame, jobs: pl.DataFrame | None, users: pl.DataFrame | None) -> set[str]:

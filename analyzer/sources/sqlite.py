@@ -20,7 +20,7 @@ from analyzer.errors import AuditInputError
 from analyzer.model import parse_db_time
 from analyzer.partition import service_buckets
 from analyzer.sources import ReadOptions, Source, SourceData, file_facts, read_options
-from analyzer.sources.dstack_tables import load_tables, looks_like_dstack
+from analyzer.sources.dstack_tables import ALIVE_COLUMNS, load_tables, looks_like_dstack
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 FETCH_ROWS = 50_000
@@ -136,11 +136,7 @@ class SqliteReader:
 
     def latest_times(self) -> list[str]:
         """The latest time each table records, over the whole database (not one partition)."""
-        probes = [
-            ("runs", "last_processed_at"),
-            ("jobs", "last_processed_at"),
-            ("events", "recorded_at"),
-        ]
+        probes = [(table, column) for table, columns in ALIVE_COLUMNS.items() for column in columns]
         found = []
         for table, column in probes:
             if table in self._tables and column in self.columns(table):
@@ -270,7 +266,8 @@ def _read_database(path: Path, shown: Path, server: str, info) -> SourceData:
                 pl.Series(reader.latest_times()).to_frame("t").select(parse_db_time(pl.col("t")))
             )
             if latest.height:
-                data.latest_time = (server, latest["t"].max())
+                whole = latest["t"].max()
+                data.latest_time[server] = max(whole, data.latest_time.get(server, whole))
             if partition is not None:
                 info.notes.append(f"partition {partition[0]}/{partition[1]} (whole services)")
     finally:
