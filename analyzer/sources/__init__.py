@@ -62,13 +62,24 @@ class Limitation:
     source: str
 
 
+_EMPTY: dict[str, pl.DataFrame] = {}
+
+
+def _empty(name: str, schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    """One shared empty frame per table: polars frames are immutable, and building one costs
+    milliseconds, which a folder of thousands of unrecognised files would pay per file."""
+    if name not in _EMPTY:
+        _EMPTY[name] = empty_frame(schema)
+    return _EMPTY[name]
+
+
 @dataclass
 class SourceData:
     """What one input contributes to the canonical model."""
 
-    runs: pl.DataFrame = field(default_factory=lambda: empty_frame(RUNS_SCHEMA))
-    jobs: pl.DataFrame = field(default_factory=lambda: empty_frame(JOBS_SCHEMA))
-    events: pl.DataFrame = field(default_factory=lambda: empty_frame(EVENTS_SCHEMA))
+    runs: pl.DataFrame = field(default_factory=lambda: _empty("runs", RUNS_SCHEMA))
+    jobs: pl.DataFrame = field(default_factory=lambda: _empty("jobs", JOBS_SCHEMA))
+    events: pl.DataFrame = field(default_factory=lambda: _empty("events", EVENTS_SCHEMA))
     inputs: list[InputInfo] = field(default_factory=list)
     limitations: list[Limitation] = field(default_factory=list)
     has_tables: bool = False  # holds runs/jobs rows (a database or its exports)
