@@ -285,6 +285,12 @@ def _split_text(body: bytes) -> pl.Series:
     return pl.Series("raw", [text]).str.split("\n").explode().str.strip_suffix("\r")
 
 
+def _in_range(time: pl.Expr) -> pl.Expr:
+    """A parsed time, or null when its year is outside 1-9999 (``0000-...``, ``-001-...``):
+    such a line is no record (it is quarantined), since no report could show its time."""
+    return pl.when(time.dt.year().is_between(1, 9999)).then(time)
+
+
 # ---------------------------------------------------------------------------------------------
 # wrappers: docker/kubectl --timestamps, journalctl -o json
 
@@ -317,13 +323,17 @@ def _unwrap_docker(frame: pl.DataFrame, damage: list[str]) -> pl.DataFrame:
     frame = frame.with_columns(pl.col("raw").str.extract_groups(_DOCKER_RE).alias("d")).unnest("d")
     stamp = pl.col("d_time").str.replace(r"Z$", "+00:00")
     frame = frame.with_columns(
-        wrapper_time=stamp.str.to_datetime(
-            "%Y-%m-%dT%H:%M:%S%.f%:z", time_unit="us", strict=False
+        wrapper_time=_in_range(
+            stamp.str.to_datetime("%Y-%m-%dT%H:%M:%S%.f%:z", time_unit="us", strict=False)
         ).dt.convert_time_zone("UTC"),
-        wrapped=pl.col("d_time").is_not_null(),
+    ).with_columns(
+        wrapped=pl.col("wrapper_time").is_not_null(),
     ).with_columns(
         content=pl.when(pl.col("wrapped"))
         .then(pl.col("d_rest").fill_null(""))
+        # a prefix whose time is out of range: a control byte makes it no continuation
+        .when(pl.col("d_time").is_not_null())
+        .then(pl.lit("\x00") + pl.col("raw"))
         .otherwise(pl.col("raw")),
     )
     missing = frame.filter(~pl.col("wrapped") & (pl.col("raw").str.strip_chars() != "")).height
@@ -493,14 +503,16 @@ def _classify(frame: pl.DataFrame) -> pl.DataFrame:
         + 2
     )
     frame = frame.with_columns(
-        std_time=pl.col("std_ts").str.to_datetime(
-            "%Y-%m-%dT%H:%M:%S%.3f", time_unit="ms", strict=False
+        std_time=_in_range(
+            pl.col("std_ts").str.to_datetime("%Y-%m-%dT%H:%M:%S%.3f", time_unit="ms", strict=False)
         ),
         # the message is what follows "LEVEL time logger " (sliced, cheaper than a capture)
         std_msg=content.str.slice(head_len).str.strip_prefix(" "),
-        json_time=pl.col("j_ts")
-        .str.replace(",", ".", literal=True)
-        .str.to_datetime("%Y-%m-%d %H:%M:%S%.3f", time_unit="ms", strict=False),
+        json_time=_in_range(
+            pl.col("j_ts")
+            .str.replace(",", ".", literal=True)
+            .str.to_datetime("%Y-%m-%d %H:%M:%S%.3f", time_unit="ms", strict=False)
+        ),
         rich_tod=pl.col("r_time").str.to_time("%H:%M:%S", strict=False),
     )
     is_std = pl.col("std_time").is_not_null()
