@@ -60,9 +60,9 @@ _RICH_RE = (
 _RICH_LOGGER_RE = r"(?s)^(?P<rl_logger>[A-Za-z_][\w.]*):\d+(?:\s(?P<rl_msg>.*))?$"
 _RICH_INDENT = 20  # time (10) + space + level (8) + space
 # docker/kubectl --timestamps: RFC 3339 (docker trims trailing zeros of the nanoseconds).
-_DOCKER_PREFIX = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d) ?"
+_DOCKER_PREFIX = r"^-?\d+-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d) ?"
 _DOCKER_RE = (
-    r"(?s)^(?P<d_time>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d))"
+    r"(?s)^(?P<d_time>-?\d+-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d))"
     r"(?: (?P<d_rest>.*))?$"
 )
 _JOURNAL_RE = r'^\s*\{.*"__REALTIME_TIMESTAMP"\s*:'
@@ -71,7 +71,7 @@ _ANSI_RE = r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\
 # junk) or the beginning of a record that did not parse (a line cut while being written).
 _SUSPECT_RE = (
     r"[\x00-\x08\x0b-\x1f\x7f]"
-    rf"|^(?:(?:{_LEVELS}) \d|\{{\s*\"|\[\d\d:\d\d| {{10}} (?:{_LEVELS}) )"
+    rf"|^(?:(?:{_LEVELS}) -?\d|\{{\s*\"|\[\d\d:\d\d| {{10}} (?:{_LEVELS}) )"
 )
 # Lines that open a part of a Python traceback (used to restore newlines in folded rich text).
 _TRACEBACK_PART_RE = (

@@ -1,0 +1,200 @@
+"""Hostile and damaged inputs get precise answers (issue 12, section 4), on copies of the real
+captures: each case names the file and the place, exits 2 where the input is unusable, and
+audits the rest where it can."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+from click.testing import CliRunner
+from conftest import CAPTURES, execute
+
+from analyzer import open_sources
+from analyzer.cli import main
+
+SEED = CAPTURES / "v0.22.5" / "seed"
+SEED_VICTIM = ("collateral_termination", "699fe818-acc2-4e08-b121-d16ed8fd32f1")
+
+
+def _audit(*args: str):
+    return CliRunner().invoke(main, ["audit", *args])
+
+
+def _one_line_error(result, *expected: str) -> str:
+    """Exit 2 with one line on stderr naming what is expected, never a traceback."""
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, result.output
+    assert "Traceback" not in result.output and "internal error" not in result.output
+    for text in expected:
+        assert text in lines[0], lines[0]
+    return lines[0]
+
+
+def _victims(report) -> set[tuple[str, str]]:
+    return {(f.category, v.job_id) for f in report.findings for v in f.victims}
+
+
+# --- symlink loops ----------------------------------------------------------------------------
+
+
+def test_symlink_loops_are_listed_as_unreadable_and_the_rest_is_audited(tmp_path):
+    folder = tmp_path / "capture"
+    folder.mkdir()
+    shutil.copyfile(SEED / "server.db", folder / "server.db")
+    (folder / "a").symlink_to("b")
+    (folder / "b").symlink_to("a")
+    (folder / "self").symlink_to(".")
+    (folder / "up").symlink_to("..")
+    (folder / "gone").symlink_to("nowhere")
+    result = _audit(str(folder), "--format", "json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert {(f["category"], v["job_id"]) for f in report["findings"] for v in f["victims"]} == {
+        SEED_VICTIM
+    }
+    by_path = {Path(i["path"]).name: i for i in report["inputs"]}
+    for name in ("a", "b", "self", "up"):
+        assert by_path[name]["kind"] == "unreadable"
+        assert "symlink loop" in by_path[name]["notes"][0]
+    assert "dangling symlink" in by_path["gone"]["notes"][0]
+    assert by_path["server.db"]["kind"] == "sqlite"
+
+
+def test_a_symlink_loop_given_alone_is_named_as_one(tmp_path):
+    (tmp_path / "a").symlink_to("b")
+    (tmp_path / "b").symlink_to("a")
+    _one_line_error(_audit(str(tmp_path / "a")), "a: symlink loop")
+
+
+# --- folders of many files -----------------------------------------------------------------------
+
+
+def test_walking_a_folder_of_empty_files_costs_about_the_same_per_file(tmp_path):
+    """Not a timing test of the tool's speed (benchmarks do that): a guard against the
+    quadratic walk, comparing 300 and 1,200 files in this process."""
+
+    def walk(count: int) -> float:
+        folder = tmp_path / f"empty-{count}"
+        folder.mkdir()
+        for index in range(count):
+            (folder / f"f{index}").touch()
+        shutil.copyfile(SEED / "server.db", folder / "server.db")
+        start = time.perf_counter()
+        report = open_sources([folder]).report
+        elapsed = time.perf_counter() - start
+        assert sum(i.kind == "unrecognised" for i in report.inputs) == count
+        return elapsed
+
+    walk(50)  # warm imports and caches
+    small, large = walk(300), walk(1200)
+    assert large < small * 4 * 2.5, (small, large)
+
+
+# --- table exports ------------------------------------------------------------------------------
+
+
+def _tables(tmp_path: Path) -> Path:
+    folder = tmp_path / "tables"
+    shutil.copytree(SEED / "tables", folder)
+    return folder
+
+
+def test_csv_exports_with_a_utf8_bom_are_read(tmp_path):
+    folder = _tables(tmp_path)
+    for csv in folder.glob("*.csv"):
+        if csv.stat().st_size:
+            csv.write_bytes(b"\xef\xbb\xbf" + csv.read_bytes())
+    report = open_sources([folder]).report
+    assert _victims(report) == {SEED_VICTIM}
+
+
+def test_a_semicolon_delimited_table_is_named(tmp_path):
+    folder = _tables(tmp_path)
+    runs = folder / "runs.csv"
+    frame = pl.read_csv(runs, infer_schema=False)
+    frame.write_csv(runs, separator=";")
+    _one_line_error(_audit(str(folder)), f"{runs}: ';'-delimited", "header reads as one column")
+
+
+def test_a_truncated_parquet_table_is_named(tmp_path):
+    folder = _tables(tmp_path)
+    jobs = folder / "jobs.parquet"
+    pl.read_csv(folder / "jobs.csv", infer_schema=False).write_parquet(jobs)
+    (folder / "jobs.csv").unlink()
+    jobs.write_bytes(jobs.read_bytes()[: jobs.stat().st_size // 2])
+    _one_line_error(_audit(str(folder)), f"{jobs}: not a readable Parquet file", "truncated")
+
+
+def test_a_broken_table_inside_a_capture_folder_is_named_not_passed_over(tmp_path):
+    capture = tmp_path / "capture"
+    capture.mkdir()
+    shutil.copyfile(SEED / "server.db", capture / "server.db")
+    folder = _tables(capture)
+    (folder / "jobs.csv").write_text("id;run_id;job_name\n1;2;web-0-0\n")
+    _one_line_error(_audit(str(capture)), "jobs.csv: ';'-delimited")
+
+
+# --- times out of range -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("year", ["-001", "0000", "10000"])
+def test_a_database_time_out_of_range_names_the_table_and_row(copy_db, year):
+    db = copy_db("v0.22.5/seed")
+    execute(
+        db,
+        f"UPDATE jobs SET submitted_at = '{year}-01-01 00:00:00.000000' "
+        "WHERE id = '699fe818acc24e08b121d16ed8fd32f1'",
+    )
+    _one_line_error(
+        _audit(str(db)),
+        f"{db}: table jobs",
+        "id 699fe818acc24e08b121d16ed8fd32f1",
+        f"submitted_at '{year}-01-01",
+        "years 1 and 9999",
+    )
+
+
+def test_a_csv_time_out_of_range_names_the_file_and_row(tmp_path):
+    folder = _tables(tmp_path)
+    runs = folder / "runs.csv"
+    frame = pl.read_csv(runs, infer_schema=False)
+    frame.with_columns(pl.lit("-001-11-02 09:00:00.000000").alias("submitted_at")).write_csv(runs)
+    _one_line_error(_audit(str(folder)), f"{runs}: table runs, row 1", "submitted_at '-001-11-02")
+
+
+@pytest.mark.parametrize("fmt", ["standard", "json", "docker"])
+@pytest.mark.parametrize("year", ["0000", "-001", "10000"])
+def test_a_log_line_with_a_time_out_of_range_is_quarantined(tmp_path, fmt, year):
+    source = SEED / "logs" / f"server-info.{'json' if fmt == 'json' else 'standard'}.log"
+    lines = source.read_text().splitlines(keepends=True)
+    target = next(i for i, line in enumerate(lines) if "Emitting event: Run submitted" in line)
+    if fmt == "docker":
+        lines = [f"2026-11-02T09:00:00.000000Z {line}" for line in lines]
+        lines[target] = lines[target].replace(
+            "2026-11-02T09:00:00.000000Z", f"{year}-01-01T00:00:00Z"
+        )
+    else:
+        lines[target] = lines[target].replace("2026-11-02", f"{year}-11-02", 1)
+    log = tmp_path / "server.log"
+    log.write_text("".join(lines))
+    quarantine = tmp_path / "quarantine.txt"
+    result = _audit(str(log), "--format", "json", "--quarantine", str(quarantine))
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["inputs"][0]["unparsed"] == 1
+    assert quarantine.read_text().splitlines()[0].startswith(f"{log}:{target + 1}\t")
+
+
+def test_out_of_range_check_leaves_every_real_capture_alone():
+    for db in sorted(CAPTURES.glob("v*/*/server.db")):
+        assert open_sources([db]).report.inputs[0].kind == "sqlite", db
+    for tables in sorted(CAPTURES.glob("v*/*/tables")):
+        assert open_sources([tables]).report.runs, tables
+    assert os.path.isdir(CAPTURES)
