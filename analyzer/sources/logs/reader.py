@@ -322,19 +322,23 @@ def _unwrap_docker(frame: pl.DataFrame, damage: list[str]) -> pl.DataFrame:
     and one space before each line; the time is kept as UTC."""
     frame = frame.with_columns(pl.col("raw").str.extract_groups(_DOCKER_RE).alias("d")).unnest("d")
     stamp = pl.col("d_time").str.replace(r"Z$", "+00:00")
-    frame = frame.with_columns(
-        wrapper_time=_in_range(
-            stamp.str.to_datetime("%Y-%m-%dT%H:%M:%S%.f%:z", time_unit="us", strict=False)
-        ).dt.convert_time_zone("UTC"),
-    ).with_columns(
-        wrapped=pl.col("wrapper_time").is_not_null(),
-    ).with_columns(
-        content=pl.when(pl.col("wrapped"))
-        .then(pl.col("d_rest").fill_null(""))
-        # a prefix whose time is out of range: a control byte makes it no continuation
-        .when(pl.col("d_time").is_not_null())
-        .then(pl.lit("\x00") + pl.col("raw"))
-        .otherwise(pl.col("raw")),
+    frame = (
+        frame.with_columns(
+            wrapper_time=_in_range(
+                stamp.str.to_datetime("%Y-%m-%dT%H:%M:%S%.f%:z", time_unit="us", strict=False)
+            ).dt.convert_time_zone("UTC"),
+        )
+        .with_columns(
+            wrapped=pl.col("wrapper_time").is_not_null(),
+        )
+        .with_columns(
+            content=pl.when(pl.col("wrapped"))
+            .then(pl.col("d_rest").fill_null(""))
+            # a prefix whose time is out of range: a control byte makes it no continuation
+            .when(pl.col("d_time").is_not_null())
+            .then(pl.lit("\x00") + pl.col("raw"))
+            .otherwise(pl.col("raw")),
+        )
     )
     missing = frame.filter(~pl.col("wrapped") & (pl.col("raw").str.strip_chars() != "")).height
     if missing:
