@@ -104,13 +104,6 @@ class Source:
     load: Callable[[Path, str], SourceData]  # (path, server label) -> data
 
 
-def bytes_facts(data: bytes, label: str, kind: str) -> InputInfo:
-    """Facts about input that is not a file (standard input)."""
-    return InputInfo(
-        path=label, kind=kind, sha256=hashlib.sha256(data).hexdigest(), size=len(data), mtime=None
-    )
-
-
 def file_facts(path: Path, kind: str) -> InputInfo:
     """Hash and stat a file without changing it (read-only, streamed)."""
     digest = hashlib.sha256()
