@@ -4,6 +4,7 @@ audits the rest where it can."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shutil
@@ -14,9 +15,14 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 from conftest import CAPTURES, execute
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from polars.testing import assert_frame_equal
 
 from analyzer import open_sources
 from analyzer.cli import main
+from analyzer.sources.logs import reader
+from analyzer.sources.logs.reader import read_log_bytes
 
 SEED = CAPTURES / "v0.22.5" / "seed"
 SEED_VICTIM = ("collateral_termination", "699fe818-acc2-4e08-b121-d16ed8fd32f1")
@@ -198,3 +204,99 @@ def test_out_of_range_check_leaves_every_real_capture_alone():
     for tables in sorted(CAPTURES.glob("v*/*/tables")):
         assert open_sources([tables]).report.runs, tables
     assert os.path.isdir(CAPTURES)
+
+
+# --- logs: bounded memory, over-long lines ------------------------------------------------------
+
+LOGS = sorted(CAPTURES.glob("v*/*/logs/*.log"))
+
+
+def _docker(data: bytes) -> bytes:
+    return b"".join(
+        b"2026-11-02T09:00:%02d.5Z " % (i % 60) + line
+        for i, line in enumerate(data.splitlines(keepends=True))
+    )
+
+
+@pytest.mark.parametrize("chunk", [700, 4096])
+@pytest.mark.parametrize("log", LOGS, ids=lambda p: "/".join(p.parts[-4:]))
+def test_reading_in_small_chunks_gives_what_one_read_gives(monkeypatch, log, chunk):
+    """Chunk boundaries fall inside records, tracebacks and rich folds: the records, the
+    account of every line and the damage notes are those of reading the log at once."""
+    data = log.read_bytes()
+    variants = {"plain": data, "docker": _docker(data), "gzip": gzip.compress(data)}
+    whole = {name: read_log_bytes(body, "x.log") for name, body in variants.items()}
+    monkeypatch.setattr(reader, "CHUNK_BYTES", chunk)
+    monkeypatch.setattr(reader, "BLOCK_BYTES", 97)
+    for name, body in variants.items():
+        parts = read_log_bytes(body, "x.log")
+        assert_frame_equal(parts.records, whole[name].records)
+        assert_frame_equal(parts.unparsed, whole[name].unparsed)
+        assert (parts.lines_total, parts.lines_irrelevant, parts.damage, parts.rich_width) == (
+            whole[name].lines_total,
+            whole[name].lines_irrelevant,
+            whole[name].damage,
+            whole[name].rich_width,
+        )
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    cuts=st.lists(st.integers(min_value=0, max_value=10_000), min_size=1, max_size=6),
+    chunk=st.integers(min_value=64, max_value=3000),
+)
+def test_any_chunk_size_keeps_every_line_accounted(monkeypatch, cuts, chunk):
+    """Generated damage (lines cut anywhere, joined to the next) in the real rich log, read in
+    generated chunk sizes: parsed + irrelevant + unparsed = lines, and the same as one read."""
+    data = bytearray((SEED / "logs" / "server-info.rich.log").read_bytes())
+    for cut in sorted(cuts, reverse=True):
+        at = cut % len(data)
+        if data[at : at + 1] == b"\n":
+            del data[at]
+    whole = read_log_bytes(bytes(data), "x.log")
+    with monkeypatch.context() as patch:  # undone before the next example
+        patch.setattr(reader, "CHUNK_BYTES", chunk)
+        patch.setattr(reader, "BLOCK_BYTES", 61)
+        parts = read_log_bytes(bytes(data), "x.log")
+    counted = int(parts.records["line_count"].sum() or 0)
+    assert counted + parts.lines_irrelevant + parts.unparsed.height == parts.lines_total
+    if not any("longer than" in note for note in parts.damage):
+        assert_frame_equal(parts.records, whole.records)
+
+
+@pytest.mark.parametrize("compress", [False, True])
+@pytest.mark.parametrize("where", ["middle", "last"])
+def test_a_line_over_the_limit_is_counted_and_quarantined_never_held(tmp_path, compress, where):
+    lines = (SEED / "logs" / "server-info.standard.log").read_bytes().splitlines(keepends=True)
+    huge = b"INFO 2026-11-02T09:00:00.000 dstack._internal.server x " + b"A" * (3 << 20)
+    at = len(lines) // 2 if where == "middle" else len(lines)
+    lines.insert(at, huge + (b"\n" if where == "middle" else b""))
+    body = b"".join(lines)
+    log = tmp_path / ("server.log.gz" if compress else "server.log")
+    log.write_bytes(gzip.compress(body) if compress else body)
+    quarantine = tmp_path / "quarantine.txt"
+    result = _audit(str(log), "--format", "json", "--quarantine", str(quarantine))
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert {(f["category"], v["job_id"]) for f in report["findings"] for v in f["victims"]} == {
+        ("collateral_termination", "699fe8")
+    }
+    info = report["inputs"][0]
+    assert info["unparsed"] == 1
+    assert any("1 lines over the 1048576 byte limit" in note for note in info["notes"])
+    (line,) = quarantine.read_text().splitlines()
+    assert line.startswith(f"{log}:{at + 1}\t[a line of {len(huge)} bytes, over the 1048576")
+    assert "AAAA" not in line
+    assert quarantine.stat().st_size < 1000
+
+
+def test_unparsed_text_past_the_budget_keeps_its_place(monkeypatch):
+    garbage = b"".join(b"\x00junk line %d\n" % i for i in range(50))
+    monkeypatch.setattr(reader, "QUARANTINE_TEXT_BYTES", 100)
+    read = read_log_bytes(garbage, "x.log")
+    assert read.unparsed.height == 50
+    assert read.unparsed["line"].to_list() == list(range(1, 51))
+    kept = read.unparsed["text"].drop_nulls()
+    assert 0 < kept.len() < 50 and int(kept.str.len_bytes().sum()) <= 100
