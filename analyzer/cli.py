@@ -228,8 +228,10 @@ def audit(
         }
         write_bundle(bundle, sources, options, report, opened.redact(render_markdown(report)))
     if quarantine is not None:
+        from analyzer.sources.logs.reader import QUARANTINE_NOT_KEPT as NOT_KEPT
+
         lines = [
-            f"{row['file']}:{row['line']}\t{row['text']}"
+            f"{row['file']}:{row['line']}\t{row['text'] if row['text'] is not None else NOT_KEPT}"
             for row in opened.evidence.unparsed.iter_rows(named=True)
         ]
         quarantine.write_text(opened.redact("".join(line + "\n" for line in lines)), "utf-8")

@@ -292,7 +292,7 @@ def test_a_line_over_the_limit_is_counted_and_quarantined_never_held(tmp_path, c
     assert quarantine.stat().st_size < 1000
 
 
-def test_unparsed_text_past_the_budget_keeps_its_place(monkeypatch):
+def test_unparsed_text_past_the_budget_keeps_its_place(monkeypatch, tmp_path):
     garbage = b"".join(b"\x00junk line %d\n" % i for i in range(50))
     monkeypatch.setattr(reader, "QUARANTINE_TEXT_BYTES", 100)
     read = read_log_bytes(garbage, "x.log")
@@ -300,3 +300,87 @@ def test_unparsed_text_past_the_budget_keeps_its_place(monkeypatch):
     assert read.unparsed["line"].to_list() == list(range(1, 51))
     kept = read.unparsed["text"].drop_nulls()
     assert 0 < kept.len() < 50 and int(kept.str.len_bytes().sum()) <= 100
+    log = tmp_path / "server.log"
+    log.write_bytes((SEED / "logs" / "server-info.standard.log").read_bytes() + garbage[:200])
+    quarantine = tmp_path / "quarantine.txt"
+    assert _audit(str(log), "--quarantine", str(quarantine)).exit_code == 0
+    written = quarantine.read_text().splitlines()
+    assert len(written) == garbage[:200].count(b"\n") and written[0].startswith(f"{log}:")
+    assert written[-1].endswith(reader.QUARANTINE_NOT_KEPT)
+
+
+# --- duplicate keys that disagree ---------------------------------------------------------------
+
+VICTIM_ROW = "699fe818acc24e08b121d16ed8fd32f1"
+SEED_RUN = "6e42c918-3c60-472e-bb0c-51610650d517"
+
+
+def _jobs_frame() -> pl.DataFrame:
+    return pl.read_csv(SEED / "tables" / "jobs.csv", infer_schema=False)
+
+
+def _as_done_by_runner(frame: pl.DataFrame) -> pl.DataFrame:
+    victim = pl.col("id") == VICTIM_ROW
+    return frame.filter(victim).with_columns(
+        pl.lit("DONE").alias("status"), pl.lit("DONE_BY_RUNNER").alias("termination_reason")
+    )
+
+
+def _disputed(report) -> None:
+    assert report.findings == []
+    (run,) = report.runs
+    assert run.verdict == "inconclusive"
+    assert "duplicate rows disagree" in run.why and "would say collateral_termination" in run.why
+    (limitation,) = [lim for lim in report.limitations if lim.code == "conflicting_duplicate_rows"]
+    assert "jobs" in limitation.message and VICTIM_ROW in limitation.message
+    assert "status (done vs terminated)" in limitation.message
+    assert "termination_reason (done_by_runner vs terminated_by_server)" in limitation.message
+
+
+def test_a_job_row_that_disagrees_between_two_inputs_makes_the_run_inconclusive(tmp_path):
+    folder = _tables(tmp_path)
+    _as_done_by_runner(_jobs_frame()).vstack(
+        _jobs_frame().filter(pl.col("id") != VICTIM_ROW)
+    ).write_csv(folder / "jobs.csv")
+    _disputed(open_sources([SEED / "server.db", folder]).report)
+
+
+def test_a_job_row_twice_in_one_export_that_disagrees_makes_the_run_inconclusive(tmp_path):
+    folder = _tables(tmp_path)
+    _jobs_frame().vstack(_as_done_by_runner(_jobs_frame())).write_csv(folder / "jobs.csv")
+    _disputed(open_sources([folder]).report)
+    result = _audit(str(folder), "--format", "json")
+    assert result.exit_code == 0
+    codes = [lim["code"] for lim in json.loads(result.output)["limitations"]]
+    assert "conflicting_duplicate_rows" in codes
+
+
+def test_duplicate_rows_that_agree_on_what_the_verdict_reads_stay_one_row(tmp_path):
+    folder = _tables(tmp_path)
+    other = (
+        _jobs_frame()
+        .filter(pl.col("id") == VICTIM_ROW)
+        .with_columns(
+            pl.lit("2026-11-02 09:09:30.000000").alias("runner_timestamp"),
+            pl.lit("2026-11-02 09:09:31.000000").alias("volumes_detached_at"),
+        )
+    )
+    _jobs_frame().vstack(other).write_csv(folder / "jobs.csv")
+    report = open_sources([SEED / "server.db", folder]).report
+    assert _victims(report) == {SEED_VICTIM}
+    assert all(lim.code != "conflicting_duplicate_rows" for lim in report.limitations)
+
+
+def test_a_run_row_that_disagrees_makes_that_run_inconclusive(tmp_path):
+    folder = _tables(tmp_path)
+    runs = pl.read_csv(folder / "runs.csv", infer_schema=False)
+    runs.vstack(runs.with_columns(pl.lit("TERMINATED").alias("status"))).write_csv(
+        folder / "runs.csv"
+    )
+    report = open_sources([folder]).report
+    assert report.findings == []
+    assert [(r.run_id, r.verdict) for r in report.runs] == [(SEED_RUN, "inconclusive")]
+    assert any(
+        lim.code == "conflicting_duplicate_rows" and "runs" in lim.message
+        for lim in report.limitations
+    )

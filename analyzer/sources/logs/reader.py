@@ -60,6 +60,10 @@ MAX_LINE_BYTES = 1024 * 1024
 # The text of unparsed lines is kept for the quarantine file up to this much per log; past it,
 # only their places are kept (the quarantine then points at the line in the file).
 QUARANTINE_TEXT_BYTES = 64 * 1024 * 1024
+QUARANTINE_NOT_KEPT = (
+    f"[text not kept: past the {QUARANTINE_TEXT_BYTES >> 20} MiB of unparsed text kept per log; "
+    "the line is at this place in the file]"
+)
 OVERLONG = "\x01"  # opens the stand-in of a line over MAX_LINE_BYTES (no record starts so)
 
 _LEVELS = "DEBUG|INFO|WARNING|ERROR|CRITICAL"
