@@ -1,6 +1,7 @@
 """Peak RSS of a whole-process log audit as the log grows 1x, 4x, 16x (plain and .gz).
 
-    python benchmarks/log_memory.py [--runs N] [--out DIR] [--code DIR ...]
+    python benchmarks/log_memory.py [--runs N] [--factors 1,4,16] [--growth padded,runs]
+                                    [--out DIR] [--code DIR ...]
 
 Two ways of growing the standard-format log of a synthetic server (`dstack-audit synth`):
 - `runs`: a server with N, 4N, 16N runs: the kept events grow with the log;
@@ -25,8 +26,6 @@ import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run_benchmarks import AUDIT_CHILD, ROOT, fleet
-
-FACTORS = (1, 4, 16)
 
 
 def padded(log: Path, factor: int, out: Path) -> Path:
@@ -84,14 +83,18 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=500)
     parser.add_argument("--out", type=Path, default=Path("/tmp/dstack-audit-bench"))
     parser.add_argument("--code", type=Path, nargs="+", default=[ROOT])
+    parser.add_argument("--factors", default="1,4,16")
+    parser.add_argument("--growth", default="padded,runs")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     cases = []
+    factors = [int(f) for f in args.factors.split(",")]
+    growth = args.growth.split(",")
     base = fleet(args.out, args.runs)
-    for factor in FACTORS:
+    for factor in factors if "padded" in growth else []:
         log = padded(base / "logs" / "server.standard.log", factor, args.out)
         cases.append(("padded", factor, base / "truth.json", log))
-    for factor in FACTORS:
+    for factor in factors if "runs" in growth else []:
         grown = fleet(args.out, args.runs * factor)
         cases.append(("runs", factor, grown / "truth.json", grown / "logs" / "server.standard.log"))
     rows = []
@@ -113,7 +116,8 @@ def main() -> None:
                 }
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    (args.out / "log_memory.json").write_text(json.dumps(rows, indent=2))
+    name = f"log_memory-{args.growth.replace(',', '_')}-{args.factors.replace(',', '_')}.json"
+    (args.out / name).write_text(json.dumps(rows, indent=2))
 
 
 if __name__ == "__main__":
