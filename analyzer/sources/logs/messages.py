@@ -14,6 +14,7 @@ import polars as pl
 
 from analyzer import catalogue
 from analyzer.model import UTC_TIME
+from analyzer.sources.logs.reader import detached
 
 EVENT_LINE = (
     r"^Emitting ?event: ?(?P<body>.*)\. ?Event ?targets: ?(?P<targets>.*)\. ?Actor: ?"
@@ -170,7 +171,7 @@ class EventCollector:
         self._explicit_version = explicit or self._explicit_version
         self._markers |= markers
         if relevant.height:
-            self._kept.append(relevant.drop("place"))
+            self._kept.append(detached(relevant.drop("place")))
 
     def finish(self) -> tuple[pl.DataFrame, LogFacts]:
         facts = self.facts

@@ -27,6 +27,7 @@ unparsed. Every physical line is counted exactly once:
 
 from __future__ import annotations
 
+import io
 import re
 import sys
 import zlib
@@ -205,6 +206,16 @@ def _read_all(blocks: Iterable[bytes], display_path: str) -> LogRead:
     chunks = list(stream.records(blocks))
     records = pl.concat(chunks) if chunks else pl.DataFrame(schema=LOG_RECORDS_SCHEMA)
     return stream.result(records)
+
+
+def detached(frame: pl.DataFrame) -> pl.DataFrame:
+    """A copy that owns its text. A filtered string column still points into the whole
+    chunk's buffers (polars' string views), so the few rows kept of a chunk would keep all of
+    it alive; written out with plain (non-view) strings and read back, they hold their own."""
+    buffer = io.BytesIO()
+    frame.write_ipc(buffer, compat_level=pl.CompatLevel.oldest())
+    buffer.seek(0)
+    return pl.read_ipc(buffer)
 
 
 def file_blocks(handle: BinaryIO) -> Iterator[bytes]:
@@ -709,7 +720,7 @@ class LogStream:
         )
         self._kept_text = int(size[-1])
         self.last_unparsed = int(rows["line"][-1])
-        self._unparsed.append(rows)
+        self._unparsed.append(detached(rows))
 
     def _measure_rich(self, rows: pl.DataFrame) -> None:
         for length, count in rows["content"].str.len_chars().value_counts().iter_rows():
