@@ -88,22 +88,26 @@ class Evidence:
         return max(self.ends_by_server().values(), default=None)
 
 
-def _first_per_key(
-    frames: list[pl.DataFrame], schema: dict, key: list[str], table: str
-) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """One row per key (the first non-null value of each column, every provenance kept), and
-    the keys whose rows disagree on a column the verdict reads (``VERDICT_COLUMNS``), with
-    the run they belong to, the columns and the values each row gave."""
+def _first_per_key(frames: list[pl.DataFrame], schema: dict, key: list[str]) -> pl.DataFrame:
     if not frames:
-        return pl.DataFrame(schema=schema), pl.DataFrame()
+        return pl.DataFrame(schema=schema)
     stacked = pl.concat([conform(f, schema).collect() for f in frames], how="vertical")
     with_prov = stacked.group_by(key, maintain_order=True).agg(
         pl.all().exclude("provenance").drop_nulls().first(),
         pl.col("provenance").unique(maintain_order=True).str.join("; "),
     )
-    merged = conform(with_prov, schema).collect()
-    if merged.height == stacked.height:
-        return merged, pl.DataFrame()
+    return conform(with_prov, schema).collect()
+
+
+def _disputed_keys(
+    frames: list[pl.DataFrame], schema: dict, key: list[str], table: str, merged: pl.DataFrame
+) -> pl.DataFrame:
+    """The keys (of ``merged``, the one-row-per-key frame) whose rows disagree on a column the
+    verdict reads (``VERDICT_COLUMNS``), with the runs they belong to and why (the columns
+    and the values the rows gave)."""
+    if sum(f.height for f in frames) == merged.height:
+        return pl.DataFrame()
+    stacked = pl.concat([conform(f, schema).collect() for f in frames], how="vertical")
     compared = VERDICT_COLUMNS[table]
     counts = stacked.group_by(key).agg(
         pl.len().alias("_rows"),
@@ -117,13 +121,13 @@ def _first_per_key(
     )
     disputed = counts.filter(pl.any_horizontal([pl.col(c) > 1 for c in compared]))
     if disputed.height == 0:
-        return merged, pl.DataFrame()
+        return pl.DataFrame()
     differences = pl.concat_str(
         [pl.when(pl.col(c) > 1).then(pl.format(f"{c} ({{}})", pl.col(f"_{c}"))) for c in compared],
         separator=", ",
         ignore_nulls=True,
     )
-    return merged, disputed.select(
+    return disputed.select(
         pl.col("server"),
         pl.col(key[-1]).alias("key"),
         pl.col("_runs").alias("runs"),
@@ -184,20 +188,19 @@ def combine(parts: list[SourceData]) -> Evidence:
     # Databases first: where inputs disagree on a value, the database row is the reference.
     parts = sorted(parts, key=lambda part: not part.has_tables)
     loaded = [p for p in parts if p.runs.height or p.jobs.height or p.events.height or p.has_tables]
-    runs, disputed_runs = _first_per_key(
-        [p.runs for p in loaded], RUNS_SCHEMA, ["server", "run_id"], "runs"
-    )
-    jobs, disputed_jobs = _first_per_key(
-        [p.jobs for p in loaded], JOBS_SCHEMA, ["server", "job_id"], "jobs"
-    )
     evidence = Evidence(
-        runs=runs,
-        jobs=jobs,
+        runs=_first_per_key([p.runs for p in loaded], RUNS_SCHEMA, ["server", "run_id"]),
+        jobs=_first_per_key([p.jobs for p in loaded], JOBS_SCHEMA, ["server", "job_id"]),
         events=_merge_events([p.events for p in loaded]),
         has_tables=any(p.has_tables for p in parts),
     )
-    for table, disputed in (("runs", disputed_runs), ("jobs", disputed_jobs)):
-        if disputed.height:
+    for table, schema, key, merged in (
+        ("runs", RUNS_SCHEMA, ["server", "run_id"], evidence.runs),
+        ("jobs", JOBS_SCHEMA, ["server", "job_id"], evidence.jobs),
+    ):
+        frames = [getattr(p, table) for p in loaded]
+        disputed = _disputed_keys(frames, schema, key, table, merged) if frames else None
+        if disputed is not None and disputed.height:
             _dispute(evidence, table, disputed)
     unparsed = [
         read.unparsed for part in parts for read, _ in part.log_reads if read.unparsed.height
