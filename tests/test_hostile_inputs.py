@@ -42,6 +42,19 @@ def _one_line_error(result, *expected: str) -> str:
     return lines[0]
 
 
+def _evidence(tmp_path: Path) -> Path:
+    """Where a test's evidence goes: outputs may not be written beside it (issue 12)."""
+    folder = tmp_path / "evidence"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+def _outputs(tmp_path: Path) -> Path:
+    folder = tmp_path / "out"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
 def _victims(report) -> set[tuple[str, str]]:
     return {(f.category, v.job_id) for f in report.findings for v in f.victims}
 
@@ -178,9 +191,9 @@ def test_a_log_line_with_a_time_out_of_range_is_quarantined(tmp_path, fmt, year)
         )
     else:
         lines[target] = lines[target].replace("2026-11-02", f"{year}-11-02", 1)
-    log = tmp_path / "server.log"
+    log = _evidence(tmp_path) / "server.log"
     log.write_text("".join(lines))
-    quarantine = tmp_path / "quarantine.txt"
+    quarantine = _outputs(tmp_path) / "quarantine.txt"
     result = _audit(str(log), "--format", "json", "--quarantine", str(quarantine))
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
@@ -264,9 +277,9 @@ def test_a_line_over_the_limit_is_counted_and_quarantined_never_held(tmp_path, c
     at = len(lines) // 2 if where == "middle" else len(lines)
     lines.insert(at, huge + (b"\n" if where == "middle" else b""))
     body = b"".join(lines)
-    log = tmp_path / ("server.log.gz" if compress else "server.log")
+    log = _evidence(tmp_path) / ("server.log.gz" if compress else "server.log")
     log.write_bytes(gzip.compress(body) if compress else body)
-    quarantine = tmp_path / "quarantine.txt"
+    quarantine = _outputs(tmp_path) / "quarantine.txt"
     result = _audit(str(log), "--format", "json", "--quarantine", str(quarantine))
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
@@ -290,10 +303,10 @@ def test_unparsed_text_past_the_budget_keeps_its_place(monkeypatch, tmp_path):
     assert read.unparsed["line"].to_list() == list(range(1, 51))
     kept = read.unparsed["text"].drop_nulls()
     assert 0 < kept.len() < 50 and int(kept.str.len_bytes().sum()) <= 100
-    log = tmp_path / "server.log"
+    log = _evidence(tmp_path) / "server.log"
     log.write_bytes((SEED / "logs" / "server-info.standard.log").read_bytes() + garbage[:200])
-    quarantine = tmp_path / "quarantine.txt"
-    assert _audit(str(log), "--quarantine", str(quarantine)).exit_code == 0
+    quarantine = _outputs(tmp_path) / "quarantine.txt"
+    assert _audit(str(log), "--format", "json", "--quarantine", str(quarantine)).exit_code == 0
     written = quarantine.read_text().splitlines()
     assert len(written) == garbage[:200].count(b"\n") and written[0].startswith(f"{log}:")
     assert written[-1].endswith(reader.QUARANTINE_NOT_KEPT)
