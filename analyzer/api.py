@@ -111,7 +111,9 @@ class Audit:
             return self._detect()
 
     def _detect(self) -> tuple[list[RunVerdict], list[Finding]]:
-        verdicts, findings = detect(self.runs, self.submissions, self.events)
+        verdicts, findings = detect(
+            self.runs, self.submissions, self.events, self.evidence.disputed_runs
+        )
         gaps = evidence_gaps(
             self.runs, self.evidence.jobs, self.events, self.evidence.events_table_servers
         )

@@ -378,8 +378,10 @@ def audit(
         with outputs.build(bundle) as folder:
             write_bundle(folder, sources, options, report, markdown, location=bundle)
     if quarantine is not None:
+        from analyzer.sources.logs.reader import QUARANTINE_NOT_KEPT as NOT_KEPT
+
         lines = [
-            f"{row['file']}:{row['line']}\t{row['text']}"
+            f"{row['file']}:{row['line']}\t{row['text'] if row['text'] is not None else NOT_KEPT}"
             for row in opened.evidence.unparsed.iter_rows(named=True)
         ]
         outputs.write_text(quarantine, opened.redact("".join(line + "\n" for line in lines)))

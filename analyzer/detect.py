@@ -618,6 +618,40 @@ def _plain_verdict(run: Row) -> tuple[str, str] | None:
 
 
 def detect(
+    runs: pl.DataFrame,
+    subs: pl.DataFrame,
+    events: pl.DataFrame,
+    disputed: dict[tuple[str, str], str] | None = None,
+) -> tuple[list[RunVerdict], list[Finding]]:
+    """Every run's verdict and the findings. ``disputed`` names runs whose rows disagree
+    (evidence.disputed_runs): they are inconclusive whatever the rules say."""
+    verdicts, findings = _detect(runs, subs, events)
+    if not disputed:
+        return verdicts, findings
+    return _undecided_where_disputed(verdicts, findings, disputed)
+
+
+def _undecided_where_disputed(
+    verdicts: list[RunVerdict], findings: list[Finding], disputed: dict[tuple[str, str], str]
+) -> tuple[list[RunVerdict], list[Finding]]:
+    """A run whose own or whose jobs' rows disagree on what the rules read cannot be judged:
+    each row could give another verdict, and the evidence does not say which row is true."""
+    decided = []
+    for verdict in verdicts:
+        why = disputed.get((verdict.server, verdict.run_id))
+        if why is not None:
+            verdict = verdict.model_copy(
+                update={
+                    "verdict": "inconclusive",
+                    "why": f"duplicate rows disagree: {why} (from the rows as merged the rules "
+                    f"would say {verdict.verdict})",
+                }
+            )
+        decided.append(verdict)
+    return decided, [f for f in findings if (f.server, f.run_id) not in disputed]
+
+
+def _detect(
     runs: pl.DataFrame, subs: pl.DataFrame, events: pl.DataFrame
 ) -> tuple[list[RunVerdict], list[Finding]]:
     verdicts: list[RunVerdict] = []

@@ -23,6 +23,36 @@ from analyzer.redact import Redactor
 from analyzer.sources import InputInfo, Limitation, SourceData
 
 API_ONLY_PREFIXES = ("api_", "ps_json_")
+# What the verdict reads of a run or job row (detect.py, timeline.py): two rows of one key that
+# differ here could each give another verdict; rows that differ elsewhere only are one row.
+VERDICT_COLUMNS: dict[str, tuple[str, ...]] = {
+    "runs": ("run_type", "status", "termination_reason", "deployment_num", "submitted_at"),
+    "jobs": (
+        "run_id",
+        "job_name",
+        "replica_num",
+        "job_num",
+        "submission_num",
+        "deployment_num",
+        "status",
+        "termination_reason",
+        "termination_reason_message",
+        "exit_status",
+        "submitted_at",
+        "last_processed_at",
+        "has_provisioning_data",
+        "graceful_termination_attempts",
+        "spec_fingerprint",
+        "ready",
+        "remove_at",
+        "running_at",
+        "probe_count",
+        "probe_rows",
+        "probes_below_ready_after",
+        "min_probe_streak",
+    ),
+}
+_MAX_DISPUTES_NAMED = 5
 
 
 @dataclass
@@ -49,6 +79,8 @@ class Evidence:
             schema={"file": pl.String, "line": pl.Int64, "text": pl.String}
         )
     )
+    # (server, run_id) -> why its rows cannot be trusted (duplicate keys that disagree)
+    disputed_runs: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def ends_by_server(self, *, dated_only: bool = True) -> dict[str, datetime]:
         """Per server: the latest moment any of its inputs shows it alive (every table's times,
@@ -117,14 +149,12 @@ def _undated_removed(
 
 def _log_trailing_seconds(part: SourceData) -> dict[str, float]:
     """How long after its last lifecycle line each log of this input still wrote lines."""
-    from analyzer.sources.logs.messages import _times
-
     trailing = {}
-    for read, _ in part.log_reads:
-        if not read.records.height or not part.events.height:
+    for _, facts in part.log_reads:
+        if facts.last_time is None or not part.events.height:
             continue
         source = part.inputs[0].path
-        last_line = read.records.select(_times()[0])["time"].max()
+        last_line = facts.last_time
         last_event = part.events.filter(pl.col("source") == source)["time"].max()
         if last_line is not None and last_event is not None and last_line > last_event:
             trailing[source] = (last_line - last_event).total_seconds()
@@ -140,6 +170,49 @@ def _first_per_key(frames: list[pl.DataFrame], schema: dict, key: list[str]) -> 
         pl.col("provenance").unique(maintain_order=True).str.join("; "),
     )
     return conform(with_prov, schema).collect()
+
+
+def _disputed_keys(
+    frames: list[pl.DataFrame], schema: dict, key: list[str], table: str, merged: pl.DataFrame
+) -> pl.DataFrame:
+    """The keys (of ``merged``, the one-row-per-key frame) whose rows disagree on a column the
+    verdict reads (``VERDICT_COLUMNS``), with the runs they belong to and why (the columns
+    and the values the rows gave)."""
+    if sum(f.height for f in frames) == merged.height:
+        return pl.DataFrame()
+    stacked = pl.concat([conform(f, schema).collect() for f in frames], how="vertical")
+    compared = VERDICT_COLUMNS[table]
+    counts = stacked.group_by(key).agg(
+        pl.len().alias("_rows"),
+        pl.col("run_id").drop_nulls().unique().sort().alias("_runs"),
+        pl.col("provenance").unique(maintain_order=True).str.join(", ").alias("_where"),
+        *[pl.col(c).drop_nulls().n_unique().alias(c) for c in compared],
+        *[
+            pl.col(c).drop_nulls().unique().cast(pl.String).sort().str.join(" vs ").alias(f"_{c}")
+            for c in compared
+        ],
+    )
+    disputed = counts.filter(pl.any_horizontal([pl.col(c) > 1 for c in compared]))
+    if disputed.height == 0:
+        return pl.DataFrame()
+    differences = pl.concat_str(
+        [pl.when(pl.col(c) > 1).then(pl.format(f"{c} ({{}})", pl.col(f"_{c}"))) for c in compared],
+        separator=", ",
+        ignore_nulls=True,
+    )
+    return disputed.select(
+        pl.col("server"),
+        pl.col(key[-1]).alias("key"),
+        pl.col("_runs").alias("runs"),
+        pl.format(
+            "{} rows of {} {} ({}) disagree on {}",
+            pl.col("_rows"),
+            pl.lit(table),
+            pl.col(key[-1]),
+            pl.col("_where"),
+            differences,
+        ).alias("why"),
+    )
 
 
 def _merge_events(frames: list[pl.DataFrame]) -> pl.DataFrame:
@@ -162,6 +235,28 @@ def _merge_events(frames: list[pl.DataFrame]) -> pl.DataFrame:
     return conform(merged, EVENTS_SCHEMA).collect()
 
 
+def _dispute(evidence: Evidence, table: str, disputed: pl.DataFrame) -> None:
+    """Say which keys of a table came with rows that disagree (from two inputs, or twice in
+    one export), and mark their runs: which row is true is not in the evidence, so a verdict
+    built on either would claim more than it proves."""
+    named = disputed.head(_MAX_DISPUTES_NAMED)["why"].to_list()
+    more = disputed.height - len(named)
+    evidence.limitations.append(
+        Limitation(
+            "conflicting_duplicate_rows",
+            f"{disputed.height} {table} key(s) with rows that disagree on what the verdict "
+            "reads; their runs are inconclusive: "
+            + "; ".join(named)
+            + (f"; and {more} more" if more > 0 else ""),
+            table,
+        )
+    )
+    for server, runs, why in disputed.select("server", "runs", "why").iter_rows():
+        for run_id in runs:
+            known = evidence.disputed_runs.get((server, run_id))
+            evidence.disputed_runs[(server, run_id)] = f"{known}; {why}" if known else why
+
+
 def combine(parts: list[SourceData]) -> Evidence:
     # Databases first: where inputs disagree on a value, the database row is the reference.
     parts = sorted(parts, key=lambda part: not part.has_tables)
@@ -176,6 +271,14 @@ def combine(parts: list[SourceData]) -> Evidence:
             [p.instances for p in loaded], INSTANCES_SCHEMA, ["server", "instance_id"]
         ),
     )
+    for table, schema, key, merged in (
+        ("runs", RUNS_SCHEMA, ["server", "run_id"], evidence.runs),
+        ("jobs", JOBS_SCHEMA, ["server", "job_id"], evidence.jobs),
+    ):
+        frames = [getattr(p, table) for p in loaded]
+        disputed = _disputed_keys(frames, schema, key, table, merged) if frames else None
+        if disputed is not None and disputed.height:
+            _dispute(evidence, table, disputed)
     unparsed = [
         read.unparsed for part in parts for read, _ in part.log_reads if read.unparsed.height
     ]

@@ -6,6 +6,7 @@ else changes. Sniffers look at content, never at file names.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
@@ -71,15 +72,26 @@ class Limitation:
     source: str
 
 
+_EMPTY: dict[str, pl.DataFrame] = {}
+
+
+def _empty(name: str, schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    """One shared empty frame per table: polars frames are immutable, and building one costs
+    milliseconds, which a folder of thousands of unrecognised files would pay per file."""
+    if name not in _EMPTY:
+        _EMPTY[name] = empty_frame(schema)
+    return _EMPTY[name]
+
+
 @dataclass
 class SourceData:
     """What one input contributes to the canonical model."""
 
-    runs: pl.DataFrame = field(default_factory=lambda: empty_frame(RUNS_SCHEMA))
-    jobs: pl.DataFrame = field(default_factory=lambda: empty_frame(JOBS_SCHEMA))
-    events: pl.DataFrame = field(default_factory=lambda: empty_frame(EVENTS_SCHEMA))
-    fleets: pl.DataFrame = field(default_factory=lambda: empty_frame(FLEETS_SCHEMA))
-    instances: pl.DataFrame = field(default_factory=lambda: empty_frame(INSTANCES_SCHEMA))
+    runs: pl.DataFrame = field(default_factory=lambda: _empty("runs", RUNS_SCHEMA))
+    jobs: pl.DataFrame = field(default_factory=lambda: _empty("jobs", JOBS_SCHEMA))
+    events: pl.DataFrame = field(default_factory=lambda: _empty("events", EVENTS_SCHEMA))
+    fleets: pl.DataFrame = field(default_factory=lambda: _empty("fleets", FLEETS_SCHEMA))
+    instances: pl.DataFrame = field(default_factory=lambda: _empty("instances", INSTANCES_SCHEMA))
     has_fleet_tables: bool = False  # holds the fleets and instances tables (may be empty)
     inputs: list[InputInfo] = field(default_factory=list)
     limitations: list[Limitation] = field(default_factory=list)
@@ -105,13 +117,6 @@ class Source:
     kind: str
     sniff: Callable[[Path], bool]
     load: Callable[[Path, str], SourceData]  # (path, server label) -> data
-
-
-def bytes_facts(data: bytes, label: str, kind: str) -> InputInfo:
-    """Facts about input that is not a file (standard input)."""
-    return InputInfo(
-        path=label, kind=kind, sha256=hashlib.sha256(data).hexdigest(), size=len(data), mtime=None
-    )
 
 
 def file_facts(path: Path, kind: str) -> InputInfo:
@@ -146,11 +151,46 @@ def _unrecognised(path: Path) -> SourceData:
     return SourceData(inputs=[info])
 
 
-def load_path(given: str | Path, server: str, *, inside_folder: bool = False) -> list[SourceData]:
+def _unreadable(path: Path, why: str) -> SourceData:
+    """An entry of a folder that cannot be read (a symlink loop, a dangling link): listed with
+    why, so the rest of the folder is still audited and nothing is skipped silently."""
+    info = InputInfo(path=str(path), kind="unreadable", sha256=None, size=None, mtime=None)
+    info.notes.append(f"{why}; not audited")
+    return SourceData(inputs=[info])
+
+
+def _broken_link(path: Path, folders: tuple[str, ...]) -> str | None:
+    """Why a symlink inside a folder cannot be audited, or None when it can.
+
+    A link that resolves to a folder being walked (``self -> .``, ``up -> ..``) would repeat
+    that folder forever; a chain that never ends (``a -> b -> a``) fails with ELOOP; a link to
+    nothing is dangling."""
+    if not path.is_symlink():
+        return None
+    try:
+        target = os.path.realpath(path, strict=True)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            return f"symlink loop ({path.name} -> {os.readlink(path)} never reaches a file)"
+        return f"dangling symlink (-> {os.readlink(path)})"
+    if target in folders:
+        return f"symlink loop ({path.name} -> {os.readlink(path)} is a folder being audited)"
+    return None
+
+
+def load_path(
+    given: str | Path,
+    server: str,
+    *,
+    inside_folder: bool = False,
+    folders: tuple[str, ...] = (),
+) -> list[SourceData]:
     """Load one path: a recognised file or folder, or a folder of recognisable things.
 
-    Inside a folder, things that are not recognised are listed as such in the inputs (nothing
+    Inside a folder, things that are not recognised are listed as such in the inputs, and
+    things that cannot be read (symlink loops, dangling links) as unreadable with why (nothing
     is skipped silently); a path given by the user that is not recognised is an error.
+    ``folders`` are the real paths of the folders being walked (to see loops).
     """
     if str(given) == "-":
         from analyzer.sources.logs.source import load_stdin
@@ -169,9 +209,12 @@ def load_path(given: str | Path, server: str, *, inside_folder: bool = False) ->
 
         return [load_location(given, server).conformed()]
     path = Path(given)
+    if inside_folder and (why := _broken_link(path, folders)):
+        return [_unreadable(path, why)]
     try:
         if not path.exists():
-            raise AuditInputError(str(path), "no such file or folder")
+            why = _broken_link(path, folders) if path.is_symlink() else None
+            raise AuditInputError(str(path), why or "no such file or folder")
         if path.is_file():
             with path.open("rb"):
                 pass
@@ -188,10 +231,14 @@ def load_path(given: str | Path, server: str, *, inside_folder: bool = False) ->
         raise AuditInputError(str(path), f"cannot read ({error.strerror or error})") from None
     if path.is_dir():
         found: list[SourceData] = []
+        walking = (*folders, os.path.realpath(path))
         for child in sorted(path.iterdir()):
             if not child.name.startswith("."):
-                found.extend(load_path(child, server, inside_folder=True))
-        if any(item.inputs and item.inputs[0].kind != "unrecognised" for item in found):
+                found.extend(load_path(child, server, inside_folder=True, folders=walking))
+        if any(
+            item.inputs and item.inputs[0].kind not in ("unrecognised", "unreadable")
+            for item in found
+        ):
             return found
         if inside_folder:
             return [_unrecognised(path)]

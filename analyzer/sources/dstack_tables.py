@@ -240,13 +240,61 @@ def _int(expr: pl.Expr) -> pl.Expr:
     return expr.cast(pl.String).str.strip_chars().cast(pl.Float64, strict=False).cast(pl.Int64)
 
 
+# The time columns a verdict is built on; a value outside what a datetime holds is refused.
+TIME_COLUMNS: dict[str, tuple[str, ...]] = {
+    "runs": ("submitted_at", "last_processed_at"),
+    "jobs": ("submitted_at", "last_processed_at", "remove_at", "running_at"),
+    "events": ("recorded_at",),
+}
+_YEAR_OUT_OF_RANGE = r"^\s*(?:-\d+|\d{5,}|0000)-\d\d-\d\d"
+
+
 def _read(reader: TableReader, table: str) -> pl.DataFrame | None:
     if table not in reader.tables():
         return None
     slim = getattr(reader, "read_slim", None)
     if slim is not None and table in JSON_PATHS:
-        return slim(table, TABLE_COLUMNS[table], JSON_PATHS[table])
-    return reader.read(table, TABLE_COLUMNS[table])
+        frame = slim(table, TABLE_COLUMNS[table], JSON_PATHS[table])
+    else:
+        frame = reader.read(table, TABLE_COLUMNS[table])
+    _check_times(reader, table, frame)
+    return frame
+
+
+def _check_times(reader: TableReader, table: str, frame: pl.DataFrame) -> None:
+    """A time outside years 1-9999 (``-001-...``, ``10000-...``) is damage, not a missing value:
+    reading it as null would silently change a timeline, so the audit stops and names the row.
+    """
+    columns = [c for c in TIME_COLUMNS.get(table, ()) if c in frame.columns]
+    if not columns:
+        return
+    text = [pl.col(c).cast(pl.String) for c in columns]
+    out = [
+        t.str.contains(_YEAR_OUT_OF_RANGE).fill_null(False)
+        | ~parse_db_time(t).dt.year().is_between(1, 9999).fill_null(True)
+        for t in text
+    ]
+    bad = frame.with_row_index("_row", offset=1).filter(pl.any_horizontal(out))
+    if bad.height == 0:
+        return
+    row = bad.row(0, named=True)
+    column = next(c for c in columns if row[c] is not None and _out_of_range(row[c]))
+    where = getattr(reader, "source_of", lambda _table: reader.label)(table)
+    raise AuditInputError(
+        where,
+        f"table {table}, row {row['_row']} (id {row.get('id')}): {column} {row[column]!r} is "
+        "not a time between years 1 and 9999"
+        + (f", and {bad.height - 1} more such row(s)" if bad.height > 1 else ""),
+        "the export or database is damaged; repair or remove the row",
+    )
+
+
+def _out_of_range(value: object) -> bool:
+    frame = pl.DataFrame({"t": [str(value)]})
+    check = pl.col("t").str.contains(_YEAR_OUT_OF_RANGE) | ~parse_db_time(
+        pl.col("t")
+    ).dt.year().is_between(1, 9999).fill_null(True)
+    return bool(frame.select(check).item())
 
 
 def _names(frame: pl.DataFrame | None, alias: str) -> pl.DataFrame:

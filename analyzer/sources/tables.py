@@ -27,26 +27,27 @@ def _table_files(folder: Path) -> dict[str, Path]:
 
 
 def _sniff(path: Path) -> bool:
-    if not path.is_dir():
-        return False
-    files = _table_files(path)
-    if not looks_like_dstack(set(files)):
-        return False
-    return all(_has_header(files[name], "id") for name in ("runs", "jobs"))
+    """A folder holding the runs and jobs tables (by name: an export has no other mark) is a
+    table export even when one of its files is damaged: the load then names the file and what
+    is wrong with it, instead of the folder being passed over as unrecognisable."""
+    return path.is_dir() and looks_like_dstack(set(_table_files(path)))
 
 
-def _has_header(path: Path, column: str) -> bool:
-    if path.suffix == ".parquet":
-        try:
-            return column in pl.read_parquet_schema(path)
-        except Exception:
-            return False
-    try:
-        with path.open("rb") as handle:
-            head = handle.readline(65536).decode("utf-8", "replace")
-    except OSError:
-        return False
-    return column in [c.strip().strip('"') for c in head.split(",")]
+def _csv_header(path: Path) -> str:
+    """The first line of a CSV export; a UTF-8 BOM (Excel, PowerShell) is not part of it."""
+    with path.open("rb") as handle:
+        return handle.readline(65536).decode("utf-8-sig", "replace").rstrip("\r\n")
+
+
+def _wrong_delimiter(header: str) -> str | None:
+    """The delimiter of a header that reads as one column under ``,`` (a European-locale
+    Excel export uses ``;``, some tools a tab), or None."""
+    if "," in header:
+        return None
+    for delimiter, name in ((";", "';'"), ("\t", "tab"), ("|", "'|'")):
+        if delimiter in header:
+            return name
+    return None
 
 
 class ExportReader:
@@ -58,6 +59,10 @@ class ExportReader:
     def tables(self) -> set[str]:
         return set(self._files)
 
+    def source_of(self, table: str) -> str:
+        """The file a table was read from (errors name it, not the folder)."""
+        return str(self._files[table])
+
     def _frame(self, table: str) -> pl.DataFrame:
         if table not in self._frames:
             path = self._files[table]
@@ -68,10 +73,23 @@ class ExportReader:
                 elif path.stat().st_size == 0:
                     frame = pl.DataFrame()
                 else:
+                    delimiter = _wrong_delimiter(_csv_header(path))
+                    if delimiter is not None:
+                        raise AuditInputError(
+                            str(path),
+                            f"{delimiter}-delimited: its header reads as one column",
+                            "export with ',' as sqlite3 -csv -header or psql CSV HEADER write it",
+                        )
                     frame = pl.read_csv(path, infer_schema=False, empty_string_is_null=True)
+            except AuditInputError:
+                raise
             except Exception as error:
+                kind = "Parquet file" if path.suffix == ".parquet" else "CSV export"
+                reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error)
                 raise AuditInputError(
-                    str(path), f"cannot read the table export ({error})"
+                    str(path),
+                    f"not a readable {kind} (truncated or damaged: {reason})",
+                    "export the table again",
                 ) from None
             self._frames[table] = frame
         return self._frames[table]

@@ -9,12 +9,14 @@ counted as unrecognised by its template shape, so a new dstack release shows up 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 
 import polars as pl
 
 from analyzer import catalogue
 from analyzer.model import UTC_TIME
 from analyzer.redact import redact_shapes
+from analyzer.sources.logs.reader import detached
 
 EVENT_LINE = (
     r"^Emitting ?event: ?(?P<body>.*)\. ?Event ?targets: ?(?P<targets>.*)\. ?Actor: ?"
@@ -57,9 +59,11 @@ class LogFacts:
     irrelevant: int = 0
     unrecognised: int = 0
     unrecognised_shapes: dict[str, int] = field(default_factory=dict)
+    unrecognised_first: dict[str, str] = field(default_factory=dict)  # shape -> file:line
     server_version: str | None = None
     levels: dict[str, int] = field(default_factory=dict)
     ambiguous_jobs: int = 0  # jobs that more than one same-name run could own
+    last_time: datetime | None = None  # the latest line's time, as written (any line, kept or not)
 
 
 def _shape(message: pl.Expr) -> pl.Expr:
@@ -85,77 +89,131 @@ def _shape(message: pl.Expr) -> pl.Expr:
 def records_to_events(
     records: pl.DataFrame, source: str, server: str
 ) -> tuple[pl.DataFrame, LogFacts]:
-    facts = LogFacts(records=records.height)
-    if records.height == 0:
-        return pl.DataFrame(), facts
-    facts.levels = dict(records.group_by("level").len().iter_rows())
+    """The events and facts of one log's records held at once (see ``EventCollector``)."""
+    collector = EventCollector(source, server)
+    collector.add(records)
+    return collector.finish()
 
-    frame = records.with_row_index("seq").with_columns(
-        pl.col("seq").cast(pl.Int64),
-        pl.col("message").str.strip_chars().alias("text"),
-        pl.col("logger").fill_null("").alias("logger"),
-    )
-    is_event = pl.col("text").str.contains(r"^Emitting ?event:")
-    entity = pl.col("text").str.extract_groups(catalogue.ENTITY_LINE)
-    frame = frame.with_columns(
-        is_event.alias("is_event"),
-        entity.struct.field("etype").alias("line_etype"),
-        entity.struct.field("hex").alias("line_hex"),
-        entity.struct.field("name").alias("line_name"),
-        entity.struct.field("body").alias("line_body"),
-    )
 
-    events = _event_lines(frame.filter(pl.col("is_event")))
-    status = _status_lines(frame.filter(~pl.col("is_event") & pl.col("line_etype").is_not_null()))
-    plain = frame.filter(~pl.col("is_event") & pl.col("line_etype").is_null())
+class EventCollector:
+    """A log's records, chunk after chunk, reduced to what the audit keeps: the event and
+    status lines (with their places), counts of every other kind, the unrecognised lines'
+    template shapes with their counts and first places, and the version markers seen. Memory
+    grows with the kept events, never with the log's other lines."""
 
-    plain_known = plain.select(
-        pl.any_horizontal(
-            [pl.col("text").str.contains(p) for p in catalogue.LOG_PLAIN_IRRELEVANT]
-        ).alias("known"),
-        (pl.col("logger").str.starts_with("dstack") | (pl.col("logger") == "")).alias("dstack"),
-        pl.col("text"),
-    )
-    unrecognised = pl.concat(
-        [
-            plain_known.filter(~pl.col("known") & pl.col("dstack")).select("text"),
-            status.filter(pl.col("kind") == "unrecognised").select("text"),
-            events.filter(pl.col("kind") == "unrecognised").select(pl.col("message").alias("text")),
-        ]
-    )
-    facts.unrecognised = unrecognised.height
-    if unrecognised.height:
-        # secret shapes masked in the raw text, before templating can hide them
-        unrecognised = unrecognised.with_columns(redact_shapes(unrecognised["text"]))
-        shapes = (
-            unrecognised.group_by(_shape(pl.col("text")).alias("shape"))
-            .len()
-            .sort("len", descending=True)
+    def __init__(self, source: str, server: str) -> None:
+        self.source = source
+        self.server = server
+        self.facts = LogFacts()
+        self._kept: list[pl.DataFrame] = []
+        self._shapes: dict[str, list] = {}  # shape -> [count, first place]
+        self._explicit_version: str | None = None
+        self._markers: set[int] = set()
+
+    def add(self, records: pl.DataFrame) -> None:
+        facts = self.facts
+        if records.height == 0:
+            return
+        seq_offset = facts.records
+        facts.records += records.height
+        latest = records.select(_times()[0])["time"].max()
+        if latest is not None and (facts.last_time is None or latest > facts.last_time):
+            facts.last_time = latest
+        for level, count in records.group_by("level").len().iter_rows():
+            facts.levels[level] = facts.levels.get(level, 0) + count
+
+        frame = records.with_row_index("seq", offset=seq_offset).with_columns(
+            pl.col("seq").cast(pl.Int64),
+            pl.col("message").str.strip_chars().alias("text"),
+            pl.col("logger").fill_null("").alias("logger"),
+            pl.format("{}:{}", pl.col("file"), pl.col("line")).alias("place"),
         )
-        facts.unrecognised_shapes = dict(shapes.iter_rows())
+        is_event = pl.col("text").str.contains(r"^Emitting ?event:")
+        entity = pl.col("text").str.extract_groups(catalogue.ENTITY_LINE)
+        frame = frame.with_columns(
+            is_event.alias("is_event"),
+            entity.struct.field("etype").alias("line_etype"),
+            entity.struct.field("hex").alias("line_hex"),
+            entity.struct.field("name").alias("line_name"),
+            entity.struct.field("body").alias("line_body"),
+        )
 
-    # "other" run/job events stay: they tell a service from a task ("Service ..." messages).
-    relevant = pl.concat(
-        [events, status.filter(~pl.col("kind").is_in(["other", "unrecognised"]))],
-        how="diagonal_relaxed",
-    ).filter(pl.col("kind") != "unrecognised")
-    lifecycle = relevant.filter(pl.col("kind") != "other")
-    facts.relevant = lifecycle.select(pl.col("seq").n_unique()).item() if lifecycle.height else 0
-    facts.irrelevant = facts.records - facts.relevant - facts.unrecognised
-    facts.server_version = _fingerprint(frame)
+        events = _event_lines(frame.filter(pl.col("is_event")))
+        status = _status_lines(
+            frame.filter(~pl.col("is_event") & pl.col("line_etype").is_not_null())
+        )
+        plain = frame.filter(~pl.col("is_event") & pl.col("line_etype").is_null())
 
-    out = relevant.with_columns(
-        pl.lit(server).alias("server"),
-        pl.lit(source).alias("source"),
-        pl.concat_list([pl.format("{}:{}", pl.col("file"), pl.col("line"))]).alias("provenance"),
-        *_times(),
-    )
-    attached = _attach_job_runs(out)
-    if "ambiguous_run" in attached.columns:
-        ambiguous = attached.filter(pl.col("ambiguous_run").fill_null(False))
-        facts.ambiguous_jobs = ambiguous.select("entity_id").n_unique() if ambiguous.height else 0
-        attached = attached.drop("ambiguous_run")
-    return attached, facts
+        plain_known = plain.select(
+            pl.any_horizontal(
+                [pl.col("text").str.contains(p) for p in catalogue.LOG_PLAIN_IRRELEVANT]
+            ).alias("known"),
+            (pl.col("logger").str.starts_with("dstack") | (pl.col("logger") == "")).alias("dstack"),
+            pl.col("text"),
+            pl.col("place"),
+        )
+        unrecognised = pl.concat(
+            [
+                plain_known.filter(~pl.col("known") & pl.col("dstack")).select("text", "place"),
+                status.filter(pl.col("kind") == "unrecognised").select("text", "place"),
+                events.filter(pl.col("kind") == "unrecognised").select(
+                    pl.col("message").alias("text"), "place"
+                ),
+            ]
+        )
+        facts.unrecognised += unrecognised.height
+        if unrecognised.height:
+            # secret shapes masked in the raw text, before templating can hide them
+            unrecognised = unrecognised.with_columns(redact_shapes(unrecognised["text"]))
+            shapes = unrecognised.group_by(_shape(pl.col("text")).alias("shape")).agg(
+                pl.len(), pl.col("place").first()
+            )
+            for shape, count, place in shapes.iter_rows():
+                known = self._shapes.setdefault(shape, [0, place])
+                known[0] += count
+
+        # "other" run/job events stay: they tell a service from a task ("Service ..." messages).
+        relevant = pl.concat(
+            [events, status.filter(~pl.col("kind").is_in(["other", "unrecognised"]))],
+            how="diagonal_relaxed",
+        ).filter(pl.col("kind") != "unrecognised")
+        lifecycle = relevant.filter(pl.col("kind") != "other")
+        relevant_here = lifecycle.select(pl.col("seq").n_unique()).item() if lifecycle.height else 0
+        facts.relevant += relevant_here
+        facts.irrelevant += records.height - relevant_here - unrecognised.height
+        explicit, markers = _version_markers(frame)
+        self._explicit_version = explicit or self._explicit_version
+        self._markers |= markers
+        if relevant.height:
+            self._kept.append(detached(relevant.drop("place")))
+
+    def finish(self) -> tuple[pl.DataFrame, LogFacts]:
+        facts = self.facts
+        ordered = sorted(self._shapes.items(), key=lambda item: -item[1][0])
+        facts.unrecognised_shapes = {shape: count for shape, (count, _) in ordered}
+        facts.unrecognised_first = {shape: place for shape, (_, place) in ordered}
+        facts.server_version = _fingerprint(self._explicit_version, self._markers)
+        if facts.records == 0:
+            return pl.DataFrame(), facts
+        relevant = pl.concat(self._kept, how="diagonal_relaxed") if self._kept else pl.DataFrame()
+        if relevant.height == 0:
+            return relevant, facts
+        out = relevant.with_columns(
+            pl.lit(self.server).alias("server"),
+            pl.lit(self.source).alias("source"),
+            pl.concat_list([pl.format("{}:{}", pl.col("file"), pl.col("line"))]).alias(
+                "provenance"
+            ),
+            *_times(),
+        )
+        attached = _attach_job_runs(out)
+        if "ambiguous_run" in attached.columns:
+            ambiguous = attached.filter(pl.col("ambiguous_run").fill_null(False))
+            facts.ambiguous_jobs = (
+                ambiguous.select("entity_id").n_unique() if ambiguous.height else 0
+            )
+            attached = attached.drop("ambiguous_run")
+        return attached, facts
 
 
 def _times() -> list[pl.Expr]:
@@ -405,21 +463,30 @@ def _attach_job_runs(events: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _fingerprint(frame: pl.DataFrame) -> str | None:
-    """The dstack version range the log's lines fit (narrowest of every marker found)."""
+def _version_markers(frame: pl.DataFrame) -> tuple[str | None, set[int]]:
+    """What one chunk's records say about the version: the last explicit version line, and
+    which markers (indexes into VERSION_MARKERS + LOGGER_MARKERS) occur."""
     explicit = frame.select(
         pl.col("text").str.extract(SERVER_VERSION, 1).drop_nulls().last()
     ).item()
+    text = frame["text"]
+    loggers = frame["logger"]
+    found = {i for i, (p, _, _) in enumerate(VERSION_MARKERS) if text.str.contains(p).any()}
+    found |= {
+        len(VERSION_MARKERS) + i
+        for i, (p, _, _) in enumerate(LOGGER_MARKERS)
+        if loggers.str.contains(p).any()
+    }
+    return explicit, found
+
+
+def _fingerprint(explicit: str | None, markers: set[int]) -> str | None:
+    """The dstack version range the log's lines fit (narrowest of every marker found)."""
     if explicit:
         return explicit
     low, high = "0.18.0", ""
-    text = frame["text"]
-    loggers = frame["logger"]
-    for pattern, minimum, maximum in VERSION_MARKERS:
-        if text.str.contains(pattern).any():
-            low, high = _narrow(low, high, minimum, maximum)
-    for pattern, minimum, maximum in LOGGER_MARKERS:
-        if loggers.str.contains(pattern).any():
+    for index, (_, minimum, maximum) in enumerate(VERSION_MARKERS + LOGGER_MARKERS):
+        if index in markers:
             low, high = _narrow(low, high, minimum, maximum)
     if low == "0.18.0" and not high:
         return None

@@ -27,11 +27,15 @@ unparsed. Every physical line is counted exactly once:
 
 from __future__ import annotations
 
+import io
 import re
 import sys
 import zlib
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import time
 from pathlib import Path
+from typing import BinaryIO
 
 import polars as pl
 
@@ -44,6 +48,24 @@ UNPARSED_SCHEMA: dict[str, pl.DataType] = {
 }
 
 SNIFF_BYTES = 64 * 1024
+# Reading streams: blocks of BLOCK_BYTES (compressed or plain) become chunks of about
+# CHUNK_BYTES of whole lines, each parsed in columns and reduced before the next is read, so
+# memory follows the chunk, not the log. A line longer than MAX_LINE_BYTES is never held: it is
+# counted and quarantined by its place. 1 MiB is far above any line dstack writes (its longest
+# are tracebacks and job specs of a few KiB; journald stores at most 48 KiB per line by default,
+# docker splits its json-file lines at 16 KiB) and small beside a chunk, so a hostile line
+# cannot grow memory.
+BLOCK_BYTES = 256 * 1024
+CHUNK_BYTES = 8 * 1024 * 1024
+MAX_LINE_BYTES = 1024 * 1024
+# The text of unparsed lines is kept for the quarantine file up to this much per log; past it,
+# only their places are kept (the quarantine then points at the line in the file).
+QUARANTINE_TEXT_BYTES = 64 * 1024 * 1024
+QUARANTINE_NOT_KEPT = (
+    f"[text not kept: past the {QUARANTINE_TEXT_BYTES >> 20} MiB of unparsed text kept per log; "
+    "the line is at this place in the file]"
+)
+OVERLONG = "\x01"  # opens the stand-in of a line over MAX_LINE_BYTES (no record starts so)
 
 _LEVELS = "DEBUG|INFO|WARNING|ERROR|CRITICAL"
 # standard: %(levelname)s %(asctime)s.%(msecs)03d %(name)s %(message)s (reference 9.2); the
@@ -60,9 +82,9 @@ _RICH_RE = (
 _RICH_LOGGER_RE = r"(?s)^(?P<rl_logger>[A-Za-z_][\w.]*):\d+(?:\s(?P<rl_msg>.*))?$"
 _RICH_INDENT = 20  # time (10) + space + level (8) + space
 # docker/kubectl --timestamps: RFC 3339 (docker trims trailing zeros of the nanoseconds).
-_DOCKER_PREFIX = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d) ?"
+_DOCKER_PREFIX = r"^-?\d+-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d) ?"
 _DOCKER_RE = (
-    r"(?s)^(?P<d_time>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d))"
+    r"(?s)^(?P<d_time>-?\d+-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d))"
     r"(?: (?P<d_rest>.*))?$"
 )
 _JOURNAL_RE = r'^\s*\{.*"__REALTIME_TIMESTAMP"\s*:'
@@ -71,7 +93,7 @@ _ANSI_RE = r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\
 # junk) or the beginning of a record that did not parse (a line cut while being written).
 _SUSPECT_RE = (
     r"[\x00-\x08\x0b-\x1f\x7f]"
-    rf"|^(?:(?:{_LEVELS}) \d|\{{\s*\"|\[\d\d:\d\d| {{10}} (?:{_LEVELS}) )"
+    rf"|^(?:(?:{_LEVELS}) -?\d|\{{\s*\"|\[\d\d:\d\d| {{10}} (?:{_LEVELS}) )"
 )
 # Lines that open a part of a Python traceback (used to restore newlines in folded rich text).
 _TRACEBACK_PART_RE = (
@@ -118,12 +140,13 @@ class LogRead:
     path: str  # display path as given (file path, "-" for stdin, or the rotated member's path)
     format: str | None  # "rich" | "standard" | "json" | None (nothing recognisable)
     wrapper: str | None  # "docker" (docker/kubectl --timestamps) | "journald" | None
-    records: pl.DataFrame  # LOG_RECORDS_SCHEMA, one row per log record
+    records: pl.DataFrame  # LOG_RECORDS_SCHEMA, one row per log record (empty when streamed)
     lines_total: int  # physical lines read (journald: journal entries)
     lines_irrelevant: int  # recognised but not records: blank lines, the start-up logo
-    unparsed: pl.DataFrame  # UNPARSED_SCHEMA: lines that are neither
+    unparsed: pl.DataFrame  # UNPARSED_SCHEMA: lines that are neither (text null past the budget)
     damage: list[str]  # human-readable notes on what was wrong with the input
     rich_width: int | None  # detected console width for rich
+    record_count: int = 0  # records read (also when they were streamed, not kept)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -145,36 +168,60 @@ def sniff_log(head: bytes) -> bool:
         head = head[: cut + 1]  # drop a partial last line
     if not head.strip():
         return False
-    read, frame = _read(head, "-")
-    if read.records.height == 0 and not frame["logo"].any():
+    stream = LogStream("-")
+    chunks = list(stream.records([head]))
+    rec = pl.concat(chunks) if chunks else pl.DataFrame(schema=LOG_RECORDS_SCHEMA)
+    if rec.height == 0 and not stream.logo_lines:
         return False
-    recognised = int(read.records["line_count"].sum() or 0) + int(frame["logo"].sum())
-    non_blank = int((frame["raw"].str.strip_chars() != "").sum())
-    if recognised * 2 < non_blank:
+    recognised = int(rec["line_count"].sum() or 0) + stream.logo_lines
+    if recognised * 2 < stream.non_blank_lines:
         return False
-    rec = read.records
     dstack_like = (
         rec["format"].is_in(["standard", "json"])
         | rec["logger"].is_not_null()
         | rec["message"].str.contains(_STARTUP_RE)
     ).fill_null(False)
-    return bool(dstack_like.any()) or bool(frame["logo"].any())
+    return bool(dstack_like.any()) or stream.logo_lines > 0
 
 
 def read_log(path: str | Path, *, display_path: str | None = None) -> LogRead:
-    """Read one log file ("-" = stdin); gzip is recognised by its magic bytes, not its name."""
+    """Read one log file ("-" = stdin) with all its records; gzip is recognised by its magic
+    bytes, not its name. (The audit streams instead: see ``LogStream``.)"""
     if str(path) == "-":
-        data = sys.stdin.buffer.read()
-        shown = display_path or "-"
-    else:
-        data = Path(path).read_bytes()
-        shown = display_path if display_path is not None else str(path)
-    return read_log_bytes(data, shown)
+        return _read_all(file_blocks(sys.stdin.buffer), display_path or "-")
+    shown = display_path if display_path is not None else str(path)
+    with Path(path).open("rb") as handle:
+        return _read_all(file_blocks(handle), shown)
 
 
 def read_log_bytes(data: bytes, display_path: str) -> LogRead:
     """Parse the bytes of one log (plain or gzip); never raises on bad input."""
-    return _read(data, display_path)[0]
+    return _read_all(
+        [data[i : i + BLOCK_BYTES] for i in range(0, len(data), BLOCK_BYTES)], display_path
+    )
+
+
+def _read_all(blocks: Iterable[bytes], display_path: str) -> LogRead:
+    stream = LogStream(display_path)
+    chunks = list(stream.records(blocks))
+    records = pl.concat(chunks) if chunks else pl.DataFrame(schema=LOG_RECORDS_SCHEMA)
+    return stream.result(records)
+
+
+def detached(frame: pl.DataFrame) -> pl.DataFrame:
+    """A copy that owns its text. A filtered string column still points into the whole
+    chunk's buffers (polars' string views), so the few rows kept of a chunk would keep all of
+    it alive; written out with plain (non-view) strings and read back, they hold their own."""
+    buffer = io.BytesIO()
+    frame.write_ipc(buffer, compat_level=pl.CompatLevel.oldest())
+    buffer.seek(0)
+    return pl.read_ipc(buffer)
+
+
+def file_blocks(handle: BinaryIO) -> Iterator[bytes]:
+    """A binary stream in blocks of BLOCK_BYTES."""
+    while block := handle.read(BLOCK_BYTES):
+        yield block
 
 
 def rotated_set(path: Path) -> list[Path]:
@@ -202,31 +249,133 @@ def rotated_set(path: Path) -> list[Path]:
 # bytes -> physical lines
 
 
-def _gunzip(data: bytes) -> tuple[bytes, str | None]:
-    """Decompress gzip (multi-member too) as far as it goes; the second value says what broke."""
-    out: list[bytes] = []
-    rest = data
-    problem: str | None = None
-    chunk = 1 << 16
-    while rest:
-        decoder = zlib.decompressobj(wbits=31)
-        try:
-            for start in range(0, len(rest), chunk):
-                out.append(decoder.decompress(rest[start : start + chunk]))
-                if decoder.eof:
+def _decoded(blocks: Iterable[bytes], problems: list[str]) -> Iterator[bytes]:
+    """The log's bytes in bounded pieces: gzip (multi-member too) recognised by its magic
+    bytes and decompressed as far as it goes (what broke goes to ``problems``), else as is."""
+    blocks = iter(blocks)
+    first = b""
+    for block in blocks:
+        first += block
+        if len(first) >= 2:
+            break
+    if not first.startswith(b"\x1f\x8b"):
+        if first:
+            yield first
+        yield from blocks
+        return
+    held: list[bytes] | None = [first]  # raw bytes, until the stream yields output
+    produced = False
+    for piece in _gunzip(_chain_first(first, blocks, held), problems):
+        produced = True
+        held = None
+        yield piece
+    if not produced and held is not None and problems:
+        problems[-1:] = [f"gzip magic bytes but no readable gzip stream ({problems[-1]}); read raw"]
+        yield from held
+        yield from blocks
+
+
+def _chain_first(
+    first: bytes, blocks: Iterator[bytes], held: list[bytes] | None
+) -> Iterator[bytes]:
+    yield first
+    for block in blocks:
+        if held is not None and sum(map(len, held)) < SNIFF_BYTES:
+            held.append(block)
+        yield block
+
+
+def _gunzip(blocks: Iterator[bytes], problems: list[str]) -> Iterator[bytes]:
+    """Decompress with at most BLOCK_BYTES out per step (a small bomb cannot fill memory)."""
+    decoder = zlib.decompressobj(wbits=31)
+    between = False  # a member ended: what follows must be another member
+    junk = 0
+    nul_only = True
+    for block in blocks:
+        data = block
+        while data:
+            if junk or (between and len(data) >= 2 and not data.startswith(b"\x1f\x8b")):
+                junk += len(data)
+                nul_only = nul_only and not data.strip(b"\x00")
+                break
+            if between:
+                decoder = zlib.decompressobj(wbits=31)
+                between = False
+            try:
+                out = decoder.decompress(data, BLOCK_BYTES)
+            except zlib.error as exc:
+                problems.append(f"corrupt gzip stream ({exc})")
+                return
+            if out:
+                yield out
+            if decoder.eof:
+                between = True
+                data = decoder.unused_data
+            else:
+                data = decoder.unconsumed_tail
+    if junk and not nul_only:
+        problems.append(f"{junk} bytes of trailing junk after the gzip stream ignored")
+    elif not between and not junk:
+        problems.append("truncated gzip stream")
+
+
+def _line_chunks(blocks: Iterable[bytes], ends: list[bool]) -> Iterator[bytes]:
+    """Chunks of about CHUNK_BYTES ending at a line break (the last one maybe not). A line over
+    MAX_LINE_BYTES is skipped as it streams by and replaced by a stand-in line that says its
+    size (``OVERLONG``...). Python touches blocks, never lines: a block's inner lines are
+    shorter than the limit since BLOCK_BYTES is. ``ends`` gets whether the last byte was a
+    line break."""
+    buffer = bytearray()
+    tail = 0  # where the open (unfinished) line starts in buffer
+    skipped: int | None = None  # bytes of an over-long line being skipped
+    last = b""
+    for block in blocks:
+        if not block:
+            continue
+        last = block[-1:]
+        while block:
+            newline = block.find(b"\n")
+            if skipped is not None:
+                if newline < 0:
+                    skipped += len(block)
                     break
-        except zlib.error as exc:
-            problem = f"corrupt gzip stream ({exc})"
+                buffer += _overlong(skipped + newline) + b"\n"
+                tail = len(buffer)
+                skipped, block = None, block[newline + 1 :]
+                continue
+            open_bytes = len(buffer) - tail
+            if newline < 0:
+                if open_bytes + len(block) > MAX_LINE_BYTES:
+                    skipped = open_bytes + len(block)
+                    del buffer[tail:]
+                else:
+                    buffer += block
+                break
+            if open_bytes + newline > MAX_LINE_BYTES:
+                del buffer[tail:]
+                buffer += _overlong(open_bytes + newline) + b"\n"
+                tail = len(buffer)
+                block = block[newline + 1 :]
+                continue
+            buffer += block
+            tail = len(buffer) - (len(block) - block.rfind(b"\n") - 1)
             break
-        if not decoder.eof:
-            problem = "truncated gzip stream"
-            break
-        rest = decoder.unused_data
-        if rest and not rest.startswith(b"\x1f\x8b"):
-            if rest.strip(b"\x00"):
-                problem = f"{len(rest)} bytes of trailing junk after the gzip stream ignored"
-            break
-    return b"".join(out), problem
+        if tail >= CHUNK_BYTES:
+            yield bytes(buffer[:tail])
+            del buffer[:tail]
+            tail = 0
+    if skipped is not None:
+        buffer += _overlong(skipped)
+    ends.append(last == b"\n")
+    if buffer:
+        yield bytes(buffer)
+
+
+def _overlong(size: int) -> bytes:
+    return (
+        f"{OVERLONG}[a line of {size} bytes, over the {MAX_LINE_BYTES} byte limit: counted, "
+        "not read]"
+    ).encode()
 
 
 def _gunzip_prefix(head: bytes) -> bytes:
@@ -238,9 +387,9 @@ def _gunzip_prefix(head: bytes) -> bytes:
         return b""
 
 
-def _split_lines(data: bytes) -> tuple[pl.Series, bool]:
-    """Physical lines (``\\n``-separated, one trailing ``\\r`` removed, a BOM dropped) and
-    whether the UTF-8 was bad (bad bytes become U+FFFD)."""
+def _split_lines(data: bytes, first: bool) -> tuple[pl.Series, bool]:
+    """Physical lines (``\\n``-separated, one trailing ``\\r`` removed, a BOM dropped from
+    the first chunk) and whether the UTF-8 was bad (bad bytes become U+FFFD)."""
     if not data:
         return pl.Series("raw", [], dtype=pl.String), False
     try:
@@ -248,7 +397,7 @@ def _split_lines(data: bytes) -> tuple[pl.Series, bool]:
         invalid = False
     except UnicodeDecodeError:
         invalid = True
-    body = data.removeprefix(b"\xef\xbb\xbf")
+    body = data.removeprefix(b"\xef\xbb\xbf") if first else data
     raw = _split_with_csv_reader(body)
     return (raw if raw is not None else _split_text(body)), invalid
 
@@ -285,54 +434,88 @@ def _split_text(body: bytes) -> pl.Series:
     return pl.Series("raw", [text]).str.split("\n").explode().str.strip_suffix("\r")
 
 
+def _in_range(time: pl.Expr) -> pl.Expr:
+    """A parsed time, or null when its year is outside 1-9999 (``0000-...``, ``-001-...``):
+    such a line is no record (it is quarantined), since no report could show its time."""
+    return pl.when(time.dt.year().is_between(1, 9999)).then(time)
+
+
 # ---------------------------------------------------------------------------------------------
 # wrappers: docker/kubectl --timestamps, journalctl -o json
 
 
-def _unwrap(raw: pl.Series, damage: list[str]) -> tuple[pl.DataFrame, str | None]:
-    """Detect the wrapper by content (a majority of non-blank lines) and peel it off.
+# What a wrapper line can be wrong with, per line (counted over the lines once, into notes).
+_WRAPPER_DAMAGE = {
+    "no_prefix": "{} lines without the docker/kubectl timestamp prefix",
+    "bad_bytes": "invalid UTF-8 in {} journal entries (MESSAGE byte arrays)",
+    "null_message": (
+        "{} journal entries without a MESSAGE text (journalctl -o json prints null for fields "
+        "over 4096 bytes unless --all is given)"
+    ),
+    "foreign": "{} lines that are not journal entries",
+}
 
-    Returns line, raw, content (the log line inside the wrapper), wrapper_time (UTC) and
-    wrapped (this line carried the wrapper).
-    """
-    frame = pl.DataFrame({"raw": raw}).with_row_index("line", offset=1)
-    frame = frame.with_columns(pl.col("line").cast(pl.Int64))
+
+def _detect_wrapper(raw: pl.Series) -> str | None:
+    """The wrapper by content: what a majority of the non-blank lines carry (or None)."""
     non_blank = int((raw.str.strip_chars() != "").sum())
     if non_blank:
         if int(raw.str.contains(_JOURNAL_RE).sum()) * 2 > non_blank:
-            return _unwrap_journald(frame, damage), "journald"
+            return "journald"
         if int(raw.str.contains(_DOCKER_PREFIX).sum()) * 2 > non_blank:
-            return _unwrap_docker(frame, damage), "docker"
-    frame = frame.with_columns(
+            return "docker"
+    return None
+
+
+def _unwrap(raw: pl.Series, wrapper: str | None, first_line: int) -> pl.DataFrame:
+    """Peel the wrapper off each line.
+
+    Returns line, raw, content (the log line inside the wrapper), wrapper_time (UTC), wrapped
+    (this line carried the wrapper) and flag (a key of _WRAPPER_DAMAGE, or null).
+    """
+    frame = pl.DataFrame({"raw": raw}).with_row_index("line", offset=first_line)
+    frame = frame.with_columns(pl.col("line").cast(pl.Int64))
+    if wrapper == "journald":
+        return _unwrap_journald(frame)
+    if wrapper == "docker":
+        return _unwrap_docker(frame)
+    return frame.with_columns(
         content=pl.col("raw"),
         wrapper_time=pl.lit(None, UTC_TIME),
         wrapped=pl.lit(False),
+        flag=pl.lit(None, pl.String),
     )
-    return frame, None
 
 
-def _unwrap_docker(frame: pl.DataFrame, damage: list[str]) -> pl.DataFrame:
+def _unwrap_docker(frame: pl.DataFrame) -> pl.DataFrame:
     """``docker logs -t`` / ``kubectl logs --timestamps``: an RFC 3339 time (Z or an offset)
     and one space before each line; the time is kept as UTC."""
     frame = frame.with_columns(pl.col("raw").str.extract_groups(_DOCKER_RE).alias("d")).unnest("d")
     stamp = pl.col("d_time").str.replace(r"Z$", "+00:00")
-    frame = frame.with_columns(
-        wrapper_time=stamp.str.to_datetime(
-            "%Y-%m-%dT%H:%M:%S%.f%:z", time_unit="us", strict=False
-        ).dt.convert_time_zone("UTC"),
-        wrapped=pl.col("d_time").is_not_null(),
-    ).with_columns(
-        content=pl.when(pl.col("wrapped"))
-        .then(pl.col("d_rest").fill_null(""))
-        .otherwise(pl.col("raw")),
+    frame = (
+        frame.with_columns(
+            wrapper_time=_in_range(
+                stamp.str.to_datetime("%Y-%m-%dT%H:%M:%S%.f%:z", time_unit="us", strict=False)
+            ).dt.convert_time_zone("UTC"),
+        )
+        .with_columns(
+            wrapped=pl.col("wrapper_time").is_not_null(),
+        )
+        .with_columns(
+            content=pl.when(pl.col("wrapped"))
+            .then(pl.col("d_rest").fill_null(""))
+            # a prefix whose time is out of range: a control byte makes it no continuation
+            .when(pl.col("d_time").is_not_null())
+            .then(pl.lit("\x00") + pl.col("raw"))
+            .otherwise(pl.col("raw")),
+        )
     )
-    missing = frame.filter(~pl.col("wrapped") & (pl.col("raw").str.strip_chars() != "")).height
-    if missing:
-        damage.append(f"{missing} lines without the docker/kubectl timestamp prefix")
+    missing = ~pl.col("wrapped") & (pl.col("raw").str.strip_chars() != "")
+    frame = frame.with_columns(flag=pl.when(missing).then(pl.lit("no_prefix")))
     return frame.drop("d_time", "d_rest")
 
 
-def _unwrap_journald(frame: pl.DataFrame, damage: list[str]) -> pl.DataFrame:
+def _unwrap_journald(frame: pl.DataFrame) -> pl.DataFrame:
     """``journalctl -o json``: MESSAGE is a string, or an array of bytes when it is not
     printable UTF-8 (invalid bytes, ANSI colour); __REALTIME_TIMESTAMP is epoch microseconds."""
     raw = pl.col("raw")
@@ -347,36 +530,33 @@ def _unwrap_journald(frame: pl.DataFrame, damage: list[str]) -> pl.DataFrame:
         ).dt.replace_time_zone("UTC"),
     )
     arrays = frame.filter(pl.col("as_bytes") & pl.col("message").is_not_null())
+    bad_bytes = pl.lit(False)
     if arrays.height:
         try:
-            decoded, bad = _decode_byte_arrays(arrays["message"])
+            decoded = _decode_byte_arrays(arrays["message"])
         except (pl.exceptions.PolarsError, ValueError):  # not an array of integers
-            decoded, bad = pl.Series("bytes_text", [None] * arrays.height, pl.String), 0
+            decoded = pl.Series("bytes_text", [None] * arrays.height, pl.String)
         fixed = pl.DataFrame({"line": arrays["line"], "bytes_text": decoded})
         frame = frame.join(fixed, on="line", how="left", maintain_order="left").with_columns(
             message=pl.when(pl.col("as_bytes"))
             .then(pl.col("bytes_text"))
             .otherwise(pl.col("message"))
         )
-        if bad:
-            damage.append(f"invalid UTF-8 in {bad} journal entries (MESSAGE byte arrays)")
-    null_message = frame.filter(pl.col("entry") & pl.col("message").is_null()).height
-    if null_message:
-        damage.append(
-            f"{null_message} journal entries without a MESSAGE text (journalctl -o json prints "
-            "null for fields over 4096 bytes unless --all is given)"
-        )
-    foreign = frame.filter(~pl.col("entry") & (raw.str.strip_chars() != "")).height
-    if foreign:
-        damage.append(f"{foreign} lines that are not journal entries")
+        bad_bytes = pl.col("as_bytes") & pl.col("bytes_text").str.contains("\ufffd", literal=True)
     frame = frame.with_columns(
         content=pl.when(pl.col("entry")).then(pl.col("message")).otherwise(raw),
         wrapped=pl.col("entry"),
+        flag=pl.when(bad_bytes.fill_null(False))
+        .then(pl.lit("bad_bytes"))
+        .when(pl.col("entry") & pl.col("message").is_null())
+        .then(pl.lit("null_message"))
+        .when(~pl.col("entry") & (raw.str.strip_chars() != ""))
+        .then(pl.lit("foreign")),
     )
-    return frame.select("line", "raw", "content", "wrapper_time", "wrapped")
+    return frame.select("line", "raw", "content", "wrapper_time", "wrapped", "flag")
 
 
-def _decode_byte_arrays(arrays: pl.Series) -> tuple[pl.Series, int]:
+def _decode_byte_arrays(arrays: pl.Series) -> pl.Series:
     """JSON byte arrays -> text (invalid UTF-8 replaced), in one decode of one buffer.
 
     Entries are joined with ``\\n`` (a newline byte inside an entry becomes a space: journald's
@@ -400,73 +580,219 @@ def _decode_byte_arrays(arrays: pl.Series) -> tuple[pl.Series, int]:
     )["v"]
     blob = bytes(cleaned.explode().fill_null(63).to_list())
     text = blob.decode("utf-8", errors="replace")
-    series = pl.Series("bytes_text", text.split("\n")[:-1], dtype=pl.String)
-    bad = int(series.str.contains("\ufffd", literal=True).sum()) if "\ufffd" in text else 0
-    return series, bad
+    return pl.Series("bytes_text", text.split("\n")[:-1], dtype=pl.String)
 
 
 # ---------------------------------------------------------------------------------------------
 # classification and records
 
 
-def _read(data: bytes, display_path: str) -> tuple[LogRead, pl.DataFrame]:
-    """Parse bytes; also return the per-line frame (for sniffing)."""
-    damage: list[str] = []
-    gz_problem: str | None = None
-    if data.startswith(b"\x1f\x8b"):
-        unpacked, gz_problem = _gunzip(data)
-        if not unpacked and gz_problem:
-            damage.append(f"gzip magic bytes but no readable gzip stream ({gz_problem}); read raw")
-            gz_problem = None
-        else:
-            data = unpacked
-    raw, invalid_utf8 = _split_lines(data)
-    lines_total = raw.len()
-    if gz_problem:
-        damage.append(f"{gz_problem} after {lines_total} lines")
-    if invalid_utf8:
-        bad = int(raw.str.contains("\ufffd", literal=True).sum())
-        damage.append(f"invalid UTF-8 on {bad} lines (decoded with replacement characters)")
-    nul = int(raw.str.contains("\x00", literal=True).sum())
-    if nul:
-        damage.append(f"NUL bytes on {nul} lines")
+@dataclass
+class _RichClock:
+    """What a rich log's time carries from one chunk to the next."""
 
-    frame, wrapper = _unwrap(raw, damage)
-    frame = _classify(frame)
-    records, rich_width = _records(frame, display_path, wrapper, damage)
+    tod: time | None = None  # the last printed time of day
+    day: int = 0  # day roll-overs so far
+    backwards: list[int] = field(default_factory=list)  # first lines where the clock went back
+    backwards_total: int = 0
 
-    unparsed = frame.filter(pl.col("kind") == "unparsed").select(
-        pl.lit(display_path, pl.String).alias("file"), "line", pl.col("raw").alias("text")
-    )
-    irrelevant = int((frame["kind"] == "irrelevant").sum())
-    if (
-        lines_total
-        and unparsed.height
-        and unparsed["line"][-1] == lines_total
-        and data[-1:] != b"\n"
-    ):
-        damage.append(f"last line {lines_total} is cut (no line break at the end) and unparsed")
 
-    counts = records["format"].value_counts() if records.height else None
-    fmt: str | None = None
-    if counts is not None:
-        by_format = dict(zip(counts["format"].to_list(), counts["count"].to_list(), strict=True))
-        fmt = max(("standard", "json", "rich"), key=lambda name: by_format.get(name, 0))
-        if len(by_format) > 1:
-            listed = ", ".join(f"{by_format[name]} {name}" for name in sorted(by_format))
-            damage.append(f"mixed formats: {listed} records")
-    read = LogRead(
-        path=display_path,
-        format=fmt,
-        wrapper=wrapper,
-        records=records,
-        lines_total=lines_total,
-        lines_irrelevant=irrelevant,
-        unparsed=unparsed,
-        damage=damage,
-        rich_width=rich_width,
-    )
-    return read, frame
+class LogStream:
+    """One log read chunk by chunk (see CHUNK_BYTES): ``records`` yields each chunk's records,
+    in order; the counts of every line, the damage, the unparsed lines' places (and text within
+    QUARANTINE_TEXT_BYTES) and what crosses chunks (the record still open at a chunk's end, a
+    rich log's clock and console width) are kept here. A record's lines are re-read with the
+    next chunk when it is still open at the end of one, so chunking never changes a record; a
+    record longer than a chunk is cut there (its further lines are then unparsed)."""
+
+    def __init__(self, display_path: str) -> None:
+        self.display_path = display_path
+        self.wrapper: str | None = None
+        self.lines_total = 0
+        self.lines_irrelevant = 0
+        self.record_count = 0
+        self.logo_lines = 0
+        self.non_blank_lines = 0
+        self.formats: dict[str, int] = {}
+        self.problems: list[str] = []  # of the byte stream (gzip)
+        self.counts: dict[str, int] = {}  # damage note template -> lines
+        self.cut_records: list[int] = []
+        self.ends_with_newline = True
+        self.last_unparsed: int | None = None
+        self._unparsed: list[pl.DataFrame] = []
+        self._kept_text = 0
+        self._clock = _RichClock()
+        self._widths: dict[int, int] = {}  # rich line length -> lines
+        self._longest = 0
+        self._wrapper_known = False
+
+    def records(self, blocks: Iterable[bytes]) -> Iterator[pl.DataFrame]:
+        ends: list[bool] = []
+        carry = pl.Series("raw", [], dtype=pl.String)
+        next_line = 1
+        chunks = _line_chunks(_decoded(blocks, self.problems), ends)
+        chunk = next(chunks, None)
+        first = True
+        while chunk is not None:
+            following = next(chunks, None)
+            raw, invalid = _split_lines(chunk, first)
+            first = False
+            self._count_raw(raw, invalid)
+            start_line = next_line - carry.len()
+            next_line += raw.len()
+            self.lines_total += raw.len()
+            raw = pl.concat([carry, raw]) if carry.len() else raw
+            if not self._wrapper_known and bool((raw.str.strip_chars() != "").any()):
+                self.wrapper = _detect_wrapper(raw)
+                self._wrapper_known = True
+            frame = _classify(_unwrap(raw, self.wrapper, start_line))
+            carry = pl.Series("raw", [], dtype=pl.String)
+            if following is not None:
+                frame, carry = self._hold_open_record(frame)
+            yield self._finish(frame)
+            chunk = following
+        self.ends_with_newline = not ends or ends[-1]
+
+    def _count_raw(self, raw: pl.Series, invalid: bool) -> None:
+        """Damage seen on the bytes of each new line (once per line)."""
+        if invalid:
+            self._count(
+                "invalid UTF-8 on {} lines (decoded with replacement characters)",
+                int(raw.str.contains("\ufffd", literal=True).sum()),
+            )
+        self._count("NUL bytes on {} lines", int(raw.str.contains("\x00", literal=True).sum()))
+        self._count(
+            "{} lines over the " + f"{MAX_LINE_BYTES} byte limit, counted and quarantined",
+            int(raw.str.starts_with(OVERLONG).sum()),
+        )
+
+    def _count(self, template: str, lines: int) -> None:
+        if lines:
+            self.counts[template] = self.counts.get(template, 0) + lines
+
+    def _hold_open_record(self, frame: pl.DataFrame) -> tuple[pl.DataFrame, pl.Series]:
+        """Split off the last record's lines (it may go on in the next chunk) unless they are
+        more than a chunk: then it is cut here."""
+        starts = frame.filter(pl.col("start"))["line"]
+        if starts.len() == 0:
+            return frame, pl.Series("raw", [], dtype=pl.String)
+        at = int(starts[-1]) - int(frame["line"][0])
+        held = frame.slice(at)
+        if int(held["raw"].str.len_bytes().sum() or 0) > CHUNK_BYTES:
+            self.cut_records.append(int(starts[-1]))
+            return frame, pl.Series("raw", [], dtype=pl.String)
+        return frame.slice(0, at), held["raw"]
+
+    def _finish(self, frame: pl.DataFrame) -> pl.DataFrame:
+        """Count a chunk's settled lines, keep its unparsed lines, return its records."""
+        if frame.height == 0:
+            return pl.DataFrame(schema=LOG_RECORDS_SCHEMA)
+        kinds = dict(frame.group_by("kind").len().iter_rows())
+        self.lines_irrelevant += kinds.get("irrelevant", 0)
+        self.logo_lines += int(frame["logo"].sum())
+        self.non_blank_lines += int((~frame["blank"]).sum())
+        flagged = dict(frame.group_by("flag").len().drop_nulls("flag").iter_rows())
+        for flag, template in _WRAPPER_DAMAGE.items():  # in the declared order, every time
+            if flag in flagged:
+                self._count(template, flagged[flag])
+        unparsed = frame.filter(pl.col("kind") == "unparsed")
+        if unparsed.height:
+            self._keep_unparsed(unparsed)
+        rich = frame.filter((pl.col("kind") == "record") & (pl.col("rec_fmt") == "rich"))
+        if rich.height:
+            self._measure_rich(rich.filter(~pl.col("blank")))
+        records = _records(frame, self.display_path, self.wrapper, self._clock, self._width())
+        self.record_count += records.height
+        for name, count in records.group_by("format").len().iter_rows():
+            self.formats[name] = self.formats.get(name, 0) + count
+        return records
+
+    def _keep_unparsed(self, unparsed: pl.DataFrame) -> None:
+        text = (
+            pl.when(pl.col("raw").str.starts_with(OVERLONG))
+            .then(pl.col("raw").str.strip_prefix(OVERLONG))
+            .otherwise(pl.col("raw"))
+        )
+        rows = unparsed.select(
+            pl.lit(self.display_path, pl.String).alias("file"), "line", text.alias("text")
+        )
+        size = rows["text"].str.len_bytes().cum_sum() + self._kept_text
+        rows = rows.with_columns(
+            pl.when(size <= QUARANTINE_TEXT_BYTES).then(pl.col("text")).alias("text")
+        )
+        self._kept_text = int(size[-1])
+        self.last_unparsed = int(rows["line"][-1])
+        self._unparsed.append(detached(rows))
+
+    def _measure_rich(self, rows: pl.DataFrame) -> None:
+        for length, count in rows["content"].str.len_chars().value_counts().iter_rows():
+            self._widths[length] = self._widths.get(length, 0) + count
+        stripped = int(rows["content"].str.strip_chars_end().str.len_chars().max() or 0)
+        self._longest = max(self._longest, stripped)
+
+    def _width(self) -> int | None:
+        """Console width: the common raw length of rich lines (rich pads every line to the
+        full width) when at least half the lines share it and none is longer; otherwise the
+        trailing spaces were stripped and the longest line is the best estimate. Measured over
+        every rich line read so far."""
+        if not self._widths:
+            return None
+        most = max(self._widths.values())
+        common = max(length for length, count in self._widths.items() if count == most)
+        share = most / sum(self._widths.values())
+        if share >= 0.5 and common >= self._longest:
+            return common
+        return self._longest
+
+    def result(self, records: pl.DataFrame | None = None) -> LogRead:
+        """The account of the whole log (after ``records`` is exhausted)."""
+        damage = [
+            p if p.startswith("gzip magic") else f"{p} after {self.lines_total} lines"
+            for p in self.problems
+        ]
+        damage += [template.format(lines) for template, lines in self.counts.items()]
+        clock = self._clock
+        damage += [
+            f"clock went backwards at {self.display_path}:{line}" for line in clock.backwards
+        ]
+        if clock.backwards_total > len(clock.backwards):
+            damage.append(
+                f"clock went backwards {clock.backwards_total - len(clock.backwards)} more times"
+            )
+        damage += [
+            f"record at {self.display_path}:{line} longer than {CHUNK_BYTES} bytes: cut there, "
+            "its further lines unparsed"
+            for line in self.cut_records
+        ]
+        if (
+            self.last_unparsed == self.lines_total
+            and self.lines_total
+            and not self.ends_with_newline
+        ):
+            damage.append(
+                f"last line {self.lines_total} is cut (no line break at the end) and unparsed"
+            )
+        fmt: str | None = None
+        if self.formats:
+            fmt = max(("standard", "json", "rich"), key=lambda name: self.formats.get(name, 0))
+            if len(self.formats) > 1:
+                listed = ", ".join(f"{self.formats[n]} {n}" for n in sorted(self.formats))
+                damage.append(f"mixed formats: {listed} records")
+        unparsed = (
+            pl.concat(self._unparsed) if self._unparsed else pl.DataFrame(schema=UNPARSED_SCHEMA)
+        )
+        return LogRead(
+            path=self.display_path,
+            format=fmt,
+            wrapper=self.wrapper,
+            records=records if records is not None else pl.DataFrame(schema=LOG_RECORDS_SCHEMA),
+            lines_total=self.lines_total,
+            lines_irrelevant=self.lines_irrelevant,
+            unparsed=unparsed,
+            damage=damage,
+            rich_width=self._width(),
+            record_count=self.record_count,
+        )
 
 
 def _classify(frame: pl.DataFrame) -> pl.DataFrame:
@@ -493,14 +819,16 @@ def _classify(frame: pl.DataFrame) -> pl.DataFrame:
         + 2
     )
     frame = frame.with_columns(
-        std_time=pl.col("std_ts").str.to_datetime(
-            "%Y-%m-%dT%H:%M:%S%.3f", time_unit="ms", strict=False
+        std_time=_in_range(
+            pl.col("std_ts").str.to_datetime("%Y-%m-%dT%H:%M:%S%.3f", time_unit="ms", strict=False)
         ),
         # the message is what follows "LEVEL time logger " (sliced, cheaper than a capture)
         std_msg=content.str.slice(head_len).str.strip_prefix(" "),
-        json_time=pl.col("j_ts")
-        .str.replace(",", ".", literal=True)
-        .str.to_datetime("%Y-%m-%d %H:%M:%S%.3f", time_unit="ms", strict=False),
+        json_time=_in_range(
+            pl.col("j_ts")
+            .str.replace(",", ".", literal=True)
+            .str.to_datetime("%Y-%m-%d %H:%M:%S%.3f", time_unit="ms", strict=False)
+        ),
         rich_tod=pl.col("r_time").str.to_time("%H:%M:%S", strict=False),
     )
     is_std = pl.col("std_time").is_not_null()
@@ -600,20 +928,6 @@ def _json_fields(frame: pl.DataFrame) -> pl.DataFrame:
     return frame.join(candidates.drop("content"), on="line", how="left", maintain_order="left")
 
 
-def _rich_width(rows: pl.DataFrame) -> int:
-    """Console width: the common raw length of rich lines (rich pads every line to the full
-    width) when at least half the lines share it and none is longer; otherwise the trailing
-    spaces were stripped and the longest line is the best estimate."""
-    lengths = rows["content"].str.len_chars()
-    stripped = rows["content"].str.strip_chars_end().str.len_chars()
-    longest = int(stripped.max() or 0)
-    common = int(lengths.mode().max() or 0)
-    share = float((lengths == common).mean() or 0.0)
-    if share >= 0.5 and common >= longest:
-        return common
-    return longest
-
-
 def _rich_pieces(frame: pl.DataFrame, width: int) -> pl.DataFrame:
     """Message-column text of each rich line and the separator that re-joins it.
 
@@ -674,19 +988,21 @@ def _rich_pieces(frame: pl.DataFrame, width: int) -> pl.DataFrame:
 
 
 def _records(
-    frame: pl.DataFrame, display_path: str, wrapper: str | None, damage: list[str]
-) -> tuple[pl.DataFrame, int | None]:
+    frame: pl.DataFrame,
+    display_path: str,
+    wrapper: str | None,
+    clock: _RichClock,
+    rich_width: int | None,
+) -> pl.DataFrame:
     """One row per record: the start line's fields, the stitched message, the line count and,
-    for rich, the carried-forward time and the day roll-overs; plus the detected rich width."""
+    for rich, the time carried forward (from ``clock`` across chunks) and the day roll-overs."""
     rows = frame.filter(pl.col("kind") == "record")
     if rows.height == 0:
-        return pl.DataFrame(schema=LOG_RECORDS_SCHEMA), None
+        return pl.DataFrame(schema=LOG_RECORDS_SCHEMA)
 
-    rich_width: int | None = None
     rich_rows = rows.filter(pl.col("rec_fmt") == "rich")
     if rich_rows.height:
-        rich_width = _rich_width(rich_rows.filter(~pl.col("blank")))
-        rich_rows = _rich_pieces(rich_rows, rich_width).select("line", "piece")
+        rich_rows = _rich_pieces(rich_rows, rich_width or 0).select("line", "piece")
 
     json_message = pl.col("j_msg")
     for extra in ("j_exc", "j_stack"):
@@ -756,22 +1072,28 @@ def _records(
     # rich: carry the last printed time forward; a step back of more than an hour is the
     # next day, a smaller one a clock problem worth a note.
     tod = pl.when(is_rich).then(pl.col("rich_tod")).forward_fill().over("fmt")
+    if clock.tod is not None:
+        tod = pl.when(is_rich).then(tod.fill_null(pl.lit(clock.tod, pl.Time)))
     grouped = grouped.with_columns(tod=tod)
     seconds = (
         pl.col("tod").dt.hour().cast(pl.Int64) * 3600
         + pl.col("tod").dt.minute().cast(pl.Int64) * 60
         + pl.col("tod").dt.second().cast(pl.Int64)
     )
-    step = (seconds - seconds.shift(1)).over("fmt")
+    before = (
+        None
+        if clock.tod is None
+        else clock.tod.hour * 3600 + clock.tod.minute * 60 + clock.tod.second
+    )
+    step = (seconds - seconds.shift(1, fill_value=before)).over("fmt")
     grouped = grouped.with_columns(
         rollover=(is_rich & (step < -_ROLLOVER_STEP)).fill_null(False),
         backwards=(is_rich & (step < 0) & (step >= -_ROLLOVER_STEP)).fill_null(False),
     )
-    back_lines = grouped.filter(pl.col("backwards"))["line"].to_list()
-    for line in back_lines[:_MAX_CLOCK_NOTES]:
-        damage.append(f"clock went backwards at {display_path}:{line}")
-    if len(back_lines) > _MAX_CLOCK_NOTES:
-        damage.append(f"clock went backwards {len(back_lines) - _MAX_CLOCK_NOTES} more times")
+    back_lines = grouped.filter(pl.col("backwards"))["line"]
+    room = _MAX_CLOCK_NOTES - len(clock.backwards)
+    clock.backwards.extend(back_lines.head(max(room, 0)).to_list())
+    clock.backwards_total += back_lines.len()
 
     local_time = (
         pl.when(pl.col("fmt") == "standard")
@@ -788,7 +1110,7 @@ def _records(
         local_time.alias("local_time"),
         pl.when(is_rich).then(pl.col("tod")).otherwise(local_time.dt.time()).alias("time_of_day"),
         pl.when(is_rich)
-        .then(pl.col("rollover").cast(pl.Int64).cum_sum().over("fmt"))
+        .then(pl.col("rollover").cast(pl.Int64).cum_sum().over("fmt") + clock.day)
         .alias("day_offset"),
         "wrapper_time",
         pl.when(pl.col("fmt") == "standard")
@@ -808,4 +1130,9 @@ def _records(
         .otherwise(pl.col("message"))
         .alias("message"),
     )
-    return conform(records, LOG_RECORDS_SCHEMA).collect(), rich_width
+    records = conform(records, LOG_RECORDS_SCHEMA).collect()
+    rich = records.filter(pl.col("format") == "rich")
+    if rich.height:
+        clock.tod = rich["time_of_day"][-1]
+        clock.day = int(rich["day_offset"][-1])
+    return records

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from analyzer.sources import InputInfo, Limitation, Source, SourceData, bytes_facts, file_facts
-from analyzer.sources.logs.messages import records_to_events
-from analyzer.sources.logs.reader import SNIFF_BYTES, LogRead, read_log, read_log_bytes, sniff_log
+import polars as pl
+
+from analyzer.sources import InputInfo, Limitation, Source, SourceData, file_facts
+from analyzer.sources.logs.messages import EventCollector
+from analyzer.sources.logs.reader import SNIFF_BYTES, LogStream, file_blocks, sniff_log
+
+ADMIN_TOKEN = r"The admin token is (\S+)"
 
 
 def _sniff(path: Path) -> bool:
@@ -37,17 +43,47 @@ def _empty_log_name(path: Path) -> bool:
 
 
 def _load(path: Path, server: str) -> SourceData:
-    return _from_read(file_facts(path, "log"), read_log(path), server)
+    info = file_facts(path, "log")
+    with path.open("rb") as handle:
+        return _stream(info, file_blocks(handle), server)
 
 
 def load_stdin(server: str) -> SourceData:
-    data = sys.stdin.buffer.read()
-    return _from_read(bytes_facts(data, "-", "log"), read_log_bytes(data, "-"), server)
+    """Standard input, streamed like a file; its hash and size are taken as it goes by."""
+    info = InputInfo(path="-", kind="log", sha256=None, size=0, mtime=None)
+    digest = hashlib.sha256()
+
+    def hashed(blocks: Iterable[bytes]) -> Iterator[bytes]:
+        for block in blocks:
+            digest.update(block)
+            info.size = (info.size or 0) + len(block)
+            yield block
+
+    data = _stream(info, hashed(file_blocks(sys.stdin.buffer)), server)
+    info.sha256 = digest.hexdigest()
+    return data
 
 
-def _from_read(info: InputInfo, read: LogRead, server: str) -> SourceData:
+def _stream(info: InputInfo, blocks: Iterable[bytes], server: str) -> SourceData:
+    """Each chunk of records straight into the event collector: only the kept events, the
+    counts and the unparsed lines' places outlive their chunk."""
     path = info.path
-    events, facts = records_to_events(read.records, path, server)
+    stream = LogStream(path)
+    collector = EventCollector(path, server)
+    secrets: set[str] = set()
+    for records in stream.records(blocks):
+        collector.add(records)
+        secrets.update(records["message"].str.extract(ADMIN_TOKEN, 1).drop_nulls().to_list())
+    read = stream.result()
+    events, facts = collector.finish()
+    data = _from_read(info, read, facts, events)
+    text = read.unparsed["text"].drop_nulls()
+    data.secrets.update(secrets, text.str.extract(ADMIN_TOKEN, 1).drop_nulls().to_list())
+    return data
+
+
+def _from_read(info: InputInfo, read, facts, events: pl.DataFrame) -> SourceData:
+    path = info.path
     info.kind = (
         f"log ({read.format or 'empty'}" + (f", {read.wrapper}" if read.wrapper else "") + ")"
     )
@@ -55,18 +91,19 @@ def _from_read(info: InputInfo, read: LogRead, server: str) -> SourceData:
     info.unparsed = read.unparsed.height
     info.server_version = facts.server_version
     info.notes.append(
-        f"{read.lines_total} lines: {read.records.height} records "
+        f"{read.lines_total} lines: {read.record_count} records "
         f"({facts.relevant} relevant, {facts.irrelevant} irrelevant, "
         f"{facts.unrecognised} unrecognised dstack lines), {read.lines_irrelevant} blank/logo, "
         f"{read.unparsed.height} unparsed"
     )
     info.notes.extend(read.damage)
     for shape, count in list(facts.unrecognised_shapes.items())[:20]:
-        info.notes.append(f"unrecognised dstack line x{count}: {shape}")
+        first = facts.unrecognised_first.get(shape)
+        info.notes.append(
+            f"unrecognised dstack line x{count}: {shape}"
+            + (f" (first at {first})" if first else "")
+        )
     data = SourceData(events=events, inputs=[info])
-    for text in (read.records["message"], read.unparsed["text"]):
-        tokens = text.str.extract(r"The admin token is (\S+)", 1).drop_nulls()
-        data.secrets.update(tokens.to_list())
     data.log_reads.append((read, facts))
     if facts.ambiguous_jobs:
         data.limitations.append(

@@ -1,0 +1,124 @@
+"""Peak RSS of a whole-process log audit as the log grows 1x, 4x, 16x (plain and .gz).
+
+    python benchmarks/log_memory.py [--runs N] [--factors 1,4,16] [--growth padded,runs]
+                                    [--out DIR] [--code DIR ...]
+
+Two ways of growing the standard-format log of a synthetic server (`dstack-audit synth`):
+- `runs`: a server with N, 4N, 16N runs: the kept events grow with the log;
+- `padded`: the N-run log with real-shaped irrelevant lines between its lines (uvicorn access
+  lines, as a server at INFO writes them), 4x and 16x its size: the kept events stay the same,
+  so the audit's memory must stay the same too.
+Each audit runs in a fresh process (peak RSS is its own: imports, reading, the report);
+`--code` names checkouts to measure (the default: this one), e.g. `--code /work/main .` for a
+before and after. Results are printed and written to <out>/log_memory.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from run_benchmarks import AUDIT_CHILD, ROOT, fleet
+
+
+def padded(log: Path, factor: int, out: Path) -> Path:
+    """The log with factor-1 irrelevant lines after each of its lines, at the same time."""
+    target = out / f"padded-{log.parent.parent.name}-{factor}x.log"
+    if target.exists():
+        return target
+    lines = pl.read_csv(
+        log, has_header=False, separator="\x1f", quote_char=None, new_columns=["line"]
+    )
+    stamp = pl.col("line").str.extract(r"^\S+ (\S+)", 1)
+    fillers = [
+        pl.format(
+            'INFO {} uvicorn.access 10.0.{}.{}:4{} - "POST /api/project/main/runs/list '
+            'HTTP/1.1" 200',
+            stamp,
+            pl.lit(index % 250),
+            (pl.int_range(pl.len()) % 250),
+            pl.lit(1000 + index),
+        )
+        for index in range(factor - 1)
+    ]
+    joined = lines.select(pl.concat_str([pl.col("line"), *fillers], separator="\n"))
+    target.write_text("\n".join(joined.to_series().to_list()) + "\n")
+    return target
+
+
+def gzipped(log: Path) -> Path:
+    target = log.with_name(log.name + ".gz")
+    if not target.exists():
+        with log.open("rb") as source, gzip.open(target, "wb") as sink:
+            while block := source.read(1 << 20):
+                sink.write(block)
+    return target
+
+
+def measure(code: Path, truth: Path, log: Path) -> dict:
+    """The audit in a fresh process under /usr/bin/time: its maximum resident set size is the
+    whole process's (a child's own getrusage would also count the parent's pages it was
+    forked from)."""
+    child = [sys.executable, "-c", AUDIT_CHILD, str(code), str(truth), str(log)]
+    out = subprocess.run(
+        ["/usr/bin/time", "-f", "%M", *child],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result["peak_rss_mb"] = int(out.stderr.strip().splitlines()[-1]) / 1024
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=500)
+    parser.add_argument("--out", type=Path, default=Path("/tmp/dstack-audit-bench"))
+    parser.add_argument("--code", type=Path, nargs="+", default=[ROOT])
+    parser.add_argument("--factors", default="1,4,16")
+    parser.add_argument("--growth", default="padded,runs")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    cases = []
+    factors = [int(f) for f in args.factors.split(",")]
+    growth = args.growth.split(",")
+    base = fleet(args.out, args.runs)
+    for factor in factors if "padded" in growth else []:
+        log = padded(base / "logs" / "server.standard.log", factor, args.out)
+        cases.append(("padded", factor, base / "truth.json", log))
+    for factor in factors if "runs" in growth else []:
+        grown = fleet(args.out, args.runs * factor)
+        cases.append(("runs", factor, grown / "truth.json", grown / "logs" / "server.standard.log"))
+    rows = []
+    for growth, factor, truth, log in cases:
+        for path in (log, gzipped(log)):
+            for code in args.code:
+                audit = measure(code.resolve(), truth, path)
+                row = {
+                    "growth": growth,
+                    "factor": factor,
+                    "file": path.name,
+                    "mb": round(path.stat().st_size / 1e6, 1),
+                    "log_mb": round(log.stat().st_size / 1e6, 1),
+                    "code": str(code),
+                    "seconds": round(audit["seconds"], 2),
+                    "peak_rss_mb": round(audit["peak_rss_mb"]),
+                    "precision": audit["precision"],
+                    "recall": audit["recall"],
+                }
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    name = f"log_memory-{args.growth.replace(',', '_')}-{args.factors.replace(',', '_')}.json"
+    (args.out / name).write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()

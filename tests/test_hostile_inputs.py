@@ -1,0 +1,389 @@
+"""Hostile and damaged inputs get precise answers (issue 12, section 4), on copies of the real
+captures: each case names the file and the place, exits 2 where the input is unusable, and
+audits the rest where it can."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+from pathlib import Path
+
+import polars as pl
+import pytest
+from click.testing import CliRunner
+from conftest import CAPTURES, execute
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from polars.testing import assert_frame_equal
+
+from analyzer import open_sources
+from analyzer.cli import main
+from analyzer.sources.logs import reader
+from analyzer.sources.logs.reader import read_log_bytes
+
+SEED = CAPTURES / "v0.22.5" / "seed"
+SEED_VICTIM = ("collateral_termination", "699fe818-acc2-4e08-b121-d16ed8fd32f1")
+
+
+def _audit(*args: str):
+    return CliRunner().invoke(main, ["audit", *args])
+
+
+def _one_line_error(result, *expected: str) -> str:
+    """Exit 2 with one line on stderr naming what is expected, never a traceback."""
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, result.output
+    assert "Traceback" not in result.output and "internal error" not in result.output
+    for text in expected:
+        assert text in lines[0], lines[0]
+    return lines[0]
+
+
+def _evidence(tmp_path: Path) -> Path:
+    """Where a test's evidence goes: outputs may not be written beside it (issue 12)."""
+    folder = tmp_path / "evidence"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+def _outputs(tmp_path: Path) -> Path:
+    folder = tmp_path / "out"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+def _victims(report) -> set[tuple[str, str]]:
+    return {(f.category, v.job_id) for f in report.findings for v in f.victims}
+
+
+# --- symlink loops ----------------------------------------------------------------------------
+
+
+def test_symlink_loops_are_listed_as_unreadable_and_the_rest_is_audited(tmp_path):
+    folder = tmp_path / "capture"
+    folder.mkdir()
+    shutil.copyfile(SEED / "server.db", folder / "server.db")
+    (folder / "a").symlink_to("b")
+    (folder / "b").symlink_to("a")
+    (folder / "self").symlink_to(".")
+    (folder / "up").symlink_to("..")
+    (folder / "gone").symlink_to("nowhere")
+    result = _audit(str(folder), "--format", "json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert {(f["category"], v["job_id"]) for f in report["findings"] for v in f["victims"]} == {
+        SEED_VICTIM
+    }
+    by_path = {Path(i["path"]).name: i for i in report["inputs"]}
+    for name in ("a", "b", "self", "up"):
+        assert by_path[name]["kind"] == "unreadable"
+        assert "symlink loop" in by_path[name]["notes"][0]
+    assert "dangling symlink" in by_path["gone"]["notes"][0]
+    assert by_path["server.db"]["kind"] == "sqlite"
+
+
+def test_a_symlink_loop_given_alone_is_named_as_one(tmp_path):
+    (tmp_path / "a").symlink_to("b")
+    (tmp_path / "b").symlink_to("a")
+    _one_line_error(_audit(str(tmp_path / "a")), "a: symlink loop")
+
+
+# --- folders of many files -----------------------------------------------------------------------
+
+
+def test_a_folder_of_many_empty_files_lists_each_and_audits_the_rest(tmp_path):
+    """Each empty file is listed as unrecognised (speed: benchmarks/folder_walk.py)."""
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for index in range(500):
+        (folder / f"f{index}").touch()
+    shutil.copyfile(SEED / "server.db", folder / "server.db")
+    report = open_sources([folder]).report
+    assert sum(i.kind == "unrecognised" for i in report.inputs) == 500
+    assert _victims(report) == {SEED_VICTIM}
+
+
+# --- table exports ------------------------------------------------------------------------------
+
+
+def _tables(tmp_path: Path) -> Path:
+    folder = tmp_path / "tables"
+    shutil.copytree(SEED / "tables", folder)
+    return folder
+
+
+def test_csv_exports_with_a_utf8_bom_are_read(tmp_path):
+    folder = _tables(tmp_path)
+    for csv in folder.glob("*.csv"):
+        if csv.stat().st_size:
+            csv.write_bytes(b"\xef\xbb\xbf" + csv.read_bytes())
+    report = open_sources([folder]).report
+    assert _victims(report) == {SEED_VICTIM}
+
+
+def test_a_semicolon_delimited_table_is_named(tmp_path):
+    folder = _tables(tmp_path)
+    runs = folder / "runs.csv"
+    frame = pl.read_csv(runs, infer_schema=False)
+    frame.write_csv(runs, separator=";")
+    _one_line_error(_audit(str(folder)), f"{runs}: ';'-delimited", "header reads as one column")
+
+
+def test_a_truncated_parquet_table_is_named(tmp_path):
+    folder = _tables(tmp_path)
+    jobs = folder / "jobs.parquet"
+    pl.read_csv(folder / "jobs.csv", infer_schema=False).write_parquet(jobs)
+    (folder / "jobs.csv").unlink()
+    jobs.write_bytes(jobs.read_bytes()[: jobs.stat().st_size // 2])
+    _one_line_error(_audit(str(folder)), f"{jobs}: not a readable Parquet file", "truncated")
+
+
+def test_a_broken_table_inside_a_capture_folder_is_named_not_passed_over(tmp_path):
+    capture = tmp_path / "capture"
+    capture.mkdir()
+    shutil.copyfile(SEED / "server.db", capture / "server.db")
+    folder = _tables(capture)
+    (folder / "jobs.csv").write_text("id;run_id;job_name\n1;2;web-0-0\n")
+    _one_line_error(_audit(str(capture)), "jobs.csv: ';'-delimited")
+
+
+# --- times out of range -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("year", ["-001", "0000", "10000"])
+def test_a_database_time_out_of_range_names_the_table_and_row(copy_db, year):
+    db = copy_db("v0.22.5/seed")
+    execute(
+        db,
+        f"UPDATE jobs SET submitted_at = '{year}-01-01 00:00:00.000000' "
+        "WHERE id = '699fe818acc24e08b121d16ed8fd32f1'",
+    )
+    _one_line_error(
+        _audit(str(db)),
+        f"{db}: table jobs",
+        "id 699fe818acc24e08b121d16ed8fd32f1",
+        f"submitted_at '{year}-01-01",
+        "years 1 and 9999",
+    )
+
+
+def test_a_csv_time_out_of_range_names_the_file_and_row(tmp_path):
+    folder = _tables(tmp_path)
+    runs = folder / "runs.csv"
+    frame = pl.read_csv(runs, infer_schema=False)
+    frame.with_columns(pl.lit("-001-11-02 09:00:00.000000").alias("submitted_at")).write_csv(runs)
+    _one_line_error(_audit(str(folder)), f"{runs}: table runs, row 1", "submitted_at '-001-11-02")
+
+
+@pytest.mark.parametrize("fmt", ["standard", "json", "docker"])
+@pytest.mark.parametrize("year", ["0000", "-001", "10000"])
+def test_a_log_line_with_a_time_out_of_range_is_quarantined(tmp_path, fmt, year):
+    source = SEED / "logs" / f"server-info.{'json' if fmt == 'json' else 'standard'}.log"
+    lines = source.read_text().splitlines(keepends=True)
+    target = next(i for i, line in enumerate(lines) if "Emitting event: Run submitted" in line)
+    if fmt == "docker":
+        lines = [f"2026-11-02T09:00:00.000000Z {line}" for line in lines]
+        lines[target] = lines[target].replace(
+            "2026-11-02T09:00:00.000000Z", f"{year}-01-01T00:00:00Z"
+        )
+    else:
+        lines[target] = lines[target].replace("2026-11-02", f"{year}-11-02", 1)
+    log = _evidence(tmp_path) / "server.log"
+    log.write_text("".join(lines))
+    quarantine = _outputs(tmp_path) / "quarantine.txt"
+    result = _audit(str(log), "--format", "json", "--quarantine", str(quarantine))
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["inputs"][0]["unparsed"] == 1
+    assert quarantine.read_text().splitlines()[0].startswith(f"{log}:{target + 1}\t")
+
+
+def test_out_of_range_check_leaves_every_real_capture_alone():
+    for db in sorted(CAPTURES.glob("v*/*/server.db")):
+        assert open_sources([db]).report.inputs[0].kind == "sqlite", db
+    for tables in sorted(CAPTURES.glob("v*/*/tables")):
+        assert open_sources([tables]).report.runs, tables
+    assert os.path.isdir(CAPTURES)
+
+
+# --- logs: bounded memory, over-long lines ------------------------------------------------------
+
+LOGS = sorted(CAPTURES.glob("v*/*/logs/*.log"))
+
+
+def _docker(data: bytes) -> bytes:
+    return b"".join(
+        b"2026-11-02T09:00:%02d.5Z " % (i % 60) + line
+        for i, line in enumerate(data.splitlines(keepends=True))
+    )
+
+
+@pytest.mark.parametrize("chunk", [700, 4096])
+@pytest.mark.parametrize("log", LOGS, ids=lambda p: "/".join(p.parts[-4:]))
+def test_reading_in_small_chunks_gives_what_one_read_gives(monkeypatch, log, chunk):
+    """Chunk boundaries fall inside records, tracebacks and rich folds: the records, the
+    account of every line and the damage notes are those of reading the log at once."""
+    data = log.read_bytes()
+    variants = {"plain": data, "docker": _docker(data), "gzip": gzip.compress(data)}
+    whole = {name: read_log_bytes(body, "x.log") for name, body in variants.items()}
+    monkeypatch.setattr(reader, "CHUNK_BYTES", chunk)
+    monkeypatch.setattr(reader, "BLOCK_BYTES", 97)
+    for name, body in variants.items():
+        parts = read_log_bytes(body, "x.log")
+        assert_frame_equal(parts.records, whole[name].records)
+        assert_frame_equal(parts.unparsed, whole[name].unparsed)
+        assert (parts.lines_total, parts.lines_irrelevant, parts.damage, parts.rich_width) == (
+            whole[name].lines_total,
+            whole[name].lines_irrelevant,
+            whole[name].damage,
+            whole[name].rich_width,
+        )
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    cuts=st.lists(st.integers(min_value=0, max_value=10_000), min_size=1, max_size=6),
+    chunk=st.integers(min_value=64, max_value=3000),
+)
+def test_any_chunk_size_keeps_every_line_accounted(monkeypatch, cuts, chunk):
+    """Generated damage (lines cut anywhere, joined to the next) in the real rich log, read in
+    generated chunk sizes: parsed + irrelevant + unparsed = lines, and the same as one read."""
+    data = bytearray((SEED / "logs" / "server-info.rich.log").read_bytes())
+    for cut in sorted(cuts, reverse=True):
+        at = cut % len(data)
+        if data[at : at + 1] == b"\n":
+            del data[at]
+    whole = read_log_bytes(bytes(data), "x.log")
+    with monkeypatch.context() as patch:  # undone before the next example
+        patch.setattr(reader, "CHUNK_BYTES", chunk)
+        patch.setattr(reader, "BLOCK_BYTES", 61)
+        parts = read_log_bytes(bytes(data), "x.log")
+    counted = int(parts.records["line_count"].sum() or 0)
+    assert counted + parts.lines_irrelevant + parts.unparsed.height == parts.lines_total
+    if not any("longer than" in note for note in parts.damage):
+        assert_frame_equal(parts.records, whole.records)
+
+
+@pytest.mark.parametrize("compress", [False, True])
+@pytest.mark.parametrize("where", ["middle", "last"])
+def test_a_line_over_the_limit_is_counted_and_quarantined_never_held(tmp_path, compress, where):
+    lines = (SEED / "logs" / "server-info.standard.log").read_bytes().splitlines(keepends=True)
+    huge = b"INFO 2026-11-02T09:00:00.000 dstack._internal.server x " + b"A" * (3 << 20)
+    at = len(lines) // 2 if where == "middle" else len(lines)
+    lines.insert(at, huge + (b"\n" if where == "middle" else b""))
+    body = b"".join(lines)
+    log = _evidence(tmp_path) / ("server.log.gz" if compress else "server.log")
+    log.write_bytes(gzip.compress(body) if compress else body)
+    quarantine = _outputs(tmp_path) / "quarantine.txt"
+    result = _audit(str(log), "--format", "json", "--quarantine", str(quarantine))
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert {(f["category"], v["job_id"]) for f in report["findings"] for v in f["victims"]} == {
+        ("collateral_termination", "699fe8")
+    }
+    info = report["inputs"][0]
+    assert info["unparsed"] == 1
+    assert any("1 lines over the 1048576 byte limit" in note for note in info["notes"])
+    (line,) = quarantine.read_text().splitlines()
+    assert line.startswith(f"{log}:{at + 1}\t[a line of {len(huge)} bytes, over the 1048576")
+    assert "AAAA" not in line
+    assert quarantine.stat().st_size < 1000
+
+
+def test_unparsed_text_past_the_budget_keeps_its_place(monkeypatch, tmp_path):
+    garbage = b"".join(b"\x00junk line %d\n" % i for i in range(50))
+    monkeypatch.setattr(reader, "QUARANTINE_TEXT_BYTES", 100)
+    read = read_log_bytes(garbage, "x.log")
+    assert read.unparsed.height == 50
+    assert read.unparsed["line"].to_list() == list(range(1, 51))
+    kept = read.unparsed["text"].drop_nulls()
+    assert 0 < kept.len() < 50 and int(kept.str.len_bytes().sum()) <= 100
+    log = _evidence(tmp_path) / "server.log"
+    log.write_bytes((SEED / "logs" / "server-info.standard.log").read_bytes() + garbage[:200])
+    quarantine = _outputs(tmp_path) / "quarantine.txt"
+    assert _audit(str(log), "--format", "json", "--quarantine", str(quarantine)).exit_code == 0
+    written = quarantine.read_text().splitlines()
+    assert len(written) == garbage[:200].count(b"\n") and written[0].startswith(f"{log}:")
+    assert written[-1].endswith(reader.QUARANTINE_NOT_KEPT)
+
+
+# --- duplicate keys that disagree ---------------------------------------------------------------
+
+VICTIM_ROW = "699fe818acc24e08b121d16ed8fd32f1"
+SEED_RUN = "6e42c918-3c60-472e-bb0c-51610650d517"
+
+
+def _jobs_frame() -> pl.DataFrame:
+    return pl.read_csv(SEED / "tables" / "jobs.csv", infer_schema=False)
+
+
+def _as_done_by_runner(frame: pl.DataFrame) -> pl.DataFrame:
+    victim = pl.col("id") == VICTIM_ROW
+    return frame.filter(victim).with_columns(
+        pl.lit("DONE").alias("status"), pl.lit("DONE_BY_RUNNER").alias("termination_reason")
+    )
+
+
+def _disputed(report) -> None:
+    assert report.findings == []
+    (run,) = report.runs
+    assert run.verdict == "inconclusive"
+    assert "duplicate rows disagree" in run.why and "would say collateral_termination" in run.why
+    (limitation,) = [lim for lim in report.limitations if lim.code == "conflicting_duplicate_rows"]
+    assert "jobs" in limitation.message and VICTIM_ROW in limitation.message
+    assert "status (done vs terminated)" in limitation.message
+    assert "termination_reason (done_by_runner vs terminated_by_server)" in limitation.message
+
+
+def test_a_job_row_that_disagrees_between_two_inputs_makes_the_run_inconclusive(tmp_path):
+    folder = _tables(tmp_path)
+    _as_done_by_runner(_jobs_frame()).vstack(
+        _jobs_frame().filter(pl.col("id") != VICTIM_ROW)
+    ).write_csv(folder / "jobs.csv")
+    _disputed(open_sources([SEED / "server.db", folder]).report)
+
+
+def test_a_job_row_twice_in_one_export_that_disagrees_makes_the_run_inconclusive(tmp_path):
+    folder = _tables(tmp_path)
+    _jobs_frame().vstack(_as_done_by_runner(_jobs_frame())).write_csv(folder / "jobs.csv")
+    _disputed(open_sources([folder]).report)
+    result = _audit(str(folder), "--format", "json")
+    assert result.exit_code == 0
+    codes = [lim["code"] for lim in json.loads(result.output)["limitations"]]
+    assert "conflicting_duplicate_rows" in codes
+
+
+def test_duplicate_rows_that_agree_on_what_the_verdict_reads_stay_one_row(tmp_path):
+    folder = _tables(tmp_path)
+    other = (
+        _jobs_frame()
+        .filter(pl.col("id") == VICTIM_ROW)
+        .with_columns(
+            pl.lit("2026-11-02 09:09:30.000000").alias("runner_timestamp"),
+            pl.lit("2026-11-02 09:09:31.000000").alias("volumes_detached_at"),
+        )
+    )
+    _jobs_frame().vstack(other).write_csv(folder / "jobs.csv")
+    report = open_sources([SEED / "server.db", folder]).report
+    assert _victims(report) == {SEED_VICTIM}
+    assert all(lim.code != "conflicting_duplicate_rows" for lim in report.limitations)
+
+
+def test_a_run_row_that_disagrees_makes_that_run_inconclusive(tmp_path):
+    folder = _tables(tmp_path)
+    runs = pl.read_csv(folder / "runs.csv", infer_schema=False)
+    runs.vstack(runs.with_columns(pl.lit("TERMINATED").alias("status"))).write_csv(
+        folder / "runs.csv"
+    )
+    report = open_sources([folder]).report
+    assert report.findings == []
+    assert [(r.run_id, r.verdict) for r in report.runs] == [(SEED_RUN, "inconclusive")]
+    assert any(
+        lim.code == "conflicting_duplicate_rows" and "runs" in lim.message
+        for lim in report.limitations
+    )
