@@ -269,8 +269,11 @@ def audit(paths: Iterable[str | Path], **options) -> Report:
 
 
 def merge_reports(reports: list[Report]) -> Report:
-    """One report from the reports of disjoint partitions of the same audit."""
+    """One report from the reports of disjoint partitions of the same audit. Partitions that
+    share a run are refused: an input read whole by every partition (a log, a table export, an
+    API or CLI capture) would count its runs and victims once per partition."""
     first = reports[0]
+    _refuse_overlap(reports)
     inputs = _merge_inputs(reports)
     limitations, seen_limitations = [], set()
     for item in (lim for r in reports for lim in r.limitations):
@@ -306,6 +309,28 @@ def merge_reports(reports: list[Report]) -> Report:
 
 _PARTITION_NOTE = re.compile(r"partition \d+/\d+ \(whole services\)")
 _PARTITION_KIND = re.compile(r" \(partition \d+/\d+\)$")
+
+
+def _refuse_overlap(reports: list[Report]) -> None:
+    seen: set[tuple[str, str]] = set()
+    for report in reports:
+        runs = {(v.server, v.run_id) for v in report.runs}
+        if runs & seen:
+            whole = [
+                i.path
+                for i in report.inputs
+                if i.records
+                and not _PARTITION_KIND.search(i.kind)
+                and not any(_PARTITION_NOTE.fullmatch(note) for note in i.notes)
+            ]
+            raise AuditInputError(
+                whole[0] if whole else "--partitions",
+                "cannot be read one partition at a time (only databases and ingested datasets "
+                "can): every partition would count its runs again",
+                "audit without --partitions/--workers/--cluster, or `dstack-audit ingest` the "
+                "inputs into a dataset and audit the dataset in partitions",
+            )
+        seen |= runs
 
 
 def _merge_inputs(reports: list[Report]) -> list[InputRecord]:
