@@ -28,7 +28,7 @@ INSTALL_HINT = "install the extra: pip install 'dstack-audit[cluster]'"
 PARTITIONS_PER_WORKER = 4
 """Services differ in size, so one task per worker thread leaves threads idle behind the
 largest partition; four each lets a thread that finished take the next one, while each extra
-partition costs one more scan of inputs that cannot push the partition down (logs)."""
+partition costs one more pass over every database's runs table (to hash its services)."""
 WORKER_WAIT_SECONDS = 30
 
 
@@ -45,8 +45,9 @@ def _distributed():
 @contextmanager
 def connect(*, workers: int | None = None, address: str | None = None) -> Iterator[Client]:
     """A client of a new local cluster of `workers` processes (one thread each, 127.0.0.1,
-    no dashboard), or of the scheduler at `address`; closed (and the local cluster stopped)
-    on leaving."""
+    no dashboard; the scheduler's own HTTP endpoint on a free port, not on the dashboard's
+    8787 another cluster may hold), or of the scheduler at `address`; closed (and the local
+    cluster stopped) on leaving."""
     distributed = _distributed()
     if address is None:
         with (
@@ -56,6 +57,7 @@ def connect(*, workers: int | None = None, address: str | None = None) -> Iterat
                 processes=True,
                 host="127.0.0.1",
                 dashboard_address=None,
+                scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
                 silence_logs=logging.ERROR,
             ) as cluster,
             distributed.Client(cluster) as client,

@@ -204,6 +204,21 @@ def test_an_unreachable_scheduler_is_one_line_and_exit_2(sources):
     assert not result.stdout
 
 
+def test_a_scheduler_without_workers_is_one_line_and_exit_2(sources, monkeypatch):
+    from analyzer import cluster
+
+    monkeypatch.setattr(cluster, "WORKER_WAIT_SECONDS", 1)
+    with distributed.LocalCluster(
+        n_workers=0, processes=False, protocol="tcp", host="127.0.0.1", dashboard_address=None
+    ) as empty:
+        result = _audit_in_process(sources[1], "--cluster", empty.scheduler_address)
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f"dstack-audit: --cluster: the scheduler at {empty.scheduler_address} has no workers "
+        "after 1 s\n"
+    )
+
+
 def test_standard_input_and_conflicting_options_are_refused(sources):
     stdin = _audit_in_process("-", "--workers", "2")
     assert stdin.exit_code == 2
