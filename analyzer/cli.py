@@ -145,7 +145,7 @@ def _open(sources: tuple[str, ...], log_tz: str | None, log_date: Any, **options
     "--workers",
     type=click.IntRange(min=1),
     help="Audit the partitions as tasks on a new local Dask cluster of N worker processes "
-    "(needs the 'cluster' extra; --partitions defaults to 4 per worker).",
+    "(needs the 'cluster' extra; --partitions defaults to one per worker thread).",
 )
 @click.option(
     "--cluster",

@@ -25,10 +25,11 @@ if TYPE_CHECKING:
     from analyzer.report.schema import Report
 
 INSTALL_HINT = "install the extra: pip install 'dstack-audit[cluster]'"
-PARTITIONS_PER_WORKER = 4
-"""Services differ in size, so one task per worker thread leaves threads idle behind the
-largest partition; four each lets a thread that finished take the next one, while each extra
-partition costs one more pass over every database's runs table (to hash its services)."""
+PARTITIONS_PER_WORKER = 1
+"""One task per worker thread: the hash of whole services spreads runs evenly over partitions,
+and each extra partition costs a task's start and one more pass over every database's runs
+table. Measured (benchmarks/cluster.py, 2,000 runs, 2 workers): 2 partitions 135 s, 4 242 s,
+8 250 s on a 2-core machine shared with other work; `--partitions` sets more, to bound memory."""
 WORKER_WAIT_SECONDS = 30
 
 
