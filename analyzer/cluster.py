@@ -28,8 +28,8 @@ INSTALL_HINT = "install the extra: pip install 'dstack-audit[cluster]'"
 PARTITIONS_PER_WORKER = 1
 """One task per worker thread: the hash of whole services spreads runs evenly over partitions,
 and each extra partition costs a task's start and one more pass over every database's runs
-table. Measured (benchmarks/cluster.py, 2,000 runs, 2 workers): 2 partitions 135 s, 4 242 s,
-8 250 s on a 2-core machine shared with other work; `--partitions` sets more, to bound memory."""
+table. Measured (benchmarks/cluster.py, 2,000 runs, 2 workers, a shared 2-core machine):
+2 / 4 / 8 partitions 9.1 / 9.3 / 18.8 s; `--partitions` sets more, to bound memory."""
 WORKER_WAIT_SECONDS = 30
 
 

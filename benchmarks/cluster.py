@@ -23,9 +23,9 @@ BIN = Path(sys.executable).parent
 CONFIGURATIONS = {
     "one process": [],
     "--partitions 4 (sequential)": ["--partitions", "4"],
-    "--workers 2 (8 partitions)": ["--workers", "2"],
+    "--workers 2 (2 partitions)": ["--workers", "2"],
     "--workers 2 --partitions 4": ["--workers", "2", "--partitions", "4"],
-    "--workers 2 --partitions 2": ["--workers", "2", "--partitions", "2"],
+    "--workers 2 --partitions 8": ["--workers", "2", "--partitions", "8"],
 }
 
 
