@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -355,13 +356,12 @@ def audit(paths: Paths, **options) -> Report:
 
 
 def merge_reports(reports: list[Report]) -> Report:
-    """One report from the reports of disjoint partitions of the same audit."""
+    """One report from the reports of disjoint partitions of the same audit. Partitions that
+    share a run are refused: an input read whole by every partition (a log, a table export, an
+    API or CLI capture) would count its runs and victims once per partition."""
     first = reports[0]
-    inputs, seen_inputs = [], set()
-    for item in (i for r in reports for i in r.inputs):
-        if (item.path, item.kind) not in seen_inputs:
-            seen_inputs.add((item.path, item.kind))
-            inputs.append(item)
+    _refuse_overlap(reports)
+    inputs = _merge_inputs(reports)
     limitations, seen_limitations = [], set()
     for item in (lim for r in reports for lim in r.limitations):
         key = (item.code, item.message, item.source)
@@ -398,11 +398,64 @@ def merge_reports(reports: list[Report]) -> Report:
     )
 
 
-def audit_in_partitions(paths: Paths, count: int, **options) -> Report:
+_PARTITION_NOTE = re.compile(r"partition \d+/\d+ \(whole services\)")
+_PARTITION_KIND = re.compile(r" \(partition \d+/\d+\)$")
+
+
+def _refuse_overlap(reports: list[Report]) -> None:
+    seen: set[tuple[str, str]] = set()
+    for report in reports:
+        runs = {(v.server, v.run_id) for v in report.runs}
+        if runs & seen:
+            whole = [
+                i.path
+                for i in report.inputs
+                if i.records
+                and not _PARTITION_KIND.search(i.kind)
+                and not any(_PARTITION_NOTE.fullmatch(note) for note in i.notes)
+            ]
+            raise AuditInputError(
+                whole[0] if whole else "--partitions",
+                "cannot be read one partition at a time (only databases and ingested datasets "
+                "can): every partition would count its runs again",
+                "audit without --partitions/--workers/--cluster, or `dstack-audit ingest` the "
+                "inputs into a dataset and audit the dataset in partitions",
+            )
+        seen |= runs
+
+
+def _merge_inputs(reports: list[Report]) -> list[InputRecord]:
+    """Each input once, as the whole audit lists it: an input read one partition at a time (a
+    database, a dataset) counts the records of every partition and no longer names one; an
+    input every partition reads whole is listed as the first partition read it."""
+    merged: dict[tuple[str, str], InputRecord] = {}
+    for item in (i for r in reports for i in r.inputs):
+        kind = _PARTITION_KIND.sub("", item.kind)
+        notes = [note for note in item.notes if not _PARTITION_NOTE.fullmatch(note)]
+        key = (item.path, kind)
+        if key not in merged:
+            merged[key] = item.model_copy(update={"kind": kind, "notes": notes})
+        elif kind != item.kind or notes != item.notes:
+            seen = merged[key]
+            merged[key] = seen.model_copy(
+                update={
+                    "records": seen.records + item.records,
+                    "unparsed": seen.unparsed + item.unparsed,
+                }
+            )
+    return list(merged.values())
+
+
+def audit_in_partitions(paths: Paths, count: int, *, client=None, **options) -> Report:
     """Audit one partition of whole services at a time and merge: memory is bounded by the
     largest partition, not by the input (databases and ingested datasets push the partition
-    down into their reads)."""
+    down into their reads). With a Dask `client`, the partitions are tasks of its cluster
+    (analyzer.cluster) and the workers open the sources from the same paths or URLs."""
     given = as_paths(paths)
+    if client is not None:
+        from analyzer.cluster import audit_partitions
+
+        return audit_partitions(client, given, count, **options)
     return merge_reports(
         [open_sources(given, partition=(index, count), **options).report for index in range(count)]
     )

@@ -247,6 +247,18 @@ def _open(sources: tuple[str, ...], log_tz: str | None, log_date: Any, **options
     "largest partition instead of the whole input.",
 )
 @click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    help="Audit the partitions as tasks on a new local Dask cluster of N worker processes "
+    "(needs the 'cluster' extra; --partitions defaults to one per worker thread).",
+)
+@click.option(
+    "--cluster",
+    metavar="tcp://HOST:PORT",
+    help="Audit the partitions as tasks on the running Dask scheduler at this address; its "
+    "workers open the sources from the same paths or URLs.",
+)
+@click.option(
     "--strict",
     is_flag=True,
     help="Treat any damage (unparsed log lines, truncated files) as unusable input: exit 2.",
@@ -279,6 +291,8 @@ def audit(
     server_labels: tuple[str, ...],
     partition: str | None,
     partitions: int | None,
+    workers: int | None,
+    cluster: str | None,
     strict: bool,
     bundle: Path | None,
     force: bool,
@@ -331,18 +345,23 @@ def audit(
         "since": since,
         "until": until,
     }
-    if partitions and partitions > 1:
+    if (partitions and partitions > 1) or workers or cluster:
         if partition or quarantine or bundle:
             raise AuditInputError(
-                "--partitions", "cannot be combined with --partition, --quarantine or --bundle"
+                "--partitions/--workers/--cluster",
+                "cannot be combined with --partition, --quarantine or --bundle",
             )
-        report = audit_in_partitions(
-            sources,
-            partitions,
-            log_tz=log_tz,
-            log_date=log_date.date() if log_date else None,
-            **options,
-        )
+        if workers and cluster:
+            raise AuditInputError("--workers", "cannot be combined with --cluster")
+        options.update(log_tz=log_tz, log_date=log_date.date() if log_date else None)
+        if workers or cluster:
+            from analyzer.cluster import audit_on_cluster
+
+            report = audit_on_cluster(
+                sources, workers=workers, address=cluster, partitions=partitions, **options
+            )
+        else:
+            report = audit_in_partitions(sources, partitions, **options)
         outputs.add_inputs(i.path for i in report.inputs)
         outputs.write_text(output, without_controls(Redactor().apply(render(report))))
         if fail_on_findings and report.findings:

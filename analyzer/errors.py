@@ -12,3 +12,7 @@ class AuditInputError(Exception):
         if hint:
             text += f" ({hint})"
         super().__init__(text)
+
+    def __reduce__(self):
+        """Pickled by its parts, so an error raised on a Dask worker reaches the CLI intact."""
+        return type(self), (self.source, self.problem, self.hint)

@@ -1,0 +1,166 @@
+"""Audit partitions of whole services as tasks on a Dask cluster, then merge them here.
+
+Each task opens the sources itself, from the paths or URLs it is given (a shared file system,
+a database URL, an ingested dataset on object storage through fsspec), and sends back only its
+partition's Report: frames never travel through the scheduler. The merge is `merge_reports`,
+the same code as for partitions audited one after another in one process.
+
+Dask is imported only here, and only when a command asks for a cluster.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from analyzer import __version__
+from analyzer.errors import AuditInputError
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+    from analyzer.report.schema import Report
+
+INSTALL_HINT = "install the extra: pip install 'dstack-audit[cluster]'"
+PARTITIONS_PER_WORKER = 1
+"""One task per worker thread: the hash of whole services spreads runs evenly over partitions,
+and each extra partition costs a task's start and one more pass over every database's runs
+table. Measured (benchmarks/cluster.py, 2,000 runs, 2 workers, a shared 2-core machine):
+2 / 4 / 8 partitions 9.1 / 9.3 / 18.8 s; `--partitions` sets more, to bound memory."""
+WORKER_WAIT_SECONDS = 30
+
+
+def _distributed():
+    try:
+        import distributed
+    except ImportError as error:
+        raise AuditInputError(
+            "--workers/--cluster", "Dask distributed is not installed", INSTALL_HINT
+        ) from error
+    return distributed
+
+
+@contextmanager
+def connect(*, workers: int | None = None, address: str | None = None) -> Iterator[Client]:
+    """A client of a new local cluster of `workers` processes (one thread each, 127.0.0.1,
+    no dashboard; the scheduler's own HTTP endpoint on a free port, not on the dashboard's
+    8787 another cluster may hold), or of the scheduler at `address`; closed (and the local
+    cluster stopped) on leaving."""
+    distributed = _distributed()
+    if address is None:
+        with (
+            distributed.LocalCluster(
+                n_workers=workers or 1,
+                threads_per_worker=1,
+                processes=True,
+                host="127.0.0.1",
+                dashboard_address=None,
+                scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
+                silence_logs=logging.ERROR,
+            ) as cluster,
+            distributed.Client(cluster) as client,
+        ):
+            yield client
+        return
+    try:
+        client = distributed.Client(address)
+    except (OSError, ValueError, TypeError) as error:
+        raise AuditInputError(
+            "--cluster",
+            f"cannot reach the Dask scheduler at {address} ({type(error).__name__}: {error})",
+            "give tcp://HOST:PORT of a running scheduler",
+        ) from None
+    with client:
+        try:
+            client.wait_for_workers(1, timeout=WORKER_WAIT_SECONDS)
+        except TimeoutError:
+            raise AuditInputError(
+                "--cluster",
+                f"the scheduler at {address} has no workers after {WORKER_WAIT_SECONDS} s",
+            ) from None
+        yield client
+
+
+def default_partitions(client: Client) -> int:
+    """PARTITIONS_PER_WORKER tasks per worker thread of the cluster."""
+    return PARTITIONS_PER_WORKER * max(1, sum(client.nthreads().values()))
+
+
+def _sendable(paths: Sequence[str | Path]) -> list[str]:
+    """The sources as the strings a worker opens; standard input cannot be sent."""
+    given = [str(path) for path in paths]
+    if not given:
+        raise AuditInputError(
+            "audit", "no input given", "name a server.db, an export folder or a log"
+        )
+    if "-" in given:
+        raise AuditInputError(
+            "-", "standard input cannot be sent to Dask workers", "save it to a file they can read"
+        )
+    return given
+
+
+def audit_partition(paths: Sequence[str | Path], index: int, count: int, options: dict[str, Any]):
+    """One task: open the sources on the worker and audit partition `index` of `count`."""
+    from analyzer.api import open_sources
+
+    return open_sources(paths, partition=(index, count), **options).report
+
+
+def audit_partitions(
+    client: Client, paths: Sequence[str | Path], count: int, **options: Any
+) -> Report:
+    """The partitions of whole services as tasks of `client`'s cluster, merged as in one
+    process. An error raised by a task (an unreadable input) is raised here unchanged."""
+    from analyzer.api import merge_reports
+
+    given = _sendable(paths)
+    futures = client.map(
+        audit_partition, [given] * count, range(count), count=count, options=options, pure=False
+    )
+    distributed = _distributed()
+    try:
+        reports = client.gather(futures)
+    except distributed.KilledWorker as error:
+        raise AuditInputError(
+            "--cluster",
+            f"workers died while auditing a partition ({error})",
+            "more partitions bound each task's memory: --partitions N",
+        ) from None
+    except distributed.comm.CommClosedError as error:
+        raise AuditInputError(
+            "--cluster", f"lost the scheduler during the audit ({error})"
+        ) from None
+    except ImportError as error:
+        raise AuditInputError(
+            "--cluster",
+            f"a worker cannot run the audit ({error})",
+            f"install dstack-audit {__version__} on every worker",
+        ) from None
+    versions = {r.generated_by for r in reports} - {f"dstack-audit {__version__}"}
+    if versions:
+        raise AuditInputError(
+            "--cluster",
+            f"workers run {', '.join(sorted(versions))}, not dstack-audit {__version__}",
+            "install the same version on every worker",
+        )
+    return merge_reports(reports)
+
+
+def audit_on_cluster(
+    paths: Sequence[str | Path],
+    *,
+    workers: int | None = None,
+    address: str | None = None,
+    partitions: int | None = None,
+    **options: Any,
+) -> Report:
+    """Audit on a new local cluster of `workers` processes or on the scheduler at `address`,
+    in `partitions` tasks (PARTITIONS_PER_WORKER per worker thread unless given)."""
+    _sendable(paths)
+    with connect(workers=workers, address=address) as client:
+        count = partitions or default_partitions(client)
+        return audit_partitions(client, paths, count, **options)

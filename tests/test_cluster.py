@@ -1,0 +1,248 @@
+"""Partitions audited as tasks on a real Dask cluster: a scheduler and two workers started with
+the `dask scheduler` / `dask worker` commands on 127.0.0.1, and a LocalCluster (`--workers`).
+The merged report must be the single-process report, field for field."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from analyzer.api import audit_in_partitions, open_sources
+from analyzer.synth import synthesize
+from tests.conftest import CAPTURES, ROOT
+
+distributed = pytest.importorskip(
+    "distributed", reason="Dask distributed is not installed: pip install 'dstack-audit[cluster]'"
+)
+
+BIN = Path(sys.executable).parent
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+@pytest.fixture(scope="module")
+def scheduler(tmp_path_factory):
+    """tcp://127.0.0.1:PORT of a scheduler with two one-thread workers, started in a folder of
+    their own (so every path they open must be given absolute), stopped even on failure."""
+    home = tmp_path_factory.mktemp("dask")
+    port = _free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    worker = [BIN / "dask", "worker", address, "--host", "127.0.0.1", "--nthreads", "1"]
+    commands = [
+        [BIN / "dask", "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
+        *([*worker, "--no-dashboard", "--name", f"worker-{i}"] for i in range(2)),
+    ]
+    processes = []
+    try:
+        for number, command in enumerate(commands):
+            log = (home / f"process-{number}.log").open("w")
+            processes.append(
+                subprocess.Popen(command, cwd=home, stdout=log, stderr=subprocess.STDOUT)
+            )
+            if number == 0:
+                _wait_for_port(port, processes[0], home)
+        with distributed.Client(address, timeout=60) as client:
+            client.wait_for_workers(2, timeout=120)
+        yield address
+    finally:
+        for process in reversed(processes):
+            _stop(process)
+
+
+def _wait_for_port(port: int, process: subprocess.Popen, home: Path) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"dask scheduler exited: {(home / 'process-0.log').read_text()}")
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    pytest.fail("dask scheduler did not listen within 120 s")
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> list[str]:
+    """A synthetic server of 200 runs and several real captures, as absolute paths."""
+    out = tmp_path_factory.mktemp("synth") / "fleet"
+    synthesize(out, 200, seed=3)
+    captures = [
+        CAPTURES / "v0.22.5" / name / "server.db"
+        for name in ("seed", "multi-replica-crash", "rolling-ok", "scale-up-fails")
+    ]
+    return [str(out / "server.db"), *map(str, captures), str(CAPTURES / "v0.20/seed/server.db")]
+
+
+def _labels(sources: list[str]) -> list[str]:
+    """Each source its own dstack server, so the captures' runs stay apart."""
+    return [f"--server-label=s{i}={source}" for i, source in enumerate(sources)]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [BIN / "dstack-audit", *args], capture_output=True, text=True, cwd=ROOT, timeout=600
+    )
+
+
+@pytest.fixture(scope="module")
+def single(sources) -> dict:
+    result = _cli("audit", *_labels(sources), "--format", "json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_a_scheduler_and_two_workers_give_the_single_process_report(scheduler, sources, single):
+    result = _cli("audit", *_labels(sources), "--cluster", scheduler, "--format", "json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert single["summary"]["victims"] > 0
+    assert report["summary"]["runs"] == single["summary"]["runs"] > 200
+    assert report["findings"] == single["findings"]
+    assert report["runs"] == single["runs"]
+    assert report == single
+
+
+def test_a_local_cluster_of_two_workers_gives_the_single_process_report(sources, single):
+    result = _cli("audit", *_labels(sources), "--workers", "2", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == single
+
+
+def test_the_library_takes_a_client_and_a_dataset_url(scheduler, sources, tmp_path):
+    """An ingested dataset is opened by the workers from its location, partition pushed down."""
+    from click.testing import CliRunner
+
+    from analyzer.cli import main
+
+    dataset = tmp_path / "dataset"
+    ingest = CliRunner().invoke(main, ["ingest", *sources[1:], "--to", str(dataset)])
+    assert ingest.exit_code == 0, ingest.output
+    whole = open_sources([dataset]).report
+    with distributed.Client(scheduler) as client:
+        merged = audit_in_partitions([dataset], 5, client=client)
+    assert whole.findings
+    assert merged.model_dump() == whole.model_dump()
+    assert [i.kind for i in merged.inputs][-1] == "dataset"
+
+
+def test_an_unreadable_input_on_a_worker_is_the_same_one_line_error(scheduler, tmp_path):
+    broken = tmp_path / "server.db"
+    broken.write_bytes(b"SQLite format 3\x00" + b"\x00" * 100)
+    alone = _cli("audit", str(broken))
+    on_cluster = _cli("audit", str(broken), "--cluster", scheduler)
+    assert alone.returncode == on_cluster.returncode == 2
+    assert on_cluster.stderr == alone.stderr
+    assert on_cluster.stderr.count("\n") == 1 and str(broken) in on_cluster.stderr
+    assert "Traceback" not in on_cluster.stderr and not on_cluster.stdout
+
+
+def test_workers_of_another_version_are_refused(scheduler, sources):
+    def set_version(version: str) -> None:
+        import analyzer.api
+
+        analyzer.api.__version__ = version
+
+    with distributed.Client(scheduler) as client:
+        client.run(set_version, "0.0.0-other")
+        try:
+            result = _cli("audit", sources[1], "--cluster", scheduler)
+        finally:
+            client.run(set_version, __import__("analyzer").__version__)
+    assert result.returncode == 2
+    assert result.stderr.startswith("dstack-audit: --cluster: workers run dstack-audit 0.0.0-other")
+
+
+def test_inputs_read_whole_by_every_partition_are_refused(scheduler):
+    """A log is read whole by every partition: merging would count its runs once per task."""
+    logs = CAPTURES / "v0.22.5" / "rolling-ok" / "logs"
+    on_cluster = _cli("audit", str(logs), "--cluster", scheduler)
+    sequential = _cli("audit", str(logs), "--partitions", "2")
+    assert on_cluster.returncode == sequential.returncode == 2
+    assert on_cluster.stderr == sequential.stderr
+    assert on_cluster.stderr.count("\n") == 1
+    assert f"{logs}/server-info." in on_cluster.stderr
+    assert "cannot be read one partition at a time" in on_cluster.stderr
+
+
+def _audit_in_process(*args: str):
+    from click.testing import CliRunner
+
+    from analyzer.cli import main
+
+    return CliRunner().invoke(main, ["audit", *args])
+
+
+def test_an_unreachable_scheduler_is_one_line_and_exit_2(sources):
+    import dask
+
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    with dask.config.set({"distributed.comm.timeouts.connect": "3s"}):
+        result = _audit_in_process(sources[1], "--cluster", address)
+    assert result.exit_code == 2
+    assert result.stderr.count("\n") == 1
+    expected = f"dstack-audit: --cluster: cannot reach the Dask scheduler at {address} "
+    assert result.stderr.startswith(expected)
+    assert not result.stdout
+
+
+def test_a_scheduler_without_workers_is_one_line_and_exit_2(sources, monkeypatch):
+    from analyzer import cluster
+
+    monkeypatch.setattr(cluster, "WORKER_WAIT_SECONDS", 1)
+    with distributed.LocalCluster(
+        n_workers=0, processes=False, protocol="tcp", host="127.0.0.1", dashboard_address=None
+    ) as empty:
+        result = _audit_in_process(sources[1], "--cluster", empty.scheduler_address)
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f"dstack-audit: --cluster: the scheduler at {empty.scheduler_address} has no workers "
+        "after 1 s\n"
+    )
+
+
+def test_standard_input_and_conflicting_options_are_refused(sources):
+    stdin = _audit_in_process("-", "--workers", "2")
+    assert stdin.exit_code == 2
+    assert stdin.stderr.startswith("dstack-audit: -: standard input cannot be sent to Dask workers")
+    both = _audit_in_process(sources[1], "--workers", "2", "--cluster", "tcp://127.0.0.1:1")
+    assert both.exit_code == 2 and "cannot be combined with --cluster" in both.stderr
+
+
+def test_without_distributed_the_error_names_the_extra(sources, monkeypatch):
+    """The package hidden from the import system, as on an install without the extra."""
+    monkeypatch.setitem(sys.modules, "distributed", None)
+    result = _audit_in_process(sources[1], "--workers", "2")
+    assert result.exit_code == 2
+    assert result.stderr == (
+        "dstack-audit: --workers/--cluster: Dask distributed is not installed "
+        "(install the extra: pip install 'dstack-audit[cluster]')\n"
+    )
+
+
+def test_start_up_does_not_import_dask():
+    code = (
+        "import sys, analyzer.cli; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'dask', 'distributed'}))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
