@@ -48,11 +48,10 @@ def register(main: click.Group) -> None:
     """Add `plot` and `report` to `main` (once)."""
     if "plot" in main.commands and "report" in main.commands:
         return
-    # imported here: analyzer.cli imports this module's register
+    # imported here: analyzer.cli imports this module's register; matplotlib and the report
+    # renderers only inside the commands that draw (start-up stays light)
     from analyzer.cli import IsoTime, _clean_errors, _log_options, _open, _ui
     from analyzer.outputs import plan
-    from analyzer.report.html import render_html, render_report_markdown
-    from analyzer.report.plots import figure_bytes, plot_fleet, plot_run, resolve_zone
 
     @click.command("plot")
     @click.argument("args", nargs=-1, required=True, metavar="RUN SOURCE...")
@@ -102,6 +101,8 @@ def register(main: click.Group) -> None:
         \b
         Exit status: 0 drawn, 2 unusable input, no such run or wrong usage.
         """
+        from analyzer.report.plots import figure_bytes, plot_fleet, plot_run, resolve_zone
+
         fmt = _format(output, PLOT_FORMATS, fmt)
         resolve_zone(tz)
         if fleet:
@@ -184,6 +185,9 @@ def register(main: click.Group) -> None:
         \b
         Exit status: 0 written, 2 unusable input or wrong usage.
         """
+        from analyzer.report.html import render_html, render_report_markdown
+        from analyzer.report.plots import resolve_zone
+
         fmt = _format(output, REPORT_FORMATS, fmt)
         if fmt == "markdown" and str(output) == "-":
             raise click.BadParameter(
