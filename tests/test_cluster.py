@@ -110,21 +110,46 @@ def single(sources) -> dict:
     return json.loads(result.stdout)
 
 
+NARROWED = "this audit read the jobs of some runs only"
+
+
+def _assert_same_report(partitioned: dict, single: dict) -> None:
+    """The partitioned report is the single-process one, but for one thing a partition cannot
+    know: whether an idle-looking instance was free before an update (jobs of other
+    partitions' runs may have held it). There a partition says `unknown` and why, never more
+    than the whole audit; everywhere else the foresight is the same."""
+
+    def without_foresight(report: dict) -> dict:
+        findings = [
+            {k: v for k, v in f.items() if k != "capacity_foresight"} for f in report["findings"]
+        ]
+        return {**report, "findings": findings}
+
+    assert without_foresight(partitioned) == without_foresight(single)
+    pairs = zip(partitioned["findings"], single["findings"], strict=True)
+    for part, whole in pairs:
+        seen, known = part.get("capacity_foresight"), whole.get("capacity_foresight")
+        if seen == known:
+            continue
+        assert seen["surge_capacity"] == "unknown" and seen["foreseeable"] is None, seen
+        assert any(NARROWED in reason for reason in seen["reasons"]), seen
+        assert seen["as_of"] == known["as_of"]
+
+
 def test_a_scheduler_and_two_workers_give_the_single_process_report(scheduler, sources, single):
     result = _cli("audit", *_labels(sources), "--cluster", scheduler, "--format", "json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert single["summary"]["victims"] > 0
     assert report["summary"]["runs"] == single["summary"]["runs"] > 200
-    assert report["findings"] == single["findings"]
     assert report["runs"] == single["runs"]
-    assert report == single
+    _assert_same_report(report, single)
 
 
 def test_a_local_cluster_of_two_workers_gives_the_single_process_report(sources, single):
     result = _cli("audit", *_labels(sources), "--workers", "2", "--format", "json")
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == single
+    _assert_same_report(json.loads(result.stdout), single)
 
 
 def test_the_library_takes_a_client_and_a_dataset_url(scheduler, sources, tmp_path):
