@@ -37,22 +37,30 @@ def colour_wanted(stream: IO[str]) -> bool:
     return bool(isatty and isatty())
 
 
-def console(stream: IO[str] | None = None, *, width: int | None = None) -> Any:
-    """A rich console writing to `stream`: plain text unless it is a colour terminal."""
+def console(
+    stream: IO[str] | None = None,
+    *,
+    width: int | None = None,
+    colour: bool | None = None,
+    color_system: str = "auto",
+) -> Any:
+    """A rich console writing to `stream`: plain text unless it is a colour terminal (or
+    `colour` says otherwise); never markup, emoji or highlighting taken from the data."""
     from rich.console import Console
 
     stream = stream if stream is not None else sys.stdout
-    colour = colour_wanted(stream)
+    colour = colour_wanted(stream) if colour is None else colour
     return Console(
         file=stream,
         width=width,
         force_terminal=colour,
         no_color=not colour,
-        color_system="auto" if colour else None,
+        color_system=color_system if colour else None,
         highlight=False,
         emoji=False,
         markup=False,
         soft_wrap=False,
+        legacy_windows=False,
     )
 
 

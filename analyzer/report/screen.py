@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from datetime import tzinfo
 
 from rich import box
-from rich.console import Console, Group
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
@@ -27,6 +27,7 @@ from analyzer.report.text import (
     fmt_time,
     group_rows,
 )
+from analyzer.terminal import console as terminal_console
 
 DEFAULT_WIDTH = 100
 VERDICT_STYLE = {
@@ -356,17 +357,6 @@ def render_table(
             ),
         ]
     buffer = io.StringIO()
-    console = Console(
-        file=buffer,
-        width=width,
-        force_terminal=colour,
-        no_color=not colour,
-        color_system="standard" if colour else None,
-        highlight=False,
-        emoji=False,
-        markup=False,
-        soft_wrap=False,
-        legacy_windows=False,
-    )
+    console = terminal_console(buffer, width=width, colour=colour, color_system="standard")
     console.print(Group(*parts))
     return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
