@@ -367,7 +367,8 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
         .collect()
     )
     data.runs = runs
-    data.fleets, data.instances = _fleets(reader, server, projects)
+    raw_fleets = {table: _read(reader, table) for table in ("fleets", "instances")}
+    data.fleets, data.instances = _fleets(raw_fleets, server, projects)
     data.has_fleet_tables = {"fleets", "instances"} <= present
 
     data.jobs = _jobs(reader, server, runs)
@@ -406,7 +407,7 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
         )
     data.server_version = version
     data.events_table_of = {server} if "events" in present else set()
-    latest = _latest_alive(reader, data)
+    latest = _latest_alive(reader, data, raw_fleets)
     if latest is not None:
         data.latest_time = {server: latest}
     data.secrets = _secrets(raw_runs, _read(reader, "jobs"), _read(reader, "users"))
@@ -458,11 +459,11 @@ def _slim_groups(text: str) -> str | None:
 
 
 def _fleets(
-    reader: TableReader, server: str, projects: pl.DataFrame
+    raw: dict[str, pl.DataFrame | None], server: str, projects: pl.DataFrame
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Fleets (nodes range from the spec) and instances (times, blocks, offer resources)."""
-    fleets = _read(reader, "fleets")
-    instances = _read(reader, "instances")
+    """Fleets (nodes range from the spec) and instances (times, blocks, offer resources), from
+    the `raw` rows of both tables (None: the database has no such table)."""
+    fleets, instances = raw["fleets"], raw["instances"]
     fleet_frame = pl.DataFrame()
     instance_frame = pl.DataFrame()
     if fleets is not None:
@@ -545,9 +546,12 @@ def _fleets(
     return fleet_frame, instance_frame
 
 
-def _latest_alive(reader: TableReader, data: SourceData):
+def _latest_alive(
+    reader: TableReader, data: SourceData, raw_fleets: dict[str, pl.DataFrame | None]
+):
     """The latest moment any table shows the server at work: a lower bound of when the copy
-    was taken (runs, jobs and events as read; instances and fleets read for their times)."""
+    was taken (runs, jobs and events as mapped; instances and fleets from their raw rows, read
+    once for `_fleets`: TABLE_COLUMNS holds their ALIVE_COLUMNS)."""
     frames = [
         data.runs.select(pl.max_horizontal("submitted_at", "last_processed_at").alias("t")),
         data.jobs.select(pl.max_horizontal("submitted_at", "last_processed_at").alias("t")),
@@ -555,11 +559,11 @@ def _latest_alive(reader: TableReader, data: SourceData):
     if data.events.height:
         frames.append(data.events.select(pl.col("time").alias("t")))
     for table in ("instances", "fleets"):
-        if table not in reader.tables():
+        times = raw_fleets[table]
+        if times is None:
             continue
         columns = [c for c in ALIVE_COLUMNS[table] if c in reader.columns(table)]
         if columns:
-            times = reader.read(table, columns)
             frames.append(
                 times.select(
                     pl.max_horizontal(parse_db_time(pl.col(c)) for c in columns).alias("t")
