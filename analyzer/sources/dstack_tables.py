@@ -341,8 +341,10 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
             normalise_id(pl.col("project_id")).alias("project_id"),
             normalise_id(pl.col("user_id")).alias("user_id"),
         )
-        .join(projects.lazy(), left_on="project_id", right_on="id", how="left")
-        .join(users.lazy(), left_on="user_id", right_on="id", how="left")
+        .join(
+            projects.lazy(), left_on="project_id", right_on="id", how="left", maintain_order="left"
+        )
+        .join(users.lazy(), left_on="user_id", right_on="id", how="left", maintain_order="left")
         .select(
             pl.lit(server).alias("server"),
             "run_id",
@@ -477,7 +479,13 @@ def _fleets(
         fleet_frame = (
             fleets.lazy()
             .with_columns(normalise_id(pl.col("project_id")).alias("project_id"))
-            .join(projects.lazy(), left_on="project_id", right_on="id", how="left")
+            .join(
+                projects.lazy(),
+                left_on="project_id",
+                right_on="id",
+                how="left",
+                maintain_order="left",
+            )
             .select(
                 pl.lit(server).alias("server"),
                 normalise_id(pl.col("id")).alias("fleet_id"),
@@ -514,7 +522,13 @@ def _fleets(
         instance_frame = (
             instances.lazy()
             .with_columns(normalise_id(pl.col("project_id")).alias("project_id"))
-            .join(projects.lazy(), left_on="project_id", right_on="id", how="left")
+            .join(
+                projects.lazy(),
+                left_on="project_id",
+                right_on="id",
+                how="left",
+                maintain_order="left",
+            )
             .select(
                 pl.lit(server).alias("server"),
                 normalise_id(pl.col("id")).alias("instance_id"),
@@ -634,7 +648,7 @@ def _jobs(reader: TableReader, server: str, runs: pl.DataFrame) -> pl.DataFrame:
                 _int(pl.col("probe_num")).alias("probe_num"),
                 _int(pl.col("success_streak")).alias("streak"),
             )
-            .join(specs, on=["job_id", "probe_num"], how="left")
+            .join(specs, on=["job_id", "probe_num"], how="left", maintain_order="left")
             .group_by("job_id")
             .agg(
                 pl.len().cast(pl.Int64).alias("probe_rows"),
@@ -645,7 +659,9 @@ def _jobs(reader: TableReader, server: str, runs: pl.DataFrame) -> pl.DataFrame:
                 pl.col("streak").min().alias("min_probe_streak"),
             )
         )
-        jobs = jobs.join(probe_summary, on="job_id", how="left").with_columns(
+        jobs = jobs.join(
+            probe_summary, on="job_id", how="left", maintain_order="left"
+        ).with_columns(
             pl.col("probe_rows").fill_null(0),
             pl.col("probes_below_ready_after").fill_null(0),
         )
@@ -669,7 +685,13 @@ def _jobs(reader: TableReader, server: str, runs: pl.DataFrame) -> pl.DataFrame:
             pl.col("name").alias("instance_name"),
             normalise_id(pl.col("fleet_id")).alias("instance_fleet_id"),
         )
-        jobs = jobs.join(inst.lazy(), left_on="used_instance_id", right_on="iid", how="left")
+        jobs = jobs.join(
+            inst.lazy(),
+            left_on="used_instance_id",
+            right_on="iid",
+            how="left",
+            maintain_order="left",
+        )
     else:
         jobs = jobs.with_columns(
             pl.lit(None, pl.String).alias("instance_name"),
@@ -677,7 +699,9 @@ def _jobs(reader: TableReader, server: str, runs: pl.DataFrame) -> pl.DataFrame:
         )
     jobs = jobs.with_columns(
         pl.coalesce(pl.col("fleet_id"), pl.col("instance_fleet_id")).alias("fleet_id")
-    ).join(fleet_names.lazy(), left_on="fleet_id", right_on="fid", how="left")
+    ).join(
+        fleet_names.lazy(), left_on="fleet_id", right_on="fid", how="left", maintain_order="left"
+    )
 
     return jobs.select(
         pl.lit(server).alias("server"),
@@ -749,8 +773,8 @@ def _events(
     job_runs = jobs.lazy().select(pl.col("job_id"), pl.col("run_id").alias("job_run_id"))
     frame = (
         ev.join(tg.filter(pl.col("entity_type").is_in(["run", "job"])), on="event_uuid")
-        .join(job_runs, left_on="entity_id", right_on="job_id", how="left")
-        .join(users.lazy(), left_on="actor_id", right_on="id", how="left")
+        .join(job_runs, left_on="entity_id", right_on="job_id", how="left", maintain_order="left")
+        .join(users.lazy(), left_on="actor_id", right_on="id", how="left", maintain_order="left")
         .with_columns(
             pl.when(pl.col("entity_type") == "run")
             .then(pl.col("entity_id"))
@@ -802,7 +826,7 @@ def _attach_orphan_runs(events: pl.DataFrame, runs: pl.DataFrame) -> pl.DataFram
     )
     fixed = (
         orphans.with_row_index("_row")
-        .join(candidates, on="_row", how="left")
+        .join(candidates, on="_row", how="left", maintain_order="left")
         .with_columns(pl.col("_cand").alias("run_id"))
         .drop("_row", "_cand")
     )
