@@ -1,41 +1,40 @@
 """dstack-audit: find healthy service replicas that dstack killed because a newer deployment failed.
 
-The flow is one way: sources -> canonical model -> timeline -> findings -> reports.
+The flow is one way: contract + model -> sources -> pipeline -> api -> render -> cli. This module is
+the public surface only: every name is loaded on first use, so ``import analyzer`` (and the CLI's
+start-up, which imports a submodule and so this package) costs nothing until a name is used.
 """
 
-__version__ = "0.1.0"
+from analyzer._version import __version__ as __version__
 
-from analyzer.api import Audit, audit, audit_in_partitions, merge_reports, open_sources
-from analyzer.errors import AuditInputError
-from analyzer.report.schema import Finding, Report, RunVerdict
-
-__all__ = [
-    "Audit",
-    "AuditInputError",
-    "Finding",
-    "Report",
-    "RunVerdict",
-    "__version__",
-    "audit",
-    "audit_in_partitions",
-    "merge_reports",
-    "open_sources",
-    "plot_fleet",
-    "plot_run",
-    "render_html",
-]
-
-# Plotting pulls in matplotlib: loaded on first use, not at import (the CLI starts faster).
-_LAZY = {
+# Where each public name lives; the layer test checks nothing else is defined here.
+_PUBLIC = {
+    "Audit": "analyzer.api",
+    "audit": "analyzer.api",
+    "audit_in_partitions": "analyzer.api",
+    "merge_reports": "analyzer.api",
+    "open_sources": "analyzer.api",
+    "AuditInputError": "analyzer.errors",
+    "Finding": "analyzer.contract",
+    "Report": "analyzer.contract",
+    "RunVerdict": "analyzer.contract",
     "plot_run": "analyzer.report.plots",
     "plot_fleet": "analyzer.report.plots",
     "render_html": "analyzer.report.html",
 }
 
+__all__ = sorted([*_PUBLIC, "__version__"])
+
 
 def __getattr__(name: str):
-    if name in _LAZY:
+    if name in _PUBLIC:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        value = getattr(importlib.import_module(_PUBLIC[name]), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'analyzer' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return __all__

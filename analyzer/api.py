@@ -14,7 +14,15 @@ from pathlib import Path
 
 import polars as pl
 
-from analyzer import __version__
+from analyzer._version import __version__
+from analyzer.contract import (
+    Finding,
+    InputRecord,
+    LimitationRecord,
+    Report,
+    RunVerdict,
+    Summary,
+)
 from analyzer.counterfactual import describe_models
 from analyzer.detect import detect
 from analyzer.errors import AuditInputError
@@ -25,14 +33,6 @@ from analyzer.progress import stage
 from analyzer.reconcile import TimeOptions, reconcile
 from analyzer.redact import RULE_SET, without_controls
 from analyzer.report import frames
-from analyzer.report.schema import (
-    Finding,
-    InputRecord,
-    LimitationRecord,
-    Report,
-    RunVerdict,
-    Summary,
-)
 from analyzer.selectors import run_filter
 from analyzer.servers import assign_servers
 from analyzer.sources import READ_OPTIONS, ReadOptions, load_path

@@ -12,11 +12,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from analyzer import __version__
+from analyzer._version import __version__
 from analyzer.api import open_sources
+from analyzer.contract import Report
 from analyzer.errors import AuditInputError
 from analyzer.redact import Redactor
-from analyzer.report.schema import Report
 from analyzer.sources import DATABASE_URL, file_facts
 from analyzer.sources.postgres import url_without_password
 

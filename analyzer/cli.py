@@ -15,15 +15,15 @@ from typing import Any, get_args
 import click
 import polars as pl
 
-from analyzer import __version__
+from analyzer._version import __version__
 from analyzer.api import audit_in_partitions, open_sources
 from analyzer.bundle import verify_bundle, write_bundle
+from analyzer.contract import Verdict
 from analyzer.dataset import write_dataset
 from analyzer.errors import AuditInputError
 from analyzer.outputs import plan
 from analyzer.redact import Redactor, without_controls
 from analyzer.report.markdown import render_markdown
-from analyzer.report.schema import Verdict
 from analyzer.report.text import render_timeline
 from analyzer.sources import LIVE_URL
 from analyzer.sources.live import use_token

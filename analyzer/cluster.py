@@ -16,13 +16,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from analyzer import __version__
+from analyzer._version import __version__
 from analyzer.errors import AuditInputError
 
 if TYPE_CHECKING:
     from distributed import Client
 
-    from analyzer.report.schema import Report
+    from analyzer.contract import Report
 
 INSTALL_HINT = "install the extra: pip install 'dstack-audit[cluster]'"
 PARTITIONS_PER_WORKER = 1

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from analyzer import __version__
+from analyzer._version import __version__
 from analyzer.errors import AuditInputError
 
 MANIFEST = "manifest.json"

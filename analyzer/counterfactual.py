@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from analyzer.report.schema import Counterfactual, ModelDescription
+from analyzer.contract import Counterfactual, ModelDescription
 
 
 @dataclass(frozen=True)

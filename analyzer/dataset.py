@@ -15,7 +15,7 @@ from pathlib import Path
 
 import polars as pl
 
-from analyzer import __version__
+from analyzer._version import __version__
 from analyzer.evidence import Evidence
 from analyzer.partition import service_buckets
 

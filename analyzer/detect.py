@@ -19,15 +19,7 @@ from typing import Any
 import polars as pl
 
 from analyzer.catalogue import IN_PLACE_FIELDS
-from analyzer.model import (
-    FINISHED_JOB_STATUSES,
-    FINISHED_RUN_STATUSES,
-    NORMAL_JOB_REASONS,
-    RETRY_STOP_MESSAGES,
-    RUN_FAILURE_REASONS,
-    SERVER_STOP_JOB_REASONS,
-)
-from analyzer.report.schema import (
+from analyzer.contract import (
     Culprit,
     EvidenceItem,
     Finding,
@@ -35,6 +27,14 @@ from analyzer.report.schema import (
     OtherJob,
     RunVerdict,
     Victim,
+)
+from analyzer.model import (
+    FINISHED_JOB_STATUSES,
+    FINISHED_RUN_STATUSES,
+    NORMAL_JOB_REASONS,
+    RETRY_STOP_MESSAGES,
+    RUN_FAILURE_REASONS,
+    SERVER_STOP_JOB_REASONS,
 )
 from analyzer.timeline import HEALTH_PROOFS, UNHEALTHY_PROOFS
 

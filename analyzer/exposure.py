@@ -34,7 +34,7 @@ from typing import Literal
 import polars as pl
 from pydantic import BaseModel, ConfigDict, Field
 
-from analyzer.report.schema import CapacityForesight, Finding, LimitationRecord
+from analyzer.contract import CapacityForesight, Finding, LimitationRecord
 
 Exposed = Literal["yes", "no", "unknown"]
 Surge = Literal["none", "available", "unknown"]

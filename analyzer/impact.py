@@ -13,9 +13,7 @@ from datetime import datetime
 
 import polars as pl
 
-from analyzer.counterfactual import RolloutFacts, evaluate_all
-from analyzer.model import UTC_TIME
-from analyzer.report.schema import (
+from analyzer.contract import (
     Finding,
     GroupSummary,
     Impact,
@@ -24,6 +22,8 @@ from analyzer.report.schema import (
     Summary,
     VictimImpact,
 )
+from analyzer.counterfactual import RolloutFacts, evaluate_all
+from analyzer.model import UTC_TIME
 
 # A replica with unknown start of health (table-only evidence) counts from its submission.
 CAPACITY_COLUMNS = ["server", "run_id", "time", "healthy_replicas"]

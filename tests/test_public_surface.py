@@ -9,7 +9,7 @@ from pathlib import Path
 
 import analyzer
 from analyzer import Audit
-from analyzer.report.schema import SCHEMA_VERSION, Report
+from analyzer.contract import SCHEMA_VERSION, Report
 
 SNAPSHOT = Path(__file__).parent / "data" / "report_schema.json"
 

@@ -21,7 +21,7 @@ from conftest import CAPTURES, ROOT
 
 from analyzer import AuditInputError, open_sources
 from analyzer.cli import main
-from analyzer.report.schema import SCHEMA_VERSION
+from analyzer.contract import SCHEMA_VERSION
 from analyzer.report.screen import middle_ellipsis, render_table
 from analyzer.report.text import render_timeline
 from analyzer.report.timeline_view import merged_events, roles

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import polars as pl
 
+from analyzer.contract import Report
 from analyzer.model import UTC_TIME
-from analyzer.report.schema import Report
 
 T = UTC_TIME
 

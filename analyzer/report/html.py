@@ -24,6 +24,7 @@ from typing import Any
 
 import polars as pl
 
+from analyzer.contract import Finding, GroupSummary, Report
 from analyzer.progress import stage
 from analyzer.report.markdown import md_code, md_text, render_markdown
 from analyzer.report.plots import (
@@ -38,7 +39,6 @@ from analyzer.report.plots import (
     plot_run,
     resolve_zone,
 )
-from analyzer.report.schema import Finding, GroupSummary, Report
 from analyzer.report.text import GROUP_HEADERS, fmt_cost, fmt_duration, group_rows
 
 IMAGE_DPI = 100

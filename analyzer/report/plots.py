@@ -26,9 +26,9 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
+from analyzer.contract import Culprit, Finding, Report
 from analyzer.errors import AuditInputError
 from analyzer.redact import without_controls
-from analyzer.report.schema import Culprit, Finding, Report
 from analyzer.report.text import fmt_cost, fmt_duration
 from analyzer.selectors import one_run
 

@@ -19,7 +19,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from analyzer.report.schema import Finding, InputRecord, Report, RunVerdict
+from analyzer.contract import Finding, InputRecord, Report, RunVerdict
 from analyzer.report.text import (
     GROUP_HEADERS,
     fmt_cost,

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, tzinfo
 
 import polars as pl
 
-from analyzer.report.schema import Finding
+from analyzer.contract import Finding
 
 
 def fmt_time(value: datetime | None, *, date: bool = True, tz: tzinfo | None = None) -> str:

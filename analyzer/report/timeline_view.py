@@ -17,7 +17,7 @@ from datetime import datetime
 
 import polars as pl
 
-from analyzer.report.schema import Finding
+from analyzer.contract import Finding
 
 EXPORT_FIELDS = [
     "time",

@@ -36,7 +36,7 @@ from uuid import UUID
 import polars as pl
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
-from analyzer import catalogue
+import analyzer.catalogue as catalogue
 from analyzer.errors import AuditInputError
 from analyzer.model import EVENTS_SCHEMA, JOBS_SCHEMA, RUNS_SCHEMA, UTC_TIME, conform
 from analyzer.redact import Redactor, json_secret_values

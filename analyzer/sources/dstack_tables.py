@@ -12,7 +12,7 @@ from typing import Protocol
 
 import polars as pl
 
-from analyzer import catalogue
+import analyzer.catalogue as catalogue
 from analyzer.errors import AuditInputError
 from analyzer.model import normalise_enum, normalise_id, parse_db_time
 from analyzer.redact import Redactor, json_secret_values

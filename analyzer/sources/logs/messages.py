@@ -13,7 +13,7 @@ from datetime import datetime
 
 import polars as pl
 
-from analyzer import catalogue
+import analyzer.catalogue as catalogue
 from analyzer.model import UTC_TIME
 from analyzer.redact import redact_shapes
 from analyzer.sources.logs.reader import detached
