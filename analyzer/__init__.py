@@ -18,9 +18,9 @@ _PUBLIC = {
     "Finding": "analyzer.contract",
     "Report": "analyzer.contract",
     "RunVerdict": "analyzer.contract",
-    "plot_run": "analyzer.report.plots",
-    "plot_fleet": "analyzer.report.plots",
-    "render_html": "analyzer.report.html",
+    "plot_run": "analyzer.render.plots",
+    "plot_fleet": "analyzer.render.plots",
+    "render_html": "analyzer.render.html",
 }
 
 __all__ = sorted([*_PUBLIC, "__version__"])

@@ -23,20 +23,20 @@ from analyzer.contract import (
     RunVerdict,
     Summary,
 )
-from analyzer.counterfactual import describe_models
-from analyzer.detect import detect
 from analyzer.errors import AuditInputError
-from analyzer.evidence import Evidence, combine
-from analyzer.exposure import foresight, frames_of
-from analyzer.impact import assess, impact_rank, serving_capacity, summarise
+from analyzer.pipeline.counterfactual import describe_models
+from analyzer.pipeline.detect import detect
+from analyzer.pipeline.evidence import Evidence, combine
+from analyzer.pipeline.exposure import foresight, frames_of
+from analyzer.pipeline.impact import assess, impact_rank, serving_capacity, summarise
+from analyzer.pipeline.reconcile import TimeOptions, reconcile
+from analyzer.pipeline.selectors import run_filter
+from analyzer.pipeline.servers import assign_servers
+from analyzer.pipeline.timeline import deployments, evidence_gaps, submissions
 from analyzer.progress import stage
-from analyzer.reconcile import TimeOptions, reconcile
 from analyzer.redact import RULE_SET, without_controls
-from analyzer.report import frames
-from analyzer.selectors import run_filter
-from analyzer.servers import assign_servers
+from analyzer.render import frames
 from analyzer.sources import READ_OPTIONS, ReadOptions, load_path
-from analyzer.timeline import deployments, evidence_gaps, submissions
 from analyzer.times import parse_time
 
 DEFAULT_SERVER = "default"
@@ -304,8 +304,8 @@ def open_sources(
     id prefix.
 
     Each database is its own server; a log or an API export joins the database whose ids it
-    shares (analyzer.servers). `server_labels` maps a source (as given) to its server's name,
-    overriding that; a single server is called `server`.
+    shares (analyzer.pipeline.servers). `server_labels` maps a source (as given) to its
+    server's name, overriding that; a single server is called `server`.
 
     >>> audit = open_sources(["samples/v0.22.5/seed"])  # doctest: +SKIP
     >>> audit.report.findings[0].victims[0].job_name  # doctest: +SKIP

@@ -16,8 +16,8 @@ from pathlib import Path
 import polars as pl
 
 from analyzer._version import __version__
-from analyzer.evidence import Evidence
-from analyzer.partition import service_buckets
+from analyzer.pipeline.evidence import Evidence
+from analyzer.pipeline.partition import service_buckets
 
 FORMAT = "dstack-audit-dataset"
 MANIFEST = "dataset.parquet"  # parquet, not JSON: polars reads it from any URL it supports

@@ -30,12 +30,12 @@ AUDIT_CHILD = r"""
 import json, resource, sys, time
 sys.path.insert(0, sys.argv[1])
 if sys.argv[2] == "off":
-    import analyzer.evidence, analyzer.redact
-    analyzer.evidence._redact = lambda evidence: None
+    import analyzer.pipeline.evidence, analyzer.redact
+    analyzer.pipeline.evidence._redact = lambda evidence: None
     analyzer.redact.Redactor.apply_series = lambda self, texts: texts
 started = time.perf_counter()
 from analyzer import open_sources
-from analyzer.report.markdown import render_markdown
+from analyzer.render.markdown import render_markdown
 audit = open_sources(sys.argv[3:])
 audit.redact(render_markdown(audit.report))
 print(json.dumps({"seconds": time.perf_counter() - started,

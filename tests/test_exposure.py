@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from analyzer import open_sources
 from analyzer.cli import main
-from analyzer.exposure import BEFORE_UPDATE, exposure_report, judge_release
+from analyzer.pipeline.exposure import BEFORE_UPDATE, exposure_report, judge_release
 from tests.conftest import CAPTURES, execute, load_truth, truth_files
 from tests.test_postgres import loaded, pg  # noqa: F401  (the throwaway PostgreSQL server)
 

@@ -19,8 +19,8 @@ from conftest import CAPTURES
 
 from analyzer import open_sources
 from analyzer.cli import main
-from analyzer.cli_visual import register
-from analyzer.report.html import narrative, render_html, render_report_markdown
+from analyzer.cli.visual import register
+from analyzer.render.html import narrative, render_html, render_report_markdown
 
 register(main)
 register(main)  # twice: harmless
@@ -526,7 +526,7 @@ def test_summary_figures_match_the_json(fleet, fleet_html):
     assert figures["findings"] == str(summary.findings)
     assert figures["healthy replicas killed"] == str(summary.victims)
     assert figures["runs audited"] == str(summary.runs)
-    from analyzer.report.text import fmt_cost, fmt_duration
+    from analyzer.render.text import fmt_cost, fmt_duration
 
     assert figures["outage, summed"] == fmt_duration(summary.outage_seconds)
     assert figures["cost lost"] == html.escape(

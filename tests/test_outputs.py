@@ -180,7 +180,7 @@ def test_failure_mid_write_leaves_the_old_file_and_no_temporary(tmp_path):
 
 
 def test_interrupted_markdown_report_keeps_the_old_report_and_images(case, monkeypatch):
-    import analyzer.report.html as html
+    import analyzer.render.html as html
 
     shutil.copytree(CRASH, case / "other")
     sources = ["evidence/server.db", "other/server.db"]  # two findings: three pictures

@@ -18,8 +18,8 @@ from conftest import CAPTURES
 
 from analyzer import open_sources
 from analyzer.errors import AuditInputError
-from analyzer.impact import serving_capacity
-from analyzer.report.plots import (
+from analyzer.pipeline.impact import serving_capacity
+from analyzer.render.plots import (
     KEEP_PER_SLOT,
     Clock,
     figure_bytes,
@@ -517,7 +517,7 @@ def test_recovery_days_later_is_in_the_key_not_the_window():
     left, right = _axes(fig, "lanes").get_xlim()
     assert right - left < 1.0  # days: the window stays on the run
     assert "line-recovered" not in _gids(fig)
-    from analyzer.report.html import narrative
+    from analyzer.render.html import narrative
 
     story = narrative(audit, audit.report.findings[0])
     assert "The service served again at 2026-11-04 09:09:20 UTC (run ffffffff)" in story
@@ -542,7 +542,7 @@ def test_formats_and_no_pyplot(seed_fig):
     assert figure_bytes(fig, "png")[:8] == b"\x89PNG\r\n\x1a\n"
     assert b"<svg" in figure_bytes(fig, "svg")[:1000]
     assert figure_bytes(fig, "pdf")[:5] == b"%PDF-"
-    import analyzer.report.plots as plots
+    import analyzer.render.plots as plots
 
     source = Path(plots.__file__).read_text()
     assert "import matplotlib.pyplot" not in source and "import pyplot" not in source

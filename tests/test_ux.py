@@ -22,9 +22,9 @@ from conftest import CAPTURES, ROOT
 from analyzer import AuditInputError, open_sources
 from analyzer.cli import main
 from analyzer.contract import SCHEMA_VERSION
-from analyzer.report.screen import middle_ellipsis, render_table
-from analyzer.report.text import render_timeline
-from analyzer.report.timeline_view import merged_events, roles
+from analyzer.render.screen import middle_ellipsis, render_table
+from analyzer.render.text import render_timeline
+from analyzer.render.timeline_view import merged_events, roles
 
 SEED = CAPTURES / "v0.22.5" / "seed"
 SEED_DB = str(SEED / "server.db")
@@ -390,7 +390,7 @@ def test_timeline_exports(tmp_path):
 
 
 def test_dash_is_stdout_for_pictures_and_reports():
-    from analyzer.cli_visual import register
+    from analyzer.cli.visual import register
 
     register(main)
     picture = CliRunner().invoke(main, ["plot", "acme/web", SEED_DB, "-o", "-"])

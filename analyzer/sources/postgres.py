@@ -33,7 +33,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode
 import polars as pl
 
 from analyzer.errors import AuditInputError
-from analyzer.partition import sql_service_bucket
+from analyzer.pipeline.partition import sql_service_bucket
 from analyzer.sources import InputInfo, ReadOptions, SourceData, read_options
 from analyzer.sources.dstack_tables import TABLE_COLUMNS, load_tables, looks_like_dstack
 

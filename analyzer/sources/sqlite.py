@@ -18,7 +18,7 @@ import polars as pl
 
 from analyzer.errors import AuditInputError
 from analyzer.model import parse_db_time
-from analyzer.partition import service_buckets
+from analyzer.pipeline.partition import service_buckets
 from analyzer.sources import ReadOptions, Source, SourceData, file_facts, read_options
 from analyzer.sources.dstack_tables import ALIVE_COLUMNS, load_tables, looks_like_dstack
 

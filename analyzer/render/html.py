@@ -26,8 +26,8 @@ import polars as pl
 
 from analyzer.contract import Finding, GroupSummary, Report
 from analyzer.progress import stage
-from analyzer.report.markdown import md_code, md_text, render_markdown
-from analyzer.report.plots import (
+from analyzer.render.markdown import md_code, md_text, render_markdown
+from analyzer.render.plots import (
     Clock,
     actor_name,
     describe_failure,
@@ -39,7 +39,7 @@ from analyzer.report.plots import (
     plot_run,
     resolve_zone,
 )
-from analyzer.report.text import GROUP_HEADERS, fmt_cost, fmt_duration, group_rows
+from analyzer.render.text import GROUP_HEADERS, fmt_cost, fmt_duration, group_rows
 
 IMAGE_DPI = 100
 

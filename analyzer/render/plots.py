@@ -28,9 +28,9 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from analyzer.contract import Culprit, Finding, Report
 from analyzer.errors import AuditInputError
+from analyzer.pipeline.selectors import one_run
 from analyzer.redact import without_controls
-from analyzer.report.text import fmt_cost, fmt_duration
-from analyzer.selectors import one_run
+from analyzer.render.text import fmt_cost, fmt_duration
 
 # Older submissions of one replica slot beyond this many are collapsed into one lane.
 KEEP_PER_SLOT = 3

@@ -111,7 +111,7 @@ def register(main: click.Group) -> None:
         input.
         """
         from analyzer.api import open_sources
-        from analyzer.exposure import exposure_report
+        from analyzer.pipeline.exposure import exposure_report
 
         opened = open_sources(sources)
         report = exposure_report(opened, as_of.replace(tzinfo=UTC) if as_of else None)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from analyzer.evidence import Evidence
 from analyzer.model import FINISHED_JOB_STATUSES, UTC_TIME
+from analyzer.pipeline.evidence import Evidence
 
 HEALTH_PROOFS = {
     "ready_flag": "jobs.ready = 1",

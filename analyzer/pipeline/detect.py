@@ -36,7 +36,7 @@ from analyzer.model import (
     RUN_FAILURE_REASONS,
     SERVER_STOP_JOB_REASONS,
 )
-from analyzer.timeline import HEALTH_PROOFS, UNHEALTHY_PROOFS
+from analyzer.pipeline.timeline import HEALTH_PROOFS, UNHEALTHY_PROOFS
 
 Row = dict[str, Any]
 # A run's verdict is its first category with victims.

@@ -23,8 +23,8 @@ from analyzer.dataset import write_dataset
 from analyzer.errors import AuditInputError
 from analyzer.outputs import plan
 from analyzer.redact import Redactor, without_controls
-from analyzer.report.markdown import render_markdown
-from analyzer.report.text import render_timeline
+from analyzer.render.markdown import render_markdown
+from analyzer.render.text import render_timeline
 from analyzer.sources import LIVE_URL
 from analyzer.sources.live import use_token
 from analyzer.terminal import SETTINGS, colour_wanted, reporting
@@ -322,7 +322,7 @@ def audit(
     def render(report: Any) -> str:
         if fmt != "table":
             return RENDERERS[fmt](report)
-        from analyzer.report.screen import render_table
+        from analyzer.render.screen import render_table
 
         to_terminal = output is None or str(output) == "-"
         return render_table(
@@ -608,8 +608,8 @@ def timeline(
     \b
     Exit status: 0 printed, 2 unusable input, no such run or several runs match.
     """
-    from analyzer.report.timeline_view import export, merged_events, roles
-    from analyzer.selectors import one_run
+    from analyzer.pipeline.selectors import one_run
+    from analyzer.render.timeline_view import export, merged_events, roles
 
     fmt = _inferred_format(fmt, output, "text", TIMELINE_BY_SUFFIX)
     zone = _zone(tz)
@@ -640,10 +640,10 @@ def timeline(
     outputs.write_text(output, opened.redact(text))
 
 
-from analyzer.cli_visual import register as _register_visual  # noqa: E402
+from analyzer.cli.visual import register as _register_visual  # noqa: E402
 
 _register_visual(main)
 
-from analyzer.cli_exposure import register as _register_exposure  # noqa: E402
+from analyzer.cli.exposure import register as _register_exposure  # noqa: E402
 
 _register_exposure(main)

@@ -22,8 +22,8 @@ from analyzer.contract import (
     Summary,
     VictimImpact,
 )
-from analyzer.counterfactual import RolloutFacts, evaluate_all
 from analyzer.model import UTC_TIME
+from analyzer.pipeline.counterfactual import RolloutFacts, evaluate_all
 
 # A replica with unknown start of health (table-only evidence) counts from its submission.
 CAPACITY_COLUMNS = ["server", "run_id", "time", "healthy_replicas"]

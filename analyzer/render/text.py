@@ -130,7 +130,7 @@ def render_timeline(
     """A run's story: deployments, replica slots with each submission's path (bumps in place,
     replica groups, victims and culprits with `findings`' details), then every event (one line
     per event across sources, victims and culprits marked), fitted to `width`."""
-    from analyzer.report.timeline_view import merged_events
+    from analyzer.render.timeline_view import merged_events
 
     def when(value: datetime | None, *, date: bool = True) -> str:
         return fmt_time(value, date=date, tz=tz)

@@ -23,7 +23,6 @@ import polars as pl
 
 from analyzer.catalogue import IN_PLACE_FIELDS
 from analyzer.errors import AuditInputError
-from analyzer.evidence import Evidence
 from analyzer.model import (
     EVENTS_SCHEMA,
     FINISHED_JOB_STATUSES,
@@ -33,6 +32,7 @@ from analyzer.model import (
     UTC_TIME,
     conform,
 )
+from analyzer.pipeline.evidence import Evidence
 from analyzer.sources import Limitation
 
 AMBIGUOUS_FIELDS = frozenset({"configuration.replicas", "configuration.groups"})
