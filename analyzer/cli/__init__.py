@@ -25,8 +25,7 @@ from analyzer.outputs import plan
 from analyzer.redact import Redactor, without_controls
 from analyzer.render.markdown import render_markdown
 from analyzer.render.text import render_timeline
-from analyzer.sources import LIVE_URL
-from analyzer.sources.live import use_token
+from analyzer.sources.live import LIVE_URL, use_token
 from analyzer.terminal import SETTINGS, colour_wanted, reporting
 from analyzer.times import EXAMPLES, parse_time
 
@@ -491,7 +490,7 @@ def collect(url: str, target: Path, project: str | None, token: str | None) -> N
     Exit status: 0 collected, 2 unreachable server, bad token, not a dstack server, a server
     that failed mid-collection (nothing is left in DIR) or wrong usage.
     """
-    from analyzer.collect import collect as collect_server
+    from analyzer.sources.collect import collect as collect_server
     from analyzer.sources.live import target_of
 
     click.get_current_context().call_on_close(use_token(token))

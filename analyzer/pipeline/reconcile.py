@@ -33,7 +33,7 @@ from analyzer.model import (
     conform,
 )
 from analyzer.pipeline.evidence import Evidence
-from analyzer.sources import Limitation
+from analyzer.sources.base import Limitation
 
 AMBIGUOUS_FIELDS = frozenset({"configuration.replicas", "configuration.groups"})
 QUARTER_HOUR_US = 15 * 60 * 1_000_000

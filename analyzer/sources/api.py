@@ -27,6 +27,7 @@ import json
 import os
 import re
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -40,7 +41,14 @@ import analyzer.catalogue as catalogue
 from analyzer.errors import AuditInputError
 from analyzer.model import EVENTS_SCHEMA, JOBS_SCHEMA, RUNS_SCHEMA, UTC_TIME, conform
 from analyzer.redact import Redactor, json_secret_values
-from analyzer.sources import InputInfo, Limitation, Source, SourceData, file_facts
+from analyzer.sources.base import (
+    InputInfo,
+    InputKind,
+    Limitation,
+    LoadContext,
+    SourceData,
+    file_facts,
+)
 from analyzer.sources.dstack_tables import ROLLING_SPEC_PATHS, _attach_orphan_runs
 
 KIND = "api-export"
@@ -279,13 +287,10 @@ def _json_lines(head: bytes) -> bool:
     return True
 
 
-def _folder_files(folder: Path) -> list[Path] | None:
+def _folder_files(folder: Path, elsewhere: Callable[[Path], bool]) -> list[Path] | None:
     """Every non-hidden file below `folder`, or None when another source recognises something
-    inside, or a linked folder is inside (then the registry meets the folder's entries one by
-    one instead, as it does for any folder)."""
-    from analyzer.sources import _registry
-
-    others = [source for source in _registry() if source.kind != KIND]
+    inside (`elsewhere`, the registry's other sniffers), or a linked folder is inside (then the
+    registry meets the folder's entries one by one instead, as it does for any folder)."""
     files: list[Path] = []
     seen = 0
     for root, dirs, names in os.walk(folder):
@@ -302,20 +307,41 @@ def _folder_files(folder: Path) -> list[Path] | None:
             if entry.is_file() and classify(entry) in EXPORT_SHAPES:
                 files.append(entry)
                 continue
-            if any(source.sniff(entry) for source in others):
+            if elsewhere(entry):
                 return None
             if entry.is_file():
                 files.append(entry)
     return files
 
 
-def _sniff(path: Path) -> bool:
+def _sniff(path: Path, elsewhere: Callable[[Path], bool]) -> bool:
     if path.is_file():
         return classify(path) in EXPORT_SHAPES
     if path.is_dir():
-        files = _folder_files(path)
+        files = _folder_files(path, elsewhere)
         return files is not None and any(classify(f) in AUDITED_SHAPES for f in files)
     return False
+
+
+def source(elsewhere: Callable[[Path], bool]) -> InputKind:
+    """The API export source; `elsewhere` says whether another source recognises a path (a
+    folder holding one is left to the registry, entry by entry)."""
+
+    def load(given: str, ctx: LoadContext) -> SourceData:
+        path = Path(given)
+        if path.is_dir():
+            files = _folder_files(path, elsewhere) or []
+            return _load_set(files, ctx.server, given, tolerant=True)
+        return _load_set([path], ctx.server, given, tolerant=False)
+
+    return InputKind(kind=KIND, load=load, sniff=lambda path: _sniff(path, elsewhere))
+
+
+def load_folder(folder: Path, server: str) -> SourceData:
+    """Every file of a folder known to be API pages (a collection): none is left to another
+    source."""
+    files = _folder_files(folder, lambda path: False) or []
+    return _load_set(files, server, str(folder), tolerant=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -779,13 +805,6 @@ def _resolve(candidates: list[_Entity], project: str | None, when: datetime) -> 
 # Loading a set of files
 
 
-def _load(path: Path, server: str) -> SourceData:
-    if path.is_dir():
-        files = _folder_files(path) or []
-        return _load_set(files, server, str(path), tolerant=True)
-    return _load_set([path], server, str(path), tolerant=False)
-
-
 def _load_set(paths: list[Path], server: str, label: str, *, tolerant: bool) -> SourceData:
     data = SourceData()
     files: list[_File] = []
@@ -1118,6 +1137,3 @@ def _limitations(
                 label,
             )
         )
-
-
-SOURCE = Source(kind=KIND, sniff=_sniff, load=_load)

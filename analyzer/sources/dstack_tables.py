@@ -16,7 +16,7 @@ import analyzer.catalogue as catalogue
 from analyzer.errors import AuditInputError
 from analyzer.model import normalise_enum, normalise_id, parse_db_time
 from analyzer.redact import Redactor, json_secret_values
-from analyzer.sources import Limitation, SourceData
+from analyzer.sources.base import Limitation, SourceData
 
 # Times at which the server was seen processing something (reference 3.5, 3.6: instances and
 # fleets keep being processed minutes after a run ends). Future times (remove_at, due,
