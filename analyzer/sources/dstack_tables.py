@@ -16,6 +16,7 @@ import analyzer.catalogue as catalogue
 from analyzer.errors import AuditInputError
 from analyzer.model import normalise_enum, normalise_id, parse_db_time
 from analyzer.redact import Redactor, json_secret_values
+from analyzer.sources.attach import attach_job_runs
 from analyzer.sources.base import Limitation, SourceData
 
 # Times at which the server was seen processing something (reference 3.5, 3.6: instances and
@@ -770,15 +771,13 @@ def _events(
         pl.col("entity_name"),
         normalise_id(pl.col("entity_run_id")).alias("entity_run_id"),
     )
-    job_runs = jobs.lazy().select(pl.col("job_id"), pl.col("run_id").alias("job_run_id"))
     frame = (
         ev.join(tg.filter(pl.col("entity_type").is_in(["run", "job"])), on="event_uuid")
-        .join(job_runs, left_on="entity_id", right_on="job_id", how="left", maintain_order="left")
         .join(users.lazy(), left_on="actor_id", right_on="id", how="left", maintain_order="left")
         .with_columns(
             pl.when(pl.col("entity_type") == "run")
             .then(pl.col("entity_id"))
-            .otherwise(pl.coalesce(pl.col("entity_run_id"), pl.col("job_run_id")))
+            .otherwise(pl.col("entity_run_id"))
             .alias("run_id"),
             pl.when(pl.col("actor_id").is_null())
             .then(pl.lit("system"))
@@ -796,38 +795,4 @@ def _events(
         .with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("seq"))
     )
     parsed = catalogue.parse_event_messages(frame)
-    return _attach_orphan_runs(parsed.collect(), runs)
-
-
-def _attach_orphan_runs(events: pl.DataFrame, runs: pl.DataFrame) -> pl.DataFrame:
-    """Job events whose row was deleted (superseded no-capacity submissions, 0.20.29+) and that
-    carry no entity_run_id: attach them by name to the run of that name alive at that time."""
-    orphan_mask = pl.col("run_id").is_null() & (pl.col("entity_type") == "job")
-    orphans = events.filter(orphan_mask)
-    if orphans.is_empty():
-        return events
-    candidates = (
-        orphans.with_row_index("_row")
-        .with_columns(pl.col("entity_name").str.replace(r"-\d+-\d+$", "").alias("run_name"))
-        .join(
-            runs.select("run_id", "run_name", "submitted_at", "last_processed_at").rename(
-                {"run_id": "_cand"}
-            ),
-            on="run_name",
-        )
-        .filter(
-            (pl.col("time") >= pl.col("submitted_at"))
-            & (pl.col("time") <= pl.col("last_processed_at"))
-        )
-        .group_by("_row")
-        .agg(pl.col("_cand").unique())
-        .filter(pl.col("_cand").list.len() == 1)
-        .select("_row", pl.col("_cand").list.first())
-    )
-    fixed = (
-        orphans.with_row_index("_row")
-        .join(candidates, on="_row", how="left", maintain_order="left")
-        .with_columns(pl.col("_cand").alias("run_id"))
-        .drop("_row", "_cand")
-    )
-    return pl.concat([events.filter(~orphan_mask), fixed], how="vertical_relaxed").sort("seq")
+    return attach_job_runs(parsed.collect(), jobs=jobs, runs=runs)

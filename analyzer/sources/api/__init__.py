@@ -57,6 +57,7 @@ from analyzer.sources.api.rows import (
     secret_values,
     spec_fingerprints,
 )
+from analyzer.sources.attach import attach_job_runs
 from analyzer.sources.base import (
     InputKind,
     Limitation,
@@ -64,7 +65,6 @@ from analyzer.sources.base import (
     SourceData,
     file_facts,
 )
-from analyzer.sources.dstack_tables import _attach_orphan_runs
 
 
 def source(elsewhere: Callable[[Path], bool]) -> InputKind:
@@ -193,7 +193,8 @@ def _events_frame(rows: list[dict[str, Any]], runs: list[dict]) -> pl.DataFrame:
         row["seq"] = seq
     frame = rows_frame(rows, EVENT_ROW_SCHEMA)
     parsed = catalogue.parse_event_messages(frame.lazy()).collect()
-    attached = _attach_orphan_runs(parsed, rows_frame(runs, RUNS_SCHEMA))
+    # job ids were resolved to runs as the rows were built (the text lines need them)
+    attached = attach_job_runs(parsed, runs=rows_frame(runs, RUNS_SCHEMA))
     return conform(attached, EVENTS_SCHEMA).collect().sort(["time", "seq"])
 
 

@@ -9,19 +9,22 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+import polars as pl
+
 from analyzer.sources.api.rows import ExportFile
 from analyzer.sources.base import (
     Limitation,
     SourceData,
 )
+from analyzer.sources.clock import majority_shift
 
 EVENT_DEFAULT_LINES = 100  # `dstack event` without --since shows the latest 100 events
 
 
-QUARTER_HOUR = 15 * 60
-
-
-ALIGN_TOLERANCE_S = 2.0
+# `dstack event` prints whole seconds (fractions dropped): a line is up to 1 s early beside the
+# JSON's moment, on top of the 2 s the log alignment allows either way.
+ALIGN_EARLY_US = 2_000_000
+ALIGN_LATE_US = 3_000_000
 
 
 @dataclass
@@ -130,21 +133,19 @@ def _align(
             if kind in ("run", "job"):
                 for key in _text_key(kind, name, event.message):
                     by_key[key].append(event)
-    votes: Counter = Counter()
-    paired = 0
-    for key, lines in by_key.items():
-        moments = anchors.get(key, [])
-        if len(lines) != 1 or len(moments) != 1:
-            continue
-        paired += 1
-        diff = (moments[0] - lines[0].local).total_seconds()
-        shift = round(diff / QUARTER_HOUR) * QUARTER_HOUR
-        if -ALIGN_TOLERANCE_S <= diff - shift <= ALIGN_TOLERANCE_S + 1:  # text drops fractions
-            votes[shift] += 1
-    if not votes:
-        return None, paired, 0
-    shift, agree = votes.most_common(1)[0]
-    return shift, paired, agree
+    diffs = [
+        (moments[0] - lines[0].local) // timedelta(microseconds=1)
+        for key, lines in by_key.items()
+        if len(lines) == 1 and len(moments := anchors.get(key, [])) == 1
+    ]
+    pairs = pl.DataFrame(
+        {"set": [0] * len(diffs), "voter": list(range(len(diffs))), "diff": diffs},
+        schema={"set": pl.Int64, "voter": pl.Int64, "diff": pl.Int64},
+    )
+    found = majority_shift(pairs, "set", early_us=ALIGN_EARLY_US, late_us=ALIGN_LATE_US)
+    if found.height == 0:
+        return None, len(diffs), 0
+    return found["shift"][0] // 1_000_000, len(diffs), found["agree"][0]
 
 
 def _resolve(candidates: list[_Entity], project: str | None, when: datetime) -> _Entity | None:
