@@ -331,10 +331,13 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
         version = ALEMBIC_RELEASES.get(head, f"unknown (alembic {head})")
 
     projects = _names(_read(reader, "projects"), "project")
-    users = _names(_read(reader, "users"), "user")
+    raw_users = _read(reader, "users")
+    users = _names(raw_users, "user")
 
     raw_runs = _read(reader, "runs")
-    assert raw_runs is not None
+    raw_jobs = _read(reader, "jobs")
+    assert raw_runs is not None and raw_jobs is not None
+    data.secrets = _secrets(raw_runs, raw_jobs, raw_users)  # each table read once
     runs = (
         raw_runs.lazy()
         .with_columns(
@@ -374,8 +377,8 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
     data.fleets, data.instances = _fleets(raw_fleets, server, projects)
     data.has_fleet_tables = {"fleets", "instances"} <= present
 
-    data.jobs = _jobs(reader, server, runs)
-    data.events = _events(reader, server, label, data.jobs, runs)
+    data.jobs = _jobs(reader, raw_jobs, raw_fleets, server, runs)
+    data.events = _events(reader, server, label, data.jobs, runs, users)
 
     missing_columns = [
         f"{table}.{column}"
@@ -413,7 +416,6 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
     latest = _latest_alive(reader, data, raw_fleets)
     if latest is not None:
         data.latest_time = {server: latest}
-    data.secrets = _secrets(raw_runs, _read(reader, "jobs"), _read(reader, "users"))
     return data
 
 
@@ -598,9 +600,13 @@ def _secrets(runs: pl.DataFrame, jobs: pl.DataFrame | None, users: pl.DataFrame 
     return redactor.values
 
 
-def _jobs(reader: TableReader, server: str, runs: pl.DataFrame) -> pl.DataFrame:
-    raw = _read(reader, "jobs")
-    assert raw is not None
+def _jobs(
+    reader: TableReader,
+    raw: pl.DataFrame,
+    raw_fleets: dict[str, pl.DataFrame | None],
+    server: str,
+    runs: pl.DataFrame,
+) -> pl.DataFrame:
     has_ready = "ready" in reader.columns("jobs")
     has_probes_table = "probes" in reader.tables()
 
@@ -673,8 +679,7 @@ def _jobs(reader: TableReader, server: str, runs: pl.DataFrame) -> pl.DataFrame:
             pl.lit(None, pl.Int64).alias("min_probe_streak"),
         )
 
-    instances = _read(reader, "instances")
-    fleets = _read(reader, "fleets")
+    instances, fleets = raw_fleets["instances"], raw_fleets["fleets"]
     fleet_names = (
         fleets.select(normalise_id(pl.col("id")).alias("fid"), pl.col("name").alias("fleet_name"))
         if fleets is not None
@@ -746,13 +751,17 @@ def _jobs(reader: TableReader, server: str, runs: pl.DataFrame) -> pl.DataFrame:
 
 
 def _events(
-    reader: TableReader, server: str, label: str, jobs: pl.DataFrame, runs: pl.DataFrame
+    reader: TableReader,
+    server: str,
+    label: str,
+    jobs: pl.DataFrame,
+    runs: pl.DataFrame,
+    users: pl.DataFrame,
 ) -> pl.DataFrame:
     events = _read(reader, "events")
     targets = _read(reader, "event_targets")
     if events is None or targets is None:
         return pl.DataFrame()
-    users = _names(_read(reader, "users"), "user")
     ev = events.lazy().select(
         pl.col("id").alias("event_id"),
         pl.col("id").str.to_lowercase().str.replace_all("-", "", literal=True).alias("event_uuid"),

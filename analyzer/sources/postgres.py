@@ -364,7 +364,7 @@ class PostgresReader:
     ) -> None:
         self.label = target.shown
         self.target = target
-        self._rows: dict[str, int] = {}  # table -> rows (a table read twice counts once)
+        self._rows: dict[str, int] = {}  # table -> rows read
         names = [engine] if engine else available_engines()
         if not names:
             raise AuditInputError(
