@@ -24,8 +24,9 @@ sys.path.insert(0, sys.argv[1])
 started = time.perf_counter()
 from analyzer.errors import AuditInputError
 from analyzer.sources import load_path
+from analyzer.sources.base import LoadContext
 try:
-    load_path(sys.argv[2], "default")
+    load_path(sys.argv[2], LoadContext("default"))
 except AuditInputError:
     pass
 print(time.perf_counter() - started)
