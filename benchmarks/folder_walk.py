@@ -24,9 +24,13 @@ sys.path.insert(0, sys.argv[1])
 started = time.perf_counter()
 from analyzer.errors import AuditInputError
 from analyzer.sources import load_path
-from analyzer.sources.base import LoadContext
 try:
-    load_path(sys.argv[2], LoadContext("default"))
+    from analyzer.sources.base import LoadContext
+    server = LoadContext("default")
+except ImportError:  # a checkout from before the load context
+    server = "default"
+try:
+    load_path(sys.argv[2], server)
 except AuditInputError:
     pass
 print(time.perf_counter() - started)
