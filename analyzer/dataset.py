@@ -17,8 +17,8 @@ import polars as pl
 
 from analyzer._version import __version__
 from analyzer.pipeline.evidence import Evidence
-from analyzer.pipeline.partition import service_buckets
 from analyzer.sources.dataset import FLEET_TABLES, FORMAT, MANIFEST
+from analyzer.sources.partition import service_buckets
 
 TABLES = ("runs", "jobs", "events")
 

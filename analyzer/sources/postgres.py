@@ -33,7 +33,6 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode
 import polars as pl
 
 from analyzer.errors import AuditInputError
-from analyzer.pipeline.partition import sql_service_bucket
 from analyzer.sources.base import (
     NO_OPTIONS,
     InputInfo,
@@ -43,6 +42,7 @@ from analyzer.sources.base import (
     SourceData,
 )
 from analyzer.sources.dstack_tables import TABLE_COLUMNS, load_tables, looks_like_dstack
+from analyzer.sources.partition import sql_service_bucket
 
 DATABASE_URL = re.compile(r"^postgres(?:ql)?(?:\+\w+)?://")
 CONNECT_TIMEOUT_S = 10

@@ -18,9 +18,9 @@ import polars as pl
 
 from analyzer.errors import AuditInputError
 from analyzer.model import parse_db_time
-from analyzer.pipeline.partition import service_buckets
 from analyzer.sources.base import InputKind, LoadContext, ReadOptions, SourceData, file_facts
 from analyzer.sources.dstack_tables import ALIVE_COLUMNS, load_tables, looks_like_dstack
+from analyzer.sources.partition import service_buckets
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 FETCH_ROWS = 50_000
