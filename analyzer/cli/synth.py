@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -30,8 +31,17 @@ def synth(out: Path, runs: int, seed: int, log_tz: str, rich_width: int) -> None
     \b
     Exit status: 0 written, 2 wrong usage.
     """
-    from analyzer.synth import synthesize
-
+    try:
+        from analyzer.synth import synthesize
+    except ModuleNotFoundError as missing:
+        if missing.name != "numpy":
+            raise
+        click.echo(
+            "dstack-audit: synth needs the 'synth' extra (numpy): "
+            "pip install 'dstack-audit[synth]'",
+            err=True,
+        )
+        sys.exit(2)
     summary = synthesize(out, runs=runs, seed=seed, log_tz=log_tz, rich_width=rich_width)
     click.echo(
         f"wrote {summary.runs} runs, {summary.rows.get('jobs', 0)} jobs, "
