@@ -27,9 +27,10 @@ from analyzer.cli.options import clean_errors, ui_options
 def synth(out: Path, runs: int, seed: int, log_tz: str, rich_width: int) -> None:
     """Generate a synthetic dstack server in OUT: server.db (dstack 0.22.5's schema), its logs in
     the three formats, and the truth.json of every run (for benchmarks and fleet-scale tests).
+    Needs the 'synth' extra: pip install 'dstack-audit[synth]'.
 
     \b
-    Exit status: 0 written, 2 wrong usage.
+    Exit status: 0 written, 2 wrong usage or the extra missing.
     """
     try:
         from analyzer.synth import synthesize
