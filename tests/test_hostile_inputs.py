@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 from conftest import CAPTURES, execute
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 
@@ -250,6 +250,7 @@ def test_reading_in_small_chunks_gives_what_one_read_gives(monkeypatch, log, chu
     cuts=st.lists(st.integers(min_value=0, max_value=10_000), min_size=1, max_size=6),
     chunk=st.integers(min_value=64, max_value=3000),
 )
+@example(cuts=[2419], chunk=360)  # once folded by the width of its first chunk's lines only
 def test_any_chunk_size_keeps_every_line_accounted(monkeypatch, cuts, chunk):
     """Generated damage (lines cut anywhere, joined to the next) in the real rich log, read in
     generated chunk sizes: parsed + irrelevant + unparsed = lines, and the same as one read."""

@@ -60,6 +60,11 @@ UNPARSED_SCHEMA: dict[str, pl.DataType] = {
 # only their places are kept (the quarantine then points at the line in the file).
 QUARANTINE_TEXT_BYTES = 64 * 1024 * 1024
 
+# A rich log's console width (which decides how its wrapped lines are re-joined) is measured on
+# the rich lines among its first this many lines; the lines read until then wait, accounted but
+# not folded (a few MB at most), so every chunking of a file folds it the same way.
+WIDTH_SAMPLE_LINES = 20_000
+
 
 QUARANTINE_NOT_KEPT = (
     f"[text not kept: past the {QUARANTINE_TEXT_BYTES >> 20} MiB of unparsed text kept per log; "
@@ -180,6 +185,8 @@ class LogStream:
         self._clock = RichClock()
         self._widths: dict[int, int] = {}  # rich line length -> lines
         self._longest = 0
+        self._fold_width: int | None = None
+        self._width_fixed = False
         self._wrapper_known = False
 
     def records(self, blocks: Iterable[bytes]) -> Iterator[pl.DataFrame]:
@@ -189,6 +196,7 @@ class LogStream:
         chunks = line_chunks(decoded(blocks, self.problems), ends)
         chunk = next(chunks, None)
         first = True
+        pending: list[pl.DataFrame] = []  # accounted, not yet folded (width not yet known)
         while chunk is not None:
             following = next(chunks, None)
             raw, invalid = split_lines(chunk, first)
@@ -205,7 +213,14 @@ class LogStream:
             carry = pl.Series("raw", [], dtype=pl.String)
             if following is not None:
                 frame, carry = self._hold_open_record(frame)
-            yield self._finish(frame)
+            pending.append(self._account(frame))
+            settled = next_line - 1 - carry.len()  # every line up to here is accounted
+            if not self._width_fixed and (following is None or settled >= WIDTH_SAMPLE_LINES):
+                self._fold_width, self._width_fixed = self._width(), True
+            if self._width_fixed:
+                for settled_frame in pending:
+                    yield self._fold(settled_frame)
+                pending.clear()
             chunk = following
         self.ends_with_newline = not ends or ends[-1]
 
@@ -239,10 +254,10 @@ class LogStream:
             return frame, pl.Series("raw", [], dtype=pl.String)
         return frame.slice(0, at), held["raw"]
 
-    def _finish(self, frame: pl.DataFrame) -> pl.DataFrame:
-        """Count a chunk's settled lines, keep its unparsed lines, return its records."""
+    def _account(self, frame: pl.DataFrame) -> pl.DataFrame:
+        """Count a chunk's settled lines, keep its unparsed lines, measure its rich lines."""
         if frame.height == 0:
-            return pl.DataFrame(schema=LOG_RECORDS_SCHEMA)
+            return frame
         kinds = dict(frame.group_by("kind").len().iter_rows())
         self.lines_irrelevant += kinds.get("irrelevant", 0)
         self.logo_lines += int(frame["logo"].sum())
@@ -255,9 +270,19 @@ class LogStream:
         if unparsed.height:
             self._keep_unparsed(unparsed)
         rich = frame.filter((pl.col("kind") == "record") & (pl.col("rec_fmt") == "rich"))
-        if rich.height:
-            self._measure_rich(rich.filter(~pl.col("blank")))
-        records = fold_records(frame, self.display_path, self.wrapper, self._clock, self._width())
+        if rich.height and not self._width_fixed:
+            self._measure_rich(
+                rich.filter(~pl.col("blank") & (pl.col("line") <= WIDTH_SAMPLE_LINES))
+            )
+        return frame
+
+    def _fold(self, frame: pl.DataFrame) -> pl.DataFrame:
+        """The records of accounted lines, folded with the console width of the sample."""
+        if frame.height == 0:
+            return pl.DataFrame(schema=LOG_RECORDS_SCHEMA)
+        records = fold_records(
+            frame, self.display_path, self.wrapper, self._clock, self._fold_width
+        )
         self.record_count += records.height
         for name, count in records.group_by("format").len().iter_rows():
             self.formats[name] = self.formats.get(name, 0) + count
@@ -289,8 +314,9 @@ class LogStream:
     def _width(self) -> int | None:
         """Console width: the common raw length of rich lines (rich pads every line to the
         full width) when at least half the lines share it and none is longer; otherwise the
-        trailing spaces were stripped and the longest line is the best estimate. Measured over
-        every rich line read so far."""
+        trailing spaces were stripped and the longest line is the best estimate. Measured on
+        the rich lines among the first WIDTH_SAMPLE_LINES lines, whatever the chunk size, so
+        that how a file is chunked never changes how its records are folded."""
         if not self._widths:
             return None
         most = max(self._widths.values())
@@ -346,6 +372,6 @@ class LogStream:
             lines_irrelevant=self.lines_irrelevant,
             unparsed=unparsed,
             damage=damage,
-            rich_width=self._width(),
+            rich_width=self._fold_width if self._width_fixed else self._width(),
             record_count=self.record_count,
         )
