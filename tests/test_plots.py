@@ -19,9 +19,9 @@ from conftest import CAPTURES
 from analyzer import open_sources
 from analyzer.errors import AuditInputError
 from analyzer.pipeline.impact import serving_capacity
+from analyzer.render.format import Clock
 from analyzer.render.plots import (
     KEEP_PER_SLOT,
-    Clock,
     figure_bytes,
     plot_fleet,
     plot_run,

@@ -20,28 +20,36 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import polars as pl
 
 from analyzer.contract import Finding, GroupSummary, Report
+from analyzer.pipeline.story import as_utc, is_pseudo_date
 from analyzer.progress import stage
-from analyzer.render.markdown import md_code, md_text, render_markdown
-from analyzer.render.plots import (
+from analyzer.render.format import (
+    GROUP_HEADERS,
     Clock,
     actor_name,
     describe_failure,
     field_names,
-    figure_bytes,
+    fmt_cost,
+    fmt_duration,
     fmt_seconds,
-    is_pseudo_date,
-    plot_fleet,
-    plot_run,
+    group_rows,
     resolve_zone,
 )
-from analyzer.render.text import GROUP_HEADERS, fmt_cost, fmt_duration, group_rows
+from analyzer.render.markdown import md_code, md_text, render_markdown
 
 IMAGE_DPI = 100
+
+
+def _plots() -> ModuleType:
+    """The drawing module, imported when a picture is drawn (matplotlib is slow to import)."""
+    from analyzer.render import plots
+
+    return plots
 
 
 # ---------------------------------------------------------------------------------------------
@@ -64,14 +72,6 @@ class _Facts:
     victim_since: list[datetime | None]
     end_of_evidence: datetime | None
     outage_end_seen: bool  # the capacity stayed at zero until the end of the evidence
-
-
-def _as_utc(value: datetime | None) -> datetime | None:
-    from datetime import UTC
-
-    if value is None:
-        return None
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def _run_label(item: Any) -> str:
@@ -116,14 +116,14 @@ def _read_facts(audit: Any, finding: Finding, tz: str | None, frames: RunFrames)
     subs = {row["job_id"]: row for row in frames.get("submissions", finding).iter_rows(named=True)}
     events = frames.get("events", finding)
     run = frames.get("runs", finding)
-    submitted = _as_utc(run["submitted_at"][0]) if run.height else None
+    submitted = as_utc(run["submitted_at"][0]) if run.height else None
     dateless = is_pseudo_date(submitted) or any(
-        is_pseudo_date(_as_utc(j.get("created_at"))) for j in subs.values()
+        is_pseudo_date(as_utc(j.get("created_at"))) for j in subs.values()
     )
     clock = Clock(resolve_zone(tz), dateless)
 
     def ok(value: datetime | None) -> datetime | None:
-        value = _as_utc(value)
+        value = as_utc(value)
         return value if value is not None and is_pseudo_date(value) == dateless else None
 
     update_at = first_job = None
@@ -462,7 +462,7 @@ class _Images:
         self.payloads: list[str] = []
 
     def add(self, fig: Any, alt: str, *, dpi: int = IMAGE_DPI) -> str:
-        data = base64.b64encode(figure_bytes(fig, "png", dpi=dpi)).decode("ascii")
+        data = base64.b64encode(_plots().figure_bytes(fig, "png", dpi=dpi)).decode("ascii")
         self.payloads.append(f"data:image/png;base64,{data}")
         return f'<img src="@@DSTACK-AUDIT-IMAGE-{len(self.payloads) - 1}@@" alt="{_e(alt)}">'
 
@@ -599,7 +599,7 @@ def _summary(report: Report, images: _Images) -> str:
         out.append("</ol></nav>")
         runs = {(f.server, f.run_id) for f in report.findings}
         if len(runs) > 1 or len(s.by_day) > 1:
-            fig = plot_fleet(report)
+            fig = _plots().plot_fleet(report)
             out.append(
                 "<figure>"
                 + images.add(
@@ -670,7 +670,7 @@ def _finding(
         swimlanes[key] = n
         try:
             picture = images.add(
-                plot_run(audit, f.run_id, tz=tz),
+                _plots().plot_run(audit, f.run_id, tz=tz),
                 f"swimlane of run {_run_label(f)}: lanes per job submission by deployment, "
                 "status bars, healthy interval hatched, markers, serving capacity and outage",
             )
@@ -996,7 +996,7 @@ def render_report_markdown(
         if image_dir is None:
             return None
         image_dir.mkdir(parents=True, exist_ok=True)
-        (image_dir / name).write_bytes(figure_bytes(fig, "png", dpi=IMAGE_DPI))
+        (image_dir / name).write_bytes(_plots().figure_bytes(fig, "png", dpi=IMAGE_DPI))
         return f"{link}/{name}" if link else name
 
     out = [
@@ -1022,7 +1022,7 @@ def render_report_markdown(
     ]
     out.append("")
     if len({(f.server, f.run_id) for f in report.findings}) > 1 or len(s.by_day) > 1:
-        path = save(plot_fleet(report), "fleet.png")
+        path = save(_plots().plot_fleet(report), "fleet.png")
         if path:
             out += [f"![fleet-wide charts]({path})", ""]
     if report.findings:
@@ -1044,7 +1044,7 @@ def render_report_markdown(
                 f"run-{finding.run_id[:8]}-{re.sub(r'[^A-Za-z0-9_.-]', '_', finding.run_name)}.png"
             )
             try:
-                written[key] = save(plot_run(audit, finding.run_id, tz=tz), name) or ""
+                written[key] = save(_plots().plot_run(audit, finding.run_id, tz=tz), name) or ""
             except Exception:  # a picture must never cost the report
                 written[key] = ""
         if written[key]:

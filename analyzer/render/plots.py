@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import matplotlib.dates as mdates
 import polars as pl
@@ -26,11 +25,21 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-from analyzer.contract import Culprit, Finding, Report
+from analyzer.contract import Finding, Report
 from analyzer.errors import AuditInputError
 from analyzer.pipeline.selectors import one_run
+from analyzer.pipeline.story import as_utc, is_pseudo_date
 from analyzer.redact import without_controls
-from analyzer.render.text import fmt_cost, fmt_duration
+from analyzer.render.format import (
+    Clock,
+    actor_name,
+    describe_failure,
+    field_names,
+    fmt_cost,
+    fmt_duration,
+    fmt_seconds,
+    resolve_zone,
+)
 
 # Older submissions of one replica slot beyond this many are collapsed into one lane.
 KEEP_PER_SLOT = 3
@@ -62,166 +71,8 @@ MARKER_STYLE = {
 }
 OUTAGE_COLOR = "#e31a1c"
 
-REASON_PHRASES = {
-    "failed_to_start_due_to_no_capacity": "failed to start: no capacity",
-    "interrupted_by_no_capacity": "was interrupted: no capacity",
-    "container_exited_with_error": "crashed: its container exited with an error",
-    "waiting_runner_limit_exceeded": "never became ready: the runner wait limit was exceeded",
-    "creating_container_error": "failed: the container could not be created",
-    "executor_error": "failed: executor error",
-    "instance_unreachable": "failed: the instance became unreachable",
-    "gateway_error": "failed: gateway error",
-    "max_duration_exceeded": "was stopped: max duration exceeded",
-    "port_unreachable": "failed: its port was unreachable",
-}
-
-
 # Markers drawn on the lanes of the jobs they concern: (matplotlib marker, size).
 LANE_POINTS = {"culprit_failure": ("X", 11), "victim_stop": ("v", 10)}
-
-
-# ---------------------------------------------------------------------------------------------
-# Times
-
-
-def resolve_zone(tz: str | None) -> ZoneInfo | None:
-    """The display zone for an IANA name (None: UTC); an unknown name is unusable input."""
-    if tz is None or tz.upper() in ("UTC", "Z"):
-        return None
-    try:
-        return ZoneInfo(tz)
-    except (ZoneInfoNotFoundError, ValueError) as error:
-        raise AuditInputError(
-            "--tz", f"unknown time zone {tz!r}", "give an IANA name such as Europe/Berlin"
-        ) from error
-
-
-PSEUDO_DATE_LIMIT = datetime(1971, 1, 1, tzinfo=UTC)
-
-
-def is_pseudo_date(value: datetime | None) -> bool:
-    """A time of day on the 1970-01-01 pseudo date a rich log alone gives (date unknown)."""
-    if value is None:
-        return False
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    return value < PSEUDO_DATE_LIMIT
-
-
-@dataclass(frozen=True)
-class Clock:
-    """How times are shown: UTC, a display zone, or times of day with no date (rich log)."""
-
-    zone: ZoneInfo | None = None
-    dateless: bool = False
-
-    @classmethod
-    def make(cls, tz: str | None = None, *, dateless: bool = False) -> Clock:
-        return cls(resolve_zone(tz), dateless)
-
-    @property
-    def name(self) -> str:
-        if self.dateless:
-            return "local time of day (date and zone unknown)"
-        return self.zone.key if self.zone else "UTC"
-
-    def local(self, value: datetime) -> datetime:
-        """A naive datetime in the display zone (for plotting and formatting)."""
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=UTC)
-        if self.dateless or is_pseudo_date(value):
-            return value.astimezone(UTC).replace(tzinfo=None)
-        return value.astimezone(self.zone or UTC).replace(tzinfo=None)
-
-    def _suffix(self, value: datetime) -> str:
-        if self.zone is None:
-            return " UTC"
-        offset = value.astimezone(self.zone).strftime("%z")
-        return f" {self.zone.key} (UTC{offset[:3]}:{offset[3:]})"
-
-    def tod(self, value: datetime | None, *, ms: bool = False) -> str:
-        """The time of day only (for text that already said the date)."""
-        if value is None:
-            return "?"
-        text = self.local(value).strftime("%H:%M:%S.%f")
-        text = text[:-3] if ms else text[:-7]
-        days = self._day_roll(value)
-        return text + (f" (+{days} d)" if days else "")
-
-    def near(self, value: datetime | None, ref: datetime | None, *, ms: bool = False) -> str:
-        """The time of day when `value` falls on the same local day as `ref`, else in full."""
-        if value is None or ref is None:
-            return self.full(value, ms=ms)
-        if self.dateless or self.local(value).date() == self.local(ref).date():
-            return self.tod(value, ms=ms)
-        return self.full(value, ms=ms)
-
-    def zone_label(self, at: datetime | None) -> str:
-        """'UTC', 'Europe/Berlin, UTC+01:00' (the offset at `at`), or the undated wording."""
-        if self.dateless or self.zone is None or at is None:
-            return self.name
-        offset = _as_utc(at).astimezone(self.zone).strftime("%z")
-        return f"{self.zone.key}, UTC{offset[:3]}:{offset[3:]}"
-
-    def full(self, value: datetime | None, *, ms: bool = False) -> str:
-        """Date, time and zone; a time of day only says the date is unknown."""
-        if value is None:
-            return "?"
-        if self.dateless or is_pseudo_date(value):
-            return f"{self.tod(value, ms=ms)} (time of day only, date unknown)"
-        text = self.local(value).strftime("%Y-%m-%d %H:%M:%S.%f")
-        text = text[:-3] if ms else text[:-7]
-        return text + self._suffix(value)
-
-    def _day_roll(self, value: datetime) -> int:
-        if not (self.dateless or is_pseudo_date(value)):
-            return 0
-        return (self.local(value).date() - datetime(1970, 1, 1).date()).days
-
-
-def fmt_seconds(seconds: float | None) -> str:
-    """A short duration for prose: '10 s', '7 min 23 s', '2 h 05 min'."""
-    if seconds is None:
-        return "?"
-    if seconds < 60:
-        return f"{seconds:.0f} s" if seconds >= 9.5 else f"{seconds:.1f} s"
-    return fmt_duration(seconds)
-
-
-def field_names(changed: str | Sequence[str] | None) -> str | None:
-    """'configuration.commands, configuration.env' (or its list) -> 'commands, env'."""
-    if changed is None or len(changed) == 0:
-        return None
-    listed = changed.split(",") if isinstance(changed, str) else changed
-    parts = [p.strip().removeprefix("configuration.") for p in listed]
-    return ", ".join(p for p in parts if p)
-
-
-def actor_name(actor: str | None) -> str | None:
-    if not actor:
-        return None
-    return actor.removeprefix("user ").strip() or None
-
-
-def describe_failure(culprit: Culprit | dict[str, Any]) -> str:
-    """What the culprit did, in words: 'failed to start: no capacity (Fleet is at capacity)'."""
-    get = culprit.get if isinstance(culprit, dict) else lambda k: getattr(culprit, k, None)
-    reason = get("termination_reason")
-    message = get("termination_reason_message")
-    code = get("exit_status")
-    if reason == "container_exited_with_error":
-        text = (
-            f"crashed: its container exited with code {code}"
-            if code is not None
-            else REASON_PHRASES[reason]
-        )
-    elif reason:
-        text = REASON_PHRASES.get(reason, f"failed ({reason.upper()})")
-    else:
-        text = "failed (reason not recorded)"
-    if message:
-        text += f" ({message})"
-    return text
 
 
 # ---------------------------------------------------------------------------------------------
@@ -266,12 +117,6 @@ class _RunView:
     dropped_dateless: int
 
 
-def _as_utc(value: datetime | None) -> datetime | None:
-    if value is None:
-        return None
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
-
-
 def _select_run(audit: Any, run: str) -> dict[str, Any]:
     return one_run(audit.runs, run)
 
@@ -280,7 +125,7 @@ def _fields(row: dict[str, Any], *names: str) -> datetime | None:
     for name in names:
         value = row.get(name)
         if value is not None:
-            return _as_utc(value)
+            return as_utc(value)
     return None
 
 
@@ -350,7 +195,7 @@ def _run_view(audit: Any, run_id: str, clock_tz: str | None) -> _RunView:
         (v.verdict for v in report.runs if v.server == run["server"] and v.run_id == run["run_id"]),
         None,
     )
-    starts = [_as_utc(run.get("submitted_at"))] + [
+    starts = [as_utc(run.get("submitted_at"))] + [
         _fields(j, "created_at", "submitted_at") for j in subs.iter_rows(named=True)
     ]
     first = min((s for s in starts if s is not None), default=None)
@@ -373,11 +218,11 @@ def _run_view(audit: Any, run_id: str, clock_tz: str | None) -> _RunView:
     end_of_evidence = None
     for finding in findings:
         if finding.impact and finding.impact.end_of_evidence:
-            end_of_evidence = _as_utc(finding.impact.end_of_evidence)
+            end_of_evidence = as_utc(finding.impact.end_of_evidence)
     if end_of_evidence is None:
         ends = getattr(getattr(audit, "evidence", None), "ends_by_server", None)
         by_server = ends(dated_only=not dateless) if callable(ends) else {}
-        end_of_evidence = _as_utc(by_server.get(run["server"]) or audit.end_of_evidence)
+        end_of_evidence = as_utc(by_server.get(run["server"]) or audit.end_of_evidence)
     if end_of_evidence is not None and is_pseudo_date(end_of_evidence) != dateless:
         # a dated audit with an undated log, or the reverse: the other clock's end is no bound
         end_of_evidence = None
@@ -401,7 +246,7 @@ def _run_view(audit: Any, run_id: str, clock_tz: str | None) -> _RunView:
             if t is not None
         ]
     if run.get("last_processed_at") is not None:
-        times.append(_as_utc(run["last_processed_at"]))
+        times.append(as_utc(run["last_processed_at"]))
     if not times:
         raise AuditInputError(run["run_id"], "the run has no recorded times to draw")
     left, right = min(times), max(times)
@@ -494,12 +339,12 @@ def _run_view(audit: Any, run_id: str, clock_tz: str | None) -> _RunView:
         left = min(left, marker.time)
 
     capacity = [
-        (_as_utc(t), int(n))
+        (as_utc(t), int(n))
         for t, n in audit.capacity.filter(key)
         .sort("time")
         .select("time", "healthy_replicas")
         .rows()
-        if t is not None and is_pseudo_date(_as_utc(t)) == dateless
+        if t is not None and is_pseudo_date(as_utc(t)) == dateless
     ]
 
     outages: list[tuple[datetime, datetime, str]] = []
@@ -556,10 +401,10 @@ def _run_view(audit: Any, run_id: str, clock_tz: str | None) -> _RunView:
 def _deployment_note(
     info: dict[str, Any], dep: int | None, run: dict[str, Any], clock: Clock
 ) -> str:
-    began = _as_utc(info.get("began_at"))
+    began = as_utc(info.get("began_at"))
     actor = actor_name(info.get("actor")) or (run.get("user") if dep == 0 else None)
     if dep == 0:
-        return f"run submitted {clock.tod(began or _as_utc(run.get('submitted_at')))}" + (
+        return f"run submitted {clock.tod(began or as_utc(run.get('submitted_at')))}" + (
             f" by {actor}" if actor else ""
         )
     fields = field_names(info.get("changed_fields"))
@@ -569,7 +414,7 @@ def _deployment_note(
             + (f" by {actor}" if actor else "")
             + (f": changed {fields}" if fields else "")
         )
-    first = _as_utc(info.get("first_job_at"))
+    first = as_utc(info.get("first_job_at"))
     if first is not None:
         return f"update at or before {clock.tod(first)} (no event records it)"
     return "update time not recorded (in-place bump)"
@@ -589,7 +434,7 @@ def _markers(
     for dep in deployments.iter_rows(named=True):
         if not dep["deployment_num"]:
             continue
-        began = _as_utc(dep["began_at"])
+        began = as_utc(dep["began_at"])
         if began is not None and is_pseudo_date(began) != clock.dateless:
             began = None
         if began is None:
@@ -624,7 +469,7 @@ def _markers(
         )
     for finding in findings:
         for culprit in finding.culprits:
-            at = _as_utc(culprit.failed_at) or stops.get(culprit.job_id)
+            at = as_utc(culprit.failed_at) or stops.get(culprit.job_id)
             if at is None or is_pseudo_date(at) != clock.dateless:
                 continue
             markers.append(
@@ -643,7 +488,7 @@ def _markers(
             same = impact.recovered_by_run_id == finding.run_id
             markers.append(
                 _Marker(
-                    _as_utc(impact.recovered_at),
+                    as_utc(impact.recovered_at),
                     "recovered",
                     redact(
                         "the service served again"
@@ -657,7 +502,7 @@ def _markers(
         (
             (at, victim)
             for victim in victims.values()
-            if (at := _as_utc(victim.terminated_at) or stops.get(victim.job_id)) is not None
+            if (at := as_utc(victim.terminated_at) or stops.get(victim.job_id)) is not None
             and is_pseudo_date(at) == clock.dateless
         ),
         key=lambda pair: (pair[0], pair[1].job_name),
@@ -709,9 +554,9 @@ def _outage(
     clock: Clock,
 ) -> tuple[datetime, datetime, str] | None:
     impact = finding.impact
-    start = _as_utc(impact.outage_start) if impact else None
+    start = as_utc(impact.outage_start) if impact else None
     if start is None:
-        victim_stops = [_as_utc(v.terminated_at) or stops.get(v.job_id) for v in finding.victims]
+        victim_stops = [as_utc(v.terminated_at) or stops.get(v.job_id) for v in finding.victims]
         if not victim_stops or any(s is None for s in victim_stops):
             return None
         start = max(s for s in victim_stops if s is not None)
@@ -719,7 +564,7 @@ def _outage(
         if level > 0:
             return None
     if impact and impact.recovered and impact.recovered_at:
-        stop = _as_utc(impact.recovered_at)
+        stop = as_utc(impact.recovered_at)
         text = f"outage {fmt_seconds((stop - start).total_seconds())}, until served again"
     else:
         stop = end_of_evidence
@@ -1536,12 +1381,4 @@ def figure_bytes(fig: Figure, fmt: str = "png", *, dpi: int = 110) -> bytes:
     return buffer.getvalue()
 
 
-__all__ = [
-    "Clock",
-    "describe_failure",
-    "figure_bytes",
-    "fmt_seconds",
-    "plot_fleet",
-    "plot_run",
-    "resolve_zone",
-]
+__all__ = ["figure_bytes", "plot_fleet", "plot_run"]

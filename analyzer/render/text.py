@@ -4,71 +4,12 @@ table of an audit is report/screen.py)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime, tzinfo
+from datetime import datetime, tzinfo
 
 import polars as pl
 
 from analyzer.contract import Finding
-
-
-def fmt_time(value: datetime | None, *, date: bool = True, tz: tzinfo | None = None) -> str:
-    """UTC with a Z (the default), or in zone `tz` with its offset (both ISO 8601)."""
-    if value is None:
-        return "?"
-    if tz is not None:
-        local = (value if value.tzinfo else value.replace(tzinfo=UTC)).astimezone(tz)
-        text = local.strftime("%Y-%m-%d %H:%M:%S.%f" if date else "%H:%M:%S.%f")[:-3]
-        return text + (local.strftime("%z")[:3] + ":" + local.strftime("%z")[3:] if date else "")
-    text = value.strftime("%Y-%m-%d %H:%M:%S.%f" if date else "%H:%M:%S.%f")[:-3]
-    return text + ("Z" if date else "")
-
-
-def fmt_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    seconds = float(seconds)
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, sec = divmod(round(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    days, hours = divmod(hours, 24)
-    if days:
-        return f"{days}d{hours:02d}h{minutes:02d}m"
-    return f"{hours}h{minutes:02d}m{sec:02d}s" if hours else f"{minutes}m{sec:02d}s"
-
-
-def fmt_cost(value: float | None, unknown: int = 0) -> str:
-    if value is None:
-        return "unknown"
-    text = f"${value:,.4f}" if value < 1 else f"${value:,.2f}"
-    return text + (f" (+{unknown} unpriced)" if unknown else "")
-
-
-GROUP_HEADERS = ["key", "findings", "victims", "outage", "replica-time lost", "cost lost"]
-
-
-def group_rows(groups) -> list[list[object]]:
-    """The rows of a fleet summary table (same figures in every output format)."""
-    return [
-        [
-            g.key,
-            g.findings,
-            g.victims,
-            fmt_duration(g.outage_seconds),
-            fmt_duration(g.healthy_replica_seconds_lost),
-            fmt_cost(g.lost_cost, g.cost_unknown_victims),
-        ]
-        for g in groups
-    ]
-
-
-def _time_of_day(value: datetime | None, *, date: bool = True) -> str:
-    """A time from a log without a date: the time of day and the days rolled over."""
-    if value is None:
-        return "?"
-    days = (value - datetime(1970, 1, 1, tzinfo=UTC)).days
-    text = value.strftime("%H:%M:%S") + (f" (+{days}d)" if days else "")
-    return text + (" (date unknown)" if date else "")
+from analyzer.render.format import fmt_time, fmt_time_of_day
 
 
 def _provenance(sources: Sequence[str] | str | None, show: bool) -> str:
@@ -136,7 +77,7 @@ def render_timeline(
         return fmt_time(value, date=date, tz=tz)
 
     if events.height and (events["time_basis"] == "time_of_day_only").any():
-        when = _time_of_day  # a rich log alone: no date is shown, because none is known
+        when = fmt_time_of_day  # a rich log alone: no date is shown, because none is known
     roles = roles or {}
     out = [
         f"run {run['project'] or '(project unknown)'}/{run['run_name']}  id {run['run_id']}  "
