@@ -27,8 +27,7 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from analyzer.contract import Finding, Report
 from analyzer.errors import AuditInputError
-from analyzer.pipeline.selectors import one_run
-from analyzer.pipeline.story import as_utc, is_pseudo_date
+from analyzer.pipeline.story import RunStory, as_utc
 from analyzer.redact import without_controls
 from analyzer.render.format import (
     Clock,
@@ -117,10 +116,6 @@ class _RunView:
     dropped_dateless: int
 
 
-def _select_run(audit: Any, run: str) -> dict[str, Any]:
-    return one_run(audit.runs, run)
-
-
 def _fields(row: dict[str, Any], *names: str) -> datetime | None:
     for name in names:
         value = row.get(name)
@@ -179,57 +174,19 @@ def _segments(
 
 
 def _run_view(audit: Any, run_id: str, clock_tz: str | None) -> _RunView:
+    """The layout of a run's picture (lanes, markers, window) from its story."""
     redact: Callable[[str], str] = audit.redact
-    run = _select_run(audit, run_id)
-    key = (pl.col("server") == run["server"]) & (pl.col("run_id") == run["run_id"])
-    subs = audit.submissions.filter(key).sort(
+    story: RunStory = audit.story(run_id)
+    run, findings, usable = story.run, story.findings, story.usable_events
+    dateless, end_of_evidence = story.dateless, story.end_of_evidence
+    subs = story.submissions.sort(
         ["deployment_num", "replica_num", "job_num", "submission_num"], nulls_last=True
     )
-    events = audit.events.filter(key)
-    deployments = audit.deployments.filter(key).sort("deployment_num")
-    report: Report = audit.report
-    findings = [
-        f for f in report.findings if f.server == run["server"] and f.run_id == run["run_id"]
-    ]
-    verdict = next(
-        (v.verdict for v in report.runs if v.server == run["server"] and v.run_id == run["run_id"]),
-        None,
-    )
+    deployments = story.deployments
+    clock = Clock(resolve_zone(clock_tz), dateless)
     starts = [as_utc(run.get("submitted_at"))] + [
         _fields(j, "created_at", "submitted_at") for j in subs.iter_rows(named=True)
     ]
-    first = min((s for s in starts if s is not None), default=None)
-    dateless = is_pseudo_date(first) or (
-        events.height > 0
-        and events.filter(pl.col("time_basis") != "time_of_day_only").height == 0
-        and first is None
-    )
-    clock = Clock(resolve_zone(clock_tz), dateless)
-    if dateless:
-        usable = events.filter(pl.col("time").is_not_null())
-        dropped = 0
-    else:
-        usable = events.filter(
-            pl.col("time").is_not_null() & (pl.col("time_basis") != "time_of_day_only")
-        )
-        dropped = events.height - usable.height
-    usable = usable.sort(["time", "seq"], nulls_last=True)
-
-    end_of_evidence = None
-    for finding in findings:
-        if finding.impact and finding.impact.end_of_evidence:
-            end_of_evidence = as_utc(finding.impact.end_of_evidence)
-    if end_of_evidence is None:
-        ends = getattr(getattr(audit, "evidence", None), "ends_by_server", None)
-        by_server = ends(dated_only=not dateless) if callable(ends) else {}
-        end_of_evidence = as_utc(by_server.get(run["server"]) or audit.end_of_evidence)
-    if end_of_evidence is not None and is_pseudo_date(end_of_evidence) != dateless:
-        # a dated audit with an undated log, or the reverse: the other clock's end is no bound
-        end_of_evidence = None
-
-    status_events: dict[str, list[dict[str, Any]]] = {}
-    for event in usable.filter(pl.col("kind") == "job_status").iter_rows(named=True):
-        status_events.setdefault(event["entity_id"], []).append(event)
 
     # What the evidence spans, for this run
     times: list[datetime] = [t for t in starts if t is not None]
@@ -324,12 +281,7 @@ def _run_view(audit: Any, run_id: str, clock_tz: str | None) -> _RunView:
     lane_of = {
         job["job_id"]: i for i, lane in enumerate(lanes) if lane.kind == "job" for job in lane.jobs
     }
-    stops = {
-        job["job_id"]: _fields(job, "stopped_at", "finished_at", "last_processed_at")
-        for job in subs.iter_rows(named=True)
-    }
-
-    markers = _markers(run, deployments, usable, findings, lane_of, stops, clock, redact)
+    markers = _markers(story, lane_of, clock, redact)
     reach = timedelta(seconds=0.25 * ((right - left).total_seconds() or 1.0))
     for marker in markers:
         if marker.time > right + reach:
@@ -338,18 +290,9 @@ def _run_view(audit: Any, run_id: str, clock_tz: str | None) -> _RunView:
         right = max(right, marker.time)
         left = min(left, marker.time)
 
-    capacity = [
-        (as_utc(t), int(n))
-        for t, n in audit.capacity.filter(key)
-        .sort("time")
-        .select("time", "healthy_replicas")
-        .rows()
-        if t is not None and is_pseudo_date(as_utc(t)) == dateless
-    ]
-
     outages: list[tuple[datetime, datetime, str]] = []
     for finding in findings:
-        outage = _outage(finding, stops, capacity, end_of_evidence, clock)
+        outage = _outage(story, finding, clock)
         if outage is None:
             continue
         same = [
@@ -382,11 +325,11 @@ def _run_view(audit: Any, run_id: str, clock_tz: str | None) -> _RunView:
         marker.number = number
     return _RunView(
         run=run,
-        verdict=verdict,
+        verdict=story.verdict,
         findings=findings,
         lanes=lanes,
-        status_events=status_events,
-        capacity=capacity,
+        status_events=story.status_events,
+        capacity=story.capacity,
         markers=markers,
         outages=outages,
         left=left,
@@ -394,7 +337,7 @@ def _run_view(audit: Any, run_id: str, clock_tz: str | None) -> _RunView:
         end_of_evidence=end_of_evidence,
         clock=clock,
         collapsed=collapsed_total,
-        dropped_dateless=dropped,
+        dropped_dateless=story.dropped_dateless,
     )
 
 
@@ -421,22 +364,16 @@ def _deployment_note(
 
 
 def _markers(
-    run: dict[str, Any],
-    deployments: pl.DataFrame,
-    events: pl.DataFrame,
-    findings: Sequence[Finding],
-    lane_of: dict[str, int],
-    stops: dict[str, datetime | None],
-    clock: Clock,
-    redact: Callable[[str], str],
+    story: RunStory, lane_of: dict[str, int], clock: Clock, redact: Callable[[str], str]
 ) -> list[_Marker]:
+    """The story's moments as numbered markers: updates, the run going TERMINATING, the
+    culprits' failures, the recoveries and the victims' stops (one marker per moment)."""
     markers: list[_Marker] = []
-    for dep in deployments.iter_rows(named=True):
+    events, findings = story.usable_events, story.findings
+    for dep in story.deployments.iter_rows(named=True):
         if not dep["deployment_num"]:
             continue
-        began = as_utc(dep["began_at"])
-        if began is not None and is_pseudo_date(began) != clock.dateless:
-            began = None
+        began = story.on_clock(dep["began_at"])
         if began is None:
             continue
         actor = actor_name(dep["actor"])
@@ -469,8 +406,8 @@ def _markers(
         )
     for finding in findings:
         for culprit in finding.culprits:
-            at = as_utc(culprit.failed_at) or stops.get(culprit.job_id)
-            if at is None or is_pseudo_date(at) != clock.dateless:
+            at = story.stop_of(culprit.job_id, culprit.failed_at)
+            if at is None:
                 continue
             markers.append(
                 _Marker(
@@ -502,8 +439,7 @@ def _markers(
         (
             (at, victim)
             for victim in victims.values()
-            if (at := as_utc(victim.terminated_at) or stops.get(victim.job_id)) is not None
-            and is_pseudo_date(at) == clock.dateless
+            if (at := story.stop_of(victim.job_id, victim.terminated_at)) is not None
         ),
         key=lambda pair: (pair[0], pair[1].job_name),
     )
@@ -547,34 +483,20 @@ def _markers(
 
 
 def _outage(
-    finding: Finding,
-    stops: dict[str, datetime | None],
-    capacity: list[tuple[datetime, int]],
-    end_of_evidence: datetime | None,
-    clock: Clock,
+    story: RunStory, finding: Finding, clock: Clock
 ) -> tuple[datetime, datetime, str] | None:
-    impact = finding.impact
-    start = as_utc(impact.outage_start) if impact else None
-    if start is None:
-        victim_stops = [as_utc(v.terminated_at) or stops.get(v.job_id) for v in finding.victims]
-        if not victim_stops or any(s is None for s in victim_stops):
-            return None
-        start = max(s for s in victim_stops if s is not None)
-        level = next((n for t, n in reversed(capacity) if t <= start), 0)
-        if level > 0:
-            return None
-    if impact and impact.recovered and impact.recovered_at:
-        stop = as_utc(impact.recovered_at)
-        text = f"outage {fmt_seconds((stop - start).total_seconds())}, until served again"
-    else:
-        stop = end_of_evidence
-        if stop is None or stop <= start:
-            return None
-        text = (
-            f"outage ≥ {fmt_seconds((stop - start).total_seconds())}: not recovered as of "
-            f"the end of the evidence ({clock.near(stop, start)})"
-        )
-    return start, stop, text
+    outage = story.outage(finding)
+    if outage is None:
+        return None
+    seconds = fmt_seconds((outage.stop - outage.start).total_seconds())
+    if outage.recovered:
+        return outage.start, outage.stop, f"outage {seconds}, until served again"
+    return (
+        outage.start,
+        outage.stop,
+        f"outage ≥ {seconds}: not recovered as of the end of the evidence "
+        f"({clock.near(outage.stop, outage.start)})",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
