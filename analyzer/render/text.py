@@ -9,6 +9,7 @@ from datetime import datetime, tzinfo
 import polars as pl
 
 from analyzer.contract import Finding
+from analyzer.pipeline.story import RunStory, is_pseudo_date, tell
 from analyzer.render.format import fmt_time, fmt_time_of_day
 
 
@@ -40,21 +41,6 @@ def _fit(lines: list[str], width: int) -> list[str]:
     return out
 
 
-def _roles(findings: Sequence[Finding]) -> dict[str, str]:
-    """job id -> what the findings say it was: a victim (of which category) or a culprit."""
-    roles: dict[str, str] = {}
-    for finding in findings:
-        for culprit in finding.culprits:
-            roles[culprit.job_id] = f"CULPRIT ({finding.category})"
-        for victim in finding.victims:
-            roles[victim.job_id] = f"VICTIM ({finding.category})" + (
-                ""
-                if victim.stopped
-                else f", not yet stopped: expected {victim.expected_termination_reason}"
-            )
-    return roles
-
-
 def render_timeline(
     run: dict,
     verdict: str | None,
@@ -68,17 +54,40 @@ def render_timeline(
     tz: tzinfo | None = None,
     findings: Sequence[Finding] = (),
 ) -> str:
+    """The timeline of one run given as its frames (the CLI's call): its story, told by
+    `timeline_text`. `roles` are the findings' (the story takes them from `findings`)."""
+    story = tell(
+        run,
+        submissions=subs,
+        events=events,
+        deployments=deployments,
+        capacity=pl.DataFrame(
+            schema={"time": pl.Datetime("us", "UTC"), "healthy_replicas": pl.Int64}
+        ),
+        findings=findings,
+        verdicts=[],
+        end_of_evidence=None,
+    )
+    story.verdict = verdict
+    return timeline_text(story, width=width, sources=sources, tz=tz)
+
+
+def timeline_text(
+    story: RunStory, *, width: int = 100, sources: bool = False, tz: tzinfo | None = None
+) -> str:
     """A run's story: deployments, replica slots with each submission's path (bumps in place,
-    replica groups, victims and culprits with `findings`' details), then every event (one line
+    replica groups, victims and culprits with the findings' details), then every event (one line
     per event across sources, victims and culprits marked), fitted to `width`."""
     from analyzer.render.timeline_view import merged_events
 
+    run, verdict, events = story.run, story.verdict, story.events
+    deployments, subs = story.deployments, story.submissions
+
     def when(value: datetime | None, *, date: bool = True) -> str:
+        if story.dateless or is_pseudo_date(value):
+            return fmt_time_of_day(value, date=date)  # a rich log alone: no date is known
         return fmt_time(value, date=date, tz=tz)
 
-    if events.height and (events["time_basis"] == "time_of_day_only").any():
-        when = fmt_time_of_day  # a rich log alone: no date is shown, because none is known
-    roles = roles or {}
     out = [
         f"run {run['project'] or '(project unknown)'}/{run['run_name']}  id {run['run_id']}  "
         f"{run['run_type'] or 'type unknown'}"
@@ -120,7 +129,7 @@ def render_timeline(
             f"  #{dep['deployment_num']}  {began}; jobs now at this deployment: {dep['jobs']}"
         )
     out += ["", "REPLICA SLOTS (every submission, keyed on job id)"]
-    details = _roles(findings)
+    details = {job: role.detail for job, role in story.roles.items()}
     status_events = events.filter(pl.col("kind") == "job_status")
     for slot, rows in subs.group_by(["replica_num", "job_num"], maintain_order=True):
         out.append(f"  replica {slot[0]} job {slot[1]}")
@@ -179,7 +188,7 @@ def render_timeline(
     out += ["", "EVENTS"]
     if events.height == 0:
         out.append("  none recorded (dstack < 0.20.0, events past their TTL, or no log given)")
-    for event in merged_events(events, roles):
+    for event in merged_events(events, story.marks):
         role = f" [{event['role']}]" if event["role"] else ""
         out.append(
             f"  {when(event['time']) if event['time'] else event['time_text']}  "
