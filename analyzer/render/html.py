@@ -26,7 +26,7 @@ from typing import Any
 import polars as pl
 
 from analyzer.contract import Finding, GroupSummary, Report
-from analyzer.pipeline.story import as_utc, is_pseudo_date
+from analyzer.pipeline.story import RunStory, tell
 from analyzer.progress import stage
 from analyzer.render.format import (
     GROUP_HEADERS,
@@ -80,13 +80,14 @@ def _run_label(item: Any) -> str:
 
 
 class RunFrames:
-    """The audit's frames split by run once, for the runs that have findings: a report of
-    1,000 findings then reads each run's rows directly instead of filtering whole frames
-    per finding."""
+    """The audit's frames split by run once, for the runs that have findings, and each run's
+    story told once: a report of 1,000 findings then reads each run's rows directly instead
+    of filtering whole frames per finding."""
 
     NAMES = ("submissions", "events", "runs", "deployments", "capacity")
 
     def __init__(self, audit: Any, findings: Sequence[Finding]) -> None:
+        self.audit = audit
         keys = pl.DataFrame(
             {"server": [f.server for f in findings], "run_id": [f.run_id for f in findings]},
             schema={"server": pl.String, "run_id": pl.String},
@@ -98,55 +99,58 @@ class RunFrames:
             for name in self.NAMES
         }
         self.empty = {name: getattr(audit, name).clear() for name in self.NAMES}
+        self.stories: dict[tuple[str, str], RunStory] = {}
         self.facts: dict[tuple[int, str | None], _Facts] = {}
 
     def get(self, name: str, finding: Finding) -> pl.DataFrame:
         return self.parts[name].get((finding.server, finding.run_id), self.empty[name])
+
+    def story(self, finding: Finding) -> RunStory:
+        """The story of the finding's run, told once per run."""
+        key = (finding.server, finding.run_id)
+        if key not in self.stories:
+            runs = self.get("runs", finding)
+            run = runs.row(0, named=True) if runs.height else {"server": key[0], "run_id": key[1]}
+            report = self.audit.report
+            self.stories[key] = tell(
+                run,
+                submissions=self.get("submissions", finding),
+                events=self.get("events", finding),
+                deployments=self.get("deployments", finding),
+                capacity=self.get("capacity", finding),
+                findings=report.findings,
+                verdicts=report.runs,
+                end_of_evidence=self.audit.end_of_evidence,
+                evidence=getattr(self.audit, "evidence", None),
+            )
+        return self.stories[key]
 
 
 def _facts(audit: Any, finding: Finding, tz: str | None, frames: RunFrames | None = None) -> _Facts:
     frames = frames or RunFrames(audit, [finding])
     memo = (id(finding), tz)
     if memo not in frames.facts:
-        frames.facts[memo] = _read_facts(audit, finding, tz, frames)
+        frames.facts[memo] = _read_facts(frames.story(finding), finding, tz)
     return frames.facts[memo]
 
 
-def _read_facts(audit: Any, finding: Finding, tz: str | None, frames: RunFrames) -> _Facts:
-    subs = {row["job_id"]: row for row in frames.get("submissions", finding).iter_rows(named=True)}
-    events = frames.get("events", finding)
-    run = frames.get("runs", finding)
-    submitted = as_utc(run["submitted_at"][0]) if run.height else None
-    dateless = is_pseudo_date(submitted) or any(
-        is_pseudo_date(as_utc(j.get("created_at"))) for j in subs.values()
-    )
-    clock = Clock(resolve_zone(tz), dateless)
-
-    def ok(value: datetime | None) -> datetime | None:
-        value = as_utc(value)
-        return value if value is not None and is_pseudo_date(value) == dateless else None
-
+def _read_facts(story: RunStory, finding: Finding, tz: str | None) -> _Facts:
+    """The moments of `finding` in words' order, from its run's story."""
+    ok = story.on_clock
+    jobs = {row["job_id"]: row for row in story.submissions.iter_rows(named=True)}
     update_at = first_job = None
     actor, fields = finding.updated_by, finding.changed_fields
     if finding.update_deployment_num is not None:
-        deps = frames.get("deployments", finding).filter(
-            pl.col("deployment_num") == finding.update_deployment_num
-        )
+        deps = story.deployments.filter(pl.col("deployment_num") == finding.update_deployment_num)
         if deps.height:
             dep = deps.row(0, named=True)
             update_at = ok(dep["began_at"])
             first_job = ok(dep["first_job_at"])
             actor = actor or actor_name(dep["actor"])
             fields = fields or ", ".join(dep["changed_fields"] or []) or None
-    terminating = events.filter(
-        (pl.col("kind") == "run_status") & (pl.col("new_status") == "terminating")
-    )
-    terminating_at = min(
-        (t for t in (ok(t) for t in terminating["time"].to_list()) if t is not None), default=None
-    )
 
     def job_time(job_id: str, name: str) -> datetime | None:
-        job = subs.get(job_id)
+        job = jobs.get(job_id)
         return ok(job.get(name)) if job else None
 
     culprit_at = [ok(c.failed_at) or job_time(c.job_id, "stopped_at") for c in finding.culprits]
@@ -160,27 +164,22 @@ def _read_facts(audit: Any, finding: Finding, tz: str | None, frames: RunFrames)
         for v in finding.victims
     ]
     end = ok(finding.impact.end_of_evidence if finding.impact else None) or ok(
-        audit.end_of_evidence
+        story.end_of_evidence
     )
     seen = False
     if victim_stops and all(victim_stops) and end is not None:
         last = max(s for s in victim_stops if s is not None)
-        capacity = frames.get("capacity", finding).sort("time")
-        after = [
-            n
-            for t, n in capacity.select("time", "healthy_replicas").rows()
-            if ok(t) is not None and last <= ok(t) < end
-        ]
+        after = [n for t, n in story.capacity if last <= t < end]
         seen = bool(after) and after[-1] == 0 and all(n == 0 for n in after)
     return _Facts(
-        clock=clock,
+        clock=Clock(resolve_zone(tz), story.dateless),
         run_label=_run_label(finding),
         update_at=update_at,
         update_first_job_at=first_job,
         actor=actor_name(actor) if actor else None,
         fields=field_names(fields),
         culprit_at=culprit_at,
-        terminating_at=terminating_at,
+        terminating_at=min(story.terminating_at(), default=None),
         victim_stops=victim_stops,
         victim_since=victim_since,
         end_of_evidence=end,
