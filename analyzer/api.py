@@ -125,7 +125,7 @@ class Audit:
             findings=self.report.findings,
             verdicts=self.report.runs,
             end_of_evidence=self.end_of_evidence,
-            evidence=self.evidence,
+            ends_by_server=self.evidence.ends_by_server,
         )
 
     @cached_property

@@ -4,17 +4,14 @@ narrative) draws from, so none of them rebuilds a run's facts from the frames.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import polars as pl
 
 from analyzer.contract import Finding, RunVerdict
-
-if TYPE_CHECKING:
-    from analyzer.pipeline.evidence import Evidence
 
 # A rich log writes `[%X]`, a time of day without a date (dstack-data.md 9.2); the log reader
 # stores it on the 1970-01-01 pseudo date (sources/logs/messages.py), older than any dstack record.
@@ -160,10 +157,11 @@ def tell(
     findings: Sequence[Finding],
     verdicts: Sequence[RunVerdict],
     end_of_evidence: datetime | None,
-    evidence: Evidence | None = None,
+    ends_by_server: Callable[..., dict[str, datetime]] | None = None,
 ) -> RunStory:
     """The story of `run` from its own rows (each frame already the run's) and the report's
-    findings and verdicts (any run's: the run's are picked)."""
+    findings and verdicts (any run's: the run's are picked). `ends_by_server`: the evidence's
+    (Evidence.ends_by_server), for the end of the evidence of the run's server."""
     key = (run["server"], run["run_id"])
     mine = [f for f in findings if (f.server, f.run_id) == key]
     verdict = next((v for v in verdicts if (v.server, v.run_id) == key), None)
@@ -193,7 +191,7 @@ def tell(
         if finding.impact and finding.impact.end_of_evidence:
             end = as_utc(finding.impact.end_of_evidence)
     if end is None:
-        by_server = evidence.ends_by_server(dated_only=not dateless) if evidence else {}
+        by_server = ends_by_server(dated_only=not dateless) if ends_by_server else {}
         end = as_utc(by_server.get(run["server"]) or end_of_evidence)
     if end is not None and is_pseudo_date(end) != dateless:
         end = None  # a dated audit with an undated log, or the reverse: no bound on this clock

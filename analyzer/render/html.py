@@ -121,7 +121,7 @@ class RunFrames:
                 findings=report.findings,
                 verdicts=report.runs,
                 end_of_evidence=self.audit.end_of_evidence,
-                evidence=getattr(self.audit, "evidence", None),
+                ends_by_server=self.audit.evidence.ends_by_server,
             )
         return self.stories[key]
 
