@@ -17,30 +17,23 @@ import base64
 import html
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import polars as pl
-
 from analyzer.contract import Finding, GroupSummary, Report
-from analyzer.pipeline.story import RunStory, tell
 from analyzer.progress import stage
 from analyzer.render.format import (
     GROUP_HEADERS,
     Clock,
-    actor_name,
-    describe_failure,
-    field_names,
     fmt_cost,
     fmt_duration,
-    fmt_seconds,
     group_rows,
     resolve_zone,
 )
 from analyzer.render.markdown import md_code, md_text, render_markdown
+from analyzer.render.narrative import RunFrames, incident_facts, narrative, run_label
 
 IMAGE_DPI = 100
 
@@ -50,291 +43,6 @@ def _plots() -> ModuleType:
     from analyzer.render import plots
 
     return plots
-
-
-# ---------------------------------------------------------------------------------------------
-# The story of a finding, in words
-
-
-@dataclass
-class _Facts:
-    """The moments of one incident, from the finding and (for undated logs) the frames."""
-
-    clock: Clock
-    run_label: str
-    update_at: datetime | None
-    update_first_job_at: datetime | None
-    actor: str | None
-    fields: str | None
-    culprit_at: list[datetime | None]
-    terminating_at: datetime | None
-    victim_stops: list[datetime | None]
-    victim_since: list[datetime | None]
-    end_of_evidence: datetime | None
-    outage_end_seen: bool  # the capacity stayed at zero until the end of the evidence
-
-
-def _run_label(item: Any) -> str:
-    label = f"{item.project}/{item.run_name}" if item.project else item.run_name
-    return f"{item.server}:{label}" if item.server != "default" else label
-
-
-class RunFrames:
-    """The audit's frames split by run once, for the runs that have findings, and each run's
-    story told once: a report of 1,000 findings then reads each run's rows directly instead
-    of filtering whole frames per finding."""
-
-    NAMES = ("submissions", "events", "runs", "deployments", "capacity")
-
-    def __init__(self, audit: Any, findings: Sequence[Finding]) -> None:
-        self.audit = audit
-        keys = pl.DataFrame(
-            {"server": [f.server for f in findings], "run_id": [f.run_id for f in findings]},
-            schema={"server": pl.String, "run_id": pl.String},
-        ).unique()
-        self.parts = {
-            name: getattr(audit, name)
-            .join(keys, on=["server", "run_id"], how="semi")
-            .partition_by(["server", "run_id"], as_dict=True)
-            for name in self.NAMES
-        }
-        self.empty = {name: getattr(audit, name).clear() for name in self.NAMES}
-        self.stories: dict[tuple[str, str], RunStory] = {}
-        self.facts: dict[tuple[int, str | None], _Facts] = {}
-
-    def get(self, name: str, finding: Finding) -> pl.DataFrame:
-        return self.parts[name].get((finding.server, finding.run_id), self.empty[name])
-
-    def story(self, finding: Finding) -> RunStory:
-        """The story of the finding's run, told once per run."""
-        key = (finding.server, finding.run_id)
-        if key not in self.stories:
-            runs = self.get("runs", finding)
-            run = runs.row(0, named=True) if runs.height else {"server": key[0], "run_id": key[1]}
-            report = self.audit.report
-            self.stories[key] = tell(
-                run,
-                submissions=self.get("submissions", finding),
-                events=self.get("events", finding),
-                deployments=self.get("deployments", finding),
-                capacity=self.get("capacity", finding),
-                findings=report.findings,
-                verdicts=report.runs,
-                end_of_evidence=self.audit.end_of_evidence,
-                ends_by_server=self.audit.evidence.ends_by_server,
-            )
-        return self.stories[key]
-
-
-def _facts(audit: Any, finding: Finding, tz: str | None, frames: RunFrames | None = None) -> _Facts:
-    frames = frames or RunFrames(audit, [finding])
-    memo = (id(finding), tz)
-    if memo not in frames.facts:
-        frames.facts[memo] = _read_facts(frames.story(finding), finding, tz)
-    return frames.facts[memo]
-
-
-def _read_facts(story: RunStory, finding: Finding, tz: str | None) -> _Facts:
-    """The moments of `finding` in words' order, from its run's story."""
-    ok = story.on_clock
-    jobs = {row["job_id"]: row for row in story.submissions.iter_rows(named=True)}
-    update_at = first_job = None
-    actor, fields = finding.updated_by, finding.changed_fields
-    if finding.update_deployment_num is not None:
-        deps = story.deployments.filter(pl.col("deployment_num") == finding.update_deployment_num)
-        if deps.height:
-            dep = deps.row(0, named=True)
-            update_at = ok(dep["began_at"])
-            first_job = ok(dep["first_job_at"])
-            actor = actor or actor_name(dep["actor"])
-            fields = fields or ", ".join(dep["changed_fields"] or []) or None
-
-    def job_time(job_id: str, name: str) -> datetime | None:
-        job = jobs.get(job_id)
-        return ok(job.get(name)) if job else None
-
-    culprit_at = [ok(c.failed_at) or job_time(c.job_id, "stopped_at") for c in finding.culprits]
-    victim_stops = [
-        ok(v.terminated_at) or job_time(v.job_id, "stopped_at") for v in finding.victims
-    ]
-    victim_since = [
-        ok(v.healthy_since)
-        or job_time(v.job_id, "healthy_since")
-        or job_time(v.job_id, "running_at")
-        for v in finding.victims
-    ]
-    end = ok(finding.impact.end_of_evidence if finding.impact else None) or ok(
-        story.end_of_evidence
-    )
-    seen = False
-    if victim_stops and all(victim_stops) and end is not None:
-        last = max(s for s in victim_stops if s is not None)
-        after = [n for t, n in story.capacity if last <= t < end]
-        seen = bool(after) and after[-1] == 0 and all(n == 0 for n in after)
-    return _Facts(
-        clock=Clock(resolve_zone(tz), story.dateless),
-        run_label=_run_label(finding),
-        update_at=update_at,
-        update_first_job_at=first_job,
-        actor=actor_name(actor) if actor else None,
-        fields=field_names(fields),
-        culprit_at=culprit_at,
-        terminating_at=min(story.terminating_at(), default=None),
-        victim_stops=victim_stops,
-        victim_since=victim_since,
-        end_of_evidence=end,
-        outage_end_seen=seen,
-    )
-
-
-def _upper_first(text: str) -> str:
-    return text[:1].upper() + text[1:]
-
-
-def _names(items: Sequence[str]) -> str:
-    if len(items) <= 1:
-        return "".join(items)
-    return ", ".join(items[:-1]) + " and " + items[-1]
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
-
-
-def narrative(
-    audit: Any, finding: Finding, *, tz: str | None = None, frames: RunFrames | None = None
-) -> str:
-    """What happened, in a few sentences, with times in the display zone (`code` in
-    backticks). Times of day only say so; nothing is guessed. `frames`: the audit split by
-    run (RunFrames), when many findings are told."""
-    f = _facts(audit, finding, tz, frames)
-    clock = f.clock
-    first_time = next(
-        (
-            t
-            for t in (f.update_at, f.update_first_job_at, *f.culprit_at, *f.victim_stops)
-            if t is not None
-        ),
-        None,
-    )
-    said_date = False
-
-    def at(value: datetime | None) -> str:
-        nonlocal said_date
-        if value is None:
-            return "at an unrecorded time"
-        if clock.dateless:
-            text = f"at {clock.tod(value)}"
-            if not said_date:
-                text += " (local time of day; the date is unknown)"
-            said_date = True
-            return text
-        if not said_date:
-            said_date = True
-            local = clock.local(value)
-            return f"on {local:%Y-%m-%d} at {clock.tod(value)} ({clock.zone_label(value)})"
-        return f"at {clock.near(value, first_time)}"
-
-    sentences = []
-    dep = finding.update_deployment_num
-    if dep is not None:
-        what = f"`{f.fields}`" if f.fields else "the configuration"
-        if f.update_at is not None:
-            who = f.actor or "someone"
-            sentences.append(
-                f"{_upper_first(at(f.update_at))} {who} updated {what} of {f.run_label} "
-                f"(deployment {dep})."
-            )
-        elif f.update_first_job_at is not None:
-            sentences.append(
-                f"{f.run_label} was updated to deployment {dep}"
-                + (f" ({what})" if f.fields else "")
-                + f"; no event records when or by whom, its first new job was created "
-                f"{at(f.update_first_job_at)}."
-            )
-        else:
-            sentences.append(
-                f"{f.run_label} was moved to deployment {dep} at an unrecorded time "
-                "(no event, no new job)."
-            )
-    for culprit, when in zip(finding.culprits, f.culprit_at, strict=True):
-        newer = (
-            finding.category == "collateral_termination"
-            and dep is not None
-            and culprit.deployment_num == dep
-        )
-        who = (
-            f"the new replica {culprit.job_name}"
-            if newer
-            else f"the replica {culprit.job_name} of deployment {culprit.deployment_num}"
-        )
-        sentences.append(_upper_first(f"{at(when)} {who} {describe_failure(culprit)}."))
-    reason = (finding.run_termination_reason or "").upper() or "reason not recorded"
-    failed_when = max((t for t in f.culprit_at if t is not None), default=None)
-    if f.terminating_at is not None and failed_when is not None:
-        delta = (f.terminating_at - failed_when).total_seconds()
-        run_part = (
-            f"{fmt_seconds(delta)} later dstack failed the whole run ({reason})"
-            if delta >= 0
-            else f"dstack failed the whole run ({reason}) {at(f.terminating_at)}"
-        )
-    elif f.terminating_at is not None:
-        run_part = f"dstack failed the whole run ({reason}) {at(f.terminating_at)}"
-    else:
-        run_part = f"dstack then failed the whole run ({reason})"
-    by_dep: dict[int | None, list[int]] = {}
-    for i, victim in enumerate(finding.victims):
-        by_dep.setdefault(victim.deployment_num, []).append(i)
-    stop_parts = []
-    for vdep, idx in by_dep.items():
-        names = [finding.victims[i].job_name for i in idx]
-        stops = [f.victim_stops[i] for i in idx]
-        since = [f.victim_since[i] for i in idx if f.victim_since[i] is not None]
-        known = [s for s in stops if s is not None]
-        when = at(min(known)) if known else "at an unrecorded time"
-        same = finding.category == "same_deployment_collateral" or (dep is not None and vdep == dep)
-        whose = "of the same deployment" if same else f"of deployment {vdep}"
-        noun = "the healthy replica" if len(names) == 1 else f"the {len(names)} healthy replicas"
-        part = f"{when} stopped {noun} {_names(names)} {whose}"
-        if since:
-            first, last = min(since), max(since)
-            served = clock.near(first, first_time)
-            if (last - first).total_seconds() > 1:
-                served += f"–{clock.near(last, first_time)}"
-            part += f", which had served since {served}"
-        stop_parts.append(part)
-    sentences.append(run_part + " and " + "; ".join(stop_parts) + ".")
-    impact = finding.impact
-    if impact and impact.recovered and impact.recovered_at:
-        same = impact.recovered_by_run_id == finding.run_id
-        sentences.append(
-            f"The service served again {at(impact.recovered_at)}"
-            + ("" if same else f" (run {(impact.recovered_by_run_id or '?')[:8]})")
-            + f", after an outage of {fmt_seconds(impact.outage_seconds)}."
-        )
-    elif impact and impact.outage_start is not None:
-        sentences.append(
-            "The service has not served since (as of "
-            f"{clock.near(impact.end_of_evidence, first_time)}, the end of the evidence)."
-        )
-    elif f.outage_end_seen:
-        sentences.append(
-            "The service did not serve again before the end of the evidence "
-            f"({clock.near(f.end_of_evidence, first_time)})."
-        )
-    elif impact is not None:
-        sentences.append("How long the service was down is not known from the evidence.")
-    if impact and impact.healthy_replica_seconds_lost:
-        sentences.append(
-            f"{_plural(impact.replicas_lost, 'healthy replica')} lost "
-            f"{fmt_seconds(impact.healthy_replica_seconds_lost)} of serving time"
-            + (
-                f", {fmt_cost(impact.lost_cost)} at the instances' prices."
-                if impact.lost_cost is not None
-                else " (price unknown)."
-            )
-        )
-    return " ".join(sentences)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -527,7 +235,7 @@ def _cover(report: Report, clock: Clock, audit: Any, tz: str | None, frames: Run
         worst = report.findings[0]
         story = (
             f'<div id="what-happened"><h2>What happened</h2><p class="narrative story">'
-            f"<b>{_e(_run_label(worst))}</b>: "
+            f"<b>{_e(run_label(worst))}</b>: "
             f"{_code_spans(narrative(audit, worst, tz=tz, frames=frames))}</p>"
             + (
                 f'<p class="muted">The worst of {len(report.findings)} findings; every one is '
@@ -590,7 +298,7 @@ def _summary(report: Report, images: _Images) -> str:
         out.append("<h4>findings, worst first</h4><nav><ol>")
         for n, f in enumerate(report.findings, 1):
             out.append(
-                f'<li><a href="#finding-{n}">{_e(_run_label(f))} (run {_e(f.run_id[:8])})</a>: '
+                f'<li><a href="#finding-{n}">{_e(run_label(f))} (run {_e(f.run_id[:8])})</a>: '
                 f'<span class="badge {_e(f.category)}">{_e(f.category)}</span> '
                 f"{_e(len(f.victims))} victim(s), outage "
                 f"{_e(fmt_duration(f.impact.outage_seconds) if f.impact else '?')}</li>"
@@ -635,10 +343,10 @@ def _finding(
     step: Any,
     frames: RunFrames,
 ) -> str:
-    clock = _facts(audit, f, tz, frames).clock
+    clock = incident_facts(audit, f, tz, frames).clock
     out = [
         f'<article class="finding" id="finding-{n}">',
-        f'<h3>{n}. {_e(_run_label(f))} <span class="muted">run {_e(f.run_id[:8])}</span> '
+        f'<h3>{n}. {_e(run_label(f))} <span class="muted">run {_e(f.run_id[:8])}</span> '
         f'<span class="badge {_e(f.category)}">{_e(f.category)}</span> '
         f'<span class="badge">{_e(f.confidence)}</span></h3>',
         f'<p class="narrative">{_code_spans(narrative(audit, f, tz=tz, frames=frames))}</p>',
@@ -670,7 +378,7 @@ def _finding(
         try:
             picture = images.add(
                 _plots().plot_run(audit, f.run_id, tz=tz),
-                f"swimlane of run {_run_label(f)}: lanes per job submission by deployment, "
+                f"swimlane of run {run_label(f)}: lanes per job submission by deployment, "
                 "status bars, healthy interval hatched, markers, serving capacity and outage",
             )
         except Exception as error:  # a picture must never cost the report
@@ -866,7 +574,7 @@ def _runs(report: Report) -> str:
             [
                 [
                     _Raw(f'<span class="badge {_e(v.verdict)}">{_e(v.verdict)}</span>'),
-                    _run_label(v),
+                    run_label(v),
                     _Raw(f"<code>{_e(v.run_id)}</code>"),
                     v.run_type,
                     (v.status or "?")
@@ -1028,7 +736,7 @@ def render_report_markdown(
         out += ["## What happened", ""]
     for n, finding in enumerate(report.findings, 1):
         out += [
-            f"### {n}. {md_text(_run_label(finding))} (run {md_text(finding.run_id[:8])}): "
+            f"### {n}. {md_text(run_label(finding))} (run {md_text(finding.run_id[:8])}): "
             f"{md_code(finding.category)} "
             f"({finding.confidence})",
             "",
@@ -1047,7 +755,7 @@ def render_report_markdown(
             except Exception:  # a picture must never cost the report
                 written[key] = ""
         if written[key]:
-            out += [f"![swimlane of {md_text(_run_label(finding))}]({written[key]})", ""]
+            out += [f"![swimlane of {md_text(run_label(finding))}]({written[key]})", ""]
     details = render_markdown(report).splitlines()
     first = next((i for i, line in enumerate(details) if line.startswith("## ")), len(details))
     details = [("#" + line if line.startswith("#") else line) for line in details[first:]]
