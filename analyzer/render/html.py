@@ -45,6 +45,11 @@ def _plots() -> ModuleType:
     return plots
 
 
+def figure_bytes(fig: Any, fmt: str = "png", *, dpi: int = IMAGE_DPI) -> bytes:
+    """A picture of the report as file bytes (plots.figure_bytes, imported when drawing)."""
+    return _plots().figure_bytes(fig, fmt, dpi=dpi)
+
+
 # ---------------------------------------------------------------------------------------------
 # HTML pieces
 
@@ -169,7 +174,7 @@ class _Images:
         self.payloads: list[str] = []
 
     def add(self, fig: Any, alt: str, *, dpi: int = IMAGE_DPI) -> str:
-        data = base64.b64encode(_plots().figure_bytes(fig, "png", dpi=dpi)).decode("ascii")
+        data = base64.b64encode(figure_bytes(fig, "png", dpi=dpi)).decode("ascii")
         self.payloads.append(f"data:image/png;base64,{data}")
         return f'<img src="@@DSTACK-AUDIT-IMAGE-{len(self.payloads) - 1}@@" alt="{_e(alt)}">'
 
@@ -703,7 +708,7 @@ def render_report_markdown(
         if image_dir is None:
             return None
         image_dir.mkdir(parents=True, exist_ok=True)
-        (image_dir / name).write_bytes(_plots().figure_bytes(fig, "png", dpi=IMAGE_DPI))
+        (image_dir / name).write_bytes(figure_bytes(fig, "png", dpi=IMAGE_DPI))
         return f"{link}/{name}" if link else name
 
     out = [
