@@ -57,6 +57,18 @@ def test_seed_story_is_on_the_dated_clock(seed_story):
     assert seed_story.terminating_at()  # the run went TERMINATING, seen in the evidence
 
 
+def test_seed_story_healthy_intervals_are_the_victims(seed_story):
+    victim = seed_story.findings[0].victims[0]
+    healthy = seed_story.healthy[victim.job_id]
+    assert healthy.since == victim.healthy_since
+    assert healthy.until == victim.terminated_at
+    assert healthy.proof == "ready_flag"  # jobs.ready = 1 (dstack >= 0.21.1)
+    culprit = seed_story.findings[0].culprits[0]
+    assert culprit.job_id not in seed_story.healthy  # it never ran
+    assert seed_story.role_of(culprit.job_id) == "culprit"
+    assert seed_story.role_of("no-such-job") == "other"
+
+
 def test_seed_story_outage_is_the_findings(seed_story):
     finding = seed_story.findings[0]
     outage = seed_story.outage(finding)

@@ -76,6 +76,18 @@ class Outage:
     recovered: bool
 
 
+@dataclass(frozen=True)
+class Healthy:
+    """When a submission served (health 'healthy', proven by `proof`): from `since` (None: not
+    recorded; `start` is then the earliest it can have been) until it stopped (None: still
+    serving at the end of the evidence)."""
+
+    since: datetime | None
+    start: datetime | None
+    until: datetime | None
+    proof: str | None
+
+
 @dataclass
 class RunStory:
     """One run as every renderer tells it: its rows, the jobs' roles, the status path of each
@@ -96,6 +108,12 @@ class RunStory:
     capacity: list[tuple[datetime, int]]  # healthy replicas over time, on the run's clock
     end_of_evidence: datetime | None
     stops: dict[str, datetime | None] = field(default_factory=dict)  # job id -> when it stopped
+    healthy: dict[str, Healthy] = field(default_factory=dict)  # job id -> its healthy interval
+
+    def role_of(self, job_id: str) -> str:
+        """'victim', 'culprit' or 'other' (a job the findings do not name)."""
+        role = self.roles.get(job_id)
+        return role.role if role else "other"
 
     @property
     def marks(self) -> dict[str, str]:
@@ -204,6 +222,16 @@ def tell(
         job["job_id"]: _first_time(job, "stopped_at", "finished_at", "last_processed_at")
         for job in submissions.iter_rows(named=True)
     }
+    healthy = {
+        job["job_id"]: Healthy(
+            since=as_utc(job.get("healthy_since")),
+            start=_first_time(job, "healthy_since", "running_at", "created_at", "submitted_at"),
+            until=as_utc(job.get("stopped_at")),
+            proof=job.get("health_proof"),
+        )
+        for job in submissions.iter_rows(named=True)
+        if job.get("health") == "healthy"
+    }
     return RunStory(
         run=run,
         verdict=verdict.verdict if verdict else None,
@@ -220,4 +248,5 @@ def tell(
         capacity=steps,
         end_of_evidence=end,
         stops=stops,
+        healthy=healthy,
     )

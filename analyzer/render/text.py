@@ -174,13 +174,13 @@ def timeline_text(
                     + " (table times)"
                 )
             out.append("      " + " -> ".join(steps))
-            if job["health"] == "healthy":
-                since = job["healthy_since"]
-                until = job["stopped_at"]
+            healthy = story.healthy.get(job["job_id"])
+            if healthy is not None:
+                since, until = healthy.since, healthy.until
                 out.append(
                     f"      healthy {when(since, date=False) if since else '(since unknown)'}"
                     f" -> {when(until, date=False) if until else 'end of evidence'}"
-                    f" (proof: {job['health_proof']})"
+                    f" (proof: {healthy.proof})"
                 )
             else:
                 proof = job["health_proof"] or "no proof either way"

@@ -13,7 +13,7 @@ import polars as pl
 
 from analyzer.contract import Finding
 from analyzer.errors import AuditInputError
-from analyzer.pipeline.story import RunStory, as_utc
+from analyzer.pipeline.story import Healthy, RunStory, as_utc
 from analyzer.render.format import (
     Clock,
     actor_name,
@@ -64,6 +64,7 @@ class RunView:
     clock: Clock
     collapsed: int
     dropped_dateless: int
+    healthy: dict[str, Healthy]
 
 
 def first_time(row: dict[str, Any], *names: str) -> datetime | None:
@@ -288,6 +289,7 @@ def run_view(audit: Any, run_id: str, clock_tz: str | None) -> RunView:
         clock=clock,
         collapsed=collapsed_total,
         dropped_dateless=story.dropped_dateless,
+        healthy=story.healthy,
     )
 
 

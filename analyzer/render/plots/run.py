@@ -27,7 +27,6 @@ from analyzer.render.format import Clock
 from analyzer.render.plots.layout import (
     Marker,
     RunView,
-    first_time,
     run_view,
     status_path,
     zoom_window,
@@ -153,11 +152,10 @@ def _draw_lanes(
                     gid=f"final-{status}",
                     linestyle="none",
                 )
-            if lane.kind == "job" and job.get("health") == "healthy":
-                since = first_time(job, "healthy_since")
-                estimated = since is None
-                since = since or first_time(job, "running_at", "created_at", "submitted_at")
-                until = first_time(job, "stopped_at") or end
+            healthy = view.healthy.get(job["job_id"]) if lane.kind == "job" else None
+            if healthy is not None:
+                estimated = healthy.since is None
+                since, until = healthy.start, healthy.until or end
                 if since is not None and until >= since:
                     x0, x1 = _num(clock, since), _num(clock, until)
                     ax.add_patch(
@@ -380,7 +378,7 @@ def _legend_handles(view: RunView) -> list[Any]:
         Patch(facecolor="none", edgecolor=HEALTHY_EDGE, hatch="////", label="healthy (serving)")
     )
     if any(
-        j.get("health") == "healthy" and j.get("healthy_since") is None
+        j["job_id"] in view.healthy and view.healthy[j["job_id"]].since is None
         for lane in view.lanes
         for j in lane.jobs
     ):
