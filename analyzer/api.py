@@ -37,7 +37,8 @@ from analyzer.pipeline.timeline import deployments, evidence_gaps, submissions
 from analyzer.progress import stage
 from analyzer.redact import RULE_SET, without_controls
 from analyzer.render import frames
-from analyzer.sources import READ_OPTIONS, ReadOptions, load_path
+from analyzer.sources import load_path
+from analyzer.sources.base import LoadContext, ReadOptions
 from analyzer.times import parse_time
 
 if TYPE_CHECKING:
@@ -341,23 +342,20 @@ def open_sources(
         raise AuditInputError(
             "audit", "no input given", "name a server.db, an export folder or a log"
         )
-    token = READ_OPTIONS.set(ReadOptions(partition=partition, since=since, project=project))
-    try:
-        labels = server_labels or {}
-        loaded = []
-        with stage("reading", total=len(given)) as step:
-            for path in given:
-                started = time.perf_counter()
-                data = load_path(path, labels.get(str(path), server))
-                loaded.append((data, labels.get(str(path))))
-                read = [i for part in data for i in part.inputs]
-                step(
-                    f"read {path} in {time.perf_counter() - started:.2f}s: "
-                    + ", ".join(f"{i.path} ({i.kind}, {i.records} records)" for i in read[:20])
-                    + (f" and {len(read) - 20} more" if len(read) > 20 else "")
-                )
-    finally:
-        READ_OPTIONS.reset(token)
+    options = ReadOptions(partition=partition, since=since, project=project)
+    labels = server_labels or {}
+    loaded = []
+    with stage("reading", total=len(given)) as step:
+        for path in given:
+            started = time.perf_counter()
+            data = load_path(path, LoadContext(labels.get(str(path), server), options))
+            loaded.append((data, labels.get(str(path))))
+            read = [i for part in data for i in part.inputs]
+            step(
+                f"read {path} in {time.perf_counter() - started:.2f}s: "
+                + ", ".join(f"{i.path} ({i.kind}, {i.records} records)" for i in read[:20])
+                + (f" and {len(read) - 20} more" if len(read) > 20 else "")
+            )
     with stage("combining and aligning clocks"):
         parts = assign_servers(loaded, server, partitioned=partition is not None)
         evidence = reconcile(combine(parts), TimeOptions(log_tz=log_tz, log_date=log_date))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
@@ -17,8 +16,8 @@ from analyzer.api import open_sources
 from analyzer.contract import Report
 from analyzer.errors import AuditInputError
 from analyzer.redact import Redactor
-from analyzer.sources import DATABASE_URL, file_facts
-from analyzer.sources.postgres import url_without_password
+from analyzer.sources.base import Verification, file_facts
+from analyzer.sources.postgres import DATABASE_URL, url_without_password
 
 MANIFEST = "manifest.json"
 REPORT = "report.json"
@@ -167,16 +166,6 @@ def _base(manifest: Manifest, folder: Path) -> Path | None:
         if base.is_dir() and all((base / s).exists() for s in local):
             return base.resolve()
     return None
-
-
-@dataclass
-class Verification:
-    same: bool = True
-    lines: list[str] = field(default_factory=list)
-
-    def differ(self, line: str) -> None:
-        self.same = False
-        self.lines.append(line)
 
 
 def verify_bundle(folder: Path) -> Verification:

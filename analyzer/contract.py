@@ -12,19 +12,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from analyzer.vocabulary import VERDICTS
+
 SCHEMA_VERSION = 2
 
 Category = Literal[
     "collateral_termination", "same_deployment_collateral", "newer_deployment_collateral"
 ]
-Verdict = Literal[
-    "collateral_termination",
-    "same_deployment_collateral",
-    "newer_deployment_collateral",
-    "no_healthy_victim",
-    "no_incident",
-    "inconclusive",
-]
+Verdict = Literal[VERDICTS]  # the names live in analyzer.vocabulary
 Confidence = Literal["confirmed", "suspected"]
 
 

@@ -17,12 +17,10 @@ import polars as pl
 
 from analyzer._version import __version__
 from analyzer.pipeline.evidence import Evidence
-from analyzer.pipeline.partition import service_buckets
+from analyzer.sources.dataset import FLEET_TABLES, FORMAT, MANIFEST
+from analyzer.sources.partition import service_buckets
 
-FORMAT = "dstack-audit-dataset"
-MANIFEST = "dataset.parquet"  # parquet, not JSON: polars reads it from any URL it supports
 TABLES = ("runs", "jobs", "events")
-FLEET_TABLES = ("fleets", "instances")  # belong to no run: bucket -1, read by every partition
 
 
 def write_dataset(evidence: Evidence, folder: Path, *, buckets: int = 16) -> dict[str, int]:
@@ -64,25 +62,3 @@ def write_dataset(evidence: Evidence, folder: Path, *, buckets: int = 16) -> dic
     manifest = evidence.redactor.apply_data(json.loads(json.dumps(manifest, default=str)))
     pl.DataFrame({"manifest": [json.dumps(manifest)]}).write_parquet(folder / MANIFEST)
     return written
-
-
-def read_manifest(location: str) -> dict | None:
-    try:
-        text = pl.read_parquet(f"{location.rstrip('/')}/{MANIFEST}")["manifest"][0]
-        manifest = json.loads(text)
-    except Exception:
-        return None
-    return manifest if manifest.get("format") == FORMAT else None
-
-
-def scan_table(location: str, table: str, partition: tuple[int, int] | None) -> pl.LazyFrame:
-    frame = pl.scan_parquet(f"{location.rstrip('/')}/{table}/**/*.parquet", hive_partitioning=True)
-    if table in FLEET_TABLES:
-        return frame.drop("bucket")
-    if partition is not None:
-        index, count = partition
-        keep = (pl.col("bucket") >= 0) & (pl.col("bucket") % count == index)
-        if index == 0:
-            keep = keep | (pl.col("bucket") < 0)  # rows of no known run: audited once, in 0
-        frame = frame.filter(keep)
-    return frame.drop("bucket")

@@ -25,7 +25,12 @@ started = time.perf_counter()
 from analyzer.errors import AuditInputError
 from analyzer.sources import load_path
 try:
-    load_path(sys.argv[2], "default")
+    from analyzer.sources.base import LoadContext
+    server = LoadContext("default")
+except ImportError:  # a checkout from before the load context
+    server = "default"
+try:
+    load_path(sys.argv[2], server)
 except AuditInputError:
     pass
 print(time.perf_counter() - started)

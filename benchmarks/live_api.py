@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from test_live_server import DstackServer  # noqa: E402
 
-from analyzer.collect import collect_into  # noqa: E402
+from analyzer.sources.collect import collect_into  # noqa: E402
 from analyzer.synth import synthesize  # noqa: E402
 
 

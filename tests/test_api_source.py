@@ -23,8 +23,11 @@ import pytest
 from conftest import CAPTURES, capture_id, expected_victims, found_victims, load_truth, truth_files
 
 from analyzer import AuditInputError, open_sources
-from analyzer.sources import load_path
-from analyzer.sources.api import EVENT_TEXT, SOURCE, classify
+from analyzer.sources import load_path, of_kind
+from analyzer.sources.api import EVENT_TEXT, KIND, classify
+from analyzer.sources.base import LoadContext
+
+SOURCE = of_kind(KIND)
 
 EXPORT_CAPTURES = [
     p
@@ -167,8 +170,8 @@ def test_api_files_met_one_by_one_give_truth(truth_path):
 def test_api_rows_equal_database_rows():
     """Same ids, same values: what lets the combine step keep one row per run, job, event."""
     capture = CAPTURES / "v0.22.5" / "multi-replica-crash"
-    (api,) = load_path(capture / "api", "s")
-    (db,) = load_path(capture / "server.db", "s")
+    (api,) = load_path(capture / "api", LoadContext("s"))
+    (db,) = load_path(capture / "server.db", LoadContext("s"))
     job_columns = [
         "run_id",
         "job_id",

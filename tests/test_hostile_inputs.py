@@ -20,7 +20,7 @@ from polars.testing import assert_frame_equal
 
 from analyzer import open_sources
 from analyzer.cli import main
-from analyzer.sources.logs import reader
+from analyzer.sources.logs import lines, reader
 from analyzer.sources.logs.reader import read_log_bytes
 
 SEED = CAPTURES / "v0.22.5" / "seed"
@@ -229,8 +229,8 @@ def test_reading_in_small_chunks_gives_what_one_read_gives(monkeypatch, log, chu
     data = log.read_bytes()
     variants = {"plain": data, "docker": _docker(data), "gzip": gzip.compress(data)}
     whole = {name: read_log_bytes(body, "x.log") for name, body in variants.items()}
-    monkeypatch.setattr(reader, "CHUNK_BYTES", chunk)
-    monkeypatch.setattr(reader, "BLOCK_BYTES", 97)
+    monkeypatch.setattr(lines, "CHUNK_BYTES", chunk)
+    monkeypatch.setattr(lines, "BLOCK_BYTES", 97)
     for name, body in variants.items():
         parts = read_log_bytes(body, "x.log")
         assert_frame_equal(parts.records, whole[name].records)
@@ -260,8 +260,8 @@ def test_any_chunk_size_keeps_every_line_accounted(monkeypatch, cuts, chunk):
             del data[at]
     whole = read_log_bytes(bytes(data), "x.log")
     with monkeypatch.context() as patch:  # undone before the next example
-        patch.setattr(reader, "CHUNK_BYTES", chunk)
-        patch.setattr(reader, "BLOCK_BYTES", 61)
+        patch.setattr(lines, "CHUNK_BYTES", chunk)
+        patch.setattr(lines, "BLOCK_BYTES", 61)
         parts = read_log_bytes(bytes(data), "x.log")
     counted = int(parts.records["line_count"].sum() or 0)
     assert counted + parts.lines_irrelevant + parts.unparsed.height == parts.lines_total

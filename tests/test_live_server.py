@@ -28,8 +28,8 @@ from conftest import CAPTURES, capture_id, expected_victims, found_victims, load
 
 from analyzer import open_sources
 from analyzer.cli import main
-from analyzer.collect import collect, collect_into
 from analyzer.errors import AuditInputError
+from analyzer.sources.collect import collect, collect_into
 
 VENV = Path(os.environ.get("DSTACK_SERVER_VENV", "/opt/dstack-server-venv"))
 DSTACK = VENV / "bin" / "dstack"

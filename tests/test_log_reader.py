@@ -16,13 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from analyzer.model import LOG_RECORDS_SCHEMA
+from analyzer.sources.logs.lines import rotated_set, split_text, split_with_csv_reader
 from analyzer.sources.logs.reader import (
     LogRead,
-    _split_text,
-    _split_with_csv_reader,
     read_log,
     read_log_bytes,
-    rotated_set,
     sniff_log,
 )
 from analyzer.synth import rich_fold
@@ -653,8 +651,8 @@ def test_line_splitting_matches_python(body: bytes) -> None:
     """The fast CSV-reader split and the fallback agree with plain Python splitting."""
     text = body.decode("utf-8", errors="replace")
     expected = [line.removesuffix("\r") for line in text.removesuffix("\n").split("\n")]
-    assert _split_text(body).to_list() == expected
-    fast = _split_with_csv_reader(body)
+    assert split_text(body).to_list() == expected
+    fast = split_with_csv_reader(body)
     if body and b"\x1f" not in body and not body.startswith((b"\xef\xbb\xbf", b"x", b"(\xb5/\xfd")):
         assert fast is not None and fast.to_list() == expected
     else:

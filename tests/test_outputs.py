@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import CAPTURES
 
-from analyzer import cli
+from analyzer.cli import audit as cli
 from analyzer.cli import main
 from analyzer.errors import AuditInputError
 from analyzer.outputs import Outputs

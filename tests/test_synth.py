@@ -1,4 +1,4 @@
-"""The synthetic fleet generator (analyzer/synth.py) against dstack 0.22.5's real output.
+"""The synthetic fleet generator (analyzer/synth/) against dstack 0.22.5's real output.
 
 Shape: a generated server.db has the captures' schema, encodings, enum values, JSON key sets
 and event messages; its logs are the captures' layouts (the writer re-renders every capture
@@ -9,8 +9,11 @@ its logs alone, finds exactly the victims of its truth.json. Determinism: same s
 from __future__ import annotations
 
 import json
+import os
 import re
 import sqlite3
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -20,16 +23,10 @@ from conftest import CAPTURES, DATA
 
 from analyzer import open_sources
 from analyzer.catalogue import EVENT_TEMPLATES, KNOWN_IRRELEVANT
-from analyzer.synth import (
-    _LOGGERS,
-    DEFAULT_MIX,
-    EPOCH,
-    LOG_FORMATS,
-    Templates,
-    _Logs,
-    rich_fold,
-    synthesize,
-)
+from analyzer.synth import Templates, rich_fold, synthesize
+from analyzer.synth.constants import _LOGGERS, DEFAULT_MIX, EPOCH, LOG_FORMATS
+from analyzer.synth.logs import _Logs
+from analyzer.synth.templates import SHIPPED, read_captures
 
 V0225 = CAPTURES / "v0.22.5"
 
@@ -392,7 +389,7 @@ def test_rich_writer_matches_the_80_column_fixture(tmp_path):
 
 @pytest.mark.parametrize("width", [40, 57, 80, 120])
 def test_rich_fold_fast_path_equals_rich(width):
-    from analyzer.synth import _fold_exact
+    from analyzer.synth.logs import _fold_exact
 
     texts = [m for _, _, m in _capture_records()] + [
         "dstack._internal.server.background.pipeline_tasks.jobs_submitted:1660 job(abcdef)"
@@ -704,3 +701,54 @@ def test_templates_come_from_the_captures():
         ]
     assert [s for _, _, s in templates.schema] == statements
     assert templates.alembic_version == "40f19bea9d2a"
+
+
+def test_shipped_templates_are_the_captures():
+    """analyzer/synth/data/templates.json is what the generator reads from tests/data's captures
+    (refresh it with analyzer.synth.templates.write_shipped(V0225) when the captures change)."""
+    shipped = json.loads(SHIPPED.read_text(encoding="utf-8"))
+    assert shipped == read_captures(V0225)
+
+
+def test_installed_templates_need_no_checkout(tmp_path, monkeypatch):
+    monkeypatch.delenv("DSTACK_AUDIT_CAPTURES", raising=False)
+    monkeypatch.chdir(tmp_path)
+    shipped, captured = Templates(), Templates(V0225)
+    assert shipped.root == SHIPPED
+    for name in ("schema", "columns", "user_keys", "project_keys", "run_service", "job_probe"):
+        assert getattr(shipped, name) == getattr(captured, name), name
+
+
+def test_synth_command_from_another_folder_is_the_library_output(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "DSTACK_AUDIT_CAPTURES"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run(
+        [sys.executable, "-m", "analyzer", "synth", "cli", "--runs", "4", "--seed", "1", "-q"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("wrote 4 runs, ")
+    synthesize(tmp_path / "library", 4, seed=1)
+    for name in ("truth.json", *(f"logs/server.{f}.log" for f in LOG_FORMATS)):
+        assert (tmp_path / "cli" / name).read_bytes() == (tmp_path / "library" / name).read_bytes()
+
+
+def test_synth_without_numpy_names_the_extra(tmp_path):
+    code = (
+        "import sys; sys.modules['numpy'] = None; "
+        "from analyzer.cli import main; main(['synth', sys.argv[1]])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "out")],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "dstack-audit: synth needs the 'synth' extra (numpy): pip install 'dstack-audit[synth]'"
+    ]
+    assert not (tmp_path / "out").exists()

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import click
 
+from analyzer.cli.options import clean_errors
+
 DATETIME_FORMATS = ["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S.%f"]
 
 
@@ -73,8 +75,6 @@ RENDERERS = {
 
 
 def register(main: click.Group) -> None:
-    from analyzer.cli import _clean_errors
-
     @main.command()
     @click.argument("sources", nargs=-1, required=True)
     @click.option(
@@ -96,7 +96,7 @@ def register(main: click.Group) -> None:
     @click.option(
         "--fail-on-exposed", is_flag=True, help="Exit 1 when any running service is exposed."
     )
-    @_clean_errors
+    @clean_errors
     def exposure(
         sources: tuple[str, ...],
         as_of: datetime | None,

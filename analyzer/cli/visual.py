@@ -12,6 +12,8 @@ from typing import Any
 
 import click
 
+from analyzer.cli.options import IsoTime, clean_errors, log_options, open_audit, ui_options
+
 PLOT_FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
 MAX_PLOTS = 20
 REPORT_FORMATS = {".html": "html", ".htm": "html", ".md": "markdown", ".markdown": "markdown"}
@@ -48,10 +50,6 @@ def register(main: click.Group) -> None:
     """Add `plot` and `report` to `main` (once)."""
     if "plot" in main.commands and "report" in main.commands:
         return
-    # imported here: analyzer.cli imports this module's register; matplotlib and the report
-    # renderers only inside the commands that draw (start-up stays light)
-    from analyzer.cli import IsoTime, _clean_errors, _log_options, _open, _ui
-    from analyzer.outputs import plan
 
     @click.command("plot")
     @click.argument("args", nargs=-1, required=True, metavar="RUN SOURCE...")
@@ -76,9 +74,9 @@ def register(main: click.Group) -> None:
         help="Plot the fleet-wide charts instead of a run (then every argument is a SOURCE).",
     )
     @click.option("--dpi", type=click.IntRange(50, 600), default=110, show_default=True)
-    @_log_options
-    @_ui
-    @_clean_errors
+    @log_options
+    @ui_options
+    @clean_errors
     def plot(
         args: tuple[str, ...],
         output: Path,
@@ -101,6 +99,7 @@ def register(main: click.Group) -> None:
         \b
         Exit status: 0 drawn, 2 unusable input, no such run or wrong usage.
         """
+        from analyzer.outputs import plan
         from analyzer.render.format import resolve_zone
         from analyzer.render.plots import figure_bytes, plot_fleet, plot_run
 
@@ -108,7 +107,7 @@ def register(main: click.Group) -> None:
         resolve_zone(tz)
         if fleet:
             outputs = plan(args, files=(output,))
-            opened = _open(args, log_tz, log_date, project=project)
+            opened = open_audit(args, log_tz, log_date, project=project)
             outputs.add_inputs(i.path for i in opened.evidence.inputs)
             fig = plot_fleet(opened.report)
         else:
@@ -116,7 +115,7 @@ def register(main: click.Group) -> None:
                 raise click.UsageError("give RUN and at least one SOURCE (or --fleet)")
             run, sources = args[0], args[1:]
             outputs = plan(sources, files=(output,))
-            opened = _open(sources, log_tz, log_date, project=project, run=run)
+            opened = open_audit(sources, log_tz, log_date, project=project, run=run)
             outputs.add_inputs(i.path for i in opened.evidence.inputs)
             fig = plot_run(opened, run, tz=tz)
         outputs.write_bytes(output, figure_bytes(fig, fmt, dpi=dpi))
@@ -162,9 +161,9 @@ def register(main: click.Group) -> None:
     @click.option(
         "--force", is_flag=True, help="Replace FILE-images/ whole even when it holds other files."
     )
-    @_log_options
-    @_ui
-    @_clean_errors
+    @log_options
+    @ui_options
+    @clean_errors
     def report(
         sources: tuple[str, ...],
         output: Path,
@@ -186,6 +185,7 @@ def register(main: click.Group) -> None:
         \b
         Exit status: 0 written, 2 unusable input or wrong usage.
         """
+        from analyzer.outputs import plan
         from analyzer.render.format import resolve_zone
         from analyzer.render.html import render_html, render_report_markdown
 
@@ -199,7 +199,7 @@ def register(main: click.Group) -> None:
         outputs = plan(sources, files=(output,))
         if fmt == "markdown":
             outputs.folder(images, force=force, replaceable=_only_images)
-        opened = _open(
+        opened = open_audit(
             sources,
             log_tz,
             log_date,

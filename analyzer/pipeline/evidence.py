@@ -20,7 +20,7 @@ from analyzer.model import (
     conform,
 )
 from analyzer.redact import Redactor
-from analyzer.sources import InputInfo, Limitation, SourceData
+from analyzer.sources.base import InputInfo, Limitation, SourceData
 
 API_ONLY_PREFIXES = ("api_", "ps_json_")
 # What the verdict reads of a run or job row (detect.py, timeline.py): two rows of one key that

@@ -33,10 +33,11 @@ from analyzer.model import (
     conform,
 )
 from analyzer.pipeline.evidence import Evidence
-from analyzer.sources import Limitation
+from analyzer.sources.attach import attach_job_runs as attach_runs
+from analyzer.sources.base import Limitation
+from analyzer.sources.clock import majority_shift, quarter_hour
 
 AMBIGUOUS_FIELDS = frozenset({"configuration.replicas", "configuration.groups"})
-QUARTER_HOUR_US = 15 * 60 * 1_000_000
 MATCH_TOLERANCE_US = 2_000_000  # log ms (or rich s) precision against the DB's microseconds
 UNALIGNED = ("log_local_unaligned", "time_of_day_only")
 
@@ -115,25 +116,17 @@ def infer_offsets(log_events: pl.DataFrame, anchors: pl.DataFrame) -> pl.DataFra
         .filter(
             pl.col("entity_id_db").str.replace_all("-", "").str.starts_with(pl.col("entity_id"))
         )
-        .with_columns((pl.col("time_db") - pl.col("time")).dt.total_microseconds().alias("diff"))
-        .with_columns(
-            ((pl.col("diff") / QUARTER_HOUR_US).round() * QUARTER_HOUR_US)
-            .cast(pl.Int64)
-            .alias("shift")
+        .select(
+            "source",
+            pl.col("seq").alias("voter"),
+            (pl.col("time_db") - pl.col("time")).dt.total_microseconds().alias("diff"),
         )
-        .filter((pl.col("diff") - pl.col("shift")).abs() <= MATCH_TOLERANCE_US)
     )
     totals = log_events.group_by("source").agg(pl.col("seq").n_unique().alias("lines"))
-    matched = pairs.group_by("source").agg(pl.col("seq").n_unique().alias("matched"))
-    return (
-        pairs.group_by(["source", "shift"])
-        .agg(pl.col("seq").n_unique().alias("agree"))
-        .sort(["source", "agree"], descending=[False, True])
-        .group_by("source", maintain_order=True)
-        .first()
-        .join(totals, on="source", how="left")
-        .join(matched, on="source", how="left")
+    shifts = majority_shift(
+        pairs, "source", early_us=MATCH_TOLERANCE_US, late_us=MATCH_TOLERANCE_US
     )
+    return shifts.join(totals, on="source", how="left")
 
 
 def _shift_label(shift_us: int, basis: str) -> str:
@@ -159,11 +152,7 @@ def _clock_jumps(evidence: Evidence) -> pl.DataFrame:
     local = pl.col("time_basis") == "log_local_unaligned"
     ordered = events.with_row_index("_i").sort("source", "seq")
     back = (pl.col("time").shift(1).over("source") - pl.col("time")).dt.total_microseconds()
-    jump = (
-        pl.when(local & (back > CLOCK_JUMP_US))
-        .then(((back / QUARTER_HOUR_US).round() * QUARTER_HOUR_US).cast(pl.Int64))
-        .otherwise(0)
-    )
+    jump = pl.when(local & (back > CLOCK_JUMP_US)).then(quarter_hour(back)).otherwise(0)
     ordered = ordered.with_columns(jump.alias("_jump")).with_columns(
         pl.col("_jump").cum_sum().over("source").alias("_shift_us")
     )
@@ -321,18 +310,9 @@ def _apply_options(events: pl.DataFrame, options: TimeOptions, evidence: Evidenc
 
 
 def attach_job_runs(evidence: Evidence) -> None:
-    """Job events that name no run (API pages, logs) get it from the job's row."""
-    missing = evidence.events.filter(pl.col("run_id").is_null() & (pl.col("entity_type") == "job"))
-    if missing.height == 0 or evidence.jobs.height == 0:
-        return
-    runs_of_jobs = evidence.jobs.select(
-        "server", pl.col("job_id").alias("entity_id"), pl.col("run_id").alias("_job_run")
-    ).unique(["server", "entity_id"])
-    evidence.events = (
-        evidence.events.join(runs_of_jobs, on=["server", "entity_id"], how="left")
-        .with_columns(pl.coalesce("run_id", "_job_run").alias("run_id"))
-        .drop("_job_run")
-    )
+    """Job events that name no run (API pages, logs) get it from the job's row of any source
+    of the same server (analyzer.sources.attach)."""
+    evidence.events = attach_runs(evidence.events, jobs=evidence.jobs)
 
 
 def resolve_ids(evidence: Evidence) -> None:

@@ -14,7 +14,7 @@ from pathlib import PurePath
 
 import polars as pl
 
-from analyzer.sources import Limitation, SourceData
+from analyzer.sources.base import Limitation, SourceData
 
 
 def _identities(part: SourceData) -> set[tuple[str, str, str]]:

@@ -1,24 +1,57 @@
-"""A canonical dataset written by `dstack-audit ingest` (local folder or any URL polars reads)."""
+"""A canonical dataset written by `dstack-audit ingest` (local folder or any URL polars reads).
+
+The layout is analyzer.dataset's (the writer): one Parquet folder per table, hive-partitioned by
+service bucket, and a one-row Parquet manifest.
+"""
 
 from __future__ import annotations
 
+import json
+import re
 from datetime import datetime
 from pathlib import Path
 
-from analyzer.dataset import MANIFEST, read_manifest, scan_table
+import polars as pl
+
 from analyzer.errors import AuditInputError
-from analyzer.sources import InputInfo, Limitation, Source, SourceData, read_options
+from analyzer.sources.base import InputInfo, InputKind, Limitation, LoadContext, SourceData
+
+DATASET_URL = re.compile(r"^(?:s3|gs|gcs|az|abfs|abfss|https?|file)://")
+FORMAT = "dstack-audit-dataset"
+MANIFEST = "dataset.parquet"  # parquet, not JSON: polars reads it from any URL it supports
+FLEET_TABLES = ("fleets", "instances")  # belong to no run: bucket -1, read by every partition
+
+
+def read_manifest(location: str) -> dict | None:
+    try:
+        text = pl.read_parquet(f"{location.rstrip('/')}/{MANIFEST}")["manifest"][0]
+        manifest = json.loads(text)
+    except Exception:
+        return None
+    return manifest if manifest.get("format") == FORMAT else None
+
+
+def scan_table(location: str, table: str, partition: tuple[int, int] | None) -> pl.LazyFrame:
+    frame = pl.scan_parquet(f"{location.rstrip('/')}/{table}/**/*.parquet", hive_partitioning=True)
+    if table in FLEET_TABLES:
+        return frame.drop("bucket")
+    if partition is not None:
+        index, count = partition
+        keep = (pl.col("bucket") >= 0) & (pl.col("bucket") % count == index)
+        if index == 0:
+            keep = keep | (pl.col("bucket") < 0)  # rows of no known run: audited once, in 0
+        frame = frame.filter(keep)
+    return frame.drop("bucket")
 
 
 def _sniff(path: Path) -> bool:
     return path.is_dir() and (path / MANIFEST).is_file() and read_manifest(str(path)) is not None
 
 
-def load_location(location: str, server: str) -> SourceData:
+def load_location(location: str, partition: tuple[int, int] | None = None) -> SourceData:
     manifest = read_manifest(location)
     if manifest is None:
         raise AuditInputError(location, "not a dstack-audit dataset (no readable dataset.parquet)")
-    partition = read_options().partition
     data = SourceData(has_tables=True)
     try:
         data.runs = scan_table(location, "runs", partition).collect()
@@ -56,8 +89,12 @@ def load_location(location: str, server: str) -> SourceData:
     return data
 
 
-def _load(path: Path, server: str) -> SourceData:
-    return load_location(str(path), server)
+def _claims(given: str) -> bool:
+    return DATASET_URL.match(given) is not None
 
 
-SOURCE = Source(kind="dataset", sniff=_sniff, load=_load)
+def _load(given: str, ctx: LoadContext) -> SourceData:
+    return load_location(given, ctx.options.partition)
+
+
+SOURCE = InputKind(kind="dataset", load=_load, sniff=_sniff, claims=_claims)

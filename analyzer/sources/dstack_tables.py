@@ -16,7 +16,8 @@ import analyzer.catalogue as catalogue
 from analyzer.errors import AuditInputError
 from analyzer.model import normalise_enum, normalise_id, parse_db_time
 from analyzer.redact import Redactor, json_secret_values
-from analyzer.sources import Limitation, SourceData
+from analyzer.sources.attach import attach_job_runs
+from analyzer.sources.base import Limitation, SourceData
 
 # Times at which the server was seen processing something (reference 3.5, 3.6: instances and
 # fleets keep being processed minutes after a run ends). Future times (remove_at, due,
@@ -330,10 +331,13 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
         version = ALEMBIC_RELEASES.get(head, f"unknown (alembic {head})")
 
     projects = _names(_read(reader, "projects"), "project")
-    users = _names(_read(reader, "users"), "user")
+    raw_users = _read(reader, "users")
+    users = _names(raw_users, "user")
 
     raw_runs = _read(reader, "runs")
-    assert raw_runs is not None
+    raw_jobs = _read(reader, "jobs")
+    assert raw_runs is not None and raw_jobs is not None
+    data.secrets = _secrets(raw_runs, raw_jobs, raw_users)  # each table read once
     runs = (
         raw_runs.lazy()
         .with_columns(
@@ -373,8 +377,8 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
     data.fleets, data.instances = _fleets(raw_fleets, server, projects)
     data.has_fleet_tables = {"fleets", "instances"} <= present
 
-    data.jobs = _jobs(reader, server, runs)
-    data.events = _events(reader, server, label, data.jobs, runs)
+    data.jobs = _jobs(reader, raw_jobs, raw_fleets, server, runs)
+    data.events = _events(reader, server, label, data.jobs, runs, users)
 
     missing_columns = [
         f"{table}.{column}"
@@ -412,7 +416,6 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
     latest = _latest_alive(reader, data, raw_fleets)
     if latest is not None:
         data.latest_time = {server: latest}
-    data.secrets = _secrets(raw_runs, _read(reader, "jobs"), _read(reader, "users"))
     return data
 
 
@@ -597,9 +600,13 @@ def _secrets(runs: pl.DataFrame, jobs: pl.DataFrame | None, users: pl.DataFrame 
     return redactor.values
 
 
-def _jobs(reader: TableReader, server: str, runs: pl.DataFrame) -> pl.DataFrame:
-    raw = _read(reader, "jobs")
-    assert raw is not None
+def _jobs(
+    reader: TableReader,
+    raw: pl.DataFrame,
+    raw_fleets: dict[str, pl.DataFrame | None],
+    server: str,
+    runs: pl.DataFrame,
+) -> pl.DataFrame:
     has_ready = "ready" in reader.columns("jobs")
     has_probes_table = "probes" in reader.tables()
 
@@ -672,8 +679,7 @@ def _jobs(reader: TableReader, server: str, runs: pl.DataFrame) -> pl.DataFrame:
             pl.lit(None, pl.Int64).alias("min_probe_streak"),
         )
 
-    instances = _read(reader, "instances")
-    fleets = _read(reader, "fleets")
+    instances, fleets = raw_fleets["instances"], raw_fleets["fleets"]
     fleet_names = (
         fleets.select(normalise_id(pl.col("id")).alias("fid"), pl.col("name").alias("fleet_name"))
         if fleets is not None
@@ -745,13 +751,17 @@ def _jobs(reader: TableReader, server: str, runs: pl.DataFrame) -> pl.DataFrame:
 
 
 def _events(
-    reader: TableReader, server: str, label: str, jobs: pl.DataFrame, runs: pl.DataFrame
+    reader: TableReader,
+    server: str,
+    label: str,
+    jobs: pl.DataFrame,
+    runs: pl.DataFrame,
+    users: pl.DataFrame,
 ) -> pl.DataFrame:
     events = _read(reader, "events")
     targets = _read(reader, "event_targets")
     if events is None or targets is None:
         return pl.DataFrame()
-    users = _names(_read(reader, "users"), "user")
     ev = events.lazy().select(
         pl.col("id").alias("event_id"),
         pl.col("id").str.to_lowercase().str.replace_all("-", "", literal=True).alias("event_uuid"),
@@ -770,15 +780,13 @@ def _events(
         pl.col("entity_name"),
         normalise_id(pl.col("entity_run_id")).alias("entity_run_id"),
     )
-    job_runs = jobs.lazy().select(pl.col("job_id"), pl.col("run_id").alias("job_run_id"))
     frame = (
         ev.join(tg.filter(pl.col("entity_type").is_in(["run", "job"])), on="event_uuid")
-        .join(job_runs, left_on="entity_id", right_on="job_id", how="left", maintain_order="left")
         .join(users.lazy(), left_on="actor_id", right_on="id", how="left", maintain_order="left")
         .with_columns(
             pl.when(pl.col("entity_type") == "run")
             .then(pl.col("entity_id"))
-            .otherwise(pl.coalesce(pl.col("entity_run_id"), pl.col("job_run_id")))
+            .otherwise(pl.col("entity_run_id"))
             .alias("run_id"),
             pl.when(pl.col("actor_id").is_null())
             .then(pl.lit("system"))
@@ -796,38 +804,4 @@ def _events(
         .with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("seq"))
     )
     parsed = catalogue.parse_event_messages(frame)
-    return _attach_orphan_runs(parsed.collect(), runs)
-
-
-def _attach_orphan_runs(events: pl.DataFrame, runs: pl.DataFrame) -> pl.DataFrame:
-    """Job events whose row was deleted (superseded no-capacity submissions, 0.20.29+) and that
-    carry no entity_run_id: attach them by name to the run of that name alive at that time."""
-    orphan_mask = pl.col("run_id").is_null() & (pl.col("entity_type") == "job")
-    orphans = events.filter(orphan_mask)
-    if orphans.is_empty():
-        return events
-    candidates = (
-        orphans.with_row_index("_row")
-        .with_columns(pl.col("entity_name").str.replace(r"-\d+-\d+$", "").alias("run_name"))
-        .join(
-            runs.select("run_id", "run_name", "submitted_at", "last_processed_at").rename(
-                {"run_id": "_cand"}
-            ),
-            on="run_name",
-        )
-        .filter(
-            (pl.col("time") >= pl.col("submitted_at"))
-            & (pl.col("time") <= pl.col("last_processed_at"))
-        )
-        .group_by("_row")
-        .agg(pl.col("_cand").unique())
-        .filter(pl.col("_cand").list.len() == 1)
-        .select("_row", pl.col("_cand").list.first())
-    )
-    fixed = (
-        orphans.with_row_index("_row")
-        .join(candidates, on="_row", how="left", maintain_order="left")
-        .with_columns(pl.col("_cand").alias("run_id"))
-        .drop("_row", "_cand")
-    )
-    return pl.concat([events.filter(~orphan_mask), fixed], how="vertical_relaxed").sort("seq")
+    return attach_job_runs(parsed.collect(), jobs=jobs, runs=runs)

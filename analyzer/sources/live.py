@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -25,11 +26,19 @@ from typing import Any
 
 import polars as pl
 
-from analyzer.collect import GENERATED_BY, MANIFEST, Server, collect_into, display_url
 from analyzer.errors import AuditInputError
-from analyzer.sources import Limitation, Source, SourceData, read_options
+from analyzer.sources.base import (
+    InputKind,
+    Limitation,
+    LoadContext,
+    SourceData,
+    Verification,
+    file_facts,
+)
+from analyzer.sources.collect import GENERATED_BY, MANIFEST, Server, collect_into, display_url
 
 KIND = "dstack-api-collection"
+LIVE_URL = re.compile(r"^(?:https?://|dstack:)")
 GIVEN_TOKEN: ContextVar[str | None] = ContextVar("dstack_token", default=None)
 
 
@@ -74,16 +83,18 @@ def _from_config(project: str | None) -> Target:
     return Target(str(entry["url"]), token, entry.get("name"))
 
 
-def target_of(given: str) -> Target:
+def target_of(given: str, project: str | None = None) -> Target:
+    """Where `given` points: its URL, token and project (`project` when it names none)."""
     if given.startswith("dstack:"):
-        return _from_config(given.removeprefix("dstack:") or read_options().project)
+        return _from_config(given.removeprefix("dstack:") or project)
     token = GIVEN_TOKEN.get() or os.environ.get("DSTACK_TOKEN")
-    return Target(given, token, read_options().project)
+    return Target(given, token, project)
 
 
-def load_server(given: str, server: str) -> SourceData:
+def load_server(given: str, ctx: LoadContext) -> SourceData:
     """Audit a live server (or, for a URL that is no dstack server, the dataset there)."""
-    target = target_of(given)
+    server = ctx.server
+    target = target_of(given, ctx.options.project)
     label = display_url(target.url)
     probe = Server(target.url, None)
     try:
@@ -96,7 +107,7 @@ def load_server(given: str, server: str) -> SourceData:
         from analyzer.sources.dataset import load_location
 
         try:
-            return load_location(given, server)
+            return load_location(given, ctx.options.partition)
         except AuditInputError:
             raise AuditInputError(
                 label,
@@ -177,8 +188,6 @@ def _sniff(path: Path) -> bool:
 
 def check_pages(folder: Path, manifest: dict[str, Any]) -> list[str]:
     """Every difference between the folder and its manifest (empty: every page as collected)."""
-    from analyzer.sources import file_facts
-
     problems = []
     listed = {}
     for page in manifest["pages"]:
@@ -201,13 +210,14 @@ def check_pages(folder: Path, manifest: dict[str, Any]) -> list[str]:
 
 def load_collection(folder: Path, server: str) -> SourceData:
     """A collected folder: the API export source reads the pages; the manifest adds the
-    server's version, the moment of collection and a check of every page's SHA-256."""
-    from analyzer.sources import api
+    server's version, the moment of collection and a check of every page's SHA-256. Every
+    file in the folder is read as a page (one collect did not write is named by the check)."""
+    from analyzer.sources import api  # pydantic models: only when a collection is read
 
     manifest = read_manifest(folder)
     if manifest is None:
         raise AuditInputError(str(folder), "not a folder written by dstack-audit collect")
-    data = api.SOURCE.load(folder, server)
+    data = api.load_folder(folder, server)
     data.server_version = manifest.get("dstack_version") or data.server_version
     server_url = manifest.get("server")
     for info in data.inputs:
@@ -246,18 +256,23 @@ def load_collection(folder: Path, server: str) -> SourceData:
     return data
 
 
-def _load(path: Path, server: str) -> SourceData:
-    return load_collection(path, server)
+def _claims(given: str) -> bool:
+    return LIVE_URL.match(given) is not None
 
 
-SOURCE = Source(kind=KIND, sniff=_sniff, load=_load)
+def _load(given: str, ctx: LoadContext) -> SourceData:
+    """A live URL claimed, or a collected folder sniffed."""
+    if _claims(given):
+        return load_server(given, ctx)
+    return load_collection(Path(given), ctx.server)
 
 
-def verify_collection(folder: Path):
+SOURCE = InputKind(kind=KIND, load=_load, sniff=_sniff, claims=_claims)
+
+
+def verify_collection(folder: Path) -> Verification:
     """`dstack-audit verify DIR` for a collected folder: every page as its manifest recorded
     it, nothing missing, nothing added (then the folder is the snapshot collect wrote)."""
-    from analyzer.bundle import Verification
-
     manifest = read_manifest(folder)
     if manifest is None:
         raise AuditInputError(str(folder), "not a folder written by dstack-audit collect")

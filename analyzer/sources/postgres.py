@@ -33,10 +33,18 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode
 import polars as pl
 
 from analyzer.errors import AuditInputError
-from analyzer.pipeline.partition import sql_service_bucket
-from analyzer.sources import InputInfo, ReadOptions, SourceData, read_options
+from analyzer.sources.base import (
+    NO_OPTIONS,
+    InputInfo,
+    InputKind,
+    LoadContext,
+    ReadOptions,
+    SourceData,
+)
 from analyzer.sources.dstack_tables import TABLE_COLUMNS, load_tables, looks_like_dstack
+from analyzer.sources.partition import sql_service_bucket
 
+DATABASE_URL = re.compile(r"^postgres(?:ql)?(?:\+\w+)?://")
 CONNECT_TIMEOUT_S = 10
 LOCK_TIMEOUT = "30s"
 ENGINES = ("adbc", "psycopg")  # the first one installed is used
@@ -351,10 +359,12 @@ def _sqlstate(error: BaseException) -> str | None:
 class PostgresReader:
     """All-text reads of the columns the audit needs, in one read-only snapshot transaction."""
 
-    def __init__(self, target: Target, engine: str | None = None) -> None:
+    def __init__(
+        self, target: Target, engine: str | None = None, options: ReadOptions = NO_OPTIONS
+    ) -> None:
         self.label = target.shown
         self.target = target
-        self._rows: dict[str, int] = {}  # table -> rows (a table read twice counts once)
+        self._rows: dict[str, int] = {}  # table -> rows read
         names = [engine] if engine else available_engines()
         if not names:
             raise AuditInputError(
@@ -387,7 +397,7 @@ class PostgresReader:
             "read the server's clock",
         )
         self.snapshot_at, self.postgres_version = facts.row(0)
-        self._filters = self._pushdown(read_options())
+        self._filters = self._pushdown(options)
 
     def _pushdown(self, options: ReadOptions) -> dict[str, str]:
         """WHERE clauses that read only the runs the audit keeps (--project, --since, a
@@ -532,10 +542,12 @@ def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def load_url(url: str, server: str, *, engine: str | None = None) -> SourceData:
+def load_url(
+    url: str, server: str, *, engine: str | None = None, options: ReadOptions = NO_OPTIONS
+) -> SourceData:
     """Audit input from a live PostgreSQL database URL (read-only, one snapshot)."""
     target = parse_url(url)
-    reader = PostgresReader(target, engine)
+    reader = PostgresReader(target, engine, options)
     try:
         if not looks_like_dstack(reader.tables()):
             raise AuditInputError(
@@ -565,3 +577,14 @@ def load_url(url: str, server: str, *, engine: str | None = None) -> SourceData:
     data.inputs.append(info)
     data.secrets.update(target.secrets)  # the password is a known value: masked wherever it shows
     return data
+
+
+def _claims(given: str) -> bool:
+    return DATABASE_URL.match(given) is not None
+
+
+def _load(given: str, ctx: LoadContext) -> SourceData:
+    return load_url(given, ctx.server, options=ctx.options)
+
+
+SOURCE = InputKind(kind="postgresql", load=_load, claims=_claims)

@@ -18,9 +18,9 @@ import polars as pl
 
 from analyzer.errors import AuditInputError
 from analyzer.model import parse_db_time
-from analyzer.pipeline.partition import service_buckets
-from analyzer.sources import ReadOptions, Source, SourceData, file_facts, read_options
+from analyzer.sources.base import InputKind, LoadContext, ReadOptions, SourceData, file_facts
 from analyzer.sources.dstack_tables import ALIVE_COLUMNS, load_tables, looks_like_dstack
+from analyzer.sources.partition import service_buckets
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 FETCH_ROWS = 50_000
@@ -230,7 +230,8 @@ def _is_wal(path: Path) -> bool:
     return len(header) == 20 and header[18] == 2 and header[19] == 2
 
 
-def _load(path: Path, server: str) -> SourceData:
+def _load(given: str, ctx: LoadContext) -> SourceData:
+    path = Path(given)
     info = file_facts(path, "sqlite")
     wal = path.with_name(path.name + "-wal")
     if _is_wal(path) or wal.exists():
@@ -242,15 +243,15 @@ def _load(path: Path, server: str) -> SourceData:
                 wal_info = file_facts(wal, "sqlite-wal")
                 wal_info.notes.append("write-ahead log read together with its database (on a copy)")
                 info.notes.append(f"read with its write-ahead log {wal.name} (on a private copy)")
-            data = _read_database(copy, path, server, info)
+            data = _read_database(copy, path, ctx, info)
             if wal.exists():
                 data.inputs.append(wal_info)
             return data
-    return _read_database(path, path, server, info)
+    return _read_database(path, path, ctx, info)
 
 
-def _read_database(path: Path, shown: Path, server: str, info) -> SourceData:
-    options = read_options()
+def _read_database(path: Path, shown: Path, ctx: LoadContext, info) -> SourceData:
+    server, options = ctx.server, ctx.options
     partition = options.partition
     reader = SqliteReader(path, label=str(shown), options=options)
     try:
@@ -278,4 +279,4 @@ def _read_database(path: Path, shown: Path, server: str, info) -> SourceData:
     return data
 
 
-SOURCE = Source(kind="sqlite", sniff=_sniff, load=_load)
+SOURCE = InputKind(kind="sqlite", load=_load, sniff=_sniff)

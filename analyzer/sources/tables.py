@@ -12,7 +12,7 @@ from pathlib import Path
 import polars as pl
 
 from analyzer.errors import AuditInputError
-from analyzer.sources import Source, SourceData, file_facts
+from analyzer.sources.base import InputKind, LoadContext, SourceData, file_facts
 from analyzer.sources.dstack_tables import TABLE_COLUMNS, load_tables, looks_like_dstack
 
 SUFFIXES = (".csv", ".parquet")
@@ -113,9 +113,9 @@ class ExportReader:
         return list(self._files.values())
 
 
-def _load(path: Path, server: str) -> SourceData:
-    reader = ExportReader(path)
-    data = load_tables(reader, server)
+def _load(given: str, ctx: LoadContext) -> SourceData:
+    reader = ExportReader(Path(given))
+    data = load_tables(reader, ctx.server)
     for file in reader.files():
         info = file_facts(file, "table-export")
         info.records = reader._frame(file.stem).height if file.stem in reader._frames else 0
@@ -127,4 +127,4 @@ def _load(path: Path, server: str) -> SourceData:
     return data
 
 
-SOURCE = Source(kind="table-export", sniff=_sniff, load=_load)
+SOURCE = InputKind(kind="table-export", load=_load, sniff=_sniff)

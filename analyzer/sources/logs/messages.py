@@ -333,7 +333,11 @@ def _attach_job_runs(events: pl.DataFrame) -> pl.DataFrame:
     job first appears (submitted, not yet finished), the job belongs to the one whose last
     job-creating event (submission, update, scaling, resubmission) came last: dstack creates
     jobs in the same pass as that event. All the job's lines then follow its id. Two runs may
-    share a name (other projects, re-submissions): their prefixes keep them apart."""
+    share a name (other projects, re-submissions): their prefixes keep them apart.
+
+    Not analyzer.sources.attach: a log has no run or job rows (no job ids of runs, no
+    submitted_at/last_processed_at), only its own lines in order, so a run's life here is the
+    sequence of its lines, and a guess among several live runs is marked ambiguous."""
     if events.height == 0:
         return events
     run_events = events.filter(pl.col("entity_type") == "run").select(

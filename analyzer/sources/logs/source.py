@@ -10,11 +10,19 @@ from pathlib import Path
 
 import polars as pl
 
-from analyzer.sources import InputInfo, Limitation, Source, SourceData, file_facts
+from analyzer.sources.base import (
+    InputInfo,
+    InputKind,
+    Limitation,
+    LoadContext,
+    SourceData,
+    file_facts,
+)
 from analyzer.sources.logs.messages import EventCollector
 from analyzer.sources.logs.reader import SNIFF_BYTES, LogStream, file_blocks, sniff_log
 
 ADMIN_TOKEN = r"The admin token is (\S+)"
+STDIN = "-"
 
 
 def _sniff(path: Path) -> bool:
@@ -42,7 +50,14 @@ def _empty_log_name(path: Path) -> bool:
     return ".log" in path.name
 
 
-def _load(path: Path, server: str) -> SourceData:
+def _load(given: str, ctx: LoadContext) -> SourceData:
+    """`-` (claimed) is standard input; anything else a log file sniffed."""
+    if given == STDIN:
+        return load_stdin(ctx.server)
+    return _load_file(Path(given), ctx.server)
+
+
+def _load_file(path: Path, server: str) -> SourceData:
     info = file_facts(path, "log")
     with path.open("rb") as handle:
         return _stream(info, file_blocks(handle), server)
@@ -129,4 +144,4 @@ def _from_read(info: InputInfo, read, facts, events: pl.DataFrame) -> SourceData
     return data
 
 
-SOURCE = Source(kind="log", sniff=_sniff, load=_load)
+SOURCE = InputKind(kind="log", load=_load, sniff=_sniff, claims=lambda given: given == STDIN)

@@ -1,0 +1,301 @@
+"""`dstack-audit audit` (the report of every run and finding) and `dstack-audit verify` (the
+bundle or collection it wrote, checked again)."""
+
+from __future__ import annotations
+
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import click
+
+from analyzer.cli.options import (
+    IsoTime,
+    clean_errors,
+    inferred_format,
+    log_options,
+    open_audit,
+    output_option,
+    parse_partition,
+    parse_server_labels,
+    screen_width,
+    time_zone,
+    token_option,
+    tz_option,
+    ui_options,
+)
+from analyzer.errors import AuditInputError
+from analyzer.vocabulary import VERDICTS
+
+AUDIT_FORMATS = ["json", "markdown", "table"]
+FORMAT_BY_SUFFIX = {".json": "json", ".md": "markdown", ".markdown": "markdown", ".txt": "table"}
+
+
+def _markdown(report: Any) -> str:
+    from analyzer.render.markdown import render_markdown
+
+    return render_markdown(report)
+
+
+RENDERERS = {  # besides "table", the terminal view (it needs the width, colour and filters)
+    "markdown": _markdown,
+    "json": lambda report: report.model_dump_json(indent=2) + "\n",
+}
+
+
+@click.command()
+@click.argument("sources", nargs=-1)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(AUDIT_FORMATS),
+    help="Output format: a readable table (default), markdown, or the JSON report contract; "
+    "without it, -o FILE's extension decides (.json, .md).",
+)
+@output_option("Write to FILE (- is standard output).")
+@click.option("--project", help="Only runs of this project.")
+@click.option("--run", help="Only runs with this name, project/name or id prefix.")
+@click.option(
+    "--since",
+    type=IsoTime(),
+    help="Only runs still active at or after this time (ISO 8601; UTC without a zone).",
+)
+@click.option(
+    "--until",
+    type=IsoTime(),
+    help="Only runs submitted at or before this time (ISO 8601; UTC without a zone).",
+)
+@click.option("--all-runs", is_flag=True, help="Table: list every run (not only the incidents).")
+@click.option("--inputs", "full_inputs", is_flag=True, help="Table: list every input, hashed.")
+@click.option(
+    "--verdict",
+    "verdicts",
+    multiple=True,
+    type=click.Choice(VERDICTS),
+    metavar="VERDICT",
+    help="Table: only runs and findings with this verdict (repeatable): "
+    + ", ".join(VERDICTS)
+    + ".",
+)
+@tz_option
+@click.option("--fail-on-findings", is_flag=True, help="Exit 1 when there is any finding.")
+@click.option(
+    "--quarantine",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write every log line that could not be parsed to FILE, as file:line<TAB>text.",
+)
+@click.option(
+    "--server-label",
+    "server_labels",
+    multiple=True,
+    metavar="NAME=SOURCE",
+    help="Name the dstack server SOURCE belongs to (repeatable): several servers in one audit "
+    "stay apart and the report summarises per server. Label every source of a server alike.",
+)
+@click.option(
+    "--partition",
+    help="I/N: audit only partition I of N (whole services; pushed down into SQLite and "
+    "ingested datasets) to split a huge audit across processes or machines.",
+)
+@click.option(
+    "--partitions",
+    type=click.IntRange(min=1),
+    help="Audit N partitions one after the other and merge them: memory bounded by the "
+    "largest partition instead of the whole input.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    help="Audit the partitions as tasks on a new local Dask cluster of N worker processes "
+    "(needs the 'cluster' extra; --partitions defaults to one per worker thread).",
+)
+@click.option(
+    "--cluster",
+    metavar="tcp://HOST:PORT",
+    help="Audit the partitions as tasks on the running Dask scheduler at this address; its "
+    "workers open the sources from the same paths or URLs.",
+)
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Treat any damage (unparsed log lines, truncated files) as unusable input: exit 2.",
+)
+@click.option(
+    "--bundle",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Also write DIR with the JSON and markdown reports and a manifest (inputs' SHA-256, "
+    "tool version, options) that `dstack-audit verify DIR` re-checks.",
+)
+@click.option("--force", is_flag=True, help="Replace a non-empty --bundle DIR whole.")
+@token_option
+@log_options
+@ui_options
+@clean_errors
+def audit(
+    sources: tuple[str, ...],
+    fmt: str | None,
+    output: Path | None,
+    project: str | None,
+    run: str | None,
+    since: datetime | None,
+    until: datetime | None,
+    all_runs: bool,
+    full_inputs: bool,
+    verdicts: tuple[str, ...],
+    tz: str | None,
+    fail_on_findings: bool,
+    quarantine: Path | None,
+    server_labels: tuple[str, ...],
+    partition: str | None,
+    partitions: int | None,
+    workers: int | None,
+    cluster: str | None,
+    strict: bool,
+    bundle: Path | None,
+    force: bool,
+    log_tz: str | None,
+    log_date: Any,
+    token: str | None,
+) -> None:
+    """Audit SOURCES and report every run's verdict and every finding.
+
+    SOURCES: dstack SQLite databases, folders of table exports, server logs (rich, standard or
+    json; plain, .gz, docker/kubectl --timestamps, journalctl -o json), or folders of these.
+
+    \b
+    Exit status: 0 audit completed, 1 with --fail-on-findings and findings,
+    2 unusable input or wrong usage.
+    """
+    from analyzer.api import audit_in_partitions
+    from analyzer.bundle import write_bundle
+    from analyzer.outputs import plan
+    from analyzer.redact import Redactor, without_controls
+    from analyzer.sources.live import LIVE_URL, use_token
+    from analyzer.terminal import colour_wanted
+
+    click.get_current_context().call_on_close(use_token(token))
+    if bundle is not None and any(LIVE_URL.match(source) for source in sources):
+        raise AuditInputError(
+            "--bundle",
+            "a live server's answers cannot be checked again later",
+            "collect them first (dstack-audit collect URL --to DIR), then audit DIR --bundle",
+        )
+    fmt = inferred_format(fmt, output, "table", FORMAT_BY_SUFFIX)
+    zone = time_zone(tz)
+
+    def render(report: Any) -> str:
+        if fmt != "table":
+            return RENDERERS[fmt](report)
+        from analyzer.render.screen import render_table
+
+        to_terminal = output is None or str(output) == "-"
+        return render_table(
+            report,
+            width=screen_width(output),
+            colour=to_terminal and colour_wanted(sys.stdout),
+            all_runs=all_runs,
+            full_inputs=full_inputs,
+            verdicts=verdicts,
+            tz=zone,
+        )
+
+    labels = parse_server_labels(server_labels)
+    sources = tuple(dict.fromkeys([*sources, *labels]))
+    outputs = plan(sources, files=(output, quarantine), folders=(bundle,), force=force)
+    options = {
+        "server_labels": labels,
+        "project": project,
+        "run": run,
+        "since": since,
+        "until": until,
+    }
+    if (partitions and partitions > 1) or workers or cluster:
+        if partition or quarantine or bundle:
+            raise AuditInputError(
+                "--partitions/--workers/--cluster",
+                "cannot be combined with --partition, --quarantine or --bundle",
+            )
+        if workers and cluster:
+            raise AuditInputError("--workers", "cannot be combined with --cluster")
+        options.update(log_tz=log_tz, log_date=log_date.date() if log_date else None)
+        if workers or cluster:
+            from analyzer.cluster import audit_on_cluster
+
+            report = audit_on_cluster(
+                sources, workers=workers, address=cluster, partitions=partitions, **options
+            )
+        else:
+            report = audit_in_partitions(sources, partitions, **options)
+        outputs.add_inputs(i.path for i in report.inputs)
+        outputs.write_text(output, without_controls(Redactor().apply(render(report))))
+        if fail_on_findings and report.findings:
+            sys.exit(1)
+        return
+    opened = open_audit(sources, log_tz, log_date, partition=parse_partition(partition), **options)
+    report = opened.report
+    outputs.add_inputs(i.path for i in report.inputs)
+    if strict:
+        damaged = [i for i in report.inputs if i.unparsed or any("truncated" in n for n in i.notes)]
+        if damaged:
+            first = damaged[0]
+            raise AuditInputError(
+                first.path,
+                f"damaged input under --strict: {first.unparsed} unparsed line(s)"
+                + (f", and {len(damaged) - 1} more damaged input(s)" if len(damaged) > 1 else ""),
+                "see --quarantine FILE for the lines, or drop --strict to audit leniently",
+            )
+    styled = fmt == "table" and (output is None or str(output) == "-")  # colour on a terminal
+    outputs.write_text(output, opened.redact(render(report), keep_styles=styled))
+    if bundle is not None:
+        options = {
+            "project": project,
+            "run": run,
+            "since": since.isoformat() if since else None,
+            "until": until.isoformat() if until else None,
+            "log_tz": log_tz,
+            "log_date": log_date.date().isoformat() if log_date else None,
+            "server_labels": labels or None,
+            "partition": parse_partition(partition),
+        }
+        markdown = opened.redact(_markdown(report))
+        with outputs.build(bundle) as folder:
+            write_bundle(folder, sources, options, report, markdown, location=bundle)
+    if quarantine is not None:
+        from analyzer.sources.logs.reader import QUARANTINE_NOT_KEPT as NOT_KEPT
+
+        lines = [
+            f"{row['file']}:{row['line']}\t{row['text'] if row['text'] is not None else NOT_KEPT}"
+            for row in opened.evidence.unparsed.iter_rows(named=True)
+        ]
+        outputs.write_text(quarantine, opened.redact("".join(line + "\n" for line in lines)))
+    if fail_on_findings and report.findings:
+        sys.exit(1)
+
+
+@click.command()
+@click.argument("bundle", type=click.Path(path_type=Path))
+@ui_options
+@clean_errors
+def verify(bundle: Path) -> None:
+    """Re-run the audit recorded in BUNDLE and confirm the same findings, or name the difference.
+
+    BUNDLE may also be a folder `dstack-audit collect` wrote: every page is checked against
+    the SHA-256 its manifest recorded.
+
+    \b
+    Exit status: 0 same inputs and same findings, 1 something differs, 2 unusable bundle.
+    """
+    from analyzer.bundle import verify_bundle
+    from analyzer.sources.live import read_manifest, verify_collection
+
+    result = verify_collection(bundle) if read_manifest(bundle) else verify_bundle(bundle)
+    for line in result.lines:
+        click.echo(line)
+    sys.exit(0 if result.same else 1)
+
+
+def register(cli: click.Group) -> None:
+    """Add `audit` and `verify` to `cli`."""
+    cli.add_command(audit)
+    cli.add_command(verify)

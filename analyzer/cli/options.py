@@ -1,0 +1,198 @@
+"""The options and helpers every command shares, as decorators (sqlite-utils' `output_options`).
+
+Only click and light base modules are imported here: `dstack-audit --help` and `--version` must
+not pay for polars, pydantic or the pipeline (issue 15); the commands import those in their bodies.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from collections.abc import Callable
+from datetime import datetime
+from functools import wraps
+from pathlib import Path
+from typing import Any
+
+import click
+
+from analyzer.errors import AuditInputError
+from analyzer.terminal import SETTINGS, reporting
+from analyzer.times import EXAMPLES, parse_time
+
+Command = Callable[..., Any]
+
+
+class IsoTime(click.ParamType):
+    """ISO 8601: 2026-11-02, 2026-11-02T09:00:00Z, ...+02:00, or the tool's own output."""
+
+    name = "TIME"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> datetime:
+        try:
+            return parse_time(value, param.name if param else "time")
+        except AuditInputError:
+            self.fail(f"{value!r} is not an ISO 8601 time ({EXAMPLES})", param, ctx)
+
+
+def ui_options(command: Command) -> Command:
+    """-q, -v and --no-color on every command; progress bars on stderr while it runs."""
+
+    @wraps(command)
+    def wrapper(*args: Any, quiet: bool, verbose: bool, no_color: bool, **kwargs: Any) -> Any:
+        SETTINGS.quiet, SETTINGS.verbose, SETTINGS.no_color = quiet, verbose, no_color
+        with reporting():
+            return command(*args, **kwargs)
+
+    wrapper = click.option(
+        "--no-color", is_flag=True, help="No colour (also when NO_COLOR is set or not a terminal)."
+    )(wrapper)
+    wrapper = click.option(
+        "-v", "--verbose", is_flag=True, help="Say what is read and how long each stage took."
+    )(wrapper)
+    return click.option(
+        "-q", "--quiet", is_flag=True, help="No progress bars and no notes on stderr."
+    )(wrapper)
+
+
+def clean_errors(command: Command) -> Command:
+    """Unusable input: one line on stderr, exit 2, never a traceback."""
+
+    @wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except AuditInputError as error:
+            _fail(f"dstack-audit: {error}")
+        except (click.exceptions.Exit, click.ClickException, SystemExit):
+            raise
+        except Exception as error:  # a bug of ours: still one line, still exit 2
+            _fail(
+                f"dstack-audit: internal error while auditing ({type(error).__name__}: "
+                f"{error}); please report it with the command line"
+            )
+
+    return wrapper
+
+
+def _fail(message: str) -> None:
+    """`message` masked and without control characters on stderr, then exit 2."""
+    from analyzer.redact import Redactor, without_controls
+
+    click.echo(without_controls(Redactor().apply(message)), err=True)
+    sys.exit(2)
+
+
+def tz_option(command: Command) -> Command:
+    return click.option(
+        "--tz", help="Show times in this zone (IANA name, e.g. Europe/Berlin); default UTC."
+    )(command)
+
+
+def log_options(command: Command) -> Command:
+    """--log-tz and --log-date: what a log alone cannot say about its own times."""
+    command = click.option(
+        "--log-tz",
+        help="The zone of the server's local log times (IANA name such as Europe/Berlin, or "
+        "+02:00), when no database in the audit lets the tool infer it.",
+    )(command)
+    command = click.option(
+        "--log-date",
+        type=click.DateTime(formats=["%Y-%m-%d"]),
+        help="The date of a rich log's first line (rich logs carry times of day only).",
+    )(command)
+    return command
+
+
+def token_option(command: Command) -> Command:
+    return click.option(
+        "--token",
+        help="A dstack user token for a server URL (prefer DSTACK_TOKEN: a command line is "
+        "visible to other users). Never printed or stored.",
+    )(command)
+
+
+def target_option(help: str) -> Callable[[Command], Command]:
+    """--to DIR, the new folder ingest and collect write (it appears only once complete)."""
+    return click.option(
+        "--to",
+        "target",
+        required=True,
+        type=click.Path(file_okay=False, path_type=Path),
+        help=help,
+    )
+
+
+def output_option(help: str) -> Callable[[Command], Command]:
+    """-o/--output FILE, - for standard output."""
+    return click.option(
+        "--output",
+        "-o",
+        type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
+        help=help,
+    )
+
+
+def open_audit(sources: tuple[str, ...], log_tz: str | None, log_date: Any, **options: Any):
+    """The library's `open_sources` with the shared log options applied."""
+    from analyzer.api import open_sources
+
+    return open_sources(
+        sources, log_tz=log_tz, log_date=log_date.date() if log_date else None, **options
+    )
+
+
+def time_zone(tz: str | None):
+    """--tz as a ZoneInfo (None for UTC)."""
+    if not tz:
+        return None
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    try:
+        return ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise AuditInputError("--tz", f"unknown time zone {tz!r}", "e.g. Europe/Berlin") from None
+
+
+def screen_width(output: Path | None) -> int:
+    """The terminal's width when printing to one; COLUMNS or 100 otherwise."""
+    if output is None or str(output) == "-":
+        if sys.stdout.isatty():
+            return shutil.get_terminal_size().columns
+        if os.environ.get("COLUMNS", "").isdigit():
+            return int(os.environ["COLUMNS"])
+    return 100
+
+
+def inferred_format(fmt: str | None, output: Path | None, default: str, known) -> str:
+    """--format when given, else the output file's extension, else `default`."""
+    if fmt:
+        return fmt
+    if output is not None and str(output) != "-":
+        return known.get(output.suffix.lower(), default)
+    return default
+
+
+def parse_server_labels(pairs: tuple[str, ...]) -> dict[str, str]:
+    """--server-label NAME=SOURCE pairs as {source: name}."""
+    labels = {}
+    for pair in pairs:
+        name, _, source = pair.partition("=")
+        if not name or not source:
+            raise AuditInputError(
+                "--server-label", f"{pair!r} is not NAME=SOURCE", "e.g. prod=prod.db"
+            )
+        labels[source] = name
+    return labels
+
+
+def parse_partition(text: str | None) -> tuple[int, int] | None:
+    """--partition I/N as (I, N)."""
+    if not text:
+        return None
+    match = re.fullmatch(r"(\d+)/(\d+)", text.strip())
+    if not match or int(match.group(1)) >= int(match.group(2)):
+        raise AuditInputError("--partition", f"{text!r} is not I/N with 0 <= I < N", "e.g. 0/4")
+    return int(match.group(1)), int(match.group(2))

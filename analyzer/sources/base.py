@@ -1,0 +1,165 @@
+"""What every source shares: the facts it returns (SourceData), how it is asked (LoadContext),
+and the shape of a source (the Source protocol the registry holds a list of).
+
+The registry (analyzer.sources) imports every source; sources import only this module and their
+siblings, never the registry, so nothing in the layer goes round in a circle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Protocol
+
+import polars as pl
+
+from analyzer.model import (
+    EVENTS_SCHEMA,
+    FLEETS_SCHEMA,
+    INSTANCES_SCHEMA,
+    JOBS_SCHEMA,
+    RUNS_SCHEMA,
+    conform,
+    empty_frame,
+)
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """What a source may push down into its reads (the audit filters again regardless)."""
+
+    partition: tuple[int, int] | None = None  # (index, count): buckets with b % count == index
+    since: datetime | None = None
+    project: str | None = None
+
+
+NO_OPTIONS = ReadOptions()
+
+
+@dataclass(frozen=True)
+class LoadContext:
+    """How one input is read: the server it is labelled as, and the read options a source may
+    push down (passed along, never held in a global, so concurrent audits cannot mix them)."""
+
+    server: str
+    options: ReadOptions = NO_OPTIONS
+
+
+@dataclass
+class InputInfo:
+    """Chain-of-custody facts about one input as it was read."""
+
+    path: str
+    kind: str
+    sha256: str | None
+    size: int | None
+    mtime: float | None
+    records: int = 0
+    unparsed: int = 0
+    server_version: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Limitation:
+    code: str
+    message: str
+    source: str
+
+
+_EMPTY: dict[str, pl.DataFrame] = {}
+
+
+def _empty(name: str, schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    """One shared empty frame per table: polars frames are immutable, and building one costs
+    milliseconds, which a folder of thousands of unrecognised files would pay per file."""
+    if name not in _EMPTY:
+        _EMPTY[name] = empty_frame(schema)
+    return _EMPTY[name]
+
+
+@dataclass
+class SourceData:
+    """What one input contributes to the canonical model."""
+
+    runs: pl.DataFrame = field(default_factory=lambda: _empty("runs", RUNS_SCHEMA))
+    jobs: pl.DataFrame = field(default_factory=lambda: _empty("jobs", JOBS_SCHEMA))
+    events: pl.DataFrame = field(default_factory=lambda: _empty("events", EVENTS_SCHEMA))
+    fleets: pl.DataFrame = field(default_factory=lambda: _empty("fleets", FLEETS_SCHEMA))
+    instances: pl.DataFrame = field(default_factory=lambda: _empty("instances", INSTANCES_SCHEMA))
+    has_fleet_tables: bool = False  # holds the fleets and instances tables (may be empty)
+    inputs: list[InputInfo] = field(default_factory=list)
+    limitations: list[Limitation] = field(default_factory=list)
+    has_tables: bool = False  # holds runs/jobs rows (a database or its exports)
+    server_version: str | None = None
+    log_reads: list = field(default_factory=list)  # (LogRead, LogFacts) of each log read
+    secrets: set[str] = field(default_factory=set)  # values never to show (see redact.py)
+    events_table_of: set[str] = field(default_factory=set)  # servers whose events table it holds
+    # per server: the latest moment the whole input shows it alive (beyond a partition)
+    latest_time: dict[str, datetime] = field(default_factory=dict)
+
+    def conformed(self) -> SourceData:
+        self.runs = conform(self.runs, RUNS_SCHEMA).collect()
+        self.jobs = conform(self.jobs, JOBS_SCHEMA).collect()
+        self.events = conform(self.events, EVENTS_SCHEMA).collect()
+        self.fleets = conform(self.fleets, FLEETS_SCHEMA).collect()
+        self.instances = conform(self.instances, INSTANCES_SCHEMA).collect()
+        return self
+
+
+class Source(Protocol):
+    """One kind of input. `claims` takes what is not a path (a URL, `-`); `sniff` recognises a
+    path by its content, never its name; `load` reads what either accepted."""
+
+    kind: str
+
+    def claims(self, given: str) -> bool: ...
+
+    def sniff(self, path: Path) -> bool: ...
+
+    def load(self, given: str, ctx: LoadContext) -> SourceData: ...
+
+
+def _no_path(path: Path) -> bool:
+    return False
+
+
+def _no_text(given: str) -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class InputKind:
+    """A Source made of functions: a file format sniffs, a URL scheme claims."""
+
+    kind: str
+    load: Callable[[str, LoadContext], SourceData]
+    sniff: Callable[[Path], bool] = _no_path
+    claims: Callable[[str], bool] = _no_text
+
+
+@dataclass
+class Verification:
+    """What `dstack-audit verify` found: same until a difference is recorded, one line each."""
+
+    same: bool = True
+    lines: list[str] = field(default_factory=list)
+
+    def differ(self, line: str) -> None:
+        self.same = False
+        self.lines.append(line)
+
+
+def file_facts(path: Path, kind: str) -> InputInfo:
+    """Hash and stat a file without changing it (read-only, streamed)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    stat = path.stat()
+    return InputInfo(
+        path=str(path), kind=kind, sha256=digest.hexdigest(), size=stat.st_size, mtime=stat.st_mtime
+    )

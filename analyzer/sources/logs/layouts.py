@@ -1,0 +1,456 @@
+"""dstack's three log layouts (rich, standard, json) recognised line by line and folded into
+records, in columns: what a line is (a record's start, a continuation, the logo, unparsed) and
+the record it belongs to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import time
+
+import polars as pl
+
+from analyzer.model import LOG_RECORDS_SCHEMA, conform
+
+_LEVELS = "DEBUG|INFO|WARNING|ERROR|CRITICAL"
+
+
+# standard: %(levelname)s %(asctime)s.%(msecs)03d %(name)s %(message)s (reference 9.2); the
+# message is sliced off after the match.
+_STD_RE = (
+    rf"^(?P<std_level>{_LEVELS}) "
+    r"(?P<std_ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}) (?P<std_logger>\S+)(?: |$)"
+)
+
+
+# rich: 10-char time column (or 10 spaces when the time repeats), space, 8-char level, space.
+_RICH_RE = (
+    r"^(?:\[(?P<r_time>\d\d:\d\d:\d\d)\]| {10}) "
+    r"(?P<r_level>DEBUG   |INFO    |WARNING |ERROR   |CRITICAL)(?: |$)"
+)
+
+
+_RICH_LOGGER_RE = r"(?s)^(?P<rl_logger>[A-Za-z_][\w.]*):\d+(?:\s(?P<rl_msg>.*))?$"
+
+
+_RICH_INDENT = 20  # time (10) + space + level (8) + space
+
+
+_ANSI_RE = r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]"
+
+
+# A line that cannot be a traceback or message continuation: control bytes (NUL, binary
+# junk) or the beginning of a record that did not parse (a line cut while being written).
+_SUSPECT_RE = (
+    r"[\x00-\x08\x0b-\x1f\x7f]"
+    rf"|^(?:(?:{_LEVELS}) -?\d|\{{\s*\"|\[\d\d:\d\d| {{10}} (?:{_LEVELS}) )"
+)
+
+
+# Lines that open a part of a Python traceback (used to restore newlines in folded rich text).
+_TRACEBACK_PART_RE = (
+    r"^(?:Traceback \(most recent call last\):|During handling of the above exception|"
+    r"The above exception was the direct cause|"
+    r"[A-Za-z_][\w.]*(?:Error|Exception|Warning|Exit|Interrupt|Group)\b(?::|$))"
+)
+
+
+_LONE_SURROGATE_RE = r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}"
+
+
+STARTUP_RE = (
+    r"^(?:The admin token is|The dstack server|The server is running|Applying |"
+    r"Initializing the default configuration|Initialized the default configuration|"
+    r"Configured the )"
+)
+
+
+# The start-up logo is printed with console.print, outside logging, in every format
+# (src/dstack/_internal/server/app.py _print_dstack_logo): box-drawing art up to 0.20.6,
+# ASCII art from 0.20.7. Compared after trailing whitespace is removed.
+LOGO_LINES = (
+    "╱╱╭╮╱╱╭╮╱╱╱╱╱╱╭╮",
+    "╱╱┃┃╱╭╯╰╮╱╱╱╱╱┃┃",
+    "╭━╯┣━┻╮╭╋━━┳━━┫┃╭╮",
+    "┃╭╮┃━━┫┃┃╭╮┃╭━┫╰╯╯",
+    "┃╰╯┣━━┃╰┫╭╮┃╰━┫╭╮╮",
+    "╰━━┻━━┻━┻╯╰┻━━┻╯╰╯",
+    "╭━━┳━━┳━┳╮╭┳━━┳━╮",
+    "┃━━┫┃━┫╭┫╰╯┃┃━┫╭╯",
+    "┣━━┃┃━┫┃╰╮╭┫┃━┫┃",
+    "╰━━┻━━┻╯╱╰╯╰━━┻╯",
+    "     _     _             _",
+    "  __| |___| |_ __ _  ___| | __  ___  ___ _ ____   _____ _ __",
+    r" / _` / __| __/ _` |/ __| |/ / / __|/ _ \ '__\ \ / / _ \ '__|",
+    r"| (_| \__ \ || (_| | (__|   <  \__ \  __/ |   \ V /  __/ |",
+    r" \__,_|___/\__\__,_|\___|_|\_\ |___/\___|_|    \_/ \___|_|",
+)
+
+
+_MAX_CLOCK_NOTES = 10
+
+
+_ROLLOVER_STEP = 3600  # seconds: a rich time going back further than this is the next day
+
+
+def in_range(time: pl.Expr) -> pl.Expr:
+    """A parsed time, or null when its year is outside 1-9999 (``0000-...``, ``-001-...``):
+    such a line is no record (it is quarantined), since no report could show its time."""
+    return pl.when(time.dt.year().is_between(1, 9999)).then(time)
+
+
+# ---------------------------------------------------------------------------------------------
+# classification and records
+
+
+@dataclass
+class RichClock:
+    """What a rich log's time carries from one chunk to the next."""
+
+    tod: time | None = None  # the last printed time of day
+    day: int = 0  # day roll-overs so far
+    backwards: list[int] = field(default_factory=list)  # first lines where the clock went back
+    backwards_total: int = 0
+
+
+def classify_lines(frame: pl.DataFrame) -> pl.DataFrame:
+    """Per line: which format starts a record here, and whether the line belongs to one.
+
+    Sequence rules use global running sums instead of per-record windows: a record's lines are
+    contiguous, so "a bad line since this record started" is the running count of bad lines
+    minus its value at the record start.
+    """
+    content = pl.col("content")
+    if frame.height and bool(frame["content"].str.contains("\x1b", literal=True).any()):
+        frame = frame.with_columns(content.str.replace_all(_ANSI_RE, ""))
+    frame = frame.with_columns(
+        content.str.extract_groups(_STD_RE).alias("s"),
+        content.str.extract_groups(_RICH_RE).alias("r"),
+        blank=(content.str.strip_chars() == "").fill_null(False),
+        logo=content.str.strip_chars_end().is_in(LOGO_LINES).fill_null(False),
+    ).unnest("s", "r")
+    frame = _json_fields(frame)
+    head_len = (
+        pl.col("std_level").str.len_chars()
+        + pl.col("std_ts").str.len_chars()
+        + pl.col("std_logger").str.len_chars()
+        + 2
+    )
+    frame = frame.with_columns(
+        std_time=in_range(
+            pl.col("std_ts").str.to_datetime("%Y-%m-%dT%H:%M:%S%.3f", time_unit="ms", strict=False)
+        ),
+        # the message is what follows "LEVEL time logger " (sliced, cheaper than a capture)
+        std_msg=content.str.slice(head_len).str.strip_prefix(" "),
+        json_time=in_range(
+            pl.col("j_ts")
+            .str.replace(",", ".", literal=True)
+            .str.to_datetime("%Y-%m-%d %H:%M:%S%.3f", time_unit="ms", strict=False)
+        ),
+        rich_tod=pl.col("r_time").str.to_time("%H:%M:%S", strict=False),
+    )
+    is_std = pl.col("std_time").is_not_null()
+    is_json = (
+        pl.col("json_time").is_not_null()
+        & pl.col("j_level").is_not_null()
+        & pl.col("j_msg").is_not_null()
+    )
+    is_rich = pl.col("r_level").is_not_null() & (
+        pl.col("r_time").is_null() | pl.col("rich_tod").is_not_null()
+    )
+    frame = frame.with_columns(
+        fmt=pl.when(is_std)
+        .then(pl.lit("standard"))
+        .when(is_json)
+        .then(pl.lit("json"))
+        .when(is_rich)
+        .then(pl.lit("rich"))
+    )
+    start = pl.col("fmt").is_not_null()
+    frame = frame.with_columns(
+        start=start,
+        rec_id=start.cast(pl.Int64).cum_sum(),
+        rec_fmt=pl.col("fmt").forward_fill(),
+    )
+    accept = (
+        pl.when(pl.col("rec_fmt") == "rich")
+        .then(content.str.starts_with(" " * _RICH_INDENT) & ~pl.col("blank"))
+        .when(pl.col("rec_fmt") == "standard")
+        .then(~pl.col("blank") & ~pl.col("logo") & ~content.str.contains(_SUSPECT_RE))
+        .otherwise(pl.lit(False))
+        .fill_null(False)
+    )
+    bad = (~pl.col("start") & ~accept & ~pl.col("blank")).cast(pl.Int64).cum_sum()
+    bad_at_start = pl.when(pl.col("start")).then(bad).forward_fill()
+    frame = frame.with_columns(
+        accept=accept,
+        broken=((bad - bad_at_start) > 0).fill_null(True),
+    )
+    frame = frame.with_columns(
+        cont=~pl.col("start") & pl.col("accept") & ~pl.col("broken") & (pl.col("rec_id") > 0)
+    )
+    # a blank line belongs to its record when a continuation of the same record follows it
+    next_is_cont = (
+        pl.when(pl.col("cont")).then(pl.lit(True)).when(pl.col("start")).then(pl.lit(False))
+    ).backward_fill()
+    blank_in = pl.col("blank") & ~pl.col("broken") & next_is_cont.fill_null(False)
+    in_record = pl.col("start") | pl.col("cont") | blank_in
+    return frame.with_columns(
+        kind=pl.when(in_record)
+        .then(pl.lit("record"))
+        .when(pl.col("blank") | pl.col("logo"))
+        .then(pl.lit("irrelevant"))
+        .otherwise(pl.lit("unparsed"))
+    )
+
+
+def _json_fields(frame: pl.DataFrame) -> pl.DataFrame:
+    """python-json-logger fields of lines that start with ``{`` (others get nulls).
+
+    The message goes through a JSON parser (``json_path_match``, null when the line is not
+    valid JSON, so it also validates the line); timestamp, level and logger never need escapes
+    and come from a regex anchored at a key position; exc_info and stack_info are parsed only on
+    the few lines that carry them.
+    """
+    names = ("j_ts", "j_level", "j_logger", "j_msg", "j_exc", "j_stack")
+    candidates = frame.filter(pl.col("content").str.starts_with("{")).select("line", "content")
+    if candidates.height == 0:
+        return frame.with_columns([pl.lit(None, pl.String).alias(name) for name in names])
+    content = pl.col("content")
+
+    def plain(key: str) -> pl.Expr:
+        return content.str.extract(rf'[{{,]\s*"{key}"\s*:\s*"([^"\\]*)"', 1)
+
+    candidates = candidates.with_columns(
+        j_ts=plain("timestamp"),
+        j_level=plain("level"),
+        j_logger=plain("logger"),
+        j_msg=content.str.json_path_match("$.message"),
+    )
+    # A lone surrogate escape (\ud800) makes the whole object unreadable: retry those lines
+    # with the escape replaced by U+FFFD.
+    retry = pl.col("j_msg").is_null() & content.str.contains(_LONE_SURROGATE_RE)
+    if bool(candidates.select(retry.any()).item()):
+        patched = content.str.replace_all(_LONE_SURROGATE_RE, r"\\ufffd")
+        candidates = candidates.with_columns(
+            j_msg=pl.when(retry).then(patched.str.json_path_match("$.message")).otherwise("j_msg")
+        )
+    for name, key in (("j_exc", "exc_info"), ("j_stack", "stack_info")):
+        has_key = content.str.contains(f'"{key}"', literal=True)
+        subset = candidates.filter(has_key & pl.col("j_msg").is_not_null())
+        if subset.height:
+            values = subset.select("line", content.str.json_path_match(f"$.{key}").alias(name))
+            candidates = candidates.join(values, on="line", how="left", maintain_order="left")
+        else:
+            candidates = candidates.with_columns(pl.lit(None, pl.String).alias(name))
+    return frame.join(candidates.drop("content"), on="line", how="left", maintain_order="left")
+
+
+def _rich_pieces(frame: pl.DataFrame, width: int) -> pl.DataFrame:
+    """Message-column text of each rich line and the separator that re-joins it.
+
+    rich (rich/_wrap.py divide_line) breaks a line at a space and drops that space when it
+    falls beyond the width, and cuts a token longer than the whole column anywhere (the token
+    then fills whole lines alone). Hard newlines of the message start new lines too. So, with
+    W the message-column width and P the previous line of the record:
+    - the line is blank or indented beyond column 20 -> a hard newline ("\\n");
+    - P is a record's first line holding exactly ``logger:lineno`` at full width and this line
+      does not go on with digits -> the path token fitted exactly and the space after it was
+      dropped (" "); (a folded path would go on with the rest of the line number);
+    - P fills W and is one token without spaces -> the fold of an over-long token ("");
+    - P fills W otherwise -> a wrap whose space was dropped (" ");
+    - the line opens a traceback part (``Traceback (most recent call last):``, ``XError: ...``,
+      the chained-exception sentences) -> a hard newline ("\\n");
+    - this line's first word would have fitted after P -> rich did not wrap here, the message
+      had a newline ("\\n");
+    - otherwise a wrap at a space (" ").
+    Only whitespace can come out different from the original message: a word of exactly W
+    characters alone on a line (taken as a fold), or runs of several spaces at a wrap.
+    """
+    column = max(width - _RICH_INDENT, 1)
+    text = pl.col("content").str.slice(_RICH_INDENT)
+    frame = frame.with_columns(vis=text.str.strip_chars_end())
+    vis = pl.col("vis")
+    body = vis.str.strip_chars_start()
+    frame = frame.with_columns(
+        vis_len=vis.str.len_chars().cast(pl.Int64),
+        lead=(vis.str.len_chars() - body.str.len_chars()).cast(pl.Int64),
+        has_space=body.str.contains(" ", literal=True),
+        first_word=body.str.extract(r"^(\S*)", 1).str.len_chars().cast(pl.Int64),
+        path_only=pl.col("start") & vis.str.contains(r"^[A-Za-z_][\w.]*:\d+$"),
+        digit_first=vis.str.contains(r"^\d"),
+        traceback_part=vis.str.contains(_TRACEBACK_PART_RE),
+    )
+    # rows are the record lines in file order; a start ignores its predecessor
+    prev_len = pl.col("vis_len").shift(1)
+    prev_space = pl.col("has_space").shift(1)
+    prev_path_only = pl.col("path_only").shift(1)
+    separator = (
+        pl.when(pl.col("start"))
+        .then(pl.lit(""))
+        .when((pl.col("vis_len") == 0) | (pl.col("lead") > 0))
+        .then(pl.lit("\n"))
+        .when((prev_len >= column) & prev_path_only & ~pl.col("digit_first"))
+        .then(pl.lit(" "))
+        .when((prev_len >= column) & ~prev_space)
+        .then(pl.lit(""))
+        .when(prev_len >= column)
+        .then(pl.lit(" "))
+        .when(pl.col("traceback_part"))
+        .then(pl.lit("\n"))
+        .when(prev_len + 1 + pl.col("first_word") <= column)
+        .then(pl.lit("\n"))
+        .otherwise(pl.lit(" "))
+    )
+    return frame.with_columns(piece=separator + vis)
+
+
+def fold_records(
+    frame: pl.DataFrame,
+    display_path: str,
+    wrapper: str | None,
+    clock: RichClock,
+    rich_width: int | None,
+) -> pl.DataFrame:
+    """One row per record: the start line's fields, the stitched message, the line count and,
+    for rich, the time carried forward (from ``clock`` across chunks) and the day roll-overs."""
+    rows = frame.filter(pl.col("kind") == "record")
+    if rows.height == 0:
+        return pl.DataFrame(schema=LOG_RECORDS_SCHEMA)
+
+    rich_rows = rows.filter(pl.col("rec_fmt") == "rich")
+    if rich_rows.height:
+        rich_rows = _rich_pieces(rich_rows, rich_width or 0).select("line", "piece")
+
+    json_message = pl.col("j_msg")
+    for extra in ("j_exc", "j_stack"):
+        json_message = (
+            pl.when(pl.col(extra).is_not_null())
+            .then(pl.concat_str([json_message, pl.lit("\n"), pl.col(extra)]))
+            .otherwise(json_message)
+        )
+    piece = (
+        pl.when(pl.col("rec_fmt") == "json")
+        .then(json_message)
+        .when(pl.col("start"))
+        .then(pl.col("std_msg").fill_null(""))
+        .otherwise(pl.lit("\n") + pl.col("content"))
+    )
+    rows = rows.with_columns(piece=piece)
+    if rich_rows.height:
+        rows = rows.join(
+            rich_rows.rename({"piece": "rich_piece"}), on="line", how="left", maintain_order="left"
+        ).with_columns(
+            piece=pl.when(pl.col("rec_fmt") == "rich")
+            .then(pl.col("rich_piece"))
+            .otherwise(pl.col("piece"))
+        )
+
+    start_fields = (
+        "rec_id",
+        "line",
+        "fmt",
+        "std_level",
+        "std_logger",
+        "std_time",
+        "j_level",
+        "j_logger",
+        "json_time",
+        "r_level",
+        "rich_tod",
+        "wrapper_time",
+        "wrapped",
+    )
+    grouped = rows.filter(pl.col("start")).select(
+        *start_fields, pl.col("piece").alias("message"), pl.lit(1, pl.Int64).alias("line_count")
+    )
+    # Only records with more than one line need stitching: group those rows (record rows are
+    # contiguous, so a start followed by a row of the same record opens a multi-line one).
+    multi = ~pl.col("start") | (pl.col("rec_id").shift(-1) == pl.col("rec_id")).fill_null(False)
+    stitched = (
+        rows.filter(multi)
+        .group_by("rec_id", maintain_order=True)
+        .agg(
+            pl.len().cast(pl.Int64).alias("n_lines"),
+            pl.col("piece").str.join("").alias("joined"),
+        )
+    )
+    if stitched.height:
+        grouped = grouped.join(
+            stitched, on="rec_id", how="left", maintain_order="left"
+        ).with_columns(
+            message=pl.coalesce("joined", "message"),
+            line_count=pl.coalesce("n_lines", "line_count"),
+        )
+    is_rich = pl.col("fmt") == "rich"
+    grouped = grouped.with_columns(
+        pl.when(is_rich).then(pl.col("message").str.extract_groups(_RICH_LOGGER_RE)).alias("rl")
+    ).unnest("rl")
+
+    # rich: carry the last printed time forward; a step back of more than an hour is the
+    # next day, a smaller one a clock problem worth a note.
+    tod = pl.when(is_rich).then(pl.col("rich_tod")).forward_fill().over("fmt")
+    if clock.tod is not None:
+        tod = pl.when(is_rich).then(tod.fill_null(pl.lit(clock.tod, pl.Time)))
+    grouped = grouped.with_columns(tod=tod)
+    seconds = (
+        pl.col("tod").dt.hour().cast(pl.Int64) * 3600
+        + pl.col("tod").dt.minute().cast(pl.Int64) * 60
+        + pl.col("tod").dt.second().cast(pl.Int64)
+    )
+    before = (
+        None
+        if clock.tod is None
+        else clock.tod.hour * 3600 + clock.tod.minute * 60 + clock.tod.second
+    )
+    step = (seconds - seconds.shift(1, fill_value=before)).over("fmt")
+    grouped = grouped.with_columns(
+        rollover=(is_rich & (step < -_ROLLOVER_STEP)).fill_null(False),
+        backwards=(is_rich & (step < 0) & (step >= -_ROLLOVER_STEP)).fill_null(False),
+    )
+    back_lines = grouped.filter(pl.col("backwards"))["line"]
+    room = _MAX_CLOCK_NOTES - len(clock.backwards)
+    clock.backwards.extend(back_lines.head(max(room, 0)).to_list())
+    clock.backwards_total += back_lines.len()
+
+    local_time = (
+        pl.when(pl.col("fmt") == "standard")
+        .then(pl.col("std_time"))
+        .when(pl.col("fmt") == "json")
+        .then(pl.col("json_time"))
+    )
+    records = grouped.select(
+        pl.lit(display_path, pl.String).alias("file"),
+        "line",
+        "line_count",
+        pl.col("fmt").alias("format"),
+        pl.when(pl.col("wrapped")).then(pl.lit(wrapper, pl.String)).alias("wrapper"),
+        local_time.alias("local_time"),
+        pl.when(is_rich).then(pl.col("tod")).otherwise(local_time.dt.time()).alias("time_of_day"),
+        pl.when(is_rich)
+        .then(pl.col("rollover").cast(pl.Int64).cum_sum().over("fmt") + clock.day)
+        .alias("day_offset"),
+        "wrapper_time",
+        pl.when(pl.col("fmt") == "standard")
+        .then(pl.col("std_level"))
+        .when(pl.col("fmt") == "json")
+        .then(pl.col("j_level"))
+        .otherwise(pl.col("r_level").str.strip_chars_end())
+        .alias("level"),
+        pl.when(pl.col("fmt") == "standard")
+        .then(pl.col("std_logger"))
+        .when(pl.col("fmt") == "json")
+        .then(pl.col("j_logger"))
+        .otherwise(pl.col("rl_logger"))
+        .alias("logger"),
+        pl.when(is_rich & pl.col("rl_logger").is_not_null())
+        .then(pl.col("rl_msg").fill_null(""))
+        .otherwise(pl.col("message"))
+        .alias("message"),
+    )
+    records = conform(records, LOG_RECORDS_SCHEMA).collect()
+    rich = records.filter(pl.col("format") == "rich")
+    if rich.height:
+        clock.tod = rich["time_of_day"][-1]
+        clock.day = int(rich["day_offset"][-1])
+    return records

@@ -1,0 +1,252 @@
+"""From bytes to lines: blocks read, gzip and encodings undone, whole lines in bounded chunks.
+
+A line longer than MAX_LINE_BYTES is never held: it becomes a stand-in that opens with OVERLONG,
+counted and quarantined by its place.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+import polars as pl
+
+SNIFF_BYTES = 64 * 1024
+
+
+# Reading streams: blocks of BLOCK_BYTES (compressed or plain) become chunks of about
+# CHUNK_BYTES of whole lines, each parsed in columns and reduced before the next is read, so
+# memory follows the chunk, not the log. A line longer than MAX_LINE_BYTES is never held: it is
+# counted and quarantined by its place. 1 MiB is far above any line dstack writes (its longest
+# are tracebacks and job specs of a few KiB; journald stores at most 48 KiB per line by default,
+# docker splits its json-file lines at 16 KiB) and small beside a chunk, so a hostile line
+# cannot grow memory.
+BLOCK_BYTES = 256 * 1024
+
+
+CHUNK_BYTES = 8 * 1024 * 1024
+
+
+MAX_LINE_BYTES = 1024 * 1024
+
+
+OVERLONG = "\x01"  # opens the stand-in of a line over MAX_LINE_BYTES (no record starts so)
+
+
+def file_blocks(handle: BinaryIO) -> Iterator[bytes]:
+    """A binary stream in blocks of BLOCK_BYTES."""
+    while block := handle.read(BLOCK_BYTES):
+        yield block
+
+
+def rotated_set(path: Path) -> list[Path]:
+    """The rotated family of a log, oldest first: ``[p.N(.gz), ..., p.1, p]``.
+
+    Ordered by the numeric suffix (logrotate / RotatingFileHandler numbering: higher = older),
+    not by name or mtime, which copies do not preserve. Missing members are simply absent.
+    """
+    path = Path(path)
+    pattern = re.compile(re.escape(path.name) + r"\.(\d+)(\.gz)?$")
+    members: list[tuple[int, str, Path]] = []
+    if path.parent.is_dir():
+        for candidate in path.parent.iterdir():
+            match = pattern.fullmatch(candidate.name)
+            if match and candidate.is_file():
+                members.append((int(match.group(1)), candidate.name, candidate))
+    members.sort(key=lambda member: (-member[0], member[1]))
+    result = [member[2] for member in members]
+    if path.is_file():
+        result.append(path)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# bytes -> physical lines
+
+
+def decoded(blocks: Iterable[bytes], problems: list[str]) -> Iterator[bytes]:
+    """The log's bytes in bounded pieces: gzip (multi-member too) recognised by its magic
+    bytes and decompressed as far as it goes (what broke goes to ``problems``), else as is."""
+    blocks = iter(blocks)
+    first = b""
+    for block in blocks:
+        first += block
+        if len(first) >= 2:
+            break
+    if not first.startswith(b"\x1f\x8b"):
+        if first:
+            yield first
+        yield from blocks
+        return
+    held: list[bytes] | None = [first]  # raw bytes, until the stream yields output
+    produced = False
+    for piece in _gunzip(_chain_first(first, blocks, held), problems):
+        produced = True
+        held = None
+        yield piece
+    if not produced and held is not None and problems:
+        problems[-1:] = [f"gzip magic bytes but no readable gzip stream ({problems[-1]}); read raw"]
+        yield from held
+        yield from blocks
+
+
+def _chain_first(
+    first: bytes, blocks: Iterator[bytes], held: list[bytes] | None
+) -> Iterator[bytes]:
+    yield first
+    for block in blocks:
+        if held is not None and sum(map(len, held)) < SNIFF_BYTES:
+            held.append(block)
+        yield block
+
+
+def _gunzip(blocks: Iterator[bytes], problems: list[str]) -> Iterator[bytes]:
+    """Decompress with at most BLOCK_BYTES out per step (a small bomb cannot fill memory)."""
+    decoder = zlib.decompressobj(wbits=31)
+    between = False  # a member ended: what follows must be another member
+    junk = 0
+    nul_only = True
+    for block in blocks:
+        data = block
+        while data:
+            if junk or (between and len(data) >= 2 and not data.startswith(b"\x1f\x8b")):
+                junk += len(data)
+                nul_only = nul_only and not data.strip(b"\x00")
+                break
+            if between:
+                decoder = zlib.decompressobj(wbits=31)
+                between = False
+            try:
+                out = decoder.decompress(data, BLOCK_BYTES)
+            except zlib.error as exc:
+                problems.append(f"corrupt gzip stream ({exc})")
+                return
+            if out:
+                yield out
+            if decoder.eof:
+                between = True
+                data = decoder.unused_data
+            else:
+                data = decoder.unconsumed_tail
+    if junk and not nul_only:
+        problems.append(f"{junk} bytes of trailing junk after the gzip stream ignored")
+    elif not between and not junk:
+        problems.append("truncated gzip stream")
+
+
+def line_chunks(blocks: Iterable[bytes], ends: list[bool]) -> Iterator[bytes]:
+    """Chunks of about CHUNK_BYTES ending at a line break (the last one maybe not). A line over
+    MAX_LINE_BYTES is skipped as it streams by and replaced by a stand-in line that says its
+    size (``OVERLONG``...). Python touches blocks, never lines: a block's inner lines are
+    shorter than the limit since BLOCK_BYTES is. ``ends`` gets whether the last byte was a
+    line break."""
+    buffer = bytearray()
+    tail = 0  # where the open (unfinished) line starts in buffer
+    skipped: int | None = None  # bytes of an over-long line being skipped
+    last = b""
+    for block in blocks:
+        if not block:
+            continue
+        last = block[-1:]
+        while block:
+            newline = block.find(b"\n")
+            if skipped is not None:
+                if newline < 0:
+                    skipped += len(block)
+                    break
+                buffer += _overlong(skipped + newline) + b"\n"
+                tail = len(buffer)
+                skipped, block = None, block[newline + 1 :]
+                continue
+            open_bytes = len(buffer) - tail
+            if newline < 0:
+                if open_bytes + len(block) > MAX_LINE_BYTES:
+                    skipped = open_bytes + len(block)
+                    del buffer[tail:]
+                else:
+                    buffer += block
+                break
+            if open_bytes + newline > MAX_LINE_BYTES:
+                del buffer[tail:]
+                buffer += _overlong(open_bytes + newline) + b"\n"
+                tail = len(buffer)
+                block = block[newline + 1 :]
+                continue
+            buffer += block
+            tail = len(buffer) - (len(block) - block.rfind(b"\n") - 1)
+            break
+        if tail >= CHUNK_BYTES:
+            yield bytes(buffer[:tail])
+            del buffer[:tail]
+            tail = 0
+    if skipped is not None:
+        buffer += _overlong(skipped)
+    ends.append(last == b"\n")
+    if buffer:
+        yield bytes(buffer)
+
+
+def _overlong(size: int) -> bytes:
+    return (
+        f"{OVERLONG}[a line of {size} bytes, over the {MAX_LINE_BYTES} byte limit: counted, "
+        "not read]"
+    ).encode()
+
+
+def gunzip_prefix(head: bytes) -> bytes:
+    """Decompress the start of a gzip file for sniffing (the stream is cut by design)."""
+    decoder = zlib.decompressobj(wbits=31)
+    try:
+        return decoder.decompress(head, SNIFF_BYTES)
+    except zlib.error:
+        return b""
+
+
+def split_lines(data: bytes, first: bool) -> tuple[pl.Series, bool]:
+    """Physical lines (``\\n``-separated, one trailing ``\\r`` removed, a BOM dropped from
+    the first chunk) and whether the UTF-8 was bad (bad bytes become U+FFFD)."""
+    if not data:
+        return pl.Series("raw", [], dtype=pl.String), False
+    try:
+        data.decode("utf-8")
+        invalid = False
+    except UnicodeDecodeError:
+        invalid = True
+    body = data.removeprefix(b"\xef\xbb\xbf") if first else data
+    raw = split_with_csv_reader(body)
+    return (raw if raw is not None else split_text(body)), invalid
+
+
+def split_with_csv_reader(body: bytes) -> pl.Series | None:
+    """Fast path: polars' CSV reader, with a separator absent from the data and no quoting,
+    splits lines in parallel, several times faster than ``str.split``. None when it cannot be
+    used or its row count disagrees with the newline count."""
+    # It would drop a BOM, and it decompresses data that opens like zlib, zstd or gzip.
+    if not body or b"\x1f" in body or body.startswith((b"\xef\xbb\xbf", b"x", b"(\xb5/\xfd")):
+        return None
+    expected = body.count(b"\n") + (0 if body.endswith(b"\n") else 1)
+    try:
+        raw = pl.read_csv(
+            body,
+            has_header=False,
+            separator="\x1f",
+            quote_char=None,
+            new_columns=["raw"],
+            encoding="utf8-lossy",
+            infer_schema=False,
+            raise_if_empty=False,
+        )["raw"].fill_null("")
+    except (pl.exceptions.PolarsError, ValueError, OSError):
+        return None
+    return raw if raw.len() == expected else None
+
+
+def split_text(body: bytes) -> pl.Series:
+    """Fallback: decode (bad bytes replaced) and split the text in polars."""
+    text = body.decode("utf-8", errors="replace")
+    if text.endswith("\n"):
+        text = text[:-1]
+    return pl.Series("raw", [text]).str.split("\n").explode().str.strip_suffix("\r")
