@@ -168,3 +168,19 @@ def test_the_story_imports_no_renderer():
     assert not any(
         name.startswith(("analyzer.render", "matplotlib", "analyzer.api")) for name in imported
     )
+
+
+def test_rich_log_alone_narrative_and_swimlane_share_the_end_of_the_evidence():
+    """A log of times of day ends on its own clock: the narrative says what the swimlane
+    draws (no healthy replica until the last line of the log), never 'not known'."""
+    from analyzer.render.narrative import narrative
+    from analyzer.render.plots.layout import run_view
+
+    audit = open_sources(SEED / "logs" / "server-info.rich.log")
+    finding = audit.findings[0]
+    told = audit.story(finding.run_id)
+    assert told.end_of_evidence is not None and is_pseudo_date(told.end_of_evidence)
+    said = narrative(audit, finding)
+    assert "did not serve again before the end of the evidence (09:09:29)" in said
+    view = run_view(audit, finding.run_id, None)
+    assert [o[1] for o in view.outages] == [told.end_of_evidence]

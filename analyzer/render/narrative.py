@@ -10,7 +10,7 @@ from typing import Any
 
 import polars as pl
 
-from analyzer.contract import Finding
+from analyzer.contract import Finding, RunVerdict
 from analyzer.pipeline.story import RunStory, tell
 from analyzer.render.format import (
     Clock,
@@ -67,10 +67,19 @@ class RunFrames:
         }
         self.empty = {name: getattr(audit, name).clear() for name in self.NAMES}
         self.stories: dict[tuple[str, str], RunStory] = {}
+        self.findings: dict[tuple[str, str], list[Finding]] = {}
+        self.verdicts: dict[tuple[str, str], RunVerdict] = {}
+        self.ends: dict[bool, dict[str, datetime]] = {}
         self.facts: dict[tuple[int, str | None], _Facts] = {}
 
     def get(self, name: str, finding: Finding) -> pl.DataFrame:
         return self.parts[name].get((finding.server, finding.run_id), self.empty[name])
+
+    def _ends_by_server(self, *, dated_only: bool = True) -> dict[str, datetime]:
+        """The evidence's end per server, computed once per report (not once per run)."""
+        if dated_only not in self.ends:
+            self.ends[dated_only] = self.audit.evidence.ends_by_server(dated_only=dated_only)
+        return self.ends[dated_only]
 
     def story(self, finding: Finding) -> RunStory:
         """The story of the finding's run, told once per run."""
@@ -78,17 +87,22 @@ class RunFrames:
         if key not in self.stories:
             runs = self.get("runs", finding)
             run = runs.row(0, named=True) if runs.height else {"server": key[0], "run_id": key[1]}
-            report = self.audit.report
+            if not self.verdicts:
+                for verdict in self.audit.report.runs:
+                    self.verdicts.setdefault((verdict.server, verdict.run_id), verdict)
+                for found in self.audit.report.findings:
+                    self.findings.setdefault((found.server, found.run_id), []).append(found)
+            verdict = self.verdicts.get(key)
             self.stories[key] = tell(
                 run,
                 submissions=self.get("submissions", finding),
                 events=self.get("events", finding),
                 deployments=self.get("deployments", finding),
                 capacity=self.get("capacity", finding),
-                findings=report.findings,
-                verdicts=report.runs,
+                findings=self.findings.get(key, []),
+                verdicts=[verdict] if verdict else [],
                 end_of_evidence=self.audit.end_of_evidence,
-                ends_by_server=self.audit.evidence.ends_by_server,
+                ends_by_server=self._ends_by_server,
             )
         return self.stories[key]
 
