@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import polars as pl
 
@@ -30,7 +31,7 @@ from analyzer.pipeline.evidence import Evidence, combine
 from analyzer.pipeline.exposure import foresight, frames_of
 from analyzer.pipeline.impact import assess, impact_rank, serving_capacity, summarise
 from analyzer.pipeline.reconcile import TimeOptions, reconcile
-from analyzer.pipeline.selectors import run_filter
+from analyzer.pipeline.selectors import one_run, run_filter
 from analyzer.pipeline.servers import assign_servers
 from analyzer.pipeline.timeline import deployments, evidence_gaps, submissions
 from analyzer.progress import stage
@@ -39,6 +40,9 @@ from analyzer.render import frames
 from analyzer.sources import load_path
 from analyzer.sources.base import LoadContext, ReadOptions
 from analyzer.times import parse_time
+
+if TYPE_CHECKING:
+    from analyzer.pipeline.story import RunStory
 
 DEFAULT_SERVER = "default"
 END_BOUND = "end_of_evidence_lower_bound"
@@ -106,6 +110,24 @@ class Audit:
     def capacity(self) -> pl.DataFrame:
         """Healthy replicas per run over time (a step function)."""
         return serving_capacity(self.submissions, self.end_of_evidence)
+
+    def story(self, run: str) -> RunStory:
+        """The story of one run (a selector as the CLI takes) that every renderer draws."""
+        from analyzer.pipeline.story import tell
+
+        row = one_run(self.runs, run)
+        key = (pl.col("server") == row["server"]) & (pl.col("run_id") == row["run_id"])
+        return tell(
+            row,
+            submissions=self.submissions.filter(key),
+            events=self.events.filter(key),
+            deployments=self.deployments.filter(key),
+            capacity=self.capacity.filter(key),
+            findings=self.report.findings,
+            verdicts=self.report.runs,
+            end_of_evidence=self.end_of_evidence,
+            ends_by_server=self.evidence.ends_by_server,
+        )
 
     @cached_property
     def _detected(self) -> tuple[list[RunVerdict], list[Finding]]:

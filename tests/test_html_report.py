@@ -526,7 +526,7 @@ def test_summary_figures_match_the_json(fleet, fleet_html):
     assert figures["findings"] == str(summary.findings)
     assert figures["healthy replicas killed"] == str(summary.victims)
     assert figures["runs audited"] == str(summary.runs)
-    from analyzer.render.text import fmt_cost, fmt_duration
+    from analyzer.render.format import fmt_cost, fmt_duration
 
     assert figures["outage, summed"] == fmt_duration(summary.outage_seconds)
     assert figures["cost lost"] == html.escape(

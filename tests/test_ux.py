@@ -23,8 +23,8 @@ from analyzer import AuditInputError, open_sources
 from analyzer.cli import main
 from analyzer.contract import SCHEMA_VERSION
 from analyzer.render.screen import middle_ellipsis, render_table
-from analyzer.render.text import render_timeline
-from analyzer.render.timeline_view import merged_events, roles
+from analyzer.render.text import timeline_text
+from analyzer.render.timeline_view import merged_events
 
 SEED = CAPTURES / "v0.22.5" / "seed"
 SEED_DB = str(SEED / "server.db")
@@ -302,19 +302,7 @@ def test_verbose_says_what_is_read_and_how_long():
 
 
 def _timeline(audit, width: int, **options) -> str:
-    row = audit.runs.row(0, named=True)
-    marked = roles(audit.findings)
-    key = audit.runs["run_id"][0]
-    return render_timeline(
-        row,
-        "collateral_termination",
-        audit.deployments.filter(audit.deployments["run_id"] == key),
-        audit.submissions.filter(audit.submissions["run_id"] == key),
-        audit.events.filter(audit.events["run_id"] == key),
-        width=width,
-        roles=marked,
-        **options,
-    )
+    return timeline_text(audit.story(audit.runs["run_id"][0]), width=width, **options)
 
 
 @pytest.mark.parametrize("width", [80, 100])

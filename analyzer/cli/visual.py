@@ -100,7 +100,8 @@ def register(main: click.Group) -> None:
         Exit status: 0 drawn, 2 unusable input, no such run or wrong usage.
         """
         from analyzer.outputs import plan
-        from analyzer.render.plots import figure_bytes, plot_fleet, plot_run, resolve_zone
+        from analyzer.render.format import resolve_zone
+        from analyzer.render.plots import figure_bytes, plot_fleet, plot_run
 
         fmt = _format(output, PLOT_FORMATS, fmt)
         resolve_zone(tz)
@@ -185,8 +186,8 @@ def register(main: click.Group) -> None:
         Exit status: 0 written, 2 unusable input or wrong usage.
         """
         from analyzer.outputs import plan
+        from analyzer.render.format import resolve_zone
         from analyzer.render.html import render_html, render_report_markdown
-        from analyzer.render.plots import resolve_zone
 
         fmt = _format(output, REPORT_FORMATS, fmt)
         if fmt == "markdown" and str(output) == "-":

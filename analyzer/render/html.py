@@ -17,325 +17,37 @@ import base64
 import html
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from types import ModuleType
 from typing import Any
-
-import polars as pl
 
 from analyzer.contract import Finding, GroupSummary, Report
 from analyzer.progress import stage
-from analyzer.render.markdown import md_code, md_text, render_markdown
-from analyzer.render.plots import (
+from analyzer.render.format import (
+    GROUP_HEADERS,
     Clock,
-    actor_name,
-    describe_failure,
-    field_names,
-    figure_bytes,
-    fmt_seconds,
-    is_pseudo_date,
-    plot_fleet,
-    plot_run,
+    fmt_cost,
+    fmt_duration,
+    group_rows,
     resolve_zone,
 )
-from analyzer.render.text import GROUP_HEADERS, fmt_cost, fmt_duration, group_rows
+from analyzer.render.markdown import md_code, md_text, render_markdown
+from analyzer.render.narrative import RunFrames, incident_facts, narrative, run_label
 
 IMAGE_DPI = 100
 
 
-# ---------------------------------------------------------------------------------------------
-# The story of a finding, in words
+def _plots() -> ModuleType:
+    """The drawing module, imported when a picture is drawn (matplotlib is slow to import)."""
+    from analyzer.render import plots
+
+    return plots
 
 
-@dataclass
-class _Facts:
-    """The moments of one incident, from the finding and (for undated logs) the frames."""
-
-    clock: Clock
-    run_label: str
-    update_at: datetime | None
-    update_first_job_at: datetime | None
-    actor: str | None
-    fields: str | None
-    culprit_at: list[datetime | None]
-    terminating_at: datetime | None
-    victim_stops: list[datetime | None]
-    victim_since: list[datetime | None]
-    end_of_evidence: datetime | None
-    outage_end_seen: bool  # the capacity stayed at zero until the end of the evidence
-
-
-def _as_utc(value: datetime | None) -> datetime | None:
-    from datetime import UTC
-
-    if value is None:
-        return None
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
-
-
-def _run_label(item: Any) -> str:
-    label = f"{item.project}/{item.run_name}" if item.project else item.run_name
-    return f"{item.server}:{label}" if item.server != "default" else label
-
-
-class RunFrames:
-    """The audit's frames split by run once, for the runs that have findings: a report of
-    1,000 findings then reads each run's rows directly instead of filtering whole frames
-    per finding."""
-
-    NAMES = ("submissions", "events", "runs", "deployments", "capacity")
-
-    def __init__(self, audit: Any, findings: Sequence[Finding]) -> None:
-        keys = pl.DataFrame(
-            {"server": [f.server for f in findings], "run_id": [f.run_id for f in findings]},
-            schema={"server": pl.String, "run_id": pl.String},
-        ).unique()
-        self.parts = {
-            name: getattr(audit, name)
-            .join(keys, on=["server", "run_id"], how="semi")
-            .partition_by(["server", "run_id"], as_dict=True)
-            for name in self.NAMES
-        }
-        self.empty = {name: getattr(audit, name).clear() for name in self.NAMES}
-        self.facts: dict[tuple[int, str | None], _Facts] = {}
-
-    def get(self, name: str, finding: Finding) -> pl.DataFrame:
-        return self.parts[name].get((finding.server, finding.run_id), self.empty[name])
-
-
-def _facts(audit: Any, finding: Finding, tz: str | None, frames: RunFrames | None = None) -> _Facts:
-    frames = frames or RunFrames(audit, [finding])
-    memo = (id(finding), tz)
-    if memo not in frames.facts:
-        frames.facts[memo] = _read_facts(audit, finding, tz, frames)
-    return frames.facts[memo]
-
-
-def _read_facts(audit: Any, finding: Finding, tz: str | None, frames: RunFrames) -> _Facts:
-    subs = {row["job_id"]: row for row in frames.get("submissions", finding).iter_rows(named=True)}
-    events = frames.get("events", finding)
-    run = frames.get("runs", finding)
-    submitted = _as_utc(run["submitted_at"][0]) if run.height else None
-    dateless = is_pseudo_date(submitted) or any(
-        is_pseudo_date(_as_utc(j.get("created_at"))) for j in subs.values()
-    )
-    clock = Clock(resolve_zone(tz), dateless)
-
-    def ok(value: datetime | None) -> datetime | None:
-        value = _as_utc(value)
-        return value if value is not None and is_pseudo_date(value) == dateless else None
-
-    update_at = first_job = None
-    actor, fields = finding.updated_by, finding.changed_fields
-    if finding.update_deployment_num is not None:
-        deps = frames.get("deployments", finding).filter(
-            pl.col("deployment_num") == finding.update_deployment_num
-        )
-        if deps.height:
-            dep = deps.row(0, named=True)
-            update_at = ok(dep["began_at"])
-            first_job = ok(dep["first_job_at"])
-            actor = actor or actor_name(dep["actor"])
-            fields = fields or ", ".join(dep["changed_fields"] or []) or None
-    terminating = events.filter(
-        (pl.col("kind") == "run_status") & (pl.col("new_status") == "terminating")
-    )
-    terminating_at = min(
-        (t for t in (ok(t) for t in terminating["time"].to_list()) if t is not None), default=None
-    )
-
-    def job_time(job_id: str, name: str) -> datetime | None:
-        job = subs.get(job_id)
-        return ok(job.get(name)) if job else None
-
-    culprit_at = [ok(c.failed_at) or job_time(c.job_id, "stopped_at") for c in finding.culprits]
-    victim_stops = [
-        ok(v.terminated_at) or job_time(v.job_id, "stopped_at") for v in finding.victims
-    ]
-    victim_since = [
-        ok(v.healthy_since)
-        or job_time(v.job_id, "healthy_since")
-        or job_time(v.job_id, "running_at")
-        for v in finding.victims
-    ]
-    end = ok(finding.impact.end_of_evidence if finding.impact else None) or ok(
-        audit.end_of_evidence
-    )
-    seen = False
-    if victim_stops and all(victim_stops) and end is not None:
-        last = max(s for s in victim_stops if s is not None)
-        capacity = frames.get("capacity", finding).sort("time")
-        after = [
-            n
-            for t, n in capacity.select("time", "healthy_replicas").rows()
-            if ok(t) is not None and last <= ok(t) < end
-        ]
-        seen = bool(after) and after[-1] == 0 and all(n == 0 for n in after)
-    return _Facts(
-        clock=clock,
-        run_label=_run_label(finding),
-        update_at=update_at,
-        update_first_job_at=first_job,
-        actor=actor_name(actor) if actor else None,
-        fields=field_names(fields),
-        culprit_at=culprit_at,
-        terminating_at=terminating_at,
-        victim_stops=victim_stops,
-        victim_since=victim_since,
-        end_of_evidence=end,
-        outage_end_seen=seen,
-    )
-
-
-def _upper_first(text: str) -> str:
-    return text[:1].upper() + text[1:]
-
-
-def _names(items: Sequence[str]) -> str:
-    if len(items) <= 1:
-        return "".join(items)
-    return ", ".join(items[:-1]) + " and " + items[-1]
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
-
-
-def narrative(
-    audit: Any, finding: Finding, *, tz: str | None = None, frames: RunFrames | None = None
-) -> str:
-    """What happened, in a few sentences, with times in the display zone (`code` in
-    backticks). Times of day only say so; nothing is guessed. `frames`: the audit split by
-    run (RunFrames), when many findings are told."""
-    f = _facts(audit, finding, tz, frames)
-    clock = f.clock
-    first_time = next(
-        (
-            t
-            for t in (f.update_at, f.update_first_job_at, *f.culprit_at, *f.victim_stops)
-            if t is not None
-        ),
-        None,
-    )
-    said_date = False
-
-    def at(value: datetime | None) -> str:
-        nonlocal said_date
-        if value is None:
-            return "at an unrecorded time"
-        if clock.dateless:
-            text = f"at {clock.tod(value)}"
-            if not said_date:
-                text += " (local time of day; the date is unknown)"
-            said_date = True
-            return text
-        if not said_date:
-            said_date = True
-            local = clock.local(value)
-            return f"on {local:%Y-%m-%d} at {clock.tod(value)} ({clock.zone_label(value)})"
-        return f"at {clock.near(value, first_time)}"
-
-    sentences = []
-    dep = finding.update_deployment_num
-    if dep is not None:
-        what = f"`{f.fields}`" if f.fields else "the configuration"
-        if f.update_at is not None:
-            who = f.actor or "someone"
-            sentences.append(
-                f"{_upper_first(at(f.update_at))} {who} updated {what} of {f.run_label} "
-                f"(deployment {dep})."
-            )
-        elif f.update_first_job_at is not None:
-            sentences.append(
-                f"{f.run_label} was updated to deployment {dep}"
-                + (f" ({what})" if f.fields else "")
-                + f"; no event records when or by whom, its first new job was created "
-                f"{at(f.update_first_job_at)}."
-            )
-        else:
-            sentences.append(
-                f"{f.run_label} was moved to deployment {dep} at an unrecorded time "
-                "(no event, no new job)."
-            )
-    for culprit, when in zip(finding.culprits, f.culprit_at, strict=True):
-        newer = (
-            finding.category == "collateral_termination"
-            and dep is not None
-            and culprit.deployment_num == dep
-        )
-        who = (
-            f"the new replica {culprit.job_name}"
-            if newer
-            else f"the replica {culprit.job_name} of deployment {culprit.deployment_num}"
-        )
-        sentences.append(_upper_first(f"{at(when)} {who} {describe_failure(culprit)}."))
-    reason = (finding.run_termination_reason or "").upper() or "reason not recorded"
-    failed_when = max((t for t in f.culprit_at if t is not None), default=None)
-    if f.terminating_at is not None and failed_when is not None:
-        delta = (f.terminating_at - failed_when).total_seconds()
-        run_part = (
-            f"{fmt_seconds(delta)} later dstack failed the whole run ({reason})"
-            if delta >= 0
-            else f"dstack failed the whole run ({reason}) {at(f.terminating_at)}"
-        )
-    elif f.terminating_at is not None:
-        run_part = f"dstack failed the whole run ({reason}) {at(f.terminating_at)}"
-    else:
-        run_part = f"dstack then failed the whole run ({reason})"
-    by_dep: dict[int | None, list[int]] = {}
-    for i, victim in enumerate(finding.victims):
-        by_dep.setdefault(victim.deployment_num, []).append(i)
-    stop_parts = []
-    for vdep, idx in by_dep.items():
-        names = [finding.victims[i].job_name for i in idx]
-        stops = [f.victim_stops[i] for i in idx]
-        since = [f.victim_since[i] for i in idx if f.victim_since[i] is not None]
-        known = [s for s in stops if s is not None]
-        when = at(min(known)) if known else "at an unrecorded time"
-        same = finding.category == "same_deployment_collateral" or (dep is not None and vdep == dep)
-        whose = "of the same deployment" if same else f"of deployment {vdep}"
-        noun = "the healthy replica" if len(names) == 1 else f"the {len(names)} healthy replicas"
-        part = f"{when} stopped {noun} {_names(names)} {whose}"
-        if since:
-            first, last = min(since), max(since)
-            served = clock.near(first, first_time)
-            if (last - first).total_seconds() > 1:
-                served += f"–{clock.near(last, first_time)}"
-            part += f", which had served since {served}"
-        stop_parts.append(part)
-    sentences.append(run_part + " and " + "; ".join(stop_parts) + ".")
-    impact = finding.impact
-    if impact and impact.recovered and impact.recovered_at:
-        same = impact.recovered_by_run_id == finding.run_id
-        sentences.append(
-            f"The service served again {at(impact.recovered_at)}"
-            + ("" if same else f" (run {(impact.recovered_by_run_id or '?')[:8]})")
-            + f", after an outage of {fmt_seconds(impact.outage_seconds)}."
-        )
-    elif impact and impact.outage_start is not None:
-        sentences.append(
-            "The service has not served since (as of "
-            f"{clock.near(impact.end_of_evidence, first_time)}, the end of the evidence)."
-        )
-    elif f.outage_end_seen:
-        sentences.append(
-            "The service did not serve again before the end of the evidence "
-            f"({clock.near(f.end_of_evidence, first_time)})."
-        )
-    elif impact is not None:
-        sentences.append("How long the service was down is not known from the evidence.")
-    if impact and impact.healthy_replica_seconds_lost:
-        sentences.append(
-            f"{_plural(impact.replicas_lost, 'healthy replica')} lost "
-            f"{fmt_seconds(impact.healthy_replica_seconds_lost)} of serving time"
-            + (
-                f", {fmt_cost(impact.lost_cost)} at the instances' prices."
-                if impact.lost_cost is not None
-                else " (price unknown)."
-            )
-        )
-    return " ".join(sentences)
+def figure_bytes(fig: Any, fmt: str = "png", *, dpi: int = IMAGE_DPI) -> bytes:
+    """A picture of the report as file bytes (plots.figure_bytes, imported when drawing)."""
+    return _plots().figure_bytes(fig, fmt, dpi=dpi)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -528,7 +240,7 @@ def _cover(report: Report, clock: Clock, audit: Any, tz: str | None, frames: Run
         worst = report.findings[0]
         story = (
             f'<div id="what-happened"><h2>What happened</h2><p class="narrative story">'
-            f"<b>{_e(_run_label(worst))}</b>: "
+            f"<b>{_e(run_label(worst))}</b>: "
             f"{_code_spans(narrative(audit, worst, tz=tz, frames=frames))}</p>"
             + (
                 f'<p class="muted">The worst of {len(report.findings)} findings; every one is '
@@ -591,7 +303,7 @@ def _summary(report: Report, images: _Images) -> str:
         out.append("<h4>findings, worst first</h4><nav><ol>")
         for n, f in enumerate(report.findings, 1):
             out.append(
-                f'<li><a href="#finding-{n}">{_e(_run_label(f))} (run {_e(f.run_id[:8])})</a>: '
+                f'<li><a href="#finding-{n}">{_e(run_label(f))} (run {_e(f.run_id[:8])})</a>: '
                 f'<span class="badge {_e(f.category)}">{_e(f.category)}</span> '
                 f"{_e(len(f.victims))} victim(s), outage "
                 f"{_e(fmt_duration(f.impact.outage_seconds) if f.impact else '?')}</li>"
@@ -599,7 +311,7 @@ def _summary(report: Report, images: _Images) -> str:
         out.append("</ol></nav>")
         runs = {(f.server, f.run_id) for f in report.findings}
         if len(runs) > 1 or len(s.by_day) > 1:
-            fig = plot_fleet(report)
+            fig = _plots().plot_fleet(report)
             out.append(
                 "<figure>"
                 + images.add(
@@ -636,10 +348,10 @@ def _finding(
     step: Any,
     frames: RunFrames,
 ) -> str:
-    clock = _facts(audit, f, tz, frames).clock
+    clock = incident_facts(audit, f, tz, frames).clock
     out = [
         f'<article class="finding" id="finding-{n}">',
-        f'<h3>{n}. {_e(_run_label(f))} <span class="muted">run {_e(f.run_id[:8])}</span> '
+        f'<h3>{n}. {_e(run_label(f))} <span class="muted">run {_e(f.run_id[:8])}</span> '
         f'<span class="badge {_e(f.category)}">{_e(f.category)}</span> '
         f'<span class="badge">{_e(f.confidence)}</span></h3>',
         f'<p class="narrative">{_code_spans(narrative(audit, f, tz=tz, frames=frames))}</p>',
@@ -670,8 +382,8 @@ def _finding(
         swimlanes[key] = n
         try:
             picture = images.add(
-                plot_run(audit, f.run_id, tz=tz),
-                f"swimlane of run {_run_label(f)}: lanes per job submission by deployment, "
+                _plots().plot_run(audit, f.run_id, tz=tz),
+                f"swimlane of run {run_label(f)}: lanes per job submission by deployment, "
                 "status bars, healthy interval hatched, markers, serving capacity and outage",
             )
         except Exception as error:  # a picture must never cost the report
@@ -867,7 +579,7 @@ def _runs(report: Report) -> str:
             [
                 [
                     _Raw(f'<span class="badge {_e(v.verdict)}">{_e(v.verdict)}</span>'),
-                    _run_label(v),
+                    run_label(v),
                     _Raw(f"<code>{_e(v.run_id)}</code>"),
                     v.run_type,
                     (v.status or "?")
@@ -1022,14 +734,14 @@ def render_report_markdown(
     ]
     out.append("")
     if len({(f.server, f.run_id) for f in report.findings}) > 1 or len(s.by_day) > 1:
-        path = save(plot_fleet(report), "fleet.png")
+        path = save(_plots().plot_fleet(report), "fleet.png")
         if path:
             out += [f"![fleet-wide charts]({path})", ""]
     if report.findings:
         out += ["## What happened", ""]
     for n, finding in enumerate(report.findings, 1):
         out += [
-            f"### {n}. {md_text(_run_label(finding))} (run {md_text(finding.run_id[:8])}): "
+            f"### {n}. {md_text(run_label(finding))} (run {md_text(finding.run_id[:8])}): "
             f"{md_code(finding.category)} "
             f"({finding.confidence})",
             "",
@@ -1044,11 +756,11 @@ def render_report_markdown(
                 f"run-{finding.run_id[:8]}-{re.sub(r'[^A-Za-z0-9_.-]', '_', finding.run_name)}.png"
             )
             try:
-                written[key] = save(plot_run(audit, finding.run_id, tz=tz), name) or ""
+                written[key] = save(_plots().plot_run(audit, finding.run_id, tz=tz), name) or ""
             except Exception:  # a picture must never cost the report
                 written[key] = ""
         if written[key]:
-            out += [f"![swimlane of {md_text(_run_label(finding))}]({written[key]})", ""]
+            out += [f"![swimlane of {md_text(run_label(finding))}]({written[key]})", ""]
     details = render_markdown(report).splitlines()
     first = next((i for i, line in enumerate(details) if line.startswith("## ")), len(details))
     details = [("#" + line if line.startswith("#") else line) for line in details[first:]]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from analyzer.contract import Report
-from analyzer.render.text import GROUP_HEADERS, fmt_cost, fmt_duration, fmt_time, group_rows
+from analyzer.render.format import GROUP_HEADERS, fmt_cost, fmt_duration, fmt_time, group_rows
 
 # Markdown's active characters: data (a termination message is the workload's free text) must
 # never become raw HTML (`<img onerror=...>`), a link or an image (`[x](javascript:...)`,

@@ -20,7 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from analyzer.contract import Finding, InputRecord, Report, RunVerdict
-from analyzer.render.text import (
+from analyzer.render.format import (
     GROUP_HEADERS,
     fmt_cost,
     fmt_duration,

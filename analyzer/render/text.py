@@ -4,71 +4,13 @@ table of an audit is report/screen.py)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime, tzinfo
+from datetime import datetime, tzinfo
 
 import polars as pl
 
 from analyzer.contract import Finding
-
-
-def fmt_time(value: datetime | None, *, date: bool = True, tz: tzinfo | None = None) -> str:
-    """UTC with a Z (the default), or in zone `tz` with its offset (both ISO 8601)."""
-    if value is None:
-        return "?"
-    if tz is not None:
-        local = (value if value.tzinfo else value.replace(tzinfo=UTC)).astimezone(tz)
-        text = local.strftime("%Y-%m-%d %H:%M:%S.%f" if date else "%H:%M:%S.%f")[:-3]
-        return text + (local.strftime("%z")[:3] + ":" + local.strftime("%z")[3:] if date else "")
-    text = value.strftime("%Y-%m-%d %H:%M:%S.%f" if date else "%H:%M:%S.%f")[:-3]
-    return text + ("Z" if date else "")
-
-
-def fmt_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    seconds = float(seconds)
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, sec = divmod(round(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    days, hours = divmod(hours, 24)
-    if days:
-        return f"{days}d{hours:02d}h{minutes:02d}m"
-    return f"{hours}h{minutes:02d}m{sec:02d}s" if hours else f"{minutes}m{sec:02d}s"
-
-
-def fmt_cost(value: float | None, unknown: int = 0) -> str:
-    if value is None:
-        return "unknown"
-    text = f"${value:,.4f}" if value < 1 else f"${value:,.2f}"
-    return text + (f" (+{unknown} unpriced)" if unknown else "")
-
-
-GROUP_HEADERS = ["key", "findings", "victims", "outage", "replica-time lost", "cost lost"]
-
-
-def group_rows(groups) -> list[list[object]]:
-    """The rows of a fleet summary table (same figures in every output format)."""
-    return [
-        [
-            g.key,
-            g.findings,
-            g.victims,
-            fmt_duration(g.outage_seconds),
-            fmt_duration(g.healthy_replica_seconds_lost),
-            fmt_cost(g.lost_cost, g.cost_unknown_victims),
-        ]
-        for g in groups
-    ]
-
-
-def _time_of_day(value: datetime | None, *, date: bool = True) -> str:
-    """A time from a log without a date: the time of day and the days rolled over."""
-    if value is None:
-        return "?"
-    days = (value - datetime(1970, 1, 1, tzinfo=UTC)).days
-    text = value.strftime("%H:%M:%S") + (f" (+{days}d)" if days else "")
-    return text + (" (date unknown)" if date else "")
+from analyzer.pipeline.story import RunStory, is_pseudo_date, tell
+from analyzer.render.format import fmt_time, fmt_time_of_day
 
 
 def _provenance(sources: Sequence[str] | str | None, show: bool) -> str:
@@ -99,21 +41,6 @@ def _fit(lines: list[str], width: int) -> list[str]:
     return out
 
 
-def _roles(findings: Sequence[Finding]) -> dict[str, str]:
-    """job id -> what the findings say it was: a victim (of which category) or a culprit."""
-    roles: dict[str, str] = {}
-    for finding in findings:
-        for culprit in finding.culprits:
-            roles[culprit.job_id] = f"CULPRIT ({finding.category})"
-        for victim in finding.victims:
-            roles[victim.job_id] = f"VICTIM ({finding.category})" + (
-                ""
-                if victim.stopped
-                else f", not yet stopped: expected {victim.expected_termination_reason}"
-            )
-    return roles
-
-
 def render_timeline(
     run: dict,
     verdict: str | None,
@@ -127,17 +54,40 @@ def render_timeline(
     tz: tzinfo | None = None,
     findings: Sequence[Finding] = (),
 ) -> str:
+    """The timeline of one run given as its frames (the CLI's call): its story, told by
+    `timeline_text`. `roles` are the findings' (the story takes them from `findings`)."""
+    story = tell(
+        run,
+        submissions=subs,
+        events=events,
+        deployments=deployments,
+        capacity=pl.DataFrame(
+            schema={"time": pl.Datetime("us", "UTC"), "healthy_replicas": pl.Int64}
+        ),
+        findings=findings,
+        verdicts=[],
+        end_of_evidence=None,
+    )
+    story.verdict = verdict
+    return timeline_text(story, width=width, sources=sources, tz=tz)
+
+
+def timeline_text(
+    story: RunStory, *, width: int = 100, sources: bool = False, tz: tzinfo | None = None
+) -> str:
     """A run's story: deployments, replica slots with each submission's path (bumps in place,
-    replica groups, victims and culprits with `findings`' details), then every event (one line
+    replica groups, victims and culprits with the findings' details), then every event (one line
     per event across sources, victims and culprits marked), fitted to `width`."""
     from analyzer.render.timeline_view import merged_events
 
+    run, verdict, events = story.run, story.verdict, story.events
+    deployments, subs = story.deployments, story.submissions
+
     def when(value: datetime | None, *, date: bool = True) -> str:
+        if story.dateless or is_pseudo_date(value):
+            return fmt_time_of_day(value, date=date)  # a rich log alone: no date is known
         return fmt_time(value, date=date, tz=tz)
 
-    if events.height and (events["time_basis"] == "time_of_day_only").any():
-        when = _time_of_day  # a rich log alone: no date is shown, because none is known
-    roles = roles or {}
     out = [
         f"run {run['project'] or '(project unknown)'}/{run['run_name']}  id {run['run_id']}  "
         f"{run['run_type'] or 'type unknown'}"
@@ -179,7 +129,7 @@ def render_timeline(
             f"  #{dep['deployment_num']}  {began}; jobs now at this deployment: {dep['jobs']}"
         )
     out += ["", "REPLICA SLOTS (every submission, keyed on job id)"]
-    details = _roles(findings)
+    details = {job: role.detail for job, role in story.roles.items()}
     status_events = events.filter(pl.col("kind") == "job_status")
     for slot, rows in subs.group_by(["replica_num", "job_num"], maintain_order=True):
         out.append(f"  replica {slot[0]} job {slot[1]}")
@@ -224,13 +174,13 @@ def render_timeline(
                     + " (table times)"
                 )
             out.append("      " + " -> ".join(steps))
-            if job["health"] == "healthy":
-                since = job["healthy_since"]
-                until = job["stopped_at"]
+            healthy = story.healthy.get(job["job_id"])
+            if healthy is not None:
+                since, until = healthy.since, healthy.until
                 out.append(
                     f"      healthy {when(since, date=False) if since else '(since unknown)'}"
                     f" -> {when(until, date=False) if until else 'end of evidence'}"
-                    f" (proof: {job['health_proof']})"
+                    f" (proof: {healthy.proof})"
                 )
             else:
                 proof = job["health_proof"] or "no proof either way"
@@ -238,7 +188,7 @@ def render_timeline(
     out += ["", "EVENTS"]
     if events.height == 0:
         out.append("  none recorded (dstack < 0.20.0, events past their TTL, or no log given)")
-    for event in merged_events(events, roles):
+    for event in merged_events(events, story.marks):
         role = f" [{event['role']}]" if event["role"] else ""
         out.append(
             f"  {when(event['time']) if event['time'] else event['time_text']}  "

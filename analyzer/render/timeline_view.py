@@ -18,6 +18,7 @@ from datetime import datetime
 import polars as pl
 
 from analyzer.contract import Finding
+from analyzer.pipeline.story import job_roles
 
 EXPORT_FIELDS = [
     "time",
@@ -40,14 +41,8 @@ EXPORT_FIELDS = [
 
 
 def roles(findings: Iterable[Finding]) -> dict[str, str]:
-    """Job id -> 'victim' / 'culprit' for the findings of one run."""
-    marked: dict[str, str] = {}
-    for finding in findings:
-        for culprit in finding.culprits:
-            marked[culprit.job_id] = "culprit"
-        for victim in finding.victims:
-            marked[victim.job_id] = "victim"
-    return marked
+    """Job id -> 'victim' / 'culprit' for the findings of one run (the story's roles)."""
+    return {job: role.role for job, role in job_roles(findings).items()}
 
 
 def _role(entity_id: str | None, marked: dict[str, str]) -> str | None:

@@ -1,0 +1,233 @@
+"""How every output writes times, durations, costs and names: one place, so the terminal,
+the timeline, markdown, HTML and the pictures say the same thing the same way.
+
+Times are UTC unless a display zone (IANA name) is given. A time of day from a rich log alone
+(a 1970-01-01 pseudo date, zone unknown) is shown as a time of day that says so; its pseudo
+date is never shown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, tzinfo
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from analyzer.contract import Culprit
+from analyzer.errors import AuditInputError
+from analyzer.pipeline.story import as_utc, is_pseudo_date
+
+REASON_PHRASES = {
+    "failed_to_start_due_to_no_capacity": "failed to start: no capacity",
+    "interrupted_by_no_capacity": "was interrupted: no capacity",
+    "container_exited_with_error": "crashed: its container exited with an error",
+    "waiting_runner_limit_exceeded": "never became ready: the runner wait limit was exceeded",
+    "creating_container_error": "failed: the container could not be created",
+    "executor_error": "failed: executor error",
+    "instance_unreachable": "failed: the instance became unreachable",
+    "gateway_error": "failed: gateway error",
+    "max_duration_exceeded": "was stopped: max duration exceeded",
+    "port_unreachable": "failed: its port was unreachable",
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Times
+
+
+def fmt_time(value: datetime | None, *, date: bool = True, tz: tzinfo | None = None) -> str:
+    """UTC with a Z (the default), or in zone `tz` with its offset (both ISO 8601)."""
+    if value is None:
+        return "?"
+    if tz is not None:
+        local = (value if value.tzinfo else value.replace(tzinfo=UTC)).astimezone(tz)
+        text = local.strftime("%Y-%m-%d %H:%M:%S.%f" if date else "%H:%M:%S.%f")[:-3]
+        return text + (local.strftime("%z")[:3] + ":" + local.strftime("%z")[3:] if date else "")
+    text = value.strftime("%Y-%m-%d %H:%M:%S.%f" if date else "%H:%M:%S.%f")[:-3]
+    return text + ("Z" if date else "")
+
+
+def fmt_time_of_day(value: datetime | None, *, date: bool = True) -> str:
+    """A time from a log without a date: the time of day and the days rolled over."""
+    if value is None:
+        return "?"
+    days = (value - datetime(1970, 1, 1, tzinfo=UTC)).days
+    text = value.strftime("%H:%M:%S") + (f" (+{days}d)" if days else "")
+    return text + (" (date unknown)" if date else "")
+
+
+def resolve_zone(tz: str | None) -> ZoneInfo | None:
+    """The display zone for an IANA name (None: UTC); an unknown name is unusable input."""
+    if tz is None or tz.upper() in ("UTC", "Z"):
+        return None
+    try:
+        return ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError) as error:
+        raise AuditInputError(
+            "--tz", f"unknown time zone {tz!r}", "give an IANA name such as Europe/Berlin"
+        ) from error
+
+
+@dataclass(frozen=True)
+class Clock:
+    """How times are shown: UTC, a display zone, or times of day with no date (rich log)."""
+
+    zone: ZoneInfo | None = None
+    dateless: bool = False
+
+    @classmethod
+    def make(cls, tz: str | None = None, *, dateless: bool = False) -> Clock:
+        return cls(resolve_zone(tz), dateless)
+
+    @property
+    def name(self) -> str:
+        if self.dateless:
+            return "local time of day (date and zone unknown)"
+        return self.zone.key if self.zone else "UTC"
+
+    def local(self, value: datetime) -> datetime:
+        """A naive datetime in the display zone (for plotting and formatting)."""
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        if self.dateless or is_pseudo_date(value):
+            return value.astimezone(UTC).replace(tzinfo=None)
+        return value.astimezone(self.zone or UTC).replace(tzinfo=None)
+
+    def _suffix(self, value: datetime) -> str:
+        if self.zone is None:
+            return " UTC"
+        offset = value.astimezone(self.zone).strftime("%z")
+        return f" {self.zone.key} (UTC{offset[:3]}:{offset[3:]})"
+
+    def tod(self, value: datetime | None, *, ms: bool = False) -> str:
+        """The time of day only (for text that already said the date)."""
+        if value is None:
+            return "?"
+        text = self.local(value).strftime("%H:%M:%S.%f")
+        text = text[:-3] if ms else text[:-7]
+        days = self._day_roll(value)
+        return text + (f" (+{days} d)" if days else "")
+
+    def near(self, value: datetime | None, ref: datetime | None, *, ms: bool = False) -> str:
+        """The time of day when `value` falls on the same local day as `ref`, else in full."""
+        if value is None or ref is None:
+            return self.full(value, ms=ms)
+        if self.dateless or self.local(value).date() == self.local(ref).date():
+            return self.tod(value, ms=ms)
+        return self.full(value, ms=ms)
+
+    def zone_label(self, at: datetime | None) -> str:
+        """'UTC', 'Europe/Berlin, UTC+01:00' (the offset at `at`), or the undated wording."""
+        if self.dateless or self.zone is None or at is None:
+            return self.name
+        offset = as_utc(at).astimezone(self.zone).strftime("%z")
+        return f"{self.zone.key}, UTC{offset[:3]}:{offset[3:]}"
+
+    def full(self, value: datetime | None, *, ms: bool = False) -> str:
+        """Date, time and zone; a time of day only says the date is unknown."""
+        if value is None:
+            return "?"
+        if self.dateless or is_pseudo_date(value):
+            return f"{self.tod(value, ms=ms)} (time of day only, date unknown)"
+        text = self.local(value).strftime("%Y-%m-%d %H:%M:%S.%f")
+        text = text[:-3] if ms else text[:-7]
+        return text + self._suffix(value)
+
+    def _day_roll(self, value: datetime) -> int:
+        if not (self.dateless or is_pseudo_date(value)):
+            return 0
+        return (self.local(value).date() - datetime(1970, 1, 1).date()).days
+
+
+# ---------------------------------------------------------------------------------------------
+# Durations and costs
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    seconds = float(seconds)
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, sec = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    if days:
+        return f"{days}d{hours:02d}h{minutes:02d}m"
+    return f"{hours}h{minutes:02d}m{sec:02d}s" if hours else f"{minutes}m{sec:02d}s"
+
+
+def fmt_seconds(seconds: float | None) -> str:
+    """A short duration for prose: '10 s', '7 min 23 s', '2 h 05 min'."""
+    if seconds is None:
+        return "?"
+    if seconds < 60:
+        return f"{seconds:.0f} s" if seconds >= 9.5 else f"{seconds:.1f} s"
+    return fmt_duration(seconds)
+
+
+def fmt_cost(value: float | None, unknown: int = 0) -> str:
+    if value is None:
+        return "unknown"
+    text = f"${value:,.4f}" if value < 1 else f"${value:,.2f}"
+    return text + (f" (+{unknown} unpriced)" if unknown else "")
+
+
+GROUP_HEADERS = ["key", "findings", "victims", "outage", "replica-time lost", "cost lost"]
+
+
+def group_rows(groups) -> list[list[object]]:
+    """The rows of a fleet summary table (same figures in every output format)."""
+    return [
+        [
+            g.key,
+            g.findings,
+            g.victims,
+            fmt_duration(g.outage_seconds),
+            fmt_duration(g.healthy_replica_seconds_lost),
+            fmt_cost(g.lost_cost, g.cost_unknown_victims),
+        ]
+        for g in groups
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Names and words
+
+
+def field_names(changed: str | Sequence[str] | None) -> str | None:
+    """'configuration.commands, configuration.env' (or its list) -> 'commands, env'."""
+    if changed is None or len(changed) == 0:
+        return None
+    listed = changed.split(",") if isinstance(changed, str) else changed
+    parts = [p.strip().removeprefix("configuration.") for p in listed]
+    return ", ".join(p for p in parts if p)
+
+
+def actor_name(actor: str | None) -> str | None:
+    """'user alice' (an event's actor) -> 'alice'."""
+    if not actor:
+        return None
+    return actor.removeprefix("user ").strip() or None
+
+
+def describe_failure(culprit: Culprit | dict[str, Any]) -> str:
+    """What the culprit did, in words: 'failed to start: no capacity (Fleet is at capacity)'."""
+    get = culprit.get if isinstance(culprit, dict) else lambda k: getattr(culprit, k, None)
+    reason = get("termination_reason")
+    message = get("termination_reason_message")
+    code = get("exit_status")
+    if reason == "container_exited_with_error":
+        text = (
+            f"crashed: its container exited with code {code}"
+            if code is not None
+            else REASON_PHRASES[reason]
+        )
+    elif reason:
+        text = REASON_PHRASES.get(reason, f"failed ({reason.upper()})")
+    else:
+        text = "failed (reason not recorded)"
+    if message:
+        text += f" ({message})"
+    return text

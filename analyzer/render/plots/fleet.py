@@ -1,0 +1,229 @@
+"""Fleet-wide charts from a report: incidents per day, outage time and lost cost by project and
+by fleet, and the culprits' failure classes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+import matplotlib.dates as mdates
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from analyzer.contract import Report
+from analyzer.render.format import Clock, fmt_cost, fmt_duration
+
+
+def _seconds_unit(values: Iterable[float]) -> tuple[float, str]:
+    top = max(values, default=0.0)
+    if top >= 2 * 86400:
+        return 86400.0, "days"
+    if top >= 2 * 3600:
+        return 3600.0, "hours"
+    if top >= 120:
+        return 60.0, "minutes"
+    return 1.0, "seconds"
+
+
+def _top(
+    groups: Sequence[Any], limit: int, metric: Callable[[Any], float]
+) -> list[tuple[str, float, Any]]:
+    rows = sorted(((g.key, metric(g), g) for g in groups), key=lambda r: (-r[1], r[0]))
+    if len(rows) <= limit:
+        return rows
+    rest = rows[limit - 1 :]
+    other = (f"{len(rest)} others", sum(r[1] for r in rest), None)
+    return [*rows[: limit - 1], other]
+
+
+def _hbars(
+    ax: Any,
+    rows: list[tuple[str, float, Any]],
+    *,
+    color: str,
+    label: Callable[[float, Any], str],
+    title: str,
+    xlabel: str,
+    gid: str,
+) -> None:
+    ax.set_title(title, fontsize=10, loc="left")
+    ax.set_gid(gid)
+    if not rows:
+        ax.text(
+            0.5,
+            0.5,
+            "no findings",
+            ha="center",
+            va="center",
+            transform=ax.transAxes,
+            color="#777777",
+        )
+        ax.set_xticks([])
+        ax.set_yticks([])
+        return
+    keys = [r[0] for r in rows]
+    values = [r[1] for r in rows]
+    ys = range(len(rows))
+    ax.barh(ys, values, color=color, height=0.6, zorder=2)
+    ax.set_yticks(list(ys), labels=keys, fontsize=8)
+    ax.set_ylim(max(len(rows), 4) - 0.5, -0.5)  # a few bars stay bars, not blocks
+    top = max(values) or 1.0
+    ax.set_xlim(0, top * 1.35)
+    for y, (_, value, group) in zip(ys, rows, strict=True):
+        ax.text(
+            value + top * 0.02, y, label(value, group), va="center", fontsize=7.5, color="#333333"
+        )
+    ax.set_xlabel(xlabel, fontsize=8)
+    ax.tick_params(axis="x", labelsize=8)
+    ax.grid(axis="x", color="#e5e5e5", lw=0.6, zorder=0)
+    for spine in ("top", "right"):
+        ax.spines[spine].set_visible(False)
+
+
+def plot_fleet(report: Report, *, limit: int = 12) -> Figure:
+    """Fleet-wide charts from a report: incidents per day, outage time and lost cost by project
+    and by fleet, and the culprits' failure classes."""
+    s = report.summary
+    fig = Figure(figsize=(12.5, 13.0), layout="constrained")
+    FigureCanvasAgg(fig)
+    grid = fig.add_gridspec(4, 2, height_ratios=[1.0, 1.15, 1.15, 1.0])
+    fig.suptitle(
+        f"Healthy replicas killed by a failed rollout: {s.findings} incident(s), "
+        f"{s.victims} replica(s), {s.runs} run(s) audited",
+        fontsize=12,
+        fontweight="bold",
+        x=0.01,
+        ha="left",
+    )
+
+    day_ax = fig.add_subplot(grid[0, :])
+    day_ax.set_gid("incidents-per-day")
+    day_ax.set_title("Incidents per day (UTC day the outage began)", fontsize=10, loc="left")
+    dated = []
+    undated = 0
+    for group in s.by_day:
+        try:
+            dated.append((datetime.strptime(group.key, "%Y-%m-%d"), group.findings, group))
+        except ValueError:
+            undated += group.findings
+    if dated:
+        days = [d for d, _, _ in dated]
+        counts = [c for _, c, _ in dated]
+        nums = mdates.date2num(days)
+        day_ax.bar(nums, counts, width=0.8, color="#b2182b", zorder=2)
+        locator = mdates.AutoDateLocator(minticks=3, maxticks=10)
+        day_ax.xaxis.set_major_locator(locator)
+        day_ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
+        span = (max(days) - min(days)).days
+        pad = max(1.0, span * 0.03)
+        day_ax.set_xlim(min(nums) - pad, max(nums) + pad)
+        day_ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        day_ax.set_ylim(0, max(counts) * 1.25)
+        if len(dated) <= 31:
+            for x, c in zip(nums, counts, strict=True):
+                day_ax.text(x, c, str(c), ha="center", va="bottom", fontsize=7.5)
+        day_ax.set_ylabel("incidents", fontsize=8)
+        day_ax.grid(axis="y", color="#e5e5e5", lw=0.6, zorder=0)
+    else:
+        day_ax.set_xticks([])
+        day_ax.set_yticks([])
+        day_ax.text(
+            0.5,
+            0.5,
+            "no dated incidents",
+            ha="center",
+            va="center",
+            transform=day_ax.transAxes,
+            color="#777777",
+        )
+    if undated:
+        day_ax.text(
+            0.99,
+            0.95,
+            f"+ {undated} incident(s) with date unknown (rich log only)",
+            ha="right",
+            va="top",
+            transform=day_ax.transAxes,
+            fontsize=8,
+            color="#555555",
+        )
+    for spine in ("top", "right"):
+        day_ax.spines[spine].set_visible(False)
+
+    def outage_rows(groups: Sequence[Any]) -> tuple[list[tuple[str, float, Any]], str]:
+        factor, unit = _seconds_unit(g.outage_seconds for g in groups)
+        rows = [(k, v / factor, g) for k, v, g in _top(groups, limit, lambda g: g.outage_seconds)]
+        return rows, unit
+
+    def outage_label(value: float, group: Any, factor: float = 1.0) -> str:
+        if group is None:
+            return ""
+        return f"{fmt_duration(group.outage_seconds)} · {group.findings} incident(s)"
+
+    def cost_label(value: float, group: Any) -> str:
+        if group is None:
+            return fmt_cost(value)
+        return fmt_cost(group.lost_cost, group.cost_unknown_victims)
+
+    for row, (name, groups) in enumerate((("project", s.by_project), ("fleet", s.by_fleet)), 1):
+        rows, unit = outage_rows(groups)
+        _hbars(
+            fig.add_subplot(grid[row, 0]),
+            rows,
+            color="#ef6548",
+            label=outage_label,
+            title=f"Outage time by {name}",
+            xlabel=f"outage ({unit}; until recovery or the end of the evidence)",
+            gid=f"outage-by-{name}",
+        )
+        _hbars(
+            fig.add_subplot(grid[row, 1]),
+            _top(groups, limit, lambda g: g.lost_cost),
+            color="#807dba",
+            label=cost_label,
+            title=f"Lost cost by {name} (healthy replica-time killed × price)",
+            xlabel="lost cost ($)",
+            gid=f"cost-by-{name}",
+        )
+
+    classes = [(g.key, float(g.findings), g) for g in s.by_failure_class]
+    classes.sort(key=lambda r: (-r[1], r[0]))
+    _hbars(
+        fig.add_subplot(grid[3, 0]),
+        classes,
+        color="#4a90c8",
+        label=lambda v, g: f"{int(v)} incident(s), {g.victims} victim(s)" if g else "",
+        title="Culprit failure classes",
+        xlabel="incidents",
+        gid="failure-classes",
+    )
+    totals = fig.add_subplot(grid[3, 1])
+    totals.axis("off")
+    totals.set_gid("totals")
+    lines = [
+        f"runs audited: {s.runs} ({s.runs_in_progress} still active)",
+        f"incidents: {s.findings}",
+        f"healthy replicas killed: {s.victims}",
+        f"outage, summed: {fmt_duration(s.outage_seconds)}",
+        f"healthy replica-time lost: {fmt_duration(s.healthy_replica_seconds_lost)}",
+        f"lost cost: {fmt_cost(s.lost_cost, s.cost_unknown_victims)}",
+        f"end of the evidence: {Clock().full(report.end_of_evidence)}"
+        if report.end_of_evidence
+        else "end of the evidence: unknown",
+    ]
+    for name, count in sorted(s.by_verdict.items()):
+        lines.append(f"verdict {name}: {count}")
+    totals.set_title("Totals", fontsize=10, loc="left")
+    for i, line in enumerate(lines):
+        totals.text(
+            0.0,
+            0.95 - i * 0.09,
+            line,
+            fontsize=9,
+            transform=totals.transAxes,
+            va="top",
+            gid="total",
+        )
+    return fig
