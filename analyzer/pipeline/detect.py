@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
 import polars as pl
@@ -28,23 +29,19 @@ from analyzer.contract import (
     RunVerdict,
     Victim,
 )
-from analyzer.model import (
-    FINISHED_JOB_STATUSES,
-    FINISHED_RUN_STATUSES,
-    NORMAL_JOB_REASONS,
-    RETRY_STOP_MESSAGES,
-    RUN_FAILURE_REASONS,
-    SERVER_STOP_JOB_REASONS,
+from analyzer.model import FINISHED_RUN_STATUSES, RUN_FAILURE_REASONS
+from analyzer.pipeline.rules import (
+    CATEGORY_ORDER,
+    Hit,
+    cascade_stop,
+    categorise,
+    first_rule,
+    own_failure,
+    triggering_culprits,
 )
-from analyzer.pipeline.timeline import HEALTH_PROOFS, UNHEALTHY_PROOFS
+from analyzer.pipeline.timeline import HEALTH_PROOFS
 
 Row = dict[str, Any]
-# A run's verdict is its first category with victims.
-CATEGORY_ORDER = (
-    "collateral_termination",
-    "same_deployment_collateral",
-    "newer_deployment_collateral",
-)
 # The event kinds the rules and the evidence chain read.
 DETECTION_KINDS = (
     "run_status",
@@ -56,34 +53,8 @@ DETECTION_KINDS = (
 )
 
 
-def is_own_failure(job: Row) -> bool:
-    """A job that failed by itself (reference 5.4 fail class, or a server stop with a message
-    that is not a retry step); cascade kills (TERMINATED_BY_SERVER, no message) are not."""
-    reason = job["termination_reason"]
-    message = job["termination_reason_message"]
-    if reason in NORMAL_JOB_REASONS:
-        return False
-    if reason in SERVER_STOP_JOB_REASONS:
-        return message is not None and not any(message.startswith(m) for m in RETRY_STOP_MESSAGES)
-    if reason is not None:
-        return True
-    return job["status"] == "failed"
-
-
-def is_cascade_stop(job: Row) -> bool:
-    return (
-        job["termination_reason"] == "terminated_by_server"
-        and job["termination_reason_message"] is None
-        and job["status"] in ("terminated", "terminating")
-    )
-
-
 def _fmt_time(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z" if value else "unknown time"
-
-
-def _job_label(job: Row) -> str:
-    return f"{job['job_name']} (job {job['job_id']}, deployment {job['deployment_num']})"
 
 
 def _failed_at(job: Row) -> datetime | None:
@@ -103,10 +74,18 @@ class _Context:
     jobs: list[Row]
     events: list[Row]
 
-    @property
+    @cached_property
     def dateless(self) -> bool:
         """Only times of day are known (a rich log alone): report no datetimes."""
         return any(e["time_basis"] == "time_of_day_only" for e in self.events)
+
+    @cached_property
+    def events_by_job(self) -> dict[str, list[Row]]:
+        by_job: dict[str, list[Row]] = defaultdict(list)
+        for event in self.events:
+            if event["entity_type"] == "job":
+                by_job[event["entity_id"]].append(event)
+        return by_job
 
     def when(self, value: datetime | None) -> datetime | None:
         return None if self.dateless else value
@@ -136,7 +115,7 @@ def _evidence_from_job(job: Row, text: str, time: datetime | None) -> EvidenceIt
 
 
 def _job_events(ctx: _Context, job_id: str) -> list[Row]:
-    return [e for e in ctx.events if e["entity_type"] == "job" and e["entity_id"] == job_id]
+    return ctx.events_by_job.get(job_id, [])
 
 
 def _culprit_created_in_its_deployment(ctx: _Context, culprit: Row) -> tuple[bool, str]:
@@ -175,7 +154,7 @@ def _judge_candidate(ctx: _Context) -> RunJudgement:
             latest[slot]["submission_num"] or 0
         ):
             latest[slot] = job
-    culprits = [j for j in latest.values() if is_own_failure(j)]
+    culprits = [j for j in latest.values() if j["own_failure"]]
     if not culprits:
         return RunJudgement(
             "inconclusive",
@@ -188,93 +167,21 @@ def _judge_candidate(ctx: _Context) -> RunJudgement:
     also: list[OtherJob] = []
     undecided: list[str] = []
     culprit_ids = {c["job_id"] for c in culprits}
-    # A copy taken mid-cascade: dstack 0.22.5's run pipeline locks every job of a TERMINATING
-    # run that is neither finished nor TERMINATING (pipeline_tasks/runs/__init__.py,
-    # JOB_STATUSES_EXCLUDED_FOR_LOCKING) and `terminating.py::process_terminating_run` sets
-    # each of them TERMINATING with `run.termination_reason.to_job_termination_reason()`
-    # (JOB_FAILED, RETRY_LIMIT_EXCEEDED -> TERMINATED_BY_SERVER; RUNNING ones with a graceful
-    # stop). Such a job is doomed: it is a victim not yet stopped.
+    # A copy taken mid-cascade (the run still TERMINATING): the jobs the cascade has not
+    # reached yet are doomed, victims not yet stopped (rules.VICTIM_RULES say which are not).
     in_flight = run["status"] == "terminating"
     for job in ctx.jobs:
         if job["job_id"] in culprit_ids:
             continue
-        active = job["status"] not in FINISHED_JOB_STATUSES and job["status"] != "terminating"
-        if not is_cascade_stop(job):
-            if active and not in_flight:
-                undecided.append(
-                    f"{_job_label(job)} was still {job['status']} at the end of the evidence: "
-                    "snapshot taken before the cascade reached it"
-                )
-            if not (active and in_flight):
-                continue
-            if job["status"] != "running":  # pulling, provisioning, submitted: never served
-                also.append(
-                    _other(
-                        job,
-                        f"still {job['status']} when the evidence ends (never served); the "
-                        "run's terminating pass stops it next",
-                    )
-                )
-                continue
-        stop = job["stopped_at"] or job["last_processed_at"]
-        triggering = [
-            c
-            for c in culprits
-            if active
-            or (
-                (c["created_at"] is None or stop is None or stop >= c["created_at"])
-                and (
-                    job["terminating_at"] is None
-                    or c["terminating_at"] is None
-                    or job["terminating_at"] >= c["terminating_at"]
-                )
-            )
-        ]
-        if not triggering:
-            also.append(_other(job, "stopped before any culprit failed"))
-            continue
-        if not job["has_provisioning_data"]:
-            also.append(_other(job, "never got an instance (no provisioning data)"))
-            continue
-        if job["health"] == "not_healthy":
-            proof = UNHEALTHY_PROOFS.get(job["health_proof"], job["health_proof"])
-            when = "at the end of the evidence" if active else "when stopped"
-            also.append(_other(job, f"not healthy {when}: {proof}"))
-            continue
-        if job["health"] != "healthy":
-            undecided.append(
-                f"{_job_label(job)} was "
-                + ("hit" if active else "stopped")
-                + " by the cascade but its health cannot be decided"
-                + (f" ({job['health_proof']})" if job["health_proof"] else "")
-            )
-            continue
-        dep = job["deployment_num"]
-        if dep is None:
-            undecided.append(f"{_job_label(job)}: deployment number unknown")
-            continue
-        newer = [
-            c for c in triggering if c["deployment_num"] is not None and c["deployment_num"] > dep
-        ]
-        same = [c for c in triggering if c["deployment_num"] == dep]
-        older = [
-            c for c in triggering if c["deployment_num"] is not None and c["deployment_num"] < dep
-        ]
-        if newer and (same or older):
-            undecided.append(
-                f"{_job_label(job)}: replicas of a newer and of its own or an older deployment "
-                "failed before the cascade; either may have failed the run"
-            )
-        elif newer:
-            victims["collateral_termination"].append((job, newer))
-        elif same:
-            victims["same_deployment_collateral"].append((job, same))
-        elif older:
-            # Reference 11.4: an older replica failed on its own and the deployment-blind
-            # cascade (6.7, 6.8) killed this healthy replica of a newer deployment.
-            victims["newer_deployment_collateral"].append((job, older))
-        else:
-            undecided.append(f"{_job_label(job)}: the failing replica's deployment is unknown")
+        hit = Hit(job, in_flight, triggering_culprits(job, culprits))
+        rule = first_rule(hit)
+        if rule is None:
+            category, triggered_by = categorise(hit)
+            victims[category].append((job, triggered_by))
+        elif rule.outcome == "not_victim":
+            also.append(_other(job, rule.reason(hit)))
+        elif rule.outcome == "undecided":
+            undecided.append(rule.reason(hit))
 
     victim_categories = {
         v["job_id"]: category for category, entries in victims.items() for v, _ in entries
@@ -415,7 +322,7 @@ def _finding(
             "than RUNNING (the service has probes), so it may have been failing its probe at "
             "the kill; jobs.ready and the probes' streaks in a database decide",
         )
-    pending = [v for v in victim_rows if not is_cascade_stop(v)]
+    pending = [v for v in victim_rows if not v["cascade_stop"]]
     if pending:
         expected = _expected_stop_reason(run)
         limit(
@@ -467,7 +374,7 @@ def _finding(
             else "stopped by the cascade, not decided (see the notes)",
         )
         for j in ctx.jobs
-        if is_cascade_stop(j)
+        if j["cascade_stop"]
         and j["job_id"] not in victim_ids
         and j["job_id"] not in culprit_ids
         and not any(o.job_id == j["job_id"] for o in also)
@@ -489,9 +396,9 @@ def _finding(
                 healthy_since=ctx.when(v["healthy_since"]),
                 terminated_at=ctx.when(v["stopped_at"]),
                 health_proof=HEALTH_PROOFS.get(v["health_proof"], v["health_proof"]),
-                stopped=is_cascade_stop(v),
+                stopped=v["cascade_stop"],
                 expected_termination_reason=None
-                if is_cascade_stop(v)
+                if v["cascade_stop"]
                 else _expected_stop_reason(run),
             )
             for v in victim_rows
@@ -586,7 +493,7 @@ def _victim_evidence(ctx: _Context, victim: Row) -> list[EvidenceItem]:
     proof = HEALTH_PROOFS.get(victim["health_proof"], victim["health_proof"])
     state = (
         f"{victim['status']}, {victim['termination_reason']} with no message"
-        if is_cascade_stop(victim)
+        if victim["cascade_stop"]
         else f"still {victim['status']} when the evidence ends, not yet stopped (the run's "
         f"terminating pass stops it with {_expected_stop_reason(ctx.run)})"
     )
@@ -669,8 +576,10 @@ def _detect(
     keys = pl.DataFrame(
         {"server": [r["server"] for r in candidates], "run_id": [r["run_id"] for r in candidates]}
     )
-    jobs_by_run = subs.join(keys, on=["server", "run_id"]).rows_by_key(
-        ["server", "run_id"], named=True
+    jobs_by_run = (
+        subs.join(keys, on=["server", "run_id"])
+        .with_columns(own_failure().alias("own_failure"), cascade_stop().alias("cascade_stop"))
+        .rows_by_key(["server", "run_id"], named=True)
     )
     events_by_run = (
         events.filter(pl.col("kind").is_in(DETECTION_KINDS))
