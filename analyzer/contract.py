@@ -12,20 +12,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 2
+from analyzer.vocabulary import Category, Confidence, Verdict
 
-Category = Literal[
-    "collateral_termination", "same_deployment_collateral", "newer_deployment_collateral"
-]
-Verdict = Literal[
-    "collateral_termination",
-    "same_deployment_collateral",
-    "newer_deployment_collateral",
-    "no_healthy_victim",
-    "no_incident",
-    "inconclusive",
-]
-Confidence = Literal["confirmed", "suspected"]
+SCHEMA_VERSION = 2
 
 
 class _Record(BaseModel):
