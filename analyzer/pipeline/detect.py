@@ -53,10 +53,6 @@ DETECTION_KINDS = (
 )
 
 
-def _fmt_time(value: datetime | None) -> str:
-    return value.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z" if value else "unknown time"
-
-
 def _failed_at(job: Row) -> datetime | None:
     return job["terminating_at"] or job["finished_at"] or job["last_processed_at"]
 

@@ -11,7 +11,8 @@ import polars as pl
 from analyzer.model import FINISHED_JOB_STATUSES, UTC_TIME
 from analyzer.pipeline.evidence import Evidence
 from analyzer.vocabulary import HEALTH_PROOFS as PROOF_NAMES
-from analyzer.vocabulary import HEALTH_STATES
+from analyzer.vocabulary import HEALTH_STATES, HEALTHY_PROOFS
+from analyzer.vocabulary import UNHEALTHY_PROOFS as UNHEALTHY_PROOF_NAMES
 
 # Each proof of vocabulary.HEALTHY_PROOFS / UNHEALTHY_PROOFS in words (tests/test_health.py).
 HEALTH_PROOFS = {
@@ -169,9 +170,9 @@ def submissions(evidence: Evidence) -> pl.DataFrame:
         .otherwise(pl.lit(None, pl.String))
     )
     health = (
-        pl.when(pl.col("health_proof").is_in(list(HEALTH_PROOFS)))
+        pl.when(pl.col("health_proof").is_in(HEALTHY_PROOFS))
         .then(pl.lit("healthy"))
-        .when(pl.col("health_proof").is_in(list(UNHEALTHY_PROOFS)))
+        .when(pl.col("health_proof").is_in(UNHEALTHY_PROOF_NAMES))
         .then(pl.lit("not_healthy"))
         .otherwise(pl.lit("unknown"))
     )
