@@ -42,6 +42,58 @@ from analyzer.pipeline.rules import (
 from analyzer.pipeline.timeline import HEALTH_PROOFS
 
 Row = dict[str, Any]
+# The columns of the submissions frame (timeline.submissions) and of the events the rules and
+# the evidence chain read: iterating rows is the cost, so only these are turned into rows.
+JOB_COLUMNS = (
+    "server",
+    "run_id",
+    "job_id",
+    "job_name",
+    "replica_num",
+    "job_num",
+    "submission_num",
+    "deployment_num",
+    "status",
+    "termination_reason",
+    "termination_reason_message",
+    "exit_status",
+    "last_processed_at",
+    "has_provisioning_data",
+    "probe_count",
+    "spec_fingerprint",
+    "deployment_basis",
+    "provenance",
+    "created_at",
+    "created_deployment",
+    "terminating_at",
+    "stopped_at",
+    "finished_at",
+    "ready_at",
+    "running_event_at",
+    "healthy_since",
+    "health",
+    "health_proof",
+    "event_reason",
+    "event_message",
+)
+EVENT_COLUMNS = (
+    "server",
+    "run_id",
+    "time",
+    "time_text",
+    "time_basis",
+    "kind",
+    "entity_type",
+    "entity_id",
+    "entity_name",
+    "old_status",
+    "new_status",
+    "deployment_num",
+    "changed_fields",
+    "actor",
+    "message",
+    "provenance",
+)
 # The event kinds the rules and the evidence chain read.
 DETECTION_KINDS = (
     "run_status",
@@ -51,6 +103,20 @@ DETECTION_KINDS = (
     "job_ready",
     "job_registered",
 )
+
+
+def _read_events() -> pl.Expr:
+    """The events the evidence chain quotes: updates, creations, readiness, and the status
+    changes into or out of the termination (the rest only count, in columns)."""
+    kind, new = pl.col("kind"), pl.col("new_status")
+    return (
+        kind.is_in(["run_updated", "job_created", "job_ready", "job_registered"])
+        | (
+            (kind == "run_status")
+            & ((new == "terminating") | (pl.col("old_status") == "terminating"))
+        )
+        | ((kind == "job_status") & new.is_in(["terminating", "terminated"]))
+    )
 
 
 def _failed_at(job: Row) -> datetime | None:
@@ -69,11 +135,7 @@ class _Context:
     run: Row
     jobs: list[Row]
     events: list[Row]
-
-    @cached_property
-    def dateless(self) -> bool:
-        """Only times of day are known (a rich log alone): report no datetimes."""
-        return any(e["time_basis"] == "time_of_day_only" for e in self.events)
+    dateless: bool  # only times of day are known (a rich log alone): report no datetimes
 
     @cached_property
     def events_by_job(self) -> dict[str, list[Row]]:
@@ -498,26 +560,37 @@ def _victim_evidence(ctx: _Context, victim: Row) -> list[EvidenceItem]:
             victim,
             f"job {victim['job_name']} (deployment {victim['deployment_num']}, submission "
             f"{victim['submission_num']}): {state}; healthy: {proof}",
-            None if any(e["kind"] == "job_status" for e in events) else victim["last_processed_at"],
+            None if victim["has_status_event"] else victim["last_processed_at"],
         )
     )
     return items
 
 
-def _plain_verdict(run: Row) -> tuple[str, str] | None:
-    """Verdicts that need no look inside the run; None for candidate runs."""
-    run_type = run["run_type"]
-    reason = run["termination_reason"]
-    status = run["status"]
-    if run_type is not None and run_type != "service":
-        return "no_incident", f"a {run_type} run: rolling deployments exist for services only"
-    if reason in RUN_FAILURE_REASONS and status in ("failed", "terminating"):
-        return None
-    if status in ("pending", "submitted", "provisioning", "running"):
-        return "no_incident", f"run still {status} at the end of the evidence"
-    if reason:
-        return "no_incident", f"run ended with {reason}, not a job failure"
-    return "no_incident", f"run {status or 'in an unknown state'} without a job failure"
+def _known(column: pl.Expr) -> pl.Expr:
+    return column.is_not_null() & (column != "")
+
+
+def _plain_verdicts(runs: pl.DataFrame) -> pl.DataFrame:
+    """Verdicts that need no look inside the run, in columns: `why` is null for candidate
+    runs (a service failing or failed with JOB_FAILED / RETRY_LIMIT_EXCEEDED)."""
+    run_type, reason, status = pl.col("run_type"), pl.col("termination_reason"), pl.col("status")
+    why = (
+        pl.when(run_type.is_not_null() & (run_type != "service"))
+        .then(pl.format("a {} run: rolling deployments exist for services only", run_type))
+        .when(reason.is_in(RUN_FAILURE_REASONS) & status.is_in(["failed", "terminating"]))
+        .then(pl.lit(None, pl.String))
+        .when(status.is_in(["pending", "submitted", "provisioning", "running"]))
+        .then(pl.format("run still {} at the end of the evidence", status))
+        .when(_known(reason))
+        .then(pl.format("run ended with {}, not a job failure", reason))
+        .otherwise(
+            pl.format(
+                "run {} without a job failure",
+                pl.when(_known(status)).then(status).otherwise(pl.lit("in an unknown state")),
+            )
+        )
+    )
+    return runs.with_columns(why.alias("_why"))
 
 
 def detect(
@@ -557,40 +630,71 @@ def _undecided_where_disputed(
 def _detect(
     runs: pl.DataFrame, subs: pl.DataFrame, events: pl.DataFrame
 ) -> tuple[list[RunVerdict], list[Finding]]:
-    verdicts: list[RunVerdict] = []
+    judged = _plain_verdicts(runs)
+    plain = judged.filter(pl.col("_why").is_not_null())
+    verdicts = [
+        _verdict(run, "no_incident", run["_why"])
+        for run in plain.select(*VERDICT_COLUMNS, "_why").iter_rows(named=True)
+    ]
     findings: list[Finding] = []
-    candidates = []
-    for run in runs.iter_rows(named=True):
-        plain = _plain_verdict(run)
-        if plain is None:
-            candidates.append(run)
-        else:
-            verdicts.append(_verdict(run, *plain))
-    if not candidates:
+    candidate_runs = judged.filter(pl.col("_why").is_null()).drop("_why")
+    if candidate_runs.is_empty():
         return verdicts, findings
-
-    keys = pl.DataFrame(
-        {"server": [r["server"] for r in candidates], "run_id": [r["run_id"] for r in candidates]}
+    candidates = list(candidate_runs.iter_rows(named=True))
+    keys = candidate_runs.select("server", "run_id")
+    with_status = (
+        events.filter((pl.col("kind") == "job_status") & (pl.col("entity_type") == "job"))
+        .select(
+            "server", "run_id", pl.col("entity_id").alias("job_id"), pl.lit(True).alias("_status")
+        )
+        .unique(["server", "run_id", "job_id"])
     )
     jobs_by_run = (
-        subs.join(keys, on=["server", "run_id"])
-        .with_columns(own_failure().alias("own_failure"), cascade_stop().alias("cascade_stop"))
+        subs.join(keys, on=["server", "run_id"], maintain_order="left")
+        .join(with_status, on=["server", "run_id", "job_id"], how="left", maintain_order="left")
+        .select(
+            *JOB_COLUMNS,
+            own_failure().alias("own_failure"),
+            cascade_stop().alias("cascade_stop"),
+            pl.col("_status").fill_null(False).alias("has_status_event"),
+        )
         .rows_by_key(["server", "run_id"], named=True)
     )
+    read = events.filter(pl.col("kind").is_in(DETECTION_KINDS)).join(
+        keys, on=["server", "run_id"], maintain_order="left"
+    )
+    dateless = set(
+        read.filter(pl.col("time_basis") == "time_of_day_only")
+        .select("server", "run_id")
+        .unique()
+        .iter_rows()
+    )
     events_by_run = (
-        events.filter(pl.col("kind").is_in(DETECTION_KINDS))
-        .join(keys, on=["server", "run_id"])
+        read.filter(_read_events())
+        .select(EVENT_COLUMNS)
         .rows_by_key(["server", "run_id"], named=True)
     )
 
     for run in candidates:
         key = (run["server"], run["run_id"])
         judgement = _judge_candidate(
-            _Context(run, jobs_by_run.get(key, []), events_by_run.get(key, []))
+            _Context(run, jobs_by_run.get(key, []), events_by_run.get(key, []), key in dateless)
         )
         verdicts.append(_verdict(run, judgement.verdict, judgement.why))
         findings.extend(judgement.findings)
     return verdicts, findings
+
+
+VERDICT_COLUMNS = (
+    "server",
+    "run_id",
+    "run_name",
+    "project",
+    "run_type",
+    "status",
+    "termination_reason",
+    "deployment_num",
+)
 
 
 def _verdict(run: Row, verdict: str, why: str) -> RunVerdict:
