@@ -11,7 +11,7 @@ import pytest
 from analyzer.model import EVENTS_SCHEMA, JOBS_SCHEMA, RUNS_SCHEMA
 from analyzer.pipeline.detect import detect
 from analyzer.pipeline.evidence import Evidence
-from analyzer.pipeline.rules import CATEGORIES, CATEGORY_ORDER, VICTIM_RULES
+from analyzer.pipeline.rules import CATEGORIES, CATEGORY_ORDER, VICTIM_RULES, find_culprits
 from analyzer.pipeline.timeline import submissions
 
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
@@ -310,3 +310,27 @@ def test_a_not_victim_beside_a_victim_is_listed_in_the_finding():
     verdict, findings = judge([run()], [old_replica(), never, culprit()])
     assert verdict.verdict == "collateral_termination"
     assert also_stopped(findings) == {"svc-2-0": "never got an instance (no provisioning data)"}
+
+
+def _slot(submission: int, created: datetime, own_failure: bool) -> dict:
+    return {
+        "job_id": f"j{submission}",
+        "replica_num": 1,
+        "job_num": 0,
+        "submission_num": submission,
+        "created_at": created,
+        "own_failure": own_failure,
+    }
+
+
+def test_only_the_latest_submission_of_a_slot_is_a_culprit():
+    retried = [_slot(0, at(1), True), _slot(1, at(2), False)]
+    assert find_culprits(retried, at(10)) == []
+    failed_again = [_slot(0, at(1), False), _slot(1, at(2), True)]
+    assert [c["job_id"] for c in find_culprits(failed_again, at(10))] == ["j1"]
+
+
+def test_a_submission_created_after_the_run_went_terminating_is_no_culprit():
+    jobs = [_slot(0, at(1), True), _slot(1, at(12), False)]
+    assert [c["job_id"] for c in find_culprits(jobs, at(10))] == ["j0"]
+    assert find_culprits(jobs, None) == []

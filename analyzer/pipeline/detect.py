@@ -35,6 +35,7 @@ from analyzer.pipeline.rules import (
     Hit,
     cascade_stop,
     categorise,
+    find_culprits,
     first_rule,
     own_failure,
     triggering_culprits,
@@ -198,21 +199,7 @@ def _judge_candidate(ctx: _Context) -> RunJudgement:
     terminating = ctx.run_event("run_status", new_status="terminating")
     run_terminating_at = terminating["time"] if terminating else None
 
-    considered = [
-        j
-        for j in ctx.jobs
-        if run_terminating_at is None
-        or j["created_at"] is None
-        or j["created_at"] <= run_terminating_at
-    ]
-    latest: dict[tuple[Any, Any], Row] = {}
-    for job in considered:
-        slot = (job["replica_num"], job["job_num"])
-        if slot not in latest or (job["submission_num"] or 0) > (
-            latest[slot]["submission_num"] or 0
-        ):
-            latest[slot] = job
-    culprits = [j for j in latest.values() if j["own_failure"]]
+    culprits = find_culprits(ctx.jobs, run_terminating_at)
     if not culprits:
         return RunJudgement(
             "inconclusive",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal
 
 import polars as pl
@@ -60,6 +61,24 @@ def cascade_stop() -> pl.Expr:
         & pl.col("termination_reason_message").is_null()
         & pl.col("status").is_in(["terminated", "terminating"])
     ).fill_null(False)
+
+
+def find_culprits(jobs: list[Row], run_terminating_at: datetime | None) -> list[Row]:
+    """The jobs whose own failure failed the run (reference 11.1 step 2): per replica slot only
+    the latest submission counts (reference 6.7; pipeline_tasks/runs/active.py,
+    `_analyze_active_run_replica`), among the rows created before the run went TERMINATING
+    (later rows are the cascade's or a retry's, not the cause)."""
+    latest: dict[tuple[Any, Any], Row] = {}
+    for job in jobs:
+        created = job["created_at"]
+        if run_terminating_at is not None and created is not None and created > run_terminating_at:
+            continue
+        slot = (job["replica_num"], job["job_num"])
+        if slot not in latest or (job["submission_num"] or 0) > (
+            latest[slot]["submission_num"] or 0
+        ):
+            latest[slot] = job
+    return [j for j in latest.values() if j["own_failure"]]
 
 
 def job_label(job: Row) -> str:
