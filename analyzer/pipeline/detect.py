@@ -41,6 +41,7 @@ from analyzer.pipeline.rules import (
     triggering_culprits,
 )
 from analyzer.pipeline.timeline import HEALTH_PROOFS
+from analyzer.vocabulary import Category, Confidence, Verdict
 
 Row = dict[str, Any]
 # The columns of the submissions frame (timeline.submissions) and of the events the rules and
@@ -126,7 +127,7 @@ def _failed_at(job: Row) -> datetime | None:
 
 @dataclass
 class RunJudgement:
-    verdict: str
+    verdict: Verdict
     why: str
     findings: list[Finding] = field(default_factory=list)
 
@@ -208,7 +209,7 @@ def _judge_candidate(ctx: _Context) -> RunJudgement:
             "(rows deleted, or events past their TTL)",
         )
 
-    victims: dict[str, list[tuple[Row, list[Row]]]] = defaultdict(list)
+    victims: dict[Category, list[tuple[Row, list[Row]]]] = defaultdict(list)
     also: list[OtherJob] = []
     undecided: list[str] = []
     culprit_ids = {c["job_id"] for c in culprits}
@@ -286,7 +287,7 @@ def _other(job: Row, why: str) -> OtherJob:
 
 def _finding(
     ctx: _Context,
-    category: str,
+    category: Category,
     entries: list[tuple[Row, list[Row]]],
     also: list[OtherJob],
     terminating_event: Row | None,
@@ -302,7 +303,7 @@ def _finding(
     victim_ids = {v["job_id"] for v in victim_rows}
     notes: list[str] = []
     limitations: list[LimitationRecord] = []
-    confidence = "confirmed"
+    confidence: Confidence = "confirmed"
 
     def limit(code: str, message: str) -> None:
         nonlocal confidence
@@ -425,8 +426,8 @@ def _finding(
         and not any(o.job_id == j["job_id"] for o in also)
     ]
     return Finding(
-        category=category,  # type: ignore[arg-type]
-        confidence=confidence,  # type: ignore[arg-type]
+        category=category,
+        confidence=confidence,
         server=run["server"],
         run_id=run["run_id"],
         run_name=run["run_name"],
@@ -684,7 +685,7 @@ VERDICT_COLUMNS = (
 )
 
 
-def _verdict(run: Row, verdict: str, why: str) -> RunVerdict:
+def _verdict(run: Row, verdict: Verdict, why: str) -> RunVerdict:
     return RunVerdict(
         server=run["server"],
         run_id=run["run_id"],
@@ -694,7 +695,7 @@ def _verdict(run: Row, verdict: str, why: str) -> RunVerdict:
         status=run["status"],
         termination_reason=run["termination_reason"],
         deployment_num=run["deployment_num"],
-        verdict=verdict,  # type: ignore[arg-type]
+        verdict=verdict,
         why=why,
         in_progress=run["status"] not in (*FINISHED_RUN_STATUSES, None),
     )

@@ -24,6 +24,7 @@ from analyzer.model import (
     SERVER_STOP_JOB_REASONS,
 )
 from analyzer.pipeline.timeline import UNHEALTHY_PROOFS
+from analyzer.vocabulary import Category
 
 Row = dict[str, Any]
 Outcome = Literal["ignored", "not_victim", "undecided"]
@@ -272,29 +273,29 @@ VICTIM_RULES: tuple[Rule, ...] = (
 
 
 @dataclass(frozen=True)
-class Category:
+class CategoryRule:
     """A victim category: the side the triggering culprits' deployment is on."""
 
-    name: str
+    name: Category
     culprit_side: Callable[[int, int], bool]  # (culprit deployment, victim deployment)
     dstack: str
 
 
 # In order: a run's verdict is its first category with victims.
-CATEGORIES: tuple[Category, ...] = (
-    Category(
+CATEGORIES: tuple[CategoryRule, ...] = (
+    CategoryRule(
         "collateral_termination",
         _newer,
         "a replica of a newer deployment failed and the run's cascade stopped a healthy older "
         "one (dstack issue #4186; reference 11.1, 11.2)",
     ),
-    Category(
+    CategoryRule(
         "same_deployment_collateral",
         _same,
         "culprit and victim share one deployment: a failed scale-up after an in-place "
         "`replicas` change or a sibling crash (dstack #2660; reference 11.4)",
     ),
-    Category(
+    CategoryRule(
         "newer_deployment_collateral",
         _older,
         "an older replica failed on its own during a rollout and the deployment-blind cascade "
@@ -309,7 +310,7 @@ def first_rule(hit: Hit) -> Rule | None:
     return next((rule for rule in VICTIM_RULES if rule.applies(hit)), None)
 
 
-def categorise(hit: Hit) -> tuple[str, list[Row]]:
+def categorise(hit: Hit) -> tuple[Category, list[Row]]:
     """A victim's category and the culprits that put it there (the rules ruled out the rest)."""
     for category in CATEGORIES:
         culprits = hit.culprits(category.culprit_side)
