@@ -86,12 +86,12 @@ def culprit(**fields) -> dict:
     )
 
 
-def judge(runs: list[dict], jobs: list[dict], disputed=None):
+def judge(runs: list[dict], jobs: list[dict], disputed=None, events=()):
     runs_frame = pl.DataFrame(runs, schema=RUNS_SCHEMA)
     evidence = Evidence(
         runs=runs_frame,
         jobs=pl.DataFrame(jobs, schema=JOBS_SCHEMA),
-        events=pl.DataFrame(schema=EVENTS_SCHEMA),
+        events=pl.DataFrame(list(events), schema=EVENTS_SCHEMA),
     )
     verdicts, findings = detect(runs_frame, submissions(evidence), evidence.events, disputed)
     assert len(verdicts) == 1
@@ -195,6 +195,32 @@ def test_a_victim_not_yet_stopped_mid_cascade_is_suspected():
     assert not victim.stopped
     assert victim.expected_termination_reason == "terminated_by_server"
     assert findings[0].confidence == "suspected"
+
+
+def test_a_log_with_times_of_day_only_gives_no_datetimes():
+    terminating = {
+        "server": "s",
+        "seq": 1,
+        "time_text": "09:21:00",
+        "time_basis": "time_of_day_only",
+        "kind": "run_status",
+        "origin": "event_line",
+        "entity_type": "run",
+        "entity_id": RUN_ID,
+        "entity_name": "svc",
+        "run_id": RUN_ID,
+        "old_status": "running",
+        "new_status": "terminating",
+        "termination_reason": "job_failed",
+        "message": "Run status changed RUNNING -> TERMINATING. Termination reason: JOB_FAILED",
+        "provenance": ["server.log:7"],
+    }
+    verdict, findings = judge([run()], [old_replica(), culprit()], events=[terminating])
+    assert verdict.verdict == "collateral_termination"
+    (finding,) = findings
+    assert finding.victims[0].terminated_at is None and finding.culprits[0].failed_at is None
+    assert any("times of day only" in note for note in finding.notes)
+    assert any(item.text.startswith("[09:21:00 local, date unknown]") for item in finding.evidence)
 
 
 def test_disputed_rows_make_the_run_inconclusive():
