@@ -171,3 +171,44 @@ def test_every_limitation_code_is_declared():
     }
     assert {"copy_taken_mid_cascade", "no_events_table", "missing_columns"} <= codes
     assert codes - set(vocab.LIMITATION_CODES) == set()
+
+
+def assigned_values(tree: ast.AST) -> list[tuple[int, str, str]]:
+    """(line, column, value) of every pl.lit("...") inside an expression aliased to a
+    vocabulary column: pl.when(...).then(pl.lit("db_utc")).alias("time_basis")."""
+    found = []
+    for node in ast.walk(tree):
+        if not (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "alias"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and node.args[0].value in COLUMNS
+        ):
+            continue
+        column = node.args[0].value
+        for sub in ast.walk(node.func.value):
+            if (
+                isinstance(sub, ast.Call)
+                and isinstance(sub.func, ast.Attribute)
+                and sub.func.attr == "lit"
+                and sub.args
+            ):
+                found.extend((node.lineno, column, value) for value in _strings(sub.args[0]))
+    return found
+
+
+@pytest.mark.parametrize("path", SCANNED, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_every_assigned_string_is_in_its_vocabulary(path):
+    tree = ast.parse(path.read_text(), filename=str(path))
+    wrong = [(line, c, v) for line, c, v in assigned_values(tree) if v not in COLUMNS[c]]
+    assert wrong == []
+
+
+def test_the_scan_sees_assignments():
+    tree = ast.parse(
+        'pl.when(x).then(pl.lit("db_utc")).otherwise(pl.lit("oops")).alias("time_basis")\n'
+        'pl.lit("x").alias("message")'
+    )
+    assert sorted(assigned_values(tree)) == [(1, "time_basis", "db_utc"), (1, "time_basis", "oops")]
