@@ -12,15 +12,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from analyzer.vocabulary import VERDICTS
+from analyzer.vocabulary import Category, Confidence, Verdict
 
 SCHEMA_VERSION = 2
-
-Category = Literal[
-    "collateral_termination", "same_deployment_collateral", "newer_deployment_collateral"
-]
-Verdict = Literal[VERDICTS]  # the names live in analyzer.vocabulary
-Confidence = Literal["confirmed", "suspected"]
 
 
 class _Record(BaseModel):

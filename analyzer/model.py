@@ -9,6 +9,14 @@ from __future__ import annotations
 
 import polars as pl
 
+from analyzer.vocabulary import (
+    DEPLOYMENT_BASES,
+    ENTITY_TYPES,
+    EVENT_KINDS,
+    EVENT_ORIGINS,
+    TIME_BASES,
+)
+
 UTC_TIME = pl.Datetime("us", "UTC")
 
 RUNS_SCHEMA: dict[str, pl.DataType] = {
@@ -64,7 +72,7 @@ JOBS_SCHEMA: dict[str, pl.DataType] = {
     "probes_below_ready_after": pl.Int64(),
     "min_probe_streak": pl.Int64(),
     "spec_fingerprint": pl.String(),  # hash of the JobSpec fields a rolling deployment changes
-    "deployment_basis": pl.String(),  # table | events | scaling_lines | ambiguous_update (logs)
+    "deployment_basis": pl.String(),  # see DEPLOYMENT_BASES
     "provenance": pl.String(),
 }
 
@@ -118,8 +126,8 @@ EVENTS_SCHEMA: dict[str, pl.DataType] = {
     "time_text": pl.String(),  # the time as the source wrote it
     "time_basis": pl.String(),  # how `time` was obtained (see TIME_BASES)
     "kind": pl.String(),  # see EVENT_KINDS
-    "origin": pl.String(),  # events_table | event_line | status_line: a status line is no event
-    "entity_type": pl.String(),  # run | job
+    "origin": pl.String(),  # see EVENT_ORIGINS: a status line is no event
+    "entity_type": pl.String(),  # see ENTITY_TYPES
     "entity_id": pl.String(),
     "entity_name": pl.String(),
     "run_id": pl.String(),
@@ -134,29 +142,16 @@ EVENTS_SCHEMA: dict[str, pl.DataType] = {
     "provenance": pl.List(pl.String()),
 }
 
-EVENT_KINDS = (
-    "run_submitted",
-    "run_status",
-    "run_updated",
-    "run_scaling",
-    "job_created",
-    "job_status",
-    "job_updated",
-    "job_ready",
-    "job_registered",
-    "job_unregistered",
-    "graceful_stop",
-    "job_exit_status",
-)
-
-TIME_BASES = (
-    "db_utc",  # a database timestamp, UTC by dstack's contract
-    "log_wrapper_utc",  # docker/kubectl/journald time in front of the line
-    "log_local_offset_inferred",  # local log time shifted by an offset aligned with the DB
-    "log_local_offset_given",  # local log time shifted by --log-tz
-    "log_local_assumed_utc",  # local log time, zone unknown, taken as UTC (said in limitations)
-    "time_of_day_only",  # rich log without a date
-)
+# Columns whose values are vocabulary (analyzer/vocabulary.py): `conform` fails on any other
+# value, so a source's typo stops the read instead of silently matching nothing downstream.
+# The names are unique to the events and jobs frames among the canonical schemas.
+VOCABULARY_COLUMNS: dict[str, tuple[str, ...]] = {
+    "kind": EVENT_KINDS,
+    "time_basis": TIME_BASES,
+    "origin": EVENT_ORIGINS,
+    "entity_type": ENTITY_TYPES,
+    "deployment_basis": DEPLOYMENT_BASES,
+}
 
 # Log records as the log readers hand them to the message catalogue.
 LOG_RECORDS_SCHEMA: dict[str, pl.DataType] = {
@@ -200,17 +195,25 @@ def empty_frame(schema: dict[str, pl.DataType]) -> pl.DataFrame:
 
 
 def conform(frame: pl.DataFrame | pl.LazyFrame, schema: dict[str, pl.DataType]) -> pl.LazyFrame:
-    """Select exactly the schema's columns, in order, with its types (missing ones as nulls)."""
+    """Select exactly the schema's columns, in order, with its types (missing ones as nulls);
+    a vocabulary column's value outside its vocabulary fails the collect."""
     lazy = frame.lazy()
     present = set(lazy.collect_schema().names())
     if not present:  # a frame without columns has no rows; literals would make one
         return pl.LazyFrame(schema=schema)
     return lazy.select(
         [
-            (pl.col(name) if name in present else pl.lit(None)).cast(dtype).alias(name)
+            _checked(name, (pl.col(name) if name in present else pl.lit(None)).cast(dtype))
             for name, dtype in schema.items()
         ]
     )
+
+
+def _checked(name: str, column: pl.Expr) -> pl.Expr:
+    values = VOCABULARY_COLUMNS.get(name)
+    if values is None:
+        return column.alias(name)
+    return column.cast(pl.Enum(values)).cast(pl.String).alias(name)
 
 
 def normalise_id(expr: pl.Expr) -> pl.Expr:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
 import polars as pl
@@ -28,22 +29,72 @@ from analyzer.contract import (
     RunVerdict,
     Victim,
 )
-from analyzer.model import (
-    FINISHED_JOB_STATUSES,
-    FINISHED_RUN_STATUSES,
-    NORMAL_JOB_REASONS,
-    RETRY_STOP_MESSAGES,
-    RUN_FAILURE_REASONS,
-    SERVER_STOP_JOB_REASONS,
+from analyzer.model import FINISHED_RUN_STATUSES, RUN_FAILURE_REASONS
+from analyzer.pipeline.rules import (
+    CATEGORY_ORDER,
+    Hit,
+    cascade_stop,
+    categorise,
+    find_culprits,
+    first_rule,
+    own_failure,
+    triggering_culprits,
 )
-from analyzer.pipeline.timeline import HEALTH_PROOFS, UNHEALTHY_PROOFS
+from analyzer.pipeline.timeline import HEALTH_PROOFS
+from analyzer.vocabulary import Category, Confidence, Verdict
 
 Row = dict[str, Any]
-# A run's verdict is its first category with victims.
-CATEGORY_ORDER = (
-    "collateral_termination",
-    "same_deployment_collateral",
-    "newer_deployment_collateral",
+# The columns of the submissions frame (timeline.submissions) and of the events the rules and
+# the evidence chain read: iterating rows is the cost, so only these are turned into rows.
+JOB_COLUMNS = (
+    "server",
+    "run_id",
+    "job_id",
+    "job_name",
+    "replica_num",
+    "job_num",
+    "submission_num",
+    "deployment_num",
+    "status",
+    "termination_reason",
+    "termination_reason_message",
+    "exit_status",
+    "last_processed_at",
+    "has_provisioning_data",
+    "probe_count",
+    "spec_fingerprint",
+    "deployment_basis",
+    "provenance",
+    "created_at",
+    "created_deployment",
+    "terminating_at",
+    "stopped_at",
+    "finished_at",
+    "ready_at",
+    "running_event_at",
+    "healthy_since",
+    "health",
+    "health_proof",
+    "event_reason",
+    "event_message",
+)
+EVENT_COLUMNS = (
+    "server",
+    "run_id",
+    "time",
+    "time_text",
+    "time_basis",
+    "kind",
+    "entity_type",
+    "entity_id",
+    "entity_name",
+    "old_status",
+    "new_status",
+    "deployment_num",
+    "changed_fields",
+    "actor",
+    "message",
+    "provenance",
 )
 # The event kinds the rules and the evidence chain read.
 DETECTION_KINDS = (
@@ -56,34 +107,18 @@ DETECTION_KINDS = (
 )
 
 
-def is_own_failure(job: Row) -> bool:
-    """A job that failed by itself (reference 5.4 fail class, or a server stop with a message
-    that is not a retry step); cascade kills (TERMINATED_BY_SERVER, no message) are not."""
-    reason = job["termination_reason"]
-    message = job["termination_reason_message"]
-    if reason in NORMAL_JOB_REASONS:
-        return False
-    if reason in SERVER_STOP_JOB_REASONS:
-        return message is not None and not any(message.startswith(m) for m in RETRY_STOP_MESSAGES)
-    if reason is not None:
-        return True
-    return job["status"] == "failed"
-
-
-def is_cascade_stop(job: Row) -> bool:
+def _read_events() -> pl.Expr:
+    """The events the evidence chain quotes: updates, creations, readiness, and the status
+    changes into or out of the termination (the rest only count, in columns)."""
+    kind, new = pl.col("kind"), pl.col("new_status")
     return (
-        job["termination_reason"] == "terminated_by_server"
-        and job["termination_reason_message"] is None
-        and job["status"] in ("terminated", "terminating")
+        kind.is_in(["run_updated", "job_created", "job_ready", "job_registered"])
+        | (
+            (kind == "run_status")
+            & ((new == "terminating") | (pl.col("old_status") == "terminating"))
+        )
+        | ((kind == "job_status") & new.is_in(["terminating", "terminated"]))
     )
-
-
-def _fmt_time(value: datetime | None) -> str:
-    return value.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z" if value else "unknown time"
-
-
-def _job_label(job: Row) -> str:
-    return f"{job['job_name']} (job {job['job_id']}, deployment {job['deployment_num']})"
 
 
 def _failed_at(job: Row) -> datetime | None:
@@ -92,7 +127,7 @@ def _failed_at(job: Row) -> datetime | None:
 
 @dataclass
 class RunJudgement:
-    verdict: str
+    verdict: Verdict
     why: str
     findings: list[Finding] = field(default_factory=list)
 
@@ -102,11 +137,15 @@ class _Context:
     run: Row
     jobs: list[Row]
     events: list[Row]
+    dateless: bool  # only times of day are known (a rich log alone): report no datetimes
 
-    @property
-    def dateless(self) -> bool:
-        """Only times of day are known (a rich log alone): report no datetimes."""
-        return any(e["time_basis"] == "time_of_day_only" for e in self.events)
+    @cached_property
+    def events_by_job(self) -> dict[str, list[Row]]:
+        by_job: dict[str, list[Row]] = defaultdict(list)
+        for event in self.events:
+            if event["entity_type"] == "job":
+                by_job[event["entity_id"]].append(event)
+        return by_job
 
     def when(self, value: datetime | None) -> datetime | None:
         return None if self.dateless else value
@@ -136,7 +175,7 @@ def _evidence_from_job(job: Row, text: str, time: datetime | None) -> EvidenceIt
 
 
 def _job_events(ctx: _Context, job_id: str) -> list[Row]:
-    return [e for e in ctx.events if e["entity_type"] == "job" and e["entity_id"] == job_id]
+    return ctx.events_by_job.get(job_id, [])
 
 
 def _culprit_created_in_its_deployment(ctx: _Context, culprit: Row) -> tuple[bool, str]:
@@ -161,21 +200,7 @@ def _judge_candidate(ctx: _Context) -> RunJudgement:
     terminating = ctx.run_event("run_status", new_status="terminating")
     run_terminating_at = terminating["time"] if terminating else None
 
-    considered = [
-        j
-        for j in ctx.jobs
-        if run_terminating_at is None
-        or j["created_at"] is None
-        or j["created_at"] <= run_terminating_at
-    ]
-    latest: dict[tuple[Any, Any], Row] = {}
-    for job in considered:
-        slot = (job["replica_num"], job["job_num"])
-        if slot not in latest or (job["submission_num"] or 0) > (
-            latest[slot]["submission_num"] or 0
-        ):
-            latest[slot] = job
-    culprits = [j for j in latest.values() if is_own_failure(j)]
+    culprits = find_culprits(ctx.jobs, run_terminating_at)
     if not culprits:
         return RunJudgement(
             "inconclusive",
@@ -184,97 +209,25 @@ def _judge_candidate(ctx: _Context) -> RunJudgement:
             "(rows deleted, or events past their TTL)",
         )
 
-    victims: dict[str, list[tuple[Row, list[Row]]]] = defaultdict(list)
+    victims: dict[Category, list[tuple[Row, list[Row]]]] = defaultdict(list)
     also: list[OtherJob] = []
     undecided: list[str] = []
     culprit_ids = {c["job_id"] for c in culprits}
-    # A copy taken mid-cascade: dstack 0.22.5's run pipeline locks every job of a TERMINATING
-    # run that is neither finished nor TERMINATING (pipeline_tasks/runs/__init__.py,
-    # JOB_STATUSES_EXCLUDED_FOR_LOCKING) and `terminating.py::process_terminating_run` sets
-    # each of them TERMINATING with `run.termination_reason.to_job_termination_reason()`
-    # (JOB_FAILED, RETRY_LIMIT_EXCEEDED -> TERMINATED_BY_SERVER; RUNNING ones with a graceful
-    # stop). Such a job is doomed: it is a victim not yet stopped.
+    # A copy taken mid-cascade (the run still TERMINATING): the jobs the cascade has not
+    # reached yet are doomed, victims not yet stopped (rules.VICTIM_RULES say which are not).
     in_flight = run["status"] == "terminating"
     for job in ctx.jobs:
         if job["job_id"] in culprit_ids:
             continue
-        active = job["status"] not in FINISHED_JOB_STATUSES and job["status"] != "terminating"
-        if not is_cascade_stop(job):
-            if active and not in_flight:
-                undecided.append(
-                    f"{_job_label(job)} was still {job['status']} at the end of the evidence: "
-                    "snapshot taken before the cascade reached it"
-                )
-            if not (active and in_flight):
-                continue
-            if job["status"] != "running":  # pulling, provisioning, submitted: never served
-                also.append(
-                    _other(
-                        job,
-                        f"still {job['status']} when the evidence ends (never served); the "
-                        "run's terminating pass stops it next",
-                    )
-                )
-                continue
-        stop = job["stopped_at"] or job["last_processed_at"]
-        triggering = [
-            c
-            for c in culprits
-            if active
-            or (
-                (c["created_at"] is None or stop is None or stop >= c["created_at"])
-                and (
-                    job["terminating_at"] is None
-                    or c["terminating_at"] is None
-                    or job["terminating_at"] >= c["terminating_at"]
-                )
-            )
-        ]
-        if not triggering:
-            also.append(_other(job, "stopped before any culprit failed"))
-            continue
-        if not job["has_provisioning_data"]:
-            also.append(_other(job, "never got an instance (no provisioning data)"))
-            continue
-        if job["health"] == "not_healthy":
-            proof = UNHEALTHY_PROOFS.get(job["health_proof"], job["health_proof"])
-            when = "at the end of the evidence" if active else "when stopped"
-            also.append(_other(job, f"not healthy {when}: {proof}"))
-            continue
-        if job["health"] != "healthy":
-            undecided.append(
-                f"{_job_label(job)} was "
-                + ("hit" if active else "stopped")
-                + " by the cascade but its health cannot be decided"
-                + (f" ({job['health_proof']})" if job["health_proof"] else "")
-            )
-            continue
-        dep = job["deployment_num"]
-        if dep is None:
-            undecided.append(f"{_job_label(job)}: deployment number unknown")
-            continue
-        newer = [
-            c for c in triggering if c["deployment_num"] is not None and c["deployment_num"] > dep
-        ]
-        same = [c for c in triggering if c["deployment_num"] == dep]
-        older = [
-            c for c in triggering if c["deployment_num"] is not None and c["deployment_num"] < dep
-        ]
-        if newer and (same or older):
-            undecided.append(
-                f"{_job_label(job)}: replicas of a newer and of its own or an older deployment "
-                "failed before the cascade; either may have failed the run"
-            )
-        elif newer:
-            victims["collateral_termination"].append((job, newer))
-        elif same:
-            victims["same_deployment_collateral"].append((job, same))
-        elif older:
-            # Reference 11.4: an older replica failed on its own and the deployment-blind
-            # cascade (6.7, 6.8) killed this healthy replica of a newer deployment.
-            victims["newer_deployment_collateral"].append((job, older))
-        else:
-            undecided.append(f"{_job_label(job)}: the failing replica's deployment is unknown")
+        hit = Hit(job, in_flight, triggering_culprits(job, culprits))
+        rule = first_rule(hit)
+        if rule is None:
+            category, triggered_by = categorise(hit)
+            victims[category].append((job, triggered_by))
+        elif rule.outcome == "not_victim":
+            also.append(_other(job, rule.reason(hit)))
+        elif rule.outcome == "undecided":
+            undecided.append(rule.reason(hit))
 
     victim_categories = {
         v["job_id"]: category for category, entries in victims.items() for v, _ in entries
@@ -334,7 +287,7 @@ def _other(job: Row, why: str) -> OtherJob:
 
 def _finding(
     ctx: _Context,
-    category: str,
+    category: Category,
     entries: list[tuple[Row, list[Row]]],
     also: list[OtherJob],
     terminating_event: Row | None,
@@ -350,7 +303,7 @@ def _finding(
     victim_ids = {v["job_id"] for v in victim_rows}
     notes: list[str] = []
     limitations: list[LimitationRecord] = []
-    confidence = "confirmed"
+    confidence: Confidence = "confirmed"
 
     def limit(code: str, message: str) -> None:
         nonlocal confidence
@@ -415,7 +368,7 @@ def _finding(
             "than RUNNING (the service has probes), so it may have been failing its probe at "
             "the kill; jobs.ready and the probes' streaks in a database decide",
         )
-    pending = [v for v in victim_rows if not is_cascade_stop(v)]
+    pending = [v for v in victim_rows if not v["cascade_stop"]]
     if pending:
         expected = _expected_stop_reason(run)
         limit(
@@ -467,14 +420,14 @@ def _finding(
             else "stopped by the cascade, not decided (see the notes)",
         )
         for j in ctx.jobs
-        if is_cascade_stop(j)
+        if j["cascade_stop"]
         and j["job_id"] not in victim_ids
         and j["job_id"] not in culprit_ids
         and not any(o.job_id == j["job_id"] for o in also)
     ]
     return Finding(
-        category=category,  # type: ignore[arg-type]
-        confidence=confidence,  # type: ignore[arg-type]
+        category=category,
+        confidence=confidence,
         server=run["server"],
         run_id=run["run_id"],
         run_name=run["run_name"],
@@ -489,9 +442,9 @@ def _finding(
                 healthy_since=ctx.when(v["healthy_since"]),
                 terminated_at=ctx.when(v["stopped_at"]),
                 health_proof=HEALTH_PROOFS.get(v["health_proof"], v["health_proof"]),
-                stopped=is_cascade_stop(v),
+                stopped=v["cascade_stop"],
                 expected_termination_reason=None
-                if is_cascade_stop(v)
+                if v["cascade_stop"]
                 else _expected_stop_reason(run),
             )
             for v in victim_rows
@@ -586,7 +539,7 @@ def _victim_evidence(ctx: _Context, victim: Row) -> list[EvidenceItem]:
     proof = HEALTH_PROOFS.get(victim["health_proof"], victim["health_proof"])
     state = (
         f"{victim['status']}, {victim['termination_reason']} with no message"
-        if is_cascade_stop(victim)
+        if victim["cascade_stop"]
         else f"still {victim['status']} when the evidence ends, not yet stopped (the run's "
         f"terminating pass stops it with {_expected_stop_reason(ctx.run)})"
     )
@@ -595,26 +548,37 @@ def _victim_evidence(ctx: _Context, victim: Row) -> list[EvidenceItem]:
             victim,
             f"job {victim['job_name']} (deployment {victim['deployment_num']}, submission "
             f"{victim['submission_num']}): {state}; healthy: {proof}",
-            None if any(e["kind"] == "job_status" for e in events) else victim["last_processed_at"],
+            None if victim["has_status_event"] else victim["last_processed_at"],
         )
     )
     return items
 
 
-def _plain_verdict(run: Row) -> tuple[str, str] | None:
-    """Verdicts that need no look inside the run; None for candidate runs."""
-    run_type = run["run_type"]
-    reason = run["termination_reason"]
-    status = run["status"]
-    if run_type is not None and run_type != "service":
-        return "no_incident", f"a {run_type} run: rolling deployments exist for services only"
-    if reason in RUN_FAILURE_REASONS and status in ("failed", "terminating"):
-        return None
-    if status in ("pending", "submitted", "provisioning", "running"):
-        return "no_incident", f"run still {status} at the end of the evidence"
-    if reason:
-        return "no_incident", f"run ended with {reason}, not a job failure"
-    return "no_incident", f"run {status or 'in an unknown state'} without a job failure"
+def _known(column: pl.Expr) -> pl.Expr:
+    return column.is_not_null() & (column != "")
+
+
+def _plain_verdicts(runs: pl.DataFrame) -> pl.DataFrame:
+    """Verdicts that need no look inside the run, in columns: `why` is null for candidate
+    runs (a service failing or failed with JOB_FAILED / RETRY_LIMIT_EXCEEDED)."""
+    run_type, reason, status = pl.col("run_type"), pl.col("termination_reason"), pl.col("status")
+    why = (
+        pl.when(run_type.is_not_null() & (run_type != "service"))
+        .then(pl.format("a {} run: rolling deployments exist for services only", run_type))
+        .when(reason.is_in(RUN_FAILURE_REASONS) & status.is_in(["failed", "terminating"]))
+        .then(pl.lit(None, pl.String))
+        .when(status.is_in(["pending", "submitted", "provisioning", "running"]))
+        .then(pl.format("run still {} at the end of the evidence", status))
+        .when(_known(reason))
+        .then(pl.format("run ended with {}, not a job failure", reason))
+        .otherwise(
+            pl.format(
+                "run {} without a job failure",
+                pl.when(_known(status)).then(status).otherwise(pl.lit("in an unknown state")),
+            )
+        )
+    )
+    return runs.with_columns(why.alias("_why"))
 
 
 def detect(
@@ -654,41 +618,74 @@ def _undecided_where_disputed(
 def _detect(
     runs: pl.DataFrame, subs: pl.DataFrame, events: pl.DataFrame
 ) -> tuple[list[RunVerdict], list[Finding]]:
-    verdicts: list[RunVerdict] = []
+    judged = _plain_verdicts(runs)
+    plain = judged.filter(pl.col("_why").is_not_null())
+    verdicts = [
+        _verdict(run, "no_incident", run["_why"])
+        for run in plain.select(*VERDICT_COLUMNS, "_why").iter_rows(named=True)
+    ]
     findings: list[Finding] = []
-    candidates = []
-    for run in runs.iter_rows(named=True):
-        plain = _plain_verdict(run)
-        if plain is None:
-            candidates.append(run)
-        else:
-            verdicts.append(_verdict(run, *plain))
-    if not candidates:
+    candidate_runs = judged.filter(pl.col("_why").is_null()).drop("_why")
+    if candidate_runs.is_empty():
         return verdicts, findings
-
-    keys = pl.DataFrame(
-        {"server": [r["server"] for r in candidates], "run_id": [r["run_id"] for r in candidates]}
+    candidates = list(candidate_runs.iter_rows(named=True))
+    keys = candidate_runs.select("server", "run_id")
+    with_status = (
+        events.filter((pl.col("kind") == "job_status") & (pl.col("entity_type") == "job"))
+        .select(
+            "server", "run_id", pl.col("entity_id").alias("job_id"), pl.lit(True).alias("_status")
+        )
+        .unique(["server", "run_id", "job_id"])
     )
-    jobs_by_run = subs.join(keys, on=["server", "run_id"]).rows_by_key(
-        ["server", "run_id"], named=True
+    jobs_by_run = (
+        subs.join(keys, on=["server", "run_id"], maintain_order="left")
+        .join(with_status, on=["server", "run_id", "job_id"], how="left", maintain_order="left")
+        .select(
+            *JOB_COLUMNS,
+            own_failure().alias("own_failure"),
+            cascade_stop().alias("cascade_stop"),
+            pl.col("_status").fill_null(False).alias("has_status_event"),
+        )
+        .rows_by_key(["server", "run_id"], named=True)
+    )
+    read = events.filter(pl.col("kind").is_in(DETECTION_KINDS)).join(
+        keys, on=["server", "run_id"], maintain_order="left"
+    )
+    dateless = set(
+        read.filter(pl.col("time_basis") == "time_of_day_only")
+        .select("server", "run_id")
+        .unique()
+        .iter_rows()
     )
     events_by_run = (
-        events.filter(pl.col("kind").is_in(DETECTION_KINDS))
-        .join(keys, on=["server", "run_id"])
+        read.filter(_read_events())
+        .select(EVENT_COLUMNS)
         .rows_by_key(["server", "run_id"], named=True)
     )
 
     for run in candidates:
         key = (run["server"], run["run_id"])
         judgement = _judge_candidate(
-            _Context(run, jobs_by_run.get(key, []), events_by_run.get(key, []))
+            _Context(run, jobs_by_run.get(key, []), events_by_run.get(key, []), key in dateless)
         )
         verdicts.append(_verdict(run, judgement.verdict, judgement.why))
         findings.extend(judgement.findings)
     return verdicts, findings
 
 
-def _verdict(run: Row, verdict: str, why: str) -> RunVerdict:
+VERDICT_COLUMNS = (
+    "server",
+    "run_id",
+    "run_name",
+    "project",
+    "run_type",
+    "status",
+    "termination_reason",
+    "deployment_num",
+)
+
+
+def _verdict(run: Row, verdict: Verdict, why: str) -> RunVerdict:
     return RunVerdict(
         server=run["server"],
         run_id=run["run_id"],
@@ -698,7 +695,7 @@ def _verdict(run: Row, verdict: str, why: str) -> RunVerdict:
         status=run["status"],
         termination_reason=run["termination_reason"],
         deployment_num=run["deployment_num"],
-        verdict=verdict,  # type: ignore[arg-type]
+        verdict=verdict,
         why=why,
         in_progress=run["status"] not in (*FINISHED_RUN_STATUSES, None),
     )

@@ -10,7 +10,11 @@ import polars as pl
 
 from analyzer.model import FINISHED_JOB_STATUSES, UTC_TIME
 from analyzer.pipeline.evidence import Evidence
+from analyzer.vocabulary import HEALTH_PROOFS as PROOF_NAMES
+from analyzer.vocabulary import HEALTH_STATES, HEALTHY_PROOFS
+from analyzer.vocabulary import UNHEALTHY_PROOFS as UNHEALTHY_PROOF_NAMES
 
+# Each proof of vocabulary.HEALTHY_PROOFS / UNHEALTHY_PROOFS in words (tests/test_health.py).
 HEALTH_PROOFS = {
     "ready_flag": "jobs.ready = 1",
     "ready_flag_and_probes": "jobs.ready = 1 and every probe's last success_streak >= ready_after",
@@ -166,9 +170,9 @@ def submissions(evidence: Evidence) -> pl.DataFrame:
         .otherwise(pl.lit(None, pl.String))
     )
     health = (
-        pl.when(pl.col("health_proof").is_in(list(HEALTH_PROOFS)))
+        pl.when(pl.col("health_proof").is_in(HEALTHY_PROOFS))
         .then(pl.lit("healthy"))
-        .when(pl.col("health_proof").is_in(list(UNHEALTHY_PROOFS)))
+        .when(pl.col("health_proof").is_in(UNHEALTHY_PROOF_NAMES))
         .then(pl.lit("not_healthy"))
         .otherwise(pl.lit("unknown"))
     )
@@ -176,9 +180,9 @@ def submissions(evidence: Evidence) -> pl.DataFrame:
         "terminating_at", pl.when(finished).then(pl.col("last_processed_at"))
     ).cast(UTC_TIME)
     return (
-        subs.with_columns(proof.alias("health_proof"))
+        subs.with_columns(proof.cast(pl.Enum(PROOF_NAMES)).cast(pl.String).alias("health_proof"))
         .with_columns(
-            health.alias("health"),
+            health.cast(pl.Enum(HEALTH_STATES)).cast(pl.String).alias("health"),
             pl.coalesce("created_event_at", "submitted_at").alias("created_at"),
             stopped_at.alias("stopped_at"),
             pl.coalesce("finished_event_at", pl.when(finished).then(pl.col("last_processed_at")))

@@ -1,0 +1,362 @@
+"""The detection stage on small hand-built canonical frames: one test per verdict path and per
+rule of `rules.VICTIM_RULES` (each reason a job of a candidate run is no victim)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import polars as pl
+import pytest
+
+from analyzer.model import EVENTS_SCHEMA, JOBS_SCHEMA, RUNS_SCHEMA
+from analyzer.pipeline.detect import detect
+from analyzer.pipeline.evidence import Evidence
+from analyzer.pipeline.rules import CATEGORIES, CATEGORY_ORDER, VICTIM_RULES, find_culprits
+from analyzer.pipeline.timeline import submissions
+
+T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
+RUN_ID = "11111111-1111-1111-1111-111111111111"
+
+
+def at(minutes: float) -> datetime:
+    return T0 + timedelta(minutes=minutes)
+
+
+def run(**fields) -> dict:
+    """A service that failed with JOB_FAILED after an update to deployment 1."""
+    return {
+        "server": "s",
+        "run_id": RUN_ID,
+        "project": "main",
+        "run_name": "svc",
+        "run_type": "service",
+        "status": "failed",
+        "termination_reason": "job_failed",
+        "deployment_num": 1,
+        "submitted_at": at(0),
+        "last_processed_at": at(30),
+        "provenance": "runs:1",
+        **fields,
+    }
+
+
+def old_replica(**fields) -> dict:
+    """A healthy replica of deployment 0 the cascade stopped (TERMINATED_BY_SERVER, no message)."""
+    return {
+        "server": "s",
+        "run_id": RUN_ID,
+        "job_id": "00000000-0000-0000-0000-00000000000a",
+        "job_name": "svc-0-0",
+        "replica_num": 0,
+        "job_num": 0,
+        "submission_num": 0,
+        "deployment_num": 0,
+        "status": "terminated",
+        "termination_reason": "terminated_by_server",
+        "submitted_at": at(1),
+        "last_processed_at": at(25),
+        "has_provisioning_data": True,
+        "ready": True,
+        "graceful_termination_attempts": 1,
+        "probe_count": 0,
+        "deployment_basis": "table",
+        "provenance": "jobs:a",
+        **fields,
+    }
+
+
+def culprit(**fields) -> dict:
+    """A replica of deployment 1 that failed by itself."""
+    return (
+        old_replica(
+            job_id="00000000-0000-0000-0000-00000000000c",
+            job_name="svc-1-0",
+            replica_num=1,
+            deployment_num=1,
+            status="failed",
+            termination_reason="failed_to_start_due_to_no_capacity",
+            submitted_at=at(10),
+            last_processed_at=at(20),
+            has_provisioning_data=False,
+            ready=False,
+            graceful_termination_attempts=None,
+            provenance="jobs:c",
+        )
+        | fields
+    )
+
+
+def judge(runs: list[dict], jobs: list[dict], disputed=None, events=()):
+    runs_frame = pl.DataFrame(runs, schema=RUNS_SCHEMA)
+    evidence = Evidence(
+        runs=runs_frame,
+        jobs=pl.DataFrame(jobs, schema=JOBS_SCHEMA),
+        events=pl.DataFrame(list(events), schema=EVENTS_SCHEMA),
+    )
+    verdicts, findings = detect(runs_frame, submissions(evidence), evidence.events, disputed)
+    assert len(verdicts) == 1
+    return verdicts[0], findings
+
+
+def also_stopped(findings) -> dict[str, str]:
+    return {o.job_name: o.why_not_victim for f in findings for o in f.also_stopped}
+
+
+def test_rule_and_category_names_are_unique_and_cite_dstack():
+    names = [r.name for r in VICTIM_RULES] + [c.name for c in CATEGORIES]
+    assert len(names) == len(set(names))
+    assert all(
+        r.dstack and r.outcome in ("ignored", "not_victim", "undecided") for r in VICTIM_RULES
+    )
+    assert all("reference" in r.dstack or ".py" in r.dstack for r in VICTIM_RULES)
+    assert CATEGORY_ORDER[0] == "collateral_termination"
+
+
+# Verdicts that need no look inside the run.
+
+
+def test_a_task_run_is_no_incident():
+    verdict, findings = judge([run(run_type="task")], [old_replica(), culprit()])
+    assert (verdict.verdict, findings) == ("no_incident", [])
+    assert "services only" in verdict.why
+
+
+def test_a_running_run_is_no_incident_in_progress():
+    verdict, _ = judge([run(status="running", termination_reason=None)], [old_replica()])
+    assert verdict.verdict == "no_incident" and verdict.in_progress
+    assert "still running" in verdict.why
+
+
+def test_a_user_stop_is_no_incident():
+    verdict, _ = judge([run(status="terminated", termination_reason="stopped_by_user")], [])
+    assert verdict.verdict == "no_incident"
+    assert "stopped_by_user, not a job failure" in verdict.why
+
+
+def test_a_finished_run_without_reason_is_no_incident():
+    verdict, _ = judge([run(status="done", termination_reason=None)], [])
+    assert (verdict.verdict, verdict.why) == ("no_incident", "run done without a job failure")
+
+
+# Candidate runs.
+
+
+def test_no_job_that_failed_by_itself_is_inconclusive():
+    verdict, _ = judge([run()], [old_replica()])
+    assert verdict.verdict == "inconclusive"
+    assert "no job that failed by itself" in verdict.why
+
+
+def test_a_retry_step_message_is_no_own_failure():
+    step = culprit(status="terminated", termination_reason="terminated_by_server")
+    step["termination_reason_message"] = "Replica is to be retried"
+    verdict, _ = judge([run()], [old_replica(), step])
+    assert verdict.verdict == "inconclusive"
+
+
+def test_newer_culprit_older_healthy_victim_is_collateral_termination():
+    verdict, findings = judge([run()], [old_replica(), culprit()])
+    assert verdict.verdict == "collateral_termination"
+    (finding,) = findings
+    assert [v.job_name for v in finding.victims] == ["svc-0-0"]
+    assert [c.job_name for c in finding.culprits] == ["svc-1-0"]
+    assert finding.victims[0].health_proof == "jobs.ready = 1"
+    assert finding.victims[0].stopped
+
+
+def test_culprit_and_victim_in_one_deployment_is_same_deployment_collateral():
+    verdict, findings = judge([run()], [old_replica(deployment_num=1), culprit()])
+    assert verdict.verdict == "same_deployment_collateral"
+    assert findings[0].category == "same_deployment_collateral"
+
+
+def test_older_culprit_newer_victim_is_newer_deployment_collateral():
+    verdict, findings = judge([run()], [old_replica(deployment_num=1), culprit(deployment_num=0)])
+    assert verdict.verdict == "newer_deployment_collateral"
+    assert findings[0].update_deployment_num == 1
+
+
+def test_nothing_healthy_lost_is_no_healthy_victim():
+    verdict, findings = judge(
+        [run()], [old_replica(ready=False, graceful_termination_attempts=None), culprit()]
+    )
+    assert (verdict.verdict, findings) == ("no_healthy_victim", [])
+    assert "no healthy replica was stopped" in verdict.why
+    assert "svc-0-0: not healthy when stopped: jobs.ready = 0" in verdict.why
+
+
+def test_a_victim_not_yet_stopped_mid_cascade_is_suspected():
+    verdict, findings = judge(
+        [run(status="terminating")],
+        [old_replica(status="running", termination_reason=None), culprit()],
+    )
+    assert verdict.verdict == "collateral_termination"
+    (victim,) = findings[0].victims
+    assert not victim.stopped
+    assert victim.expected_termination_reason == "terminated_by_server"
+    assert findings[0].confidence == "suspected"
+
+
+def test_a_log_with_times_of_day_only_gives_no_datetimes():
+    terminating = {
+        "server": "s",
+        "seq": 1,
+        "time_text": "09:21:00",
+        "time_basis": "time_of_day_only",
+        "kind": "run_status",
+        "origin": "event_line",
+        "entity_type": "run",
+        "entity_id": RUN_ID,
+        "entity_name": "svc",
+        "run_id": RUN_ID,
+        "old_status": "running",
+        "new_status": "terminating",
+        "termination_reason": "job_failed",
+        "message": "Run status changed RUNNING -> TERMINATING. Termination reason: JOB_FAILED",
+        "provenance": ["server.log:7"],
+    }
+    verdict, findings = judge([run()], [old_replica(), culprit()], events=[terminating])
+    assert verdict.verdict == "collateral_termination"
+    (finding,) = findings
+    assert finding.victims[0].terminated_at is None and finding.culprits[0].failed_at is None
+    assert any("times of day only" in note for note in finding.notes)
+    assert any(item.text.startswith("[09:21:00 local, date unknown]") for item in finding.evidence)
+
+
+def test_disputed_rows_make_the_run_inconclusive():
+    verdict, findings = judge(
+        [run()], [old_replica(), culprit()], disputed={("s", RUN_ID): "two jobs rows"}
+    )
+    assert (verdict.verdict, findings) == ("inconclusive", [])
+    assert "duplicate rows disagree: two jobs rows" in verdict.why
+
+
+# One test per rule of VICTIM_RULES: (jobs, run fields, expected verdict, expected text).
+
+RULE_CASES = {
+    "snapshot_before_cascade": (
+        [old_replica(status="running", termination_reason=None), culprit()],
+        {},
+        "inconclusive",
+        "snapshot taken before the cascade reached it",
+    ),
+    "not_stopped_by_cascade": (
+        [old_replica(termination_reason="scaled_down"), culprit()],
+        {},
+        "no_healthy_victim",
+        None,
+    ),
+    "never_served_mid_cascade": (
+        [old_replica(status="pulling", termination_reason=None), culprit()],
+        {"status": "terminating"},
+        "no_healthy_victim",
+        "svc-0-0: still pulling when the evidence ends (never served)",
+    ),
+    "stopped_before_culprit": (
+        [old_replica(last_processed_at=at(5), graceful_termination_attempts=None), culprit()],
+        {},
+        "no_healthy_victim",
+        "svc-0-0: stopped before any culprit failed",
+    ),
+    "never_provisioned": (
+        [old_replica(has_provisioning_data=False), culprit()],
+        {},
+        "no_healthy_victim",
+        "svc-0-0: never got an instance (no provisioning data)",
+    ),
+    "not_healthy": (
+        [
+            old_replica(ready=None, probe_count=1, probe_rows=1, probes_below_ready_after=1),
+            culprit(),
+        ],
+        {},
+        "no_healthy_victim",
+        "svc-0-0: not healthy when stopped: a probe's last success_streak is below its ready_after",
+    ),
+    "health_undecided": (
+        [
+            old_replica(
+                ready=None, probe_count=None, graceful_termination_attempts=None, running_at=at(2)
+            ),
+            culprit(),
+        ],
+        {},
+        "inconclusive",
+        "was stopped by the cascade but its health cannot be decided",
+    ),
+    "deployment_unknown": (
+        [old_replica(deployment_num=None), culprit()],
+        {},
+        "inconclusive",
+        "svc-0-0 (job 00000000-0000-0000-0000-00000000000a, deployment None): deployment number "
+        "unknown",
+    ),
+    "newer_and_older_culprits": (
+        [
+            old_replica(),
+            culprit(),
+            culprit(job_id="d", job_name="svc-2-0", replica_num=2, deployment_num=0),
+        ],
+        {},
+        "inconclusive",
+        "replicas of a newer and of its own or an older deployment failed before the cascade",
+    ),
+    "culprit_deployment_unknown": (
+        [old_replica(), culprit(deployment_num=None)],
+        {},
+        "inconclusive",
+        "the failing replica's deployment is unknown",
+    ),
+}
+
+
+def test_every_rule_has_its_case():
+    assert set(RULE_CASES) == {r.name for r in VICTIM_RULES}
+
+
+@pytest.mark.parametrize("name", list(RULE_CASES))
+def test_rule(name):
+    jobs, run_fields, expected, text = RULE_CASES[name]
+    verdict, findings = judge([run(**run_fields)], jobs)
+    assert verdict.verdict == expected, verdict.why
+    assert findings == []
+    if text is None:  # ignored: the job is named nowhere
+        assert "svc-0-0" not in verdict.why
+    else:
+        assert text in verdict.why
+
+
+def test_a_not_victim_beside_a_victim_is_listed_in_the_finding():
+    never = old_replica(
+        job_id="00000000-0000-0000-0000-00000000000b",
+        job_name="svc-2-0",
+        replica_num=2,
+        has_provisioning_data=False,
+    )
+    verdict, findings = judge([run()], [old_replica(), never, culprit()])
+    assert verdict.verdict == "collateral_termination"
+    assert also_stopped(findings) == {"svc-2-0": "never got an instance (no provisioning data)"}
+
+
+def _slot(submission: int, created: datetime, own_failure: bool) -> dict:
+    return {
+        "job_id": f"j{submission}",
+        "replica_num": 1,
+        "job_num": 0,
+        "submission_num": submission,
+        "created_at": created,
+        "own_failure": own_failure,
+    }
+
+
+def test_only_the_latest_submission_of_a_slot_is_a_culprit():
+    retried = [_slot(0, at(1), True), _slot(1, at(2), False)]
+    assert find_culprits(retried, at(10)) == []
+    failed_again = [_slot(0, at(1), False), _slot(1, at(2), True)]
+    assert [c["job_id"] for c in find_culprits(failed_again, at(10))] == ["j1"]
+
+
+def test_a_submission_created_after_the_run_went_terminating_is_no_culprit():
+    jobs = [_slot(0, at(1), True), _slot(1, at(12), False)]
+    assert [c["job_id"] for c in find_culprits(jobs, at(10))] == ["j0"]
+    assert find_culprits(jobs, None) == []
