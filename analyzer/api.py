@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
+import analyzer.contract_frames as frames
 from analyzer._version import __version__
 from analyzer.contract import (
     Finding,
@@ -36,7 +37,6 @@ from analyzer.pipeline.servers import assign_servers
 from analyzer.pipeline.timeline import deployments, evidence_gaps, submissions
 from analyzer.progress import stage
 from analyzer.redact import RULE_SET, without_controls
-from analyzer.render import frames
 from analyzer.sources import load_path
 from analyzer.sources.base import LoadContext, ReadOptions
 from analyzer.times import parse_time

@@ -1,4 +1,5 @@
-"""The report's records as polars frames, for notebooks and SQL (one row per record)."""
+"""The report's records as polars frames, for notebooks and SQL (one row per record): the contract
+in columns, kept beside it: the library (Audit.tables) and the renderers both read them."""
 
 from __future__ import annotations
 
