@@ -27,8 +27,14 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 import polars as pl
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+Model = TypeVar("Model", bound="BaseModel")
 
 MASK = "***"
 MIN_SECRET_LENGTH = 4  # shorter values (e.g. "1", "true") would mask ordinary text
@@ -427,6 +433,24 @@ class Redactor:
         redacted = iter(texts.to_list())
         return _rebuild(data, redacted)
 
+    def apply_model(self, model: Model, *, controls: bool = False) -> Model:
+        """A pydantic model with every string in it redacted (dict keys too; and with
+        `controls`, its control characters removed), as `apply_data` would redact its JSON
+        (times and numbers are no text) but without the JSON round trip: each distinct string
+        is redacted once, and only the models that hold a changed string are copied."""
+        from pydantic import BaseModel
+
+        strings: set[str] = set()
+        _collect_strings(model, strings, BaseModel)
+        if not strings:
+            return model
+        unique = list(strings)
+        texts = self.apply_series(pl.Series(unique, dtype=pl.String))
+        if controls:
+            texts = texts.str.replace_all(_CONTROLS.pattern, "")
+        changed = {old: new for old, new in zip(unique, texts.to_list(), strict=True) if old != new}
+        return _replaced(model, changed, BaseModel) if changed else model
+
     def _value_forms(self) -> tuple[list[str], list[str]]:
         """Every known value, JSON-escaped and templated too, longest first (Aho-Corasick in
         polars takes the first listed pattern at a position)."""
@@ -480,6 +504,49 @@ def _rebuild(data: object, redacted: Iterator[str]) -> object:
     if isinstance(data, list | tuple):
         return [_rebuild(value, redacted) for value in data]
     return data
+
+
+def _collect_strings(value: object, strings: set[str], model: type) -> None:
+    if isinstance(value, str):
+        strings.add(value)
+    elif isinstance(value, model):
+        for item in value.__dict__.values():
+            _collect_strings(item, strings, model)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _collect_strings(key, strings, model)
+            _collect_strings(item, strings, model)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _collect_strings(item, strings, model)
+
+
+def _replaced(value: object, changed: dict[str, str], model: type) -> object:
+    """`value` with the `changed` strings replaced; the same object where nothing changed."""
+    if isinstance(value, str):
+        return changed.get(value, value)
+    if isinstance(value, model):
+        updates = {}
+        for name, item in value.__dict__.items():
+            new = _replaced(item, changed, model)
+            if new is not item:
+                updates[name] = new
+        return value.model_copy(update=updates) if updates else value
+    if isinstance(value, dict):
+        pairs = [
+            (_replaced(key, changed, model), _replaced(item, changed, model))
+            for key, item in value.items()
+        ]
+        same = zip(pairs, value.items(), strict=True)
+        if all(k is key and v is item for (k, v), (key, item) in same):
+            return value
+        return dict(pairs)
+    if isinstance(value, list | tuple):
+        items = [_replaced(item, changed, model) for item in value]
+        if all(new is old for new, old in zip(items, value, strict=True)):
+            return value
+        return type(value)(items)
+    return value
 
 
 # C0 controls but tab and newline, DEL, C1 controls: a terminal acts on them (ESC sequences
