@@ -19,16 +19,14 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run_benchmarks import ROOT, accuracy, fleet
+from run_benchmarks import measure as run
 
 
 def padded(log: Path, factor: int, out: Path) -> Path:
@@ -66,19 +64,10 @@ def gzipped(log: Path) -> Path:
 
 
 def measure(code: Path, truth: Path, log: Path, out: Path) -> dict:
-    """The audit of `code`'s checkout in a fresh process: its own peak RSS (os.wait4 of that
-    child; a forked child's getrusage would also count the parent's pages)."""
+    """The audit of `code`'s checkout in a fresh process, its own peak RSS (run_benchmarks)."""
     report = out / "log_memory-report.json"
     argv = [sys.executable, "-m", "analyzer", "audit", str(log), "--format", "json", "-q"]
-    env = {**os.environ, "PYTHONPATH": str(code)}
-    started = time.perf_counter()
-    process = subprocess.Popen([*argv, "-o", str(report)], cwd=code, env=env)
-    _, status, usage = os.wait4(process.pid, 0)
-    process.returncode = os.waitstatus_to_exitcode(status)
-    if process.returncode not in (0, 1):
-        raise RuntimeError(f"{argv} failed ({process.returncode})")
-    seconds = time.perf_counter() - started
-    return {"seconds": seconds, "peak_rss_mb": usage.ru_maxrss / 1024, **accuracy(report, truth)}
+    return {**run([*argv, "-o", str(report)], code=code), **accuracy(report, truth)}
 
 
 def main() -> None:

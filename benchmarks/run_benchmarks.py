@@ -16,7 +16,7 @@ part of the test suite).
 - report (only when asked): `dstack-audit report` (HTML) of >= 1,000 findings vs the same
   audit as JSON.
 
-Peak RSS is each child's own (`os.wait4` of a fresh process, never a fork of this one).
+Peak RSS is each child's own (GNU time's, of a fresh process: never counting this one's).
 Every audit's findings are checked against the generated truth: precision and recall must be
 1.0 at every size, or the run fails. Rows are printed as a table and written to
 <out>/results.json.
@@ -31,6 +31,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -94,22 +95,29 @@ print(rows)
 """
 
 
-def measure(argv: list[str], *, cwd: Path = ROOT) -> dict:
-    """One command in a fresh process: its wall time, CPU time (user + system: what a loaded,
-    shared machine disturbs least) and its own peak RSS (os.wait4 returns the resource usage
-    of exactly that child)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    started = time.perf_counter()
-    with open(os.devnull, "wb") as sink:
-        process = subprocess.Popen(argv, cwd=cwd, env=env, stdout=sink, stderr=subprocess.PIPE)
-        errors = process.stderr.read()
-        _, status, usage = os.wait4(process.pid, 0)
-        process.returncode = os.waitstatus_to_exitcode(status)
-    seconds = time.perf_counter() - started
-    if process.returncode not in (0, 1):  # 1: findings were reported
-        raise RuntimeError(f"{argv} failed ({process.returncode}): {errors.decode()[-2000:]}")
-    cpu = usage.ru_utime + usage.ru_stime
-    return {"seconds": seconds, "cpu_seconds": cpu, "peak_rss_mb": usage.ru_maxrss / 1024}
+def measure(argv: list[str], *, code: Path = ROOT) -> dict:
+    """One command in a fresh process under GNU time: its wall time, CPU time (user + system:
+    what a loaded, shared machine disturbs least) and its own peak RSS. Measured by a tiny
+    parent: a child's maximum RSS starts at its parent's size when it was forked (Linux keeps
+    the high-water mark across exec), so a child of this Python process would count this
+    process's pages too. `code`: the checkout to run."""
+    env = {**os.environ, "PYTHONPATH": str(code)}
+    with tempfile.NamedTemporaryFile("r", suffix=".time") as usage:
+        started = time.perf_counter()
+        done = subprocess.run(
+            ["/usr/bin/time", "-q", "-f", "%U %S %M %x", "-o", usage.name, *argv],
+            cwd=code,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            check=False,
+        )
+        seconds = time.perf_counter() - started
+        user, system, rss_kb, status = usage.read().split()[-4:]
+    if int(status) not in (0, 1):  # 1: findings were reported
+        raise RuntimeError(f"{argv} failed ({status}): {done.stderr.decode()[-2000:]}")
+    cpu = float(user) + float(system)
+    return {"seconds": seconds, "cpu_seconds": cpu, "peak_rss_mb": int(rss_kb) / 1024}
 
 
 def best_of(repeat: int, argv: list[str]) -> dict:
