@@ -38,6 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+REPORTS = Path(tempfile.mkdtemp(prefix="dstack-audit-bench-"))  # never beside an input
 SEED_SAMPLE = ROOT / "samples" / "v0.22.5" / "seed"
 LOG_FORMATS = ("standard", "json", "rich")
 
@@ -160,9 +161,9 @@ def accuracy(report: Path, truth: Path) -> dict:
     }
 
 
-def audited(out: Path, repeat: int, truth: Path | None, *sources: Path) -> dict:
+def audited(repeat: int, truth: Path | None, *sources: Path) -> dict:
     """The whole-process audit of `sources` as JSON, timed, and checked against `truth`."""
-    report = out / "report.json"
+    report = REPORTS / "report.json"
     argv = cli("audit", *map(str, sources), "--format", "json", "-q", "-o", str(report))
     measured = best_of(repeat, argv)
     return {**measured, **(accuracy(report, truth) if truth else {})}
@@ -184,7 +185,7 @@ def bench_logs(ctx: argparse.Namespace) -> list[dict]:
     for fmt in LOG_FORMATS:
         log = folder / "logs" / f"server.{fmt}.log"
         floor = best_of(ctx.repeat, [sys.executable, "-c", EVENT_FIELDS, str(log), fmt])
-        audit = audited(ctx.out, ctx.repeat, folder / "truth.json", log)
+        audit = audited(ctx.repeat, folder / "truth.json", log)
         rows.append(_against(f"log {fmt} ({log.stat().st_size / 1e6:.0f} MB)", audit, floor))
     return rows
 
@@ -193,7 +194,7 @@ def bench_db(ctx: argparse.Namespace) -> list[dict]:
     folder = fleet(ctx.out, ctx.runs)
     db = folder / "server.db"
     floor = best_of(ctx.repeat, [sys.executable, "-c", DB_TABLES, str(db), str(ROOT)])
-    audit = audited(ctx.out, ctx.repeat, folder / "truth.json", db)
+    audit = audited(ctx.repeat, folder / "truth.json", db)
     return [_against(f"db {ctx.runs} runs vs ADBC tables", audit, floor)]
 
 
@@ -206,7 +207,7 @@ def bench_cli(ctx: argparse.Namespace) -> list[dict]:
 
 
 def bench_seed(ctx: argparse.Namespace) -> list[dict]:
-    audit = audited(ctx.out, ctx.repeat + 2, SEED_SAMPLE / "truth.json", SEED_SAMPLE)
+    audit = audited(ctx.repeat + 2, SEED_SAMPLE / "truth.json", SEED_SAMPLE)
     return [{"bench": "seed sample audit (target < 1 s)", **audit, "ok": audit["seconds"] < 1}]
 
 
@@ -214,7 +215,7 @@ def bench_scaling(ctx: argparse.Namespace) -> list[dict]:
     rows = []
     for runs in ctx.sizes:
         folder = fleet(ctx.out, runs)
-        audit = audited(ctx.out, 1, folder / "truth.json", folder / "server.db")
+        audit = audited(1, folder / "truth.json", folder / "server.db")
         rows.append({"bench": f"scaling db {runs} runs", **audit})
     for previous, current in itertools.pairwise(rows):
         current["growth_per_doubling"] = current["seconds"] / previous["seconds"]
@@ -231,7 +232,7 @@ def bench_memory(ctx: argparse.Namespace) -> list[dict]:
     for factor in (1, 4, 16):
         log = padded(folder / "logs" / "server.standard.log", factor, ctx.out)
         for path in (log, gzipped(log)):
-            audit = audited(ctx.out, 1, folder / "truth.json", path)
+            audit = audited(1, folder / "truth.json", path)
             size = f"{path.stat().st_size / 1e6:.0f} MB"
             rows.append({"bench": f"memory {factor}x {path.suffix[1:]} ({size})", **audit})
     base = rows[0]["peak_rss_mb"]
@@ -244,8 +245,8 @@ def bench_report(ctx: argparse.Namespace) -> list[dict]:
     """The HTML report of a server with >= 1,000 findings vs the same audit as JSON."""
     folder = fleet(ctx.out, max(ctx.runs, 4000))  # ~0.26 findings per run
     db = str(folder / "server.db")
-    floor = audited(ctx.out, 1, folder / "truth.json", folder / "server.db")
-    report = measure(cli("report", db, "-q", "-o", str(ctx.out / "report.html")))
+    floor = audited(1, folder / "truth.json", folder / "server.db")
+    report = measure(cli("report", db, "-q", "-o", str(REPORTS / "report.html")))
     return [_against("report html vs audit json", report, floor)]
 
 
@@ -322,10 +323,9 @@ def main() -> None:
             rows.append(row)
             shown = {k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}
             print(json.dumps(shown), flush=True)
-    load = os.getloadavg()[0]
-    (ctx.out / "results.json").write_text(
-        json.dumps({"machine": machine, "load": load, "quick": ctx.quick, "rows": rows}, indent=2)
-    )
+        load = os.getloadavg()[0]
+        results = {"machine": machine, "load": load, "quick": ctx.quick, "rows": rows}
+        (ctx.out / "results.json").write_text(json.dumps(results, indent=2))
     print(f"\n{table(rows)}\n\n{machine}, load average {load:.1f}; {ctx.out / 'results.json'}")
     wrong = [r["bench"] for r in rows if r.get("precision", 1.0) < 1 or r.get("recall", 1.0) < 1]
     if wrong:
