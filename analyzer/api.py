@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import json
-import re
 import time
-from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from functools import cached_property
@@ -16,27 +13,24 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 import analyzer.contract_frames as frames
-from analyzer._version import __version__
-from analyzer.contract import (
-    Finding,
-    InputRecord,
-    LimitationRecord,
-    Report,
-    RunVerdict,
-    Summary,
-)
+from analyzer.contract import Finding, InputRecord, LimitationRecord, Report, RunVerdict
 from analyzer.errors import AuditInputError
-from analyzer.pipeline.counterfactual import describe_models
+from analyzer.pipeline.assemble import (
+    NO_RUN_EVIDENCE_RECORD,
+    assemble,
+    end_bounds,
+    merge_reports,
+)
 from analyzer.pipeline.detect import detect
 from analyzer.pipeline.evidence import Evidence, combine
 from analyzer.pipeline.exposure import foresight, frames_of
-from analyzer.pipeline.impact import assess, impact_rank, serving_capacity, summarise
+from analyzer.pipeline.impact import assess, serving_capacity
 from analyzer.pipeline.reconcile import TimeOptions, reconcile
 from analyzer.pipeline.selectors import one_run, run_filter
 from analyzer.pipeline.servers import assign_servers
 from analyzer.pipeline.timeline import deployments, evidence_gaps, submissions
 from analyzer.progress import stage
-from analyzer.redact import RULE_SET, without_controls
+from analyzer.redact import without_controls
 from analyzer.sources import load_path
 from analyzer.sources.base import LoadContext, ReadOptions
 from analyzer.times import parse_time
@@ -45,7 +39,6 @@ if TYPE_CHECKING:
     from analyzer.pipeline.story import RunStory
 
 DEFAULT_SERVER = "default"
-END_BOUND = "end_of_evidence_lower_bound"
 
 
 @dataclass
@@ -228,52 +221,17 @@ class Audit:
             LimitationRecord(code=lim.code, message=lim.message, source=lim.source)
             for lim in self.evidence.limitations
         ]
-        for finding in findings:  # what a finding cannot prove is said for the whole audit too
-            limitations.extend(lim for lim in finding.limitations if lim not in limitations)
-        ends = self.evidence.ends_by_server()
-        for server, end in sorted(ends.items()):
-            if any(f.server == server for f in findings):
-                limitations.append(
-                    LimitationRecord(
-                        code=END_BOUND,
-                        message=f"the end of the evidence, {end.isoformat()}, is the latest "
-                        "moment any input shows the server alive (every table's times, every "
-                        "log line): a lower bound of when it was captured, so an outage not "
-                        "recovered by then lasted at least that long",
-                        source=f"server {server}",
-                    )
-                )
+        limitations += end_bounds(self.evidence.ends_by_server(), findings)
         if not self.evidence.runs.height and not self.evidence.events.height:
-            limitations.append(
-                LimitationRecord(
-                    code="no_run_evidence",
-                    message="the inputs hold no run or job records: the audit cannot decide "
-                    "whether any incident happened",
-                    source="audit",
-                )
-            )
-        summary = Summary(
-            runs=len(verdicts),
-            findings=len(findings),
-            victims=sum(len(f.victims) for f in findings),
-            by_verdict=dict(Counter(v.verdict for v in verdicts)),
-        )
-        report = Report(
-            generated_by=f"dstack-audit {__version__}",
-            redaction_rules=RULE_SET,
+            limitations.append(NO_RUN_EVIDENCE_RECORD)
+        report = assemble(
             inputs=[_input_record(i) for i in self.evidence.inputs],
             limitations=limitations,
-            summary=summarise(findings, verdicts, summary),
-            end_of_evidence=self.end_of_evidence,
-            counterfactual_models=describe_models(),
-            runs=sorted(verdicts, key=lambda v: (v.server, v.project or "", v.run_name, v.run_id)),
+            verdicts=verdicts,
             findings=findings,
+            end_of_evidence=self.end_of_evidence,
         )
-        # its texts redacted one by one (a JSON round trip: pydantic's fast path both ways)
-        data = self.evidence.redactor.apply_data(
-            json.loads(report.model_dump_json()), controls=True
-        )
-        return Report.model_validate_json(json.dumps(data))
+        return self.evidence.redactor.apply_model(report, controls=True)
 
     def redact(self, text: str, *, keep_styles: bool = False) -> str:
         """Mask every secret the inputs hold (and every secret-shaped string) in `text`, and
@@ -375,95 +333,9 @@ def audit(paths: Paths, **options) -> Report:
     return open_sources(paths, **options).report
 
 
-def merge_reports(reports: list[Report]) -> Report:
-    """One report from the reports of disjoint partitions of the same audit. Partitions that
-    share a run are refused: an input read whole by every partition (a log, a table export, an
-    API or CLI capture) would count its runs and victims once per partition."""
-    first = reports[0]
-    _refuse_overlap(reports)
-    inputs = _merge_inputs(reports)
-    limitations, seen_limitations = [], set()
-    for item in (lim for r in reports for lim in r.limitations):
-        key = (item.code, item.message, item.source)
-        if key not in seen_limitations:
-            seen_limitations.add(key)
-            limitations.append(item)
-    # as Audit.report orders them: the end-of-evidence bounds last, by server
-    limitations = [lim for lim in limitations if lim.code != END_BOUND] + sorted(
-        (lim for lim in limitations if lim.code == END_BOUND), key=lambda lim: lim.source
-    )
-    verdicts = sorted(
-        (v for r in reports for v in r.runs),
-        key=lambda v: (v.server, v.project or "", v.run_name, v.run_id),
-    )
-    if verdicts:
-        limitations = [lim for lim in limitations if lim.code != "no_run_evidence"]
-    findings = sorted((f for r in reports for f in r.findings), key=impact_rank)
-    summary = Summary(
-        runs=len(verdicts),
-        findings=len(findings),
-        victims=sum(len(f.victims) for f in findings),
-        by_verdict=dict(Counter(v.verdict for v in verdicts)),
-    )
-    ends = [r.end_of_evidence for r in reports if r.end_of_evidence is not None]
-    return first.model_copy(
-        update={
-            "inputs": inputs,
-            "limitations": limitations,
-            "summary": summarise(findings, verdicts, summary),
-            "end_of_evidence": max(ends) if ends else None,
-            "runs": verdicts,
-            "findings": findings,
-        }
-    )
-
-
-_PARTITION_NOTE = re.compile(r"partition \d+/\d+ \(whole services\)")
-_PARTITION_KIND = re.compile(r" \(partition \d+/\d+\)$")
-
-
-def _refuse_overlap(reports: list[Report]) -> None:
-    seen: set[tuple[str, str]] = set()
-    for report in reports:
-        runs = {(v.server, v.run_id) for v in report.runs}
-        if runs & seen:
-            whole = [
-                i.path
-                for i in report.inputs
-                if i.records
-                and not _PARTITION_KIND.search(i.kind)
-                and not any(_PARTITION_NOTE.fullmatch(note) for note in i.notes)
-            ]
-            raise AuditInputError(
-                whole[0] if whole else "--partitions",
-                "cannot be read one partition at a time (only databases and ingested datasets "
-                "can): every partition would count its runs again",
-                "audit without --partitions/--workers/--cluster, or `dstack-audit ingest` the "
-                "inputs into a dataset and audit the dataset in partitions",
-            )
-        seen |= runs
-
-
-def _merge_inputs(reports: list[Report]) -> list[InputRecord]:
-    """Each input once, as the whole audit lists it: an input read one partition at a time (a
-    database, a dataset) counts the records of every partition and no longer names one; an
-    input every partition reads whole is listed as the first partition read it."""
-    merged: dict[tuple[str, str], InputRecord] = {}
-    for item in (i for r in reports for i in r.inputs):
-        kind = _PARTITION_KIND.sub("", item.kind)
-        notes = [note for note in item.notes if not _PARTITION_NOTE.fullmatch(note)]
-        key = (item.path, kind)
-        if key not in merged:
-            merged[key] = item.model_copy(update={"kind": kind, "notes": notes})
-        elif kind != item.kind or notes != item.notes:
-            seen = merged[key]
-            merged[key] = seen.model_copy(
-                update={
-                    "records": seen.records + item.records,
-                    "unparsed": seen.unparsed + item.unparsed,
-                }
-            )
-    return list(merged.values())
+def audit_partition(paths: Sequence[str | Path], index: int, count: int, options: dict) -> Report:
+    """One partition's report: the task a Dask worker runs (analyzer.cluster)."""
+    return open_sources(paths, partition=(index, count), **options).report
 
 
 def audit_in_partitions(paths: Paths, count: int, *, client=None, **options) -> Report:
@@ -475,7 +347,28 @@ def audit_in_partitions(paths: Paths, count: int, *, client=None, **options) -> 
     if client is not None:
         from analyzer.cluster import audit_partitions
 
-        return audit_partitions(client, given, count, **options)
-    return merge_reports(
-        [open_sources(given, partition=(index, count), **options).report for index in range(count)]
+        return audit_partitions(client, given, count, audit_partition, **options)
+    return merge_reports([audit_partition(given, index, count, options) for index in range(count)])
+
+
+def audit_on_cluster(
+    paths: Paths,
+    *,
+    workers: int | None = None,
+    address: str | None = None,
+    partitions: int | None = None,
+    **options,
+) -> Report:
+    """Audit on a new local Dask cluster of `workers` processes or on the scheduler at
+    `address`, in `partitions` tasks (analyzer.cluster.PARTITIONS_PER_WORKER per worker thread
+    unless given)."""
+    from analyzer.cluster import run_on_cluster
+
+    return run_on_cluster(
+        as_paths(paths),
+        audit_partition,
+        workers=workers,
+        address=address,
+        partitions=partitions,
+        **options,
     )

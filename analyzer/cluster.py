@@ -2,8 +2,9 @@
 
 Each task opens the sources itself, from the paths or URLs it is given (a shared file system,
 a database URL, an ingested dataset on object storage through fsspec), and sends back only its
-partition's Report: frames never travel through the scheduler. The merge is `merge_reports`,
-the same code as for partitions audited one after another in one process.
+partition's Report: frames never travel through the scheduler. The task is given by the
+caller (analyzer.api.audit_partition), so this module never imports the api back; the merge is
+`merge_reports`, the same code as for partitions audited one after another in one process.
 
 Dask is imported only here, and only when a command asks for a cluster.
 """
@@ -11,13 +12,14 @@ Dask is imported only here, and only when a command asks for a cluster.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from analyzer._version import __version__
 from analyzer.errors import AuditInputError
+from analyzer.pipeline.assemble import merge_reports
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -103,23 +105,19 @@ def _sendable(paths: Sequence[str | Path]) -> list[str]:
     return given
 
 
-def audit_partition(paths: Sequence[str | Path], index: int, count: int, options: dict[str, Any]):
-    """One task: open the sources on the worker and audit partition `index` of `count`."""
-    from analyzer.api import open_sources
-
-    return open_sources(paths, partition=(index, count), **options).report
+PartitionTask = Callable[[Sequence[str], int, int, dict[str, Any]], "Report"]
+"""(paths, index, count, options) -> the report of partition `index` of `count`: a module-level
+function, so a worker imports it by name."""
 
 
 def audit_partitions(
-    client: Client, paths: Sequence[str | Path], count: int, **options: Any
+    client: Client, paths: Sequence[str | Path], count: int, task: PartitionTask, **options: Any
 ) -> Report:
-    """The partitions of whole services as tasks of `client`'s cluster, merged as in one
+    """The partitions of whole services as `task`s of `client`'s cluster, merged as in one
     process. An error raised by a task (an unreadable input) is raised here unchanged."""
-    from analyzer.api import merge_reports
-
     given = _sendable(paths)
     futures = client.map(
-        audit_partition, [given] * count, range(count), count=count, options=options, pure=False
+        task, [given] * count, range(count), count=count, options=options, pure=False
     )
     distributed = _distributed()
     try:
@@ -150,8 +148,9 @@ def audit_partitions(
     return merge_reports(reports)
 
 
-def audit_on_cluster(
+def run_on_cluster(
     paths: Sequence[str | Path],
+    task: PartitionTask,
     *,
     workers: int | None = None,
     address: str | None = None,
@@ -163,4 +162,4 @@ def audit_on_cluster(
     _sendable(paths)
     with connect(workers=workers, address=address) as client:
         count = partitions or default_partitions(client)
-        return audit_partitions(client, paths, count, **options)
+        return audit_partitions(client, paths, count, task, **options)

@@ -25,10 +25,16 @@ import re
 import tomllib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 import polars as pl
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+Model = TypeVar("Model", bound="BaseModel")
 
 MASK = "***"
 MIN_SECRET_LENGTH = 4  # shorter values (e.g. "1", "true") would mask ordinary text
@@ -102,15 +108,20 @@ ROW_FILTERS = {
 @dataclass(frozen=True)
 class Rule:
     id: str
-    pattern: re.Pattern[str]
+    source: str  # the Python regex (gitleaks' RE2 translated)
     keywords: tuple[str, ...]  # lowercase; a rule without keywords runs over every text
     group: int | None  # the secret's group; None: the first non-empty group (gitleaks' way)
+
+    @cached_property
+    def pattern(self) -> re.Pattern[str]:
+        """Compiled on first use: most of the ~230 rules meet no text holding their keywords,
+        and compiling them all costs a tenth of a second per process."""
+        return re.compile(self.source, re.ASCII)
 
     @property
     def spans_lines(self) -> bool:
         """Whether a match can hold a newline on purpose (a key block, a curl command)."""
-        source = self.pattern.pattern
-        return any(mark in source for mark in (r"\n", r"[\s\S", "(?s", r"\Z"))
+        return any(mark in self.source for mark in (r"\n", r"[\s\S", "(?s", r"\Z"))
 
 
 _POSIX_CLASSES = {
@@ -182,13 +193,13 @@ def python_regex(re2: str) -> str:
 
 @cache
 def rules() -> tuple[Rule, ...]:
-    """The rule set: gitleaks' (translated) then the project's. A rule that does not compile
-    fails here, loudly (tests/test_secrets.py loads them all)."""
+    """The rule set: gitleaks' (translated) then the project's, each compiled on first use
+    (tests/test_redact_rules.py compiles them all)."""
     config = tomllib.loads(GITLEAKS_FILE.read_text(encoding="utf-8"))
     loaded = [
         Rule(
             item["id"],
-            re.compile(python_regex(item["regex"]), re.ASCII),
+            python_regex(item["regex"]),
             tuple(k.lower() for k in item.get("keywords", ())),
             item.get("secretGroup"),
         )
@@ -196,8 +207,7 @@ def rules() -> tuple[Rule, ...]:
         if "regex" in item and item["id"] not in GITLEAKS_LEFT_OUT
     ]
     loaded += [
-        Rule(rule_id, re.compile(regex, re.ASCII), keywords, group)
-        for rule_id, regex, keywords, group in PROJECT_RULES
+        Rule(rule_id, regex, keywords, group) for rule_id, regex, keywords, group in PROJECT_RULES
     ]
     return tuple(loaded)
 
@@ -427,6 +437,24 @@ class Redactor:
         redacted = iter(texts.to_list())
         return _rebuild(data, redacted)
 
+    def apply_model(self, model: Model, *, controls: bool = False) -> Model:
+        """A pydantic model with every string in it redacted (dict keys too; and with
+        `controls`, its control characters removed), as `apply_data` would redact its JSON
+        (times and numbers are no text) but without the JSON round trip: each distinct string
+        is redacted once, and only the models that hold a changed string are copied."""
+        from pydantic import BaseModel
+
+        strings: set[str] = set()
+        _collect_strings(model, strings, BaseModel)
+        if not strings:
+            return model
+        unique = list(strings)
+        texts = self.apply_series(pl.Series(unique, dtype=pl.String))
+        if controls:
+            texts = texts.str.replace_all(_CONTROLS.pattern, "")
+        changed = {old: new for old, new in zip(unique, texts.to_list(), strict=True) if old != new}
+        return _replaced(model, changed, BaseModel) if changed else model
+
     def _value_forms(self) -> tuple[list[str], list[str]]:
         """Every known value, JSON-escaped and templated too, longest first (Aho-Corasick in
         polars takes the first listed pattern at a position)."""
@@ -480,6 +508,49 @@ def _rebuild(data: object, redacted: Iterator[str]) -> object:
     if isinstance(data, list | tuple):
         return [_rebuild(value, redacted) for value in data]
     return data
+
+
+def _collect_strings(value: object, strings: set[str], model: type) -> None:
+    if isinstance(value, str):
+        strings.add(value)
+    elif isinstance(value, model):
+        for item in value.__dict__.values():
+            _collect_strings(item, strings, model)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _collect_strings(key, strings, model)
+            _collect_strings(item, strings, model)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _collect_strings(item, strings, model)
+
+
+def _replaced(value: object, changed: dict[str, str], model: type) -> object:
+    """`value` with the `changed` strings replaced; the same object where nothing changed."""
+    if isinstance(value, str):
+        return changed.get(value, value)
+    if isinstance(value, model):
+        updates = {}
+        for name, item in value.__dict__.items():
+            new = _replaced(item, changed, model)
+            if new is not item:
+                updates[name] = new
+        return value.model_copy(update=updates) if updates else value
+    if isinstance(value, dict):
+        pairs = [
+            (_replaced(key, changed, model), _replaced(item, changed, model))
+            for key, item in value.items()
+        ]
+        same = zip(pairs, value.items(), strict=True)
+        if all(k is key and v is item for (k, v), (key, item) in same):
+            return value
+        return dict(pairs)
+    if isinstance(value, list | tuple):
+        items = [_replaced(item, changed, model) for item in value]
+        if all(new is old for new, old in zip(items, value, strict=True)):
+            return value
+        return type(value)(items)
+    return value
 
 
 # C0 controls but tab and newline, DEL, C1 controls: a terminal acts on them (ESC sequences

@@ -9,6 +9,7 @@ Two ways of growing the standard-format log of a synthetic server (`dstack-audit
   lines, as a server at INFO writes them), 4x and 16x its size: the kept events stay the same,
   so the audit's memory must stay the same too.
 Each audit runs in a fresh process (peak RSS is its own: imports, reading, the report);
+run_benchmarks.py measures the same 1x/4x/16x curve beside its other figures;
 `--code` names checkouts to measure (the default: this one), e.g. `--code /work/main .` for a
 before and after. Results are printed and written to <out>/log_memory.json.
 """
@@ -18,14 +19,14 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run_benchmarks import AUDIT_CHILD, ROOT, fleet
+from run_benchmarks import ROOT, accuracy, fleet
+from run_benchmarks import measure as run
 
 
 def padded(log: Path, factor: int, out: Path) -> Path:
@@ -62,20 +63,11 @@ def gzipped(log: Path) -> Path:
     return target
 
 
-def measure(code: Path, truth: Path, log: Path) -> dict:
-    """The audit in a fresh process under /usr/bin/time: its maximum resident set size is the
-    whole process's (a child's own getrusage would also count the parent's pages it was
-    forked from)."""
-    child = [sys.executable, "-c", AUDIT_CHILD, str(code), str(truth), str(log)]
-    out = subprocess.run(
-        ["/usr/bin/time", "-f", "%M", *child],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    result["peak_rss_mb"] = int(out.stderr.strip().splitlines()[-1]) / 1024
-    return result
+def measure(code: Path, truth: Path, log: Path, out: Path) -> dict:
+    """The audit of `code`'s checkout in a fresh process, its own peak RSS (run_benchmarks)."""
+    report = out / "log_memory-report.json"
+    argv = [sys.executable, "-m", "analyzer", "audit", str(log), "--format", "json", "-q"]
+    return {**run([*argv, "-o", str(report)], code=code), **accuracy(report, truth)}
 
 
 def main() -> None:
@@ -101,7 +93,7 @@ def main() -> None:
     for growth, factor, truth, log in cases:
         for path in (log, gzipped(log)):
             for code in args.code:
-                audit = measure(code.resolve(), truth, path)
+                audit = measure(code.resolve(), truth, path, args.out)
                 row = {
                     "growth": growth,
                     "factor": factor,

@@ -1,275 +1,335 @@
-"""Benchmarks with their floors, measured in the same run (not part of the test suite).
+"""Benchmarks against their floors, every figure a whole process measured in the same run (not
+part of the test suite).
 
-    python benchmarks/run_benchmarks.py [--runs N] [--out DIR] [--only logs,db,scaling]
+    python benchmarks/run_benchmarks.py [--quick] [--out DIR] [--only logs,db,cli,seed,...]
 
-- logs: per format, the full audit of a generated log vs reading the same file's lines with
-  polars alone (the floor); lines per second for both.
-- db: the audit of a generated server.db vs reading the same tables' used columns with the
-  fastest reader found (ADBC SQLite, connectorx, sqlite3: each measured).
-- scaling: the same audit at N, 2N, 4N, 8N runs: time, growth per doubling, peak RSS (each
-  audit runs in its own process), precision and recall against the generated truth.
-- report: `dstack-audit report -o report.html` of a synthetic server with >= 1,000 findings
-  (swimlanes for the worst --max-plots runs) vs the same audit as JSON (its floor), each a
-  whole process.
-Figures are printed as a table and written to <out>/results.json.
+- logs: `dstack-audit audit` of each log format alone (standard, json, rich) vs a polars
+  process that scans the same file and extracts the event fields (its floor).
+- db: the audit of a generated server.db vs a polars process reading every table and column
+  the audit reads, through ADBC (its floor).
+- cli: `dstack-audit --version` and `--help` vs `python -c "import click"`.
+- seed: the audit of samples/v0.22.5/seed (absolute; the target is under 1 s).
+- scaling: the database audit at 2k, 4k, 8k, 16k runs (`synth --runs N --seed 7`; --quick:
+  1k, 2k, 4k): time and peak RSS per doubling.
+- memory: the standard log grown 1x, 4x, 16x with real-shaped irrelevant lines (the kept
+  events stay the same, so memory must too), plain and .gz: peak RSS.
+- report (only when asked): `dstack-audit report` (HTML) of >= 1,000 findings vs the same
+  audit as JSON.
+
+Peak RSS is each child's own (GNU time's, of a fresh process: never counting this one's).
+Every audit's findings are checked against the generated truth: precision and recall must be
+1.0 at every size, or the run fails. Rows are printed as a table and written to
+<out>/results.json.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
 import json
 import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
-
-import polars as pl
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+REPORTS = Path(tempfile.mkdtemp(prefix="dstack-audit-bench-"))  # never beside an input
+SEED_SAMPLE = ROOT / "samples" / "v0.22.5" / "seed"
+LOG_FORMATS = ("standard", "json", "rich")
 
-from analyzer.sources.dstack_tables import TABLE_COLUMNS  # noqa: E402
-from analyzer.synth import synthesize  # noqa: E402
+# The floor of a log audit: scan the file with polars and extract what an event needs (time,
+# level, logger, the event's text, its target kind, id and name, a status change).
+EVENT_FIELDS = r"""
+import sys, polars as pl
+path, fmt = sys.argv[1], sys.argv[2]
+lines = pl.scan_csv(path, has_header=False, separator="\x1f", quote_char=None,
+                    new_columns=["line"], infer_schema=False, encoding="utf8-lossy",
+                    truncate_ragged_lines=True)
+if fmt == "json":
+    fields = ["timestamp", "logger", "level", "message"]
+    records = lines.select(pl.col("line").str.json_decode(
+        pl.Struct({f: pl.String for f in fields})).struct.unnest())
+    records = records.rename({"timestamp": "time"})
+elif fmt == "rich":  # a record starts with "[HH:MM:SS]"; its message wraps onto indented lines
+    head = pl.col("line").str.extract(r"^\[(\d\d:\d\d:\d\d)\] (\w+)\s+(\S+?)(?::\d+)? (.*)", 0)
+    records = (
+        lines.with_columns(record=pl.col("line").str.starts_with("[").cum_sum())
+        .group_by("record", maintain_order=True)
+        .agg(pl.col("line").first().alias("head"),
+             pl.col("line").slice(1).str.strip_chars().str.join(" ").alias("rest"))
+        .select(parts=pl.col("head").str.extract_groups(
+                    r"^\[(\d\d:\d\d:\d\d)\] (\w+)\s+(\S+?)(?::\d+)? (.*)"), rest="rest")
+        .select(time=pl.col("parts").struct[0], level=pl.col("parts").struct[1],
+                logger=pl.col("parts").struct[2],
+                message=pl.concat_str([pl.col("parts").struct[3].str.strip_chars(), "rest"],
+                                      separator=" "))
+    )
+else:
+    parts = pl.col("line").str.extract_groups(r"^(\w+) (\S+) (\S+) (.*)")
+    records = lines.select(parts=parts).select(
+        level=pl.col("parts").struct[0], time=pl.col("parts").struct[1],
+        logger=pl.col("parts").struct[2], message=pl.col("parts").struct[3])
+event = pl.col("message").str.extract_groups(
+    r"Emitting event: (.*?)\. Event targets: (\w+)\((\w+)\)(\S+?)\.? Actor: (\S+)")
+change = pl.col("message").str.extract_groups(r"status changed (\w+) -> (\w+)")
+out = records.select("time", "level", "logger", event=event, change=change).collect()
+print(out.height)
+"""
 
-AUDIT_CHILD = r"""
-import json, resource, sys, time
-sys.path.insert(0, sys.argv[1])
-from analyzer import open_sources
-started = time.perf_counter()
-report = open_sources(sys.argv[3:]).report
-seconds = time.perf_counter() - started
-truth = json.load(open(sys.argv[2]))
-expected = set()
-for run in truth["runs"]:
-    strict = {v["job_id"] for v in run["victims"]}
-    for v in run["broad_victims"]:
-        cat = "collateral_termination" if v["job_id"] in strict else "same_deployment_collateral"
-        expected.add((cat, v["job_id"]))
-found = {(f.category, v.job_id) for f in report.findings for v in f.victims}
-if any(len(j) == 6 for _, j in found):
-    expected = {(c, j.replace("-", "")[:6]) for c, j in expected}
-hit = len(found & expected)
-print(json.dumps({
-    "seconds": seconds,
-    "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-    "runs": report.summary.runs,
-    "found": len(found), "expected": len(expected),
-    "precision": hit / len(found) if found else 1.0,
-    "recall": hit / len(expected) if expected else 1.0,
-}))
+# The floor of a database audit: every table and column the audit reads, through ADBC.
+DB_TABLES = r"""
+import sys, polars as pl
+import adbc_driver_sqlite.dbapi as adbc
+sys.path.insert(0, sys.argv[2])
+from analyzer.sources.dstack_tables import TABLE_COLUMNS
+rows = 0
+with adbc.connect(f"file:{sys.argv[1]}?mode=ro") as connection, connection.cursor() as cursor:
+    for table, columns in TABLE_COLUMNS.items():
+        cursor.execute(f"SELECT {', '.join(columns)} FROM {table}")
+        rows += pl.from_arrow(cursor.fetch_arrow_table()).height
+print(rows)
 """
 
 
-def audit_in_child(truth: Path, *sources: Path) -> dict:
-    """Each measured audit in a fresh process: its peak RSS is its own."""
-    out = subprocess.run(
-        [sys.executable, "-c", AUDIT_CHILD, str(ROOT), str(truth), *map(str, sources)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+def measure(argv: list[str], *, code: Path = ROOT) -> dict:
+    """One command in a fresh process under GNU time: its wall time, CPU time (user + system:
+    what a loaded, shared machine disturbs least) and its own peak RSS. Measured by a tiny
+    parent: a child's maximum RSS starts at its parent's size when it was forked (Linux keeps
+    the high-water mark across exec), so a child of this Python process would count this
+    process's pages too. `code`: the checkout to run."""
+    env = {**os.environ, "PYTHONPATH": str(code)}
+    with tempfile.NamedTemporaryFile("r", suffix=".time") as usage:
+        started = time.perf_counter()
+        done = subprocess.run(
+            ["/usr/bin/time", "-q", "-f", "%U %S %M %x", "-o", usage.name, *argv],
+            cwd=code,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            check=False,
+        )
+        seconds = time.perf_counter() - started
+        user, system, rss_kb, status = usage.read().split()[-4:]
+    if int(status) not in (0, 1):  # 1: findings were reported
+        raise RuntimeError(f"{argv} failed ({status}): {done.stderr.decode()[-2000:]}")
+    cpu = float(user) + float(system)
+    return {"seconds": seconds, "cpu_seconds": cpu, "peak_rss_mb": int(rss_kb) / 1024}
+
+
+def best_of(repeat: int, argv: list[str]) -> dict:
+    """The fastest of `repeat` runs (the machine is shared: the least disturbed one)."""
+    return min((measure(argv) for _ in range(repeat)), key=lambda m: m["seconds"])
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "analyzer", *args]
+
+
+def expected_victims(truth: dict) -> set[tuple[str, str]]:
+    """(category, job_id) of the generated truth, as tests/conftest.py derives it."""
+    expected = set()
+    for run in truth["runs"]:
+        strict = {v["job_id"] for v in run["victims"]}
+        for victim in run["broad_victims"]:
+            category = (
+                "collateral_termination"
+                if victim["job_id"] in strict
+                else "same_deployment_collateral"
+            )
+            expected.add((category, victim["job_id"]))
+    return expected
+
+
+def accuracy(report: Path, truth: Path) -> dict:
+    """Precision and recall of the report's victims against the truth (a log-only audit
+    knows only the six-character short ids dstack logs)."""
+    data = json.loads(report.read_text())
+    found = {(f["category"], v["job_id"]) for f in data["findings"] for v in f["victims"]}
+    expected = expected_victims(json.loads(truth.read_text()))
+    if any(len(job) == 6 for _, job in found):
+        expected = {(c, j.replace("-", "")[:6]) for c, j in expected}
+    hit = len(found & expected)
+    return {
+        "runs": data["summary"]["runs"],
+        "precision": hit / len(found) if found else 1.0,
+        "recall": hit / len(expected) if expected else 1.0,
+    }
+
+
+def audited(repeat: int, truth: Path | None, *sources: Path) -> dict:
+    """The whole-process audit of `sources` as JSON, timed, and checked against `truth`."""
+    report = REPORTS / "report.json"
+    argv = cli("audit", *map(str, sources), "--format", "json", "-q", "-o", str(report))
+    measured = best_of(repeat, argv)
+    return {**measured, **(accuracy(report, truth) if truth else {})}
 
 
 def fleet(base: Path, runs: int, seed: int = 7) -> Path:
+    """A synthetic server of `runs` runs (`dstack-audit synth --runs N --seed 7`), made once."""
     folder = base / f"fleet-{runs}"
     if not (folder / "truth.json").exists():
+        from analyzer.synth import synthesize
+
         synthesize(folder, runs=runs, seed=seed)
     return folder
 
 
-def floor_lines(path: Path) -> float:
-    """Reading the file's lines with polars alone: the least any log audit must do."""
-    started = time.perf_counter()
-    frame = pl.read_csv(
-        path,
-        has_header=False,
-        separator="\x1f",
-        quote_char=None,
-        new_columns=["line"],
-        infer_schema=False,
-        encoding="utf8-lossy",
-        truncate_ragged_lines=True,
-    )
-    assert frame.height > 0
-    return time.perf_counter() - started
-
-
-def floor_db(db: Path) -> dict[str, float]:
-    """The used columns of the used tables, with each reader available; the fastest is the floor."""
-    queries = [
-        f"SELECT {', '.join(f'CAST({c} AS TEXT) AS {c}' for c in cols)} FROM {table}"
-        for table, cols in TABLE_COLUMNS.items()
-    ]
-    results = {}
-    try:
-        import adbc_driver_sqlite.dbapi as adbc
-
-        started = time.perf_counter()
-        with adbc.connect(f"file:{db}?mode=ro") as connection, connection.cursor() as cursor:
-            for query in queries:
-                try:
-                    cursor.execute(query)
-                    pl.from_arrow(cursor.fetch_arrow_table())
-                except Exception:
-                    pass
-        results["adbc-sqlite"] = time.perf_counter() - started
-    except ImportError:
-        pass
-    try:
-        import connectorx as cx
-
-        started = time.perf_counter()
-        for query in queries:
-            with contextlib.suppress(Exception):
-                cx.read_sql(f"sqlite://{db}", query, return_type="polars")
-        results["connectorx"] = time.perf_counter() - started
-    except ImportError:
-        pass
-    import sqlite3
-
-    started = time.perf_counter()
-    connection = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    for query in queries:
-        try:
-            rows = connection.execute(query).fetchall()
-            pl.DataFrame(rows, orient="row")
-        except Exception:
-            pass
-    results["sqlite3"] = time.perf_counter() - started
-    return results
-
-
-def bench_logs(base: Path, runs: int) -> list[dict]:
-    folder = fleet(base, runs)
+def bench_logs(ctx: argparse.Namespace) -> list[dict]:
+    folder = fleet(ctx.out, ctx.runs)
     rows = []
-    for fmt in ("standard", "json", "rich"):
+    for fmt in LOG_FORMATS:
         log = folder / "logs" / f"server.{fmt}.log"
-        lines = sum(1 for _ in log.open("rb"))
-        floor = min(floor_lines(log) for _ in range(3))
-        audit = audit_in_child(folder / "truth.json", log)
-        rows.append(
-            {
-                "bench": f"logs/{fmt}",
-                "lines": lines,
-                "mb": log.stat().st_size / 1e6,
-                "audit_s": audit["seconds"],
-                "floor_s": floor,
-                "ratio": audit["seconds"] / floor,
-                "audit_lines_per_s": lines / audit["seconds"],
-                "floor_lines_per_s": lines / floor,
-                "peak_rss_mb": audit["peak_rss_mb"],
-                "precision": audit["precision"],
-                "recall": audit["recall"],
-            }
-        )
+        floor = best_of(ctx.repeat, [sys.executable, "-c", EVENT_FIELDS, str(log), fmt])
+        audit = audited(ctx.repeat, folder / "truth.json", log)
+        rows.append(_against(f"log {fmt} ({log.stat().st_size / 1e6:.0f} MB)", audit, floor))
     return rows
 
 
-def bench_db(base: Path, runs: int) -> list[dict]:
-    folder = fleet(base, runs)
+def bench_db(ctx: argparse.Namespace) -> list[dict]:
+    folder = fleet(ctx.out, ctx.runs)
     db = folder / "server.db"
-    floors = floor_db(db)
-    best = min(floors, key=floors.get)
-    audit = audit_in_child(folder / "truth.json", db)
+    floor = best_of(ctx.repeat, [sys.executable, "-c", DB_TABLES, str(db), str(ROOT)])
+    audit = audited(ctx.repeat, folder / "truth.json", db)
+    return [_against(f"db {ctx.runs} runs vs ADBC tables", audit, floor)]
+
+
+def bench_cli(ctx: argparse.Namespace) -> list[dict]:
+    floor = best_of(ctx.repeat + 2, [sys.executable, "-c", "import click"])
     return [
-        {
-            "bench": "db",
-            "runs": runs,
-            "mb": db.stat().st_size / 1e6,
-            "audit_s": audit["seconds"],
-            "floor_s": floors[best],
-            "floor_reader": best,
-            "readers": floors,
-            "ratio": audit["seconds"] / floors[best],
-            "peak_rss_mb": audit["peak_rss_mb"],
-            "precision": audit["precision"],
-            "recall": audit["recall"],
-        }
+        _against(f"dstack-audit {flag}", best_of(ctx.repeat + 2, cli(flag)), floor)
+        for flag in ("--version", "--help")
     ]
 
 
-def bench_scaling(base: Path, runs: int) -> list[dict]:
+def bench_seed(ctx: argparse.Namespace) -> list[dict]:
+    audit = audited(ctx.repeat + 2, SEED_SAMPLE / "truth.json", SEED_SAMPLE)
+    return [{"bench": "seed sample audit (target < 1 s)", **audit, "ok": audit["seconds"] < 1}]
+
+
+def bench_scaling(ctx: argparse.Namespace) -> list[dict]:
     rows = []
-    for factor in (1, 2, 4, 8):
-        folder = fleet(base, runs * factor)
-        audit = audit_in_child(folder / "truth.json", folder / "server.db")
-        rows.append({"bench": "scaling/db", "runs": runs * factor, **audit})
+    for runs in ctx.sizes:
+        folder = fleet(ctx.out, runs)
+        audit = audited(1, folder / "truth.json", folder / "server.db")
+        rows.append({"bench": f"scaling db {runs} runs", **audit})
     for previous, current in itertools.pairwise(rows):
         current["growth_per_doubling"] = current["seconds"] / previous["seconds"]
+        current["cpu_growth_per_doubling"] = current["cpu_seconds"] / previous["cpu_seconds"]
+        current["rss_growth_per_doubling"] = current["peak_rss_mb"] / previous["peak_rss_mb"]
     return rows
 
 
-def timed_cli(*args: str) -> dict:
-    """One `dstack-audit` command in its own process: wall time and peak RSS."""
-    child = (
-        "import resource, runpy, sys, time; sys.argv = ['dstack-audit', *sys.argv[1:]]; "
-        "t = time.perf_counter()\ntry:\n    runpy.run_module('analyzer', run_name='__main__')\n"
-        "except SystemExit:\n    pass\nprint('BENCH', time.perf_counter() - t, "
-        "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, file=sys.stderr)"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", child, *args],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=ROOT,
-    )
-    line = next(x for x in out.stderr.splitlines() if x.startswith("BENCH "))
-    seconds, rss = map(float, line.split()[1:])
-    return {"seconds": seconds, "peak_rss_mb": rss}
+def bench_memory(ctx: argparse.Namespace) -> list[dict]:
+    from log_memory import gzipped, padded
+
+    folder = fleet(ctx.out, ctx.memory_runs)
+    rows = []
+    for factor in (1, 4, 16):
+        log = padded(folder / "logs" / "server.standard.log", factor, ctx.out)
+        for path in (log, gzipped(log)):
+            audit = audited(1, folder / "truth.json", path)
+            size = f"{path.stat().st_size / 1e6:.0f} MB"
+            rows.append({"bench": f"memory {factor}x {path.suffix[1:]} ({size})", **audit})
+    base = rows[0]["peak_rss_mb"]
+    for row in rows:
+        row["rss_vs_1x"] = row["peak_rss_mb"] / base
+    return rows
 
 
-def bench_report(base: Path, runs: int, findings: int = 1000) -> list[dict]:
-    """The HTML report of a server with at least `findings` findings, against its floor."""
-    size = max(runs, 4000)  # the synthetic fleet has ~0.26 findings per run
-    folder = fleet(base, size)
+def bench_report(ctx: argparse.Namespace) -> list[dict]:
+    """The HTML report of a server with >= 1,000 findings vs the same audit as JSON."""
+    folder = fleet(ctx.out, max(ctx.runs, 4000))  # ~0.26 findings per run
     db = str(folder / "server.db")
-    floor = timed_cli("audit", db, "--format", "json", "-q", "-o", str(base / "report.json"))
-    found = len(json.loads((base / "report.json").read_text())["findings"])
-    report = timed_cli("report", db, "-q", "-o", str(base / "report.html"))
-    return [
-        {
-            "bench": "report/html",
-            "runs": size,
-            "findings": found,
-            "enough_findings": found >= findings,
-            "html_mb": (base / "report.html").stat().st_size / 1e6,
-            **report,
-            "floor_audit_json_seconds": floor["seconds"],
-            "ratio": report["seconds"] / floor["seconds"],
-        }
+    floor = audited(1, folder / "truth.json", folder / "server.db")
+    report = measure(cli("report", db, "-q", "-o", str(REPORTS / "report.html")))
+    return [_against("report html vs audit json", report, floor)]
+
+
+def _against(name: str, measured: dict, floor: dict) -> dict:
+    return {
+        "bench": name,
+        **measured,
+        "floor_seconds": floor["seconds"],
+        "ratio": measured["seconds"] / floor["seconds"],
+        "floor_cpu_seconds": floor["cpu_seconds"],
+        "cpu_ratio": measured["cpu_seconds"] / floor["cpu_seconds"],
+        "floor_peak_rss_mb": floor["peak_rss_mb"],
+    }
+
+
+BENCHES = {
+    "logs": bench_logs,
+    "db": bench_db,
+    "cli": bench_cli,
+    "seed": bench_seed,
+    "scaling": bench_scaling,
+    "memory": bench_memory,
+    "report": bench_report,
+}
+DEFAULT = "logs,db,cli,seed,scaling,memory"
+
+
+def table(rows: list[dict]) -> str:
+    """The rows as a Markdown table (the README's performance section is one)."""
+    lines = [
+        "| bench | wall s | floor wall s | ratio | CPU s | floor CPU s | CPU ratio "
+        "| peak RSS MB | precision | recall | growth per 2x |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+
+    def cell(row: dict, key: str, form: str) -> str:
+        return format(row[key], form) if key in row else ""
+
+    for row in rows:
+        growth = ""
+        if "rss_vs_1x" in row:
+            growth = f"RSS {row['rss_vs_1x']:.2f}x of 1x"
+        elif "growth_per_doubling" in row:
+            growth = (
+                f"wall {row['growth_per_doubling']:.2f}, CPU {row['cpu_growth_per_doubling']:.2f}"
+                f", RSS {row['rss_growth_per_doubling']:.2f}"
+            )
+        lines.append(
+            f"| {row['bench']} | {row['seconds']:.2f} | {cell(row, 'floor_seconds', '.2f')} | "
+            f"{cell(row, 'ratio', '.1f')} | {row['cpu_seconds']:.2f} | "
+            f"{cell(row, 'floor_cpu_seconds', '.2f')} | {cell(row, 'cpu_ratio', '.1f')} | "
+            f"{row['peak_rss_mb']:.0f} | "
+            f"{cell(row, 'precision', '.2f')} | {cell(row, 'recall', '.2f')} | {growth} |"
+        )
+    return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=2000)
+    parser.add_argument("--quick", action="store_true", help="sizes up to 4k runs, one try")
+    parser.add_argument("--runs", type=int, default=2000, help="the logs and db benches' size")
     parser.add_argument("--out", type=Path, default=Path("/tmp/dstack-audit-bench"))
-    parser.add_argument("--only", default="logs,db,scaling,report")
-    args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
+    parser.add_argument("--only", default=DEFAULT)
+    ctx = parser.parse_args()
+    ctx.out.mkdir(parents=True, exist_ok=True)
+    ctx.repeat = 1 if ctx.quick else 3
+    ctx.sizes = (1000, 2000, 4000) if ctx.quick else (2000, 4000, 8000, 16000)
+    ctx.memory_runs = 500 if ctx.quick else 2000
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
-    results: dict = {"machine": machine, "polars": pl.__version__, "runs": args.runs}
-    for name in args.only.split(","):
-        benches = {
-            "logs": bench_logs,
-            "db": bench_db,
-            "scaling": bench_scaling,
-            "report": bench_report,
-        }
-        results[name] = benches[name](args.out, args.runs)
-        for row in results[name]:
-            print(
-                json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()})
-            )
-    (args.out / "results.json").write_text(json.dumps(results, indent=2))
-    print(f"machine: {machine}; results in {args.out / 'results.json'}")
+    rows = []
+    for name in ctx.only.split(","):
+        for row in BENCHES[name](ctx):
+            rows.append(row)
+            shown = {k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}
+            print(json.dumps(shown), flush=True)
+        load = os.getloadavg()[0]
+        results = {"machine": machine, "load": load, "quick": ctx.quick, "rows": rows}
+        (ctx.out / "results.json").write_text(json.dumps(results, indent=2))
+    print(f"\n{table(rows)}\n\n{machine}, load average {load:.1f}; {ctx.out / 'results.json'}")
+    wrong = [r["bench"] for r in rows if r.get("precision", 1.0) < 1 or r.get("recall", 1.0) < 1]
+    if wrong:
+        sys.exit(f"precision or recall below 1.0: {', '.join(wrong)}")
 
 
 if __name__ == "__main__":

@@ -182,9 +182,9 @@ def test_an_unreadable_input_on_a_worker_is_the_same_one_line_error(scheduler, t
 
 def test_workers_of_another_version_are_refused(scheduler, sources):
     def set_version(version: str) -> None:
-        import analyzer.api
+        import analyzer.pipeline.assemble
 
-        analyzer.api.__version__ = version
+        analyzer.pipeline.assemble.__version__ = version
 
     with distributed.Client(scheduler) as client:
         client.run(set_version, "0.0.0-other")

@@ -1,0 +1,94 @@
+"""The one report assembly (analyzer.pipeline.assemble) and the report's redaction without a
+JSON round trip (Redactor.apply_model)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import CAPTURES
+
+from analyzer.api import audit_in_partitions, open_sources
+from analyzer.contract import Report
+from analyzer.pipeline.assemble import END_BOUND, assemble, merge_reports
+from analyzer.redact import MASK, Redactor
+
+SECRET = "planted-secret-value-4242"
+GITHUB_TOKEN = "ghp_" + "Pl4nt3dT0k3nW1thD1g1ts0123456789abcd"
+
+
+def _round_trip(redactor: Redactor, report: Report) -> Report:
+    """The redaction as it was: dump to JSON, redact every string, validate back."""
+    data = redactor.apply_data(json.loads(report.model_dump_json()), controls=True)
+    return Report.model_validate_json(json.dumps(data))
+
+
+@pytest.fixture(scope="module")
+def seed_report() -> Report:
+    return open_sources([CAPTURES / "v0.22.5" / "multi-replica-crash" / "server.db"]).report
+
+
+def _planted(report: Report) -> Report:
+    """The report with a known secret, a secret shape and control characters in its texts, a
+    model list and a dict key."""
+    finding = report.findings[0]
+    victim = finding.victims[0].model_copy(update={"job_name": f"web {SECRET}\x1b[2J"})
+    planted = finding.model_copy(
+        update={"victims": [victim, *finding.victims[1:]], "run_name": f"token {GITHUB_TOKEN}"}
+    )
+    models = [
+        m.model_copy(update={"parameters": {**m.parameters, f"k-{SECRET}": SECRET}})
+        for m in report.counterfactual_models
+    ]
+    return report.model_copy(
+        update={"findings": [planted, *report.findings[1:]], "counterfactual_models": models}
+    )
+
+
+def test_model_redaction_equals_the_json_round_trip(seed_report):
+    redactor = Redactor()
+    redactor.add([SECRET])
+    report = _planted(seed_report)
+    redacted = redactor.apply_model(report, controls=True)
+    assert redacted == _round_trip(redactor, report)
+    assert redacted.model_dump_json() == _round_trip(redactor, report).model_dump_json()
+    text = redacted.model_dump_json()
+    assert SECRET not in text and GITHUB_TOKEN not in text and "\\u001b" not in text
+    assert MASK in redacted.findings[0].victims[0].job_name
+    assert report.findings[0].victims[0].job_name.startswith("web planted")  # not in place
+
+
+def test_model_redaction_keeps_untouched_parts_as_they_were(seed_report):
+    redactor = Redactor()
+    redactor.add([SECRET])
+    report = _planted(seed_report)
+    redacted = redactor.apply_model(report, controls=True)
+    assert redacted.runs is report.runs  # nothing to mask there: not copied
+    assert redacted.findings[1:] == report.findings[1:]
+    assert redactor.apply_model(seed_report, controls=True) is seed_report
+
+
+def test_merging_one_report_gives_it_back(seed_report):
+    assert merge_reports([seed_report]).model_dump_json() == seed_report.model_dump_json()
+
+
+def test_partitions_merge_into_the_whole_report_byte_for_byte():
+    sources = [CAPTURES / "v0.22.5" / s / "server.db" for s in ("seed", "multi-replica-crash")]
+    whole = open_sources(sources).report.model_dump(exclude={"inputs"})
+    merged = audit_in_partitions(sources, 2).model_dump(exclude={"inputs"})
+    assert json.dumps(merged, default=str) == json.dumps(whole, default=str)
+
+
+def test_limitations_once_and_the_end_bounds_last(seed_report):
+    bound = next(lim for lim in seed_report.limitations if lim.code == END_BOUND)
+    others = [lim for lim in seed_report.limitations if lim.code != END_BOUND]
+    report = assemble(
+        inputs=seed_report.inputs,
+        limitations=[bound, *others, *others],
+        verdicts=reversed(seed_report.runs),
+        findings=reversed(seed_report.findings),
+        end_of_evidence=seed_report.end_of_evidence,
+    )
+    assert report.limitations == seed_report.limitations
+    assert report.runs == seed_report.runs and report.findings == seed_report.findings
+    assert report.summary == seed_report.summary
