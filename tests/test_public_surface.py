@@ -42,6 +42,7 @@ AUDIT_MEMBERS = {
     "run",
     "runs",
     "since",
+    "story",
     "sql",
     "submissions",
     "tables",

@@ -220,7 +220,7 @@ def audit(
             raise AuditInputError("--workers", "cannot be combined with --cluster")
         options.update(log_tz=log_tz, log_date=log_date.date() if log_date else None)
         if workers or cluster:
-            from analyzer.cluster import audit_on_cluster
+            from analyzer.api import audit_on_cluster
 
             report = audit_on_cluster(
                 sources, workers=workers, address=cluster, partitions=partitions, **options
