@@ -154,7 +154,7 @@ def classify_unique(
     fields = classify(text, templates, irrelevant_patterns, fold_tolerant=fold_tolerant)
     distinct = frame.select(pl.col(column)).unique().with_columns(event_columns(fields))
     return frame.drop(EVENT_COLUMNS, strict=False).join(
-        distinct, on=column, how="left", nulls_equal=True
+        distinct, on=column, how="left", maintain_order="left", nulls_equal=True
     )
 
 

@@ -142,7 +142,10 @@ def _undated_removed(
     if not dateless.height:
         return frame
     flagged = frame.join(
-        dateless.with_columns(pl.lit(True).alias("_dateless")), on=["server", "run_id"], how="left"
+        dateless.with_columns(pl.lit(True).alias("_dateless")),
+        on=["server", "run_id"],
+        how="left",
+        maintain_order="left",
     )
     return flagged.filter(~(pl.col("_dateless").fill_null(False) & from_log)).drop("_dateless")
 

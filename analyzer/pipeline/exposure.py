@@ -304,7 +304,7 @@ def assess_probes(frames: Frames, probes: pl.DataFrame, findings: list[Finding])
     """One ServiceExposure per probe row (server, run_id, as_of), each at its own moment."""
     if probes.is_empty():
         return []
-    runs = probes.join(frames.runs, on=["server", "run_id"], how="left")
+    runs = probes.join(frames.runs, on=["server", "run_id"], how="left", maintain_order="left")
     subs = frames.submissions.join(probes, on=["server", "run_id"])
     live = (pl.col("created_at") <= pl.col("as_of")) & (
         pl.col("stopped_at").is_null() | (pl.col("stopped_at") > pl.col("as_of"))
@@ -323,8 +323,10 @@ def assess_probes(frames: Frames, probes: pl.DataFrame, findings: list[Finding])
     )
     counts = {
         (r["server"], r["run_id"], r["as_of"]): r
-        for r in probes.join(healthy, on=["server", "run_id", "as_of"], how="left")
-        .join(active, on=["server", "run_id", "as_of"], how="left")
+        for r in probes.join(
+            healthy, on=["server", "run_id", "as_of"], how="left", maintain_order="left"
+        )
+        .join(active, on=["server", "run_id", "as_of"], how="left", maintain_order="left")
         .iter_rows(named=True)
     }
 
@@ -367,7 +369,7 @@ def assess_probes(frames: Frames, probes: pl.DataFrame, findings: list[Finding])
         .agg(pl.col("held").sum().alias("busy_blocks"))
     )
     instances_at = instances_at.join(
-        held, on=["server", "instance_id", "as_of"], how="left"
+        held, on=["server", "instance_id", "as_of"], how="left", maintain_order="left"
     ).with_columns(pl.col("busy_blocks").fill_null(0))
     provisioned: dict[tuple, list[dict]] = {}
     placed = frames.instances.filter(pl.col("started_at").is_not_null()).sort("created_at")
@@ -381,7 +383,12 @@ def assess_probes(frames: Frames, probes: pl.DataFrame, findings: list[Finding])
                 for m in FLEET_LEVEL_MESSAGES
             ]
         )
-    ).join(frames.runs.select("server", "run_id", "project"), on=["server", "run_id"], how="left")
+    ).join(
+        frames.runs.select("server", "run_id", "project"),
+        on=["server", "run_id"],
+        how="left",
+        maintain_order="left",
+    )
     refusals: dict[tuple, list[dict]] = {}
     for item in refused.drop_nulls("stopped_at").sort("stopped_at").iter_rows(named=True):
         refusals.setdefault((item["server"], item["project"]), []).append(item)

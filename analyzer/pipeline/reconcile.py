@@ -126,7 +126,7 @@ def infer_offsets(log_events: pl.DataFrame, anchors: pl.DataFrame) -> pl.DataFra
     shifts = majority_shift(
         pairs, "source", early_us=MATCH_TOLERANCE_US, late_us=MATCH_TOLERANCE_US
     )
-    return shifts.join(totals, on="source", how="left")
+    return shifts.join(totals, on="source", how="left", maintain_order="left")
 
 
 def _shift_label(shift_us: int, basis: str) -> str:
@@ -207,7 +207,7 @@ def align_times(evidence: Evidence, options: TimeOptions) -> None:
         schema={"source": pl.String, "_shift": pl.Int64},
     )
     adjusted = (
-        events.join(shift_frame, on="source", how="left")
+        events.join(shift_frame, on="source", how="left", maintain_order="left")
         .with_columns(
             pl.when(log_mask & pl.col("_shift").is_not_null())
             .then(pl.col("time") + pl.duration(microseconds=pl.col("_shift")))
@@ -368,8 +368,13 @@ def resolve_ids(evidence: Evidence) -> None:
         "server", pl.col("entity_id").alias("run_id"), pl.col("_full").alias("_run_by_prefix")
     ).filter(pl.len().over(["server", "run_id"]) == 1)
     evidence.events = (
-        events.join(known, on=["server", "entity_type", "entity_id", "entity_name"], how="left")
-        .join(run_prefixes, on=["server", "run_id"], how="left")
+        events.join(
+            known,
+            on=["server", "entity_type", "entity_id", "entity_name"],
+            how="left",
+            maintain_order="left",
+        )
+        .join(run_prefixes, on=["server", "run_id"], how="left", maintain_order="left")
         .with_columns(
             pl.coalesce("_full", "entity_id").alias("entity_id"),
             pl.coalesce("_run", "_run_by_prefix", "run_id").alias("run_id"),
@@ -411,7 +416,7 @@ def merge_duplicates(evidence: Evidence) -> None:
         .agg(pl.col("_log_prov").list.explode(keep_nulls=False, empty_as_null=False))
     )
     merged_db = (
-        db.join(extra, left_on="_row", right_on="_db_row", how="left")
+        db.join(extra, left_on="_row", right_on="_db_row", how="left", maintain_order="left")
         .with_columns(
             pl.when(pl.col("_log_prov").is_not_null())
             .then(pl.concat_list("provenance", "_log_prov"))
@@ -672,9 +677,9 @@ def _derive_jobs(events: pl.DataFrame) -> pl.DataFrame:
         .select("server", "entity_id", pl.lit(True).alias("_ambiguous"))
         .unique()
     )
-    per_job = per_job.join(bumps, on=["server", "entity_id"], how="left").join(
-        ambiguous, on=["server", "entity_id"], how="left"
-    )
+    per_job = per_job.join(
+        bumps, on=["server", "entity_id"], how="left", maintain_order="left"
+    ).join(ambiguous, on=["server", "entity_id"], how="left", maintain_order="left")
     return per_job.with_columns(
         pl.col("entity_id").alias("job_id"),
         pl.col("job_name").str.extract(r"-(\d+)-\d+$", 1).cast(pl.Int64).alias("job_num"),

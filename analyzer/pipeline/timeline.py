@@ -99,7 +99,7 @@ def _creation_deployments(subs: pl.DataFrame, events: pl.DataFrame) -> pl.DataFr
             strategy="backward",
             check_sortedness=False,
         )
-        .join(has_events, on=["server", "run_id"], how="left")
+        .join(has_events, on=["server", "run_id"], how="left", maintain_order="left")
         .select(
             "job_id",
             "server",
@@ -110,14 +110,18 @@ def _creation_deployments(subs: pl.DataFrame, events: pl.DataFrame) -> pl.DataFr
             .alias("created_deployment"),
         )
     )
-    return subs.join(joined, on=["server", "job_id"], how="left")
+    return subs.join(joined, on=["server", "job_id"], how="left", maintain_order="left")
 
 
 def submissions(evidence: Evidence) -> pl.DataFrame:
     """One row per job submission with its derived times and its health verdict."""
     facts = _job_event_facts(evidence.events)
     subs = evidence.jobs.join(
-        facts, left_on=["server", "job_id"], right_on=["server", "entity_id"], how="left"
+        facts,
+        left_on=["server", "job_id"],
+        right_on=["server", "entity_id"],
+        how="left",
+        maintain_order="left",
     )
     subs = _creation_deployments(subs, evidence.events)
 
@@ -231,10 +235,15 @@ def deployments(evidence: Evidence, subs: pl.DataFrame) -> pl.DataFrame:
     ).unique()
     return (
         numbers.drop_nulls(["run_id", "deployment_num"])
-        .join(updates, on=["server", "run_id", "deployment_num"], how="left")
-        .join(from_jobs, on=["server", "run_id", "deployment_num"], how="left")
+        .join(updates, on=["server", "run_id", "deployment_num"], how="left", maintain_order="left")
         .join(
-            base.select("server", "run_id", "run_submitted_at"), on=["server", "run_id"], how="left"
+            from_jobs, on=["server", "run_id", "deployment_num"], how="left", maintain_order="left"
+        )
+        .join(
+            base.select("server", "run_id", "run_submitted_at"),
+            on=["server", "run_id"],
+            how="left",
+            maintain_order="left",
         )
         .with_columns(
             pl.when(pl.col("deployment_num") == 0)

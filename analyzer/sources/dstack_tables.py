@@ -800,7 +800,9 @@ def _events(
                 "provenance"
             ),
         )
-        .sort(["time", "event_id"])
+        # an event has a row per target: ties broken by the target, so the order (and `seq`)
+        # is the content's, not whatever order the join produced
+        .sort(["time", "event_id", "entity_type", "entity_id"], nulls_last=True)
         .with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("seq"))
     )
     parsed = catalogue.parse_event_messages(frame)

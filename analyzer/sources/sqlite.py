@@ -196,7 +196,14 @@ class SqliteReader:
             try:
                 with self._arrow.cursor() as cursor:
                     cursor.execute(query)
-                    frame = pl.from_arrow(cursor.fetch_arrow_table())
+                    # fetch_arrow: the Arrow C stream polars takes as is (no pyarrow needed);
+                    # older drivers only offer fetch_arrow_table, which needs pyarrow.
+                    stream = getattr(cursor, "fetch_arrow", None)
+                    frame = (
+                        pl.DataFrame(stream())
+                        if stream
+                        else pl.from_arrow(cursor.fetch_arrow_table())
+                    )
                 return frame.rename(dict(zip(frame.columns, columns, strict=True))).cast(schema)
             except Exception:  # e.g. invalid UTF-8 in a damaged file: the careful path below
                 self._arrow = None

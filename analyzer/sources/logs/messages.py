@@ -443,9 +443,9 @@ def _attach_job_runs(events: pl.DataFrame) -> pl.DataFrame:
     first_run = run_events.sort("_seq").group_by("_run_name").agg(pl.col("_run").first())
     owners = (
         jobs.select("entity_id", "entity_name", "_run_name")
-        .join(candidates, on=["entity_id", "entity_name"], how="left")
-        .join(earlier, on=["entity_id", "entity_name"], how="left")
-        .join(first_run, on="_run_name", how="left")
+        .join(candidates, on=["entity_id", "entity_name"], how="left", maintain_order="left")
+        .join(earlier, on=["entity_id", "entity_name"], how="left", maintain_order="left")
+        .join(first_run, on="_run_name", how="left", maintain_order="left")
         .select(
             "entity_id",
             "entity_name",
@@ -457,8 +457,8 @@ def _attach_job_runs(events: pl.DataFrame) -> pl.DataFrame:
     )
     job_mask = pl.col("entity_type") == "job"
     return (
-        events.join(owners, on=["entity_id", "entity_name"], how="left")
-        .join(ambiguous, on="entity_id", how="left")
+        events.join(owners, on=["entity_id", "entity_name"], how="left", maintain_order="left")
+        .join(ambiguous, on="entity_id", how="left", maintain_order="left")
         .with_columns(
             pl.when(job_mask).then(pl.col("_owner")).otherwise(pl.col("run_id")).alias("run_id")
         )
