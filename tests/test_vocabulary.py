@@ -35,9 +35,10 @@ ATTRIBUTES = {"verdict", "category", "confidence"}
 # Modules that read the canonical frames (the log reader's own `kind` is a record kind).
 SCANNED = [
     *sorted((PACKAGE / "pipeline").glob("*.py")),
-    *sorted((PACKAGE / "render").glob("*.py")),
+    *sorted((PACKAGE / "render").rglob("*.py")),
     PACKAGE / "api.py",
-    PACKAGE / "sources" / "api.py",
+    *sorted((PACKAGE / "sources" / "api").glob("*.py")),
+    PACKAGE / "sources" / "attach.py",
     PACKAGE / "sources" / "dstack_tables.py",
     PACKAGE / "sources" / "logs" / "messages.py",
 ]
