@@ -30,7 +30,10 @@ _RICH_RE = (
 )
 
 
-_RICH_LOGGER_RE = r"(?s)^(?P<rl_logger>[A-Za-z_][\w.]*):\d+(?:\s(?P<rl_msg>.*))?$"
+# ``logger:lineno`` and the one whitespace after it (or the end): the message is what follows,
+# sliced off. Taken as the whole match (group 0): a capture group, let alone one over the rest,
+# runs the regex's slow capture engine.
+_RICH_LOGGER_RE = r"^[A-Za-z_][\w.]*:\d+(?:\s|$)"
 
 
 _RICH_INDENT = 20  # time (10) + space + level (8) + space
@@ -276,7 +279,7 @@ def _rich_pieces(frame: pl.DataFrame, width: int) -> pl.DataFrame:
         vis_len=vis.str.len_chars().cast(pl.Int64),
         lead=(vis.str.len_chars() - body.str.len_chars()).cast(pl.Int64),
         has_space=body.str.contains(" ", literal=True),
-        first_word=body.str.extract(r"^(\S*)", 1).str.len_chars().cast(pl.Int64),
+        first_word=body.str.extract(r"^\S*", 0).str.len_chars().cast(pl.Int64),
         path_only=pl.col("start") & vis.str.contains(r"^[A-Za-z_][\w.]*:\d+$"),
         digit_first=vis.str.contains(r"^\d"),
         traceback_part=vis.str.contains(_TRACEBACK_PART_RE),
@@ -370,10 +373,8 @@ def fold_records(
     stitched = (
         rows.filter(multi)
         .group_by("rec_id", maintain_order=True)
-        .agg(
-            pl.len().cast(pl.Int64).alias("n_lines"),
-            pl.col("piece").str.join("").alias("joined"),
-        )
+        .agg(pl.len().cast(pl.Int64).alias("n_lines"), pl.col("piece").alias("joined"))
+        .with_columns(pl.col("joined").list.join("", ignore_nulls=True))  # faster than str.join
     )
     if stitched.height:
         grouped = grouped.join(
@@ -383,9 +384,11 @@ def fold_records(
             line_count=pl.coalesce("n_lines", "line_count"),
         )
     is_rich = pl.col("fmt") == "rich"
+    logger_head = pl.col("message").str.extract(_RICH_LOGGER_RE, 0)
     grouped = grouped.with_columns(
-        pl.when(is_rich).then(pl.col("message").str.extract_groups(_RICH_LOGGER_RE)).alias("rl")
-    ).unnest("rl")
+        rl_logger=pl.when(is_rich).then(logger_head.str.extract(r"^([^:]*):", 1)),
+        rl_msg=pl.when(is_rich).then(pl.col("message").str.slice(logger_head.str.len_chars())),
+    )
 
     # rich: carry the last printed time forward; a step back of more than an hour is the
     # next day, a smaller one a clock problem worth a note.

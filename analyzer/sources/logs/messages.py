@@ -14,7 +14,7 @@ from datetime import datetime
 import polars as pl
 
 import analyzer.catalogue as catalogue
-from analyzer.model import UTC_TIME
+from analyzer.model import EVENTS_SCHEMA, UTC_TIME
 from analyzer.redact import redact_shapes
 from analyzer.sources.logs.reader import detached
 
@@ -43,6 +43,19 @@ LOGGER_MARKERS: tuple[tuple[str, str, str], ...] = (
     (r"\.background\.tasks\.", "", "0.20.9"),
     (r"\.background\.scheduled_tasks\.", "0.20.10", "0.20.16"),
     (r"\.background\.pipeline_tasks\.", "0.20.13", ""),
+)
+
+
+# What ``finish`` and the events frame need of a kept line (the rest, the line's whole text
+# above all, would only be copied and dropped by the events schema).
+_KEPT_COLUMNS = (
+    *(name for name in EVENTS_SCHEMA if name not in ("time", "time_text", "time_basis")),
+    "file",
+    "line",
+    "local_time",
+    "time_of_day",
+    "day_offset",
+    "wrapper_time",
 )
 
 
@@ -181,11 +194,12 @@ class EventCollector:
         relevant_here = lifecycle.select(pl.col("seq").n_unique()).item() if lifecycle.height else 0
         facts.relevant += relevant_here
         facts.irrelevant += records.height - relevant_here - unrecognised.height
-        explicit, markers = _version_markers(frame)
+        explicit, markers = _version_markers(frame, self._markers)
         self._explicit_version = explicit or self._explicit_version
         self._markers |= markers
         if relevant.height:
-            self._kept.append(detached(relevant.drop("place")))
+            kept = [name for name in _KEPT_COLUMNS if name in relevant.columns]
+            self._kept.append(detached(relevant.select(kept)))
 
     def finish(self) -> tuple[pl.DataFrame, LogFacts]:
         facts = self.facts
@@ -292,10 +306,11 @@ def _event_lines(frame: pl.DataFrame) -> pl.DataFrame:
         .explode("target")
         .filter(pl.col("target").is_not_null())
     )
+    # every target matched TARGET whole: "run" or "job", "(", 6 hex, ")", the name
     targeted = targeted.with_columns(
-        pl.col("target").str.extract(r"^(run|job)", 1).alias("entity_type"),
-        pl.col("target").str.extract(r"\(([0-9a-f]{6})\)", 1).alias("entity_id"),
-        pl.col("target").str.extract(r"\)([A-Za-z0-9._-]+)$", 1).alias("entity_name"),
+        pl.col("target").str.slice(0, 3).alias("entity_type"),
+        pl.col("target").str.slice(4, 6).alias("entity_id"),
+        pl.col("target").str.slice(11).alias("entity_name"),
         pl.col("actor").str.replace(r"^user\([0-9a-f]{6}\)", "user "),
     )
     parsed = catalogue.parse_event_messages(targeted.lazy(), fold_tolerant=True).collect()
@@ -467,21 +482,25 @@ def _attach_job_runs(events: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _version_markers(frame: pl.DataFrame) -> tuple[str | None, set[int]]:
+def _version_markers(frame: pl.DataFrame, found: set[int]) -> tuple[str | None, set[int]]:
     """What one chunk's records say about the version: the last explicit version line, and
-    which markers (indexes into VERSION_MARKERS + LOGGER_MARKERS) occur."""
-    explicit = frame.select(
-        pl.col("text").str.extract(SERVER_VERSION, 1).drop_nulls().last()
-    ).item()
-    text = frame["text"]
-    loggers = frame["logger"]
-    found = {i for i, (p, _, _) in enumerate(VERSION_MARKERS) if text.str.contains(p).any()}
-    found |= {
-        len(VERSION_MARKERS) + i
+    which markers (indexes into VERSION_MARKERS + LOGGER_MARKERS) occur. Markers already
+    ``found`` in earlier chunks are not searched again; the rest are one query."""
+    text = pl.col("text")
+    checks = [text.str.extract(SERVER_VERSION, 1).drop_nulls().last().alias("explicit")]
+    checks += [
+        text.str.contains(p).any().alias(str(i))
+        for i, (p, _, _) in enumerate(VERSION_MARKERS)
+        if i not in found
+    ]
+    checks += [
+        pl.col("logger").str.contains(p).any().alias(str(len(VERSION_MARKERS) + i))
         for i, (p, _, _) in enumerate(LOGGER_MARKERS)
-        if loggers.str.contains(p).any()
-    }
-    return explicit, found
+        if len(VERSION_MARKERS) + i not in found
+    ]
+    row = frame.select(checks).row(0, named=True)
+    explicit = row.pop("explicit")
+    return explicit, {int(index) for index, present in row.items() if present}
 
 
 def _fingerprint(explicit: str | None, markers: set[int]) -> str | None:
