@@ -11,6 +11,7 @@ import pytest
 from analyzer.model import EVENTS_SCHEMA, JOBS_SCHEMA, RUNS_SCHEMA
 from analyzer.pipeline.detect import detect
 from analyzer.pipeline.evidence import Evidence
+from analyzer.pipeline.impact import impact_rank
 from analyzer.pipeline.rules import CATEGORIES, CATEGORY_ORDER, VICTIM_RULES, find_culprits
 from analyzer.pipeline.timeline import submissions
 
@@ -360,3 +361,28 @@ def test_a_submission_created_after_the_run_went_terminating_is_no_culprit():
     jobs = [_slot(0, at(1), True), _slot(1, at(12), False)]
     assert [c["job_id"] for c in find_culprits(jobs, at(10))] == ["j0"]
     assert find_culprits(jobs, None) == []
+
+
+def test_the_order_the_sources_give_runs_in_does_not_change_the_report():
+    """Two runs of one name (a service deleted and applied again): whichever order the runs
+    arrive in, they are judged, and their findings ranked, in one order."""
+    other = "22222222-2222-2222-2222-222222222222"
+    runs = [run(), run(run_id=other)]
+    jobs = [old_replica(), culprit()]
+    jobs += [
+        job | {"run_id": other, "job_id": job["job_id"][:-1] + "f" + job["job_id"][-1]}
+        for job in jobs
+    ]
+    evidence = Evidence(
+        runs=pl.DataFrame(runs, schema=RUNS_SCHEMA),
+        jobs=pl.DataFrame(jobs, schema=JOBS_SCHEMA),
+        events=pl.DataFrame(schema=EVENTS_SCHEMA),
+    )
+    subs = submissions(evidence)
+    told = [
+        detect(frame, subs, evidence.events) for frame in (evidence.runs, evidence.runs.reverse())
+    ]
+    assert told[0] == told[1]
+    assert [v.run_id for v in told[0][0]] == sorted([RUN_ID, other])
+    ranked = [sorted(findings, key=impact_rank) for _, findings in told]
+    assert [f.run_id for f in ranked[0]] == [f.run_id for f in ranked[1]] == sorted([RUN_ID, other])

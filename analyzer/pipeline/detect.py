@@ -625,7 +625,13 @@ def _detect(
         for run in plain.select(*VERDICT_COLUMNS, "_why").iter_rows(named=True)
     ]
     findings: list[Finding] = []
-    candidate_runs = judged.filter(pl.col("_why").is_null()).drop("_why")
+    # judged in a fixed order, whatever order the sources gave: limitations are reported in
+    # the order they are said, so the same evidence must say them in the same order
+    candidate_runs = (
+        judged.filter(pl.col("_why").is_null())
+        .drop("_why")
+        .sort(["server", "project", "run_name", "run_id"], nulls_last=True)
+    )
     if candidate_runs.is_empty():
         return verdicts, findings
     candidates = list(candidate_runs.iter_rows(named=True))

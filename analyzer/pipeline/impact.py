@@ -267,6 +267,7 @@ def impact_rank(finding: Finding) -> tuple:
         finding.server,
         finding.project or "",
         finding.run_name,
+        finding.run_id,  # runs of one name (recreated) are told apart, always in one order
     )
 
 
