@@ -414,14 +414,44 @@ class Redactor:
 
     def apply_frame(self, frame: pl.DataFrame) -> pl.DataFrame:
         """Every string column of `frame` (lists of strings too) redacted."""
-        columns = []
-        for name, dtype in frame.schema.items():
-            if dtype == pl.String:
-                columns.append(self.apply_series(frame[name]))
-            elif dtype == pl.List(pl.String):
-                flat = frame[name].explode(empty_as_null=True, keep_nulls=True)
-                columns.append(_relist(self.apply_series(flat), frame[name]))
-        return frame.with_columns(columns) if columns else frame
+        return self.apply_frames([frame])[0]
+
+    def apply_frames(self, frames: list[pl.DataFrame]) -> list[pl.DataFrame]:
+        """Every string column of every frame (lists of strings too) redacted, each distinct
+        text once over all of them: most columns repeat a few values (a server, a status),
+        and a pass over a column costs about as much for one text as for thousands."""
+        text_columns = [
+            {
+                name: dtype == pl.List(pl.String)
+                for name, dtype in frame.schema.items()
+                if dtype in (pl.String, pl.List(pl.String))
+            }
+            for frame in frames
+        ]
+        texts = [
+            (frame[name].explode() if is_list else frame[name]).alias("text")
+            for frame, columns in zip(frames, text_columns, strict=True)
+            for name, is_list in columns.items()
+        ]
+        if not texts:
+            return frames
+        distinct = pl.concat(texts).drop_nulls().unique()
+        redacted = self.apply_series(distinct)
+        changed = distinct != redacted
+        if not changed.any():
+            return frames
+        old, new = distinct.filter(changed), redacted.filter(changed)
+        return [
+            frame.with_columns(
+                pl.col(name).list.eval(pl.element().replace(old, new))
+                if is_list
+                else pl.col(name).replace(old, new)
+                for name, is_list in columns.items()
+            )
+            if columns
+            else frame
+            for frame, columns in zip(frames, text_columns, strict=True)
+        ]
 
     def apply_data(self, data: object, *, controls: bool = False) -> object:
         """A JSON-like value (dicts, lists, strings) with every string redacted (and, with
@@ -466,26 +496,6 @@ class Redactor:
         }
         ordered = sorted(forms, key=len, reverse=True)
         return ordered, [MASK] * len(ordered)
-
-
-def _relist(flat: pl.Series, lists: pl.Series) -> pl.Series:
-    """`flat` (the exploded `lists`, transformed) put back into lists of the same lengths."""
-    lengths = lists.list.len()
-    owner = pl.int_range(lists.len(), eager=True).repeat_by(lengths.fill_null(0).clip(1))
-    regrouped = (
-        pl.DataFrame({"owner": owner.explode(), "v": flat})
-        .group_by("owner", maintain_order=True)
-        .agg("v")
-        .with_columns(length=lengths)
-    )
-    return regrouped.select(
-        pl.when(pl.col("length").is_null())
-        .then(None)
-        .when(pl.col("length") == 0)
-        .then(pl.lit([], dtype=pl.List(pl.String)))
-        .otherwise(pl.col("v"))
-        .alias(lists.name)
-    ).to_series()
 
 
 def _collect(data: object, strings: list[str]) -> None:

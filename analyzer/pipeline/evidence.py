@@ -322,8 +322,10 @@ def _redact(evidence: Evidence) -> None:
     """Every text of the evidence masked once, raw, before any stage templates, cuts or hashes
     it: the report, the notebook tables, the dataset and every picture start from here."""
     redactor = evidence.redactor
-    for table in ("runs", "jobs", "events", "unparsed", "fleets", "instances"):
-        setattr(evidence, table, redactor.apply_frame(getattr(evidence, table)))
+    tables = ("runs", "jobs", "events", "unparsed", "fleets", "instances")
+    redacted = redactor.apply_frames([getattr(evidence, table) for table in tables])
+    for table, frame in zip(tables, redacted, strict=True):
+        setattr(evidence, table, frame)
     texts = [[i.path, *i.notes] for i in evidence.inputs]
     texts += [[lim.message, lim.source] for lim in evidence.limitations]
     redacted = iter(redactor.apply_data(texts))
