@@ -310,10 +310,11 @@ def _names(frame: pl.DataFrame | None, alias: str) -> pl.DataFrame:
     )
 
 
-def _per_document(frame: pl.LazyFrame, columns: list[str], *derived: pl.Expr) -> pl.LazyFrame:
+def _per_distinct(frame: pl.LazyFrame, columns: list[str], *derived: pl.Expr) -> pl.LazyFrame:
     """`frame` with `derived` (expressions of `columns` only) computed once per distinct value
     of `columns` and joined back: a JSON path parses its whole document on every row it runs
-    over, and the replicas and resubmissions of a deployment share one spec."""
+    over, and the replicas and resubmissions of a deployment share one spec (and the targets of
+    a job's hundreds of events one id)."""
     documents = frame.select(columns).unique().with_columns(derived)
     return frame.join(documents, on=columns, how="left", nulls_equal=True, maintain_order="left")
 
@@ -347,7 +348,7 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
     assert raw_runs is not None and raw_jobs is not None
     data.secrets = _secrets(raw_runs, raw_jobs, raw_users)  # each table read once
     runs = (
-        _per_document(
+        _per_distinct(
             raw_runs.lazy(),
             ["run_spec"],
             pl.col("run_spec").str.json_path_match("$.configuration.type").alias("_config_type"),
@@ -536,7 +537,7 @@ def _fleets(
         status = normalise_enum(pl.col("status"))
         finished = status.is_in(["terminating", "terminated"]) | _bool(pl.col("deleted"))
         instance_frame = (
-            _per_document(
+            _per_distinct(
                 instances.lazy(),
                 ["offer", "job_provisioning_data"],
                 _int(resources.str.json_path_match("$.cpus")).alias("cpus"),
@@ -634,7 +635,7 @@ def _jobs(
     has_probes_table = "probes" in reader.tables()
 
     spec = pl.col("job_spec_data")
-    jobs = _per_document(
+    jobs = _per_distinct(
         raw.lazy(),
         ["job_spec_data"],
         spec.str.json_path_match("$.replica_group").alias("replica_group"),
@@ -649,7 +650,7 @@ def _jobs(
         .cast(pl.String)
         .alias("spec_fingerprint"),
     )
-    jobs = _per_document(
+    jobs = _per_distinct(
         jobs,
         ["job_provisioning_data"],
         pl.col("job_provisioning_data")
@@ -657,7 +658,7 @@ def _jobs(
         .cast(pl.Float64, strict=False)
         .alias("price"),
     )
-    jobs = _per_document(
+    jobs = _per_distinct(
         jobs,
         ["job_runtime_data"],
         _int(pl.col("job_runtime_data").str.json_path_match("$.offer.blocks")).alias("blocks"),
@@ -797,23 +798,31 @@ def _events(
     targets = _read(reader, "event_targets")
     if events is None or targets is None:
         return pl.DataFrame()
-    ev = events.lazy().select(
+    ev = _per_distinct(
+        events.lazy(), ["actor_user_id"], normalise_id(pl.col("actor_user_id")).alias("actor_id")
+    ).select(
         pl.col("id").alias("event_id"),
         pl.col("id").str.to_lowercase().str.replace_all("-", "", literal=True).alias("event_uuid"),
         pl.col("message"),
         parse_db_time(pl.col("recorded_at")).alias("time"),
         pl.col("recorded_at").alias("time_text"),
-        normalise_id(pl.col("actor_user_id")).alias("actor_id"),
+        "actor_id",
     )
-    tg = targets.lazy().select(
+    tg = _per_distinct(
+        _per_distinct(
+            targets.lazy(), ["entity_id"], normalise_id(pl.col("entity_id")).alias("_entity_id")
+        ),
+        ["entity_run_id"],
+        normalise_id(pl.col("entity_run_id")).alias("_entity_run_id"),
+    ).select(
         pl.col("event_id")
         .str.to_lowercase()
         .str.replace_all("-", "", literal=True)
         .alias("event_uuid"),
         normalise_enum(pl.col("entity_type")).alias("entity_type"),
-        normalise_id(pl.col("entity_id")).alias("entity_id"),
+        pl.col("_entity_id").alias("entity_id"),
         pl.col("entity_name"),
-        normalise_id(pl.col("entity_run_id")).alias("entity_run_id"),
+        pl.col("_entity_run_id").alias("entity_run_id"),
     )
     frame = (
         ev.join(tg.filter(pl.col("entity_type").is_in(["run", "job"])), on="event_uuid")
