@@ -240,12 +240,13 @@ def _keyword_rules() -> tuple[list[str], dict[str, list[int]], list[int]]:
     return sorted(triggered), triggered, always
 
 
-def redact_shapes(texts: pl.Series) -> pl.Series:
-    """Every secret shape in a column of texts masked. Each distinct text is redacted once.
+def redact_shapes(texts: pl.Series, *, dedupe: bool = True) -> pl.Series:
+    """Every secret shape in a column of texts masked. Each distinct text is redacted once
+    (`dedupe` false: the caller's texts are distinct already, or nearly).
     Rules that can span lines run over whole texts; every other rule runs over their lines (a
     long text costs what its lines holding a rule's keyword cost, not its length per rule)."""
     texts = texts.cast(pl.String)
-    distinct = texts.drop_nulls().unique()
+    distinct = texts.drop_nulls().unique() if dedupe else texts.drop_nulls()
     if distinct.len() == 0:
         return texts
     if distinct.len() < texts.len():
@@ -292,7 +293,8 @@ def _run_rules(
 ) -> pl.Series:
     """The rules (`only` those, or all but `exclude`) over the texts holding their keywords:
     one polars pass finds, per text, the keywords it holds; each rule then runs once over its
-    texts joined by newlines (texts holding a newline themselves are run one by one)."""
+    texts joined by newlines (texts holding a newline themselves are run one by one). Only
+    the texts some rule runs over travel into Python."""
     keywords, triggered, always = _keyword_rules()
     wanted = (lambda i: i in only) if only is not None else (lambda i: i not in exclude)
     found = (
@@ -304,6 +306,7 @@ def _run_rules(
             .str.extract_many(keywords, ascii_case_insensitive=True, overlapping=True)
             .alias("keyword"),
         )
+        .filter(pl.col("keyword").list.len() > 0)  # most texts hold no keyword
         .explode("keyword")
         .drop_nulls("keyword")
         .unique()
@@ -319,7 +322,8 @@ def _run_rules(
                 rows_of_rule.setdefault(index, set()).update(rows)
     if not rows_of_rule:
         return texts
-    values = texts.to_list()
+    touched = sorted(set().union(*rows_of_rule.values()))
+    values = dict(zip(touched, texts.gather(touched).to_list(), strict=True))
     for index in sorted(rows_of_rule):
         rule = rules()[index]
         rows = sorted(rows_of_rule[index])
@@ -337,7 +341,7 @@ def _run_rules(
                 values[r] = text
         for r in single:
             values[r] = _apply_rule(rule, values[r])
-    return pl.Series(texts.name, values, dtype=pl.String)
+    return texts.clone().scatter(touched, [values[r] for r in touched])
 
 
 # JSON paths (inside run_spec / job_spec_data) whose string values are secrets.
@@ -405,12 +409,12 @@ class Redactor:
         """`text` with every known value and every secret shape masked."""
         return self.apply_series(pl.Series([text]))[0]
 
-    def apply_series(self, texts: pl.Series) -> pl.Series:
-        """The same as `apply`, over a whole column at once."""
+    def apply_series(self, texts: pl.Series, *, dedupe: bool = True) -> pl.Series:
+        """The same as `apply`, over a whole column at once (`dedupe`: as in redact_shapes)."""
         texts = texts.cast(pl.String)
         if self.values:
             texts = texts.str.replace_many(*self._value_forms())
-        return redact_shapes(texts)
+        return redact_shapes(texts, dedupe=dedupe)
 
     def apply_frame(self, frame: pl.DataFrame) -> pl.DataFrame:
         """Every string column of `frame` (lists of strings too) redacted."""
@@ -436,7 +440,7 @@ class Redactor:
         if not texts:
             return frames
         distinct = pl.concat(texts).drop_nulls().unique()
-        redacted = self.apply_series(distinct)
+        redacted = self.apply_series(distinct, dedupe=False)
         changed = distinct != redacted
         if not changed.any():
             return frames
