@@ -240,12 +240,13 @@ def _keyword_rules() -> tuple[list[str], dict[str, list[int]], list[int]]:
     return sorted(triggered), triggered, always
 
 
-def redact_shapes(texts: pl.Series) -> pl.Series:
-    """Every secret shape in a column of texts masked. Each distinct text is redacted once.
+def redact_shapes(texts: pl.Series, *, dedupe: bool = True) -> pl.Series:
+    """Every secret shape in a column of texts masked. Each distinct text is redacted once
+    (`dedupe` false: the caller's texts are distinct already, or nearly).
     Rules that can span lines run over whole texts; every other rule runs over their lines (a
     long text costs what its lines holding a rule's keyword cost, not its length per rule)."""
     texts = texts.cast(pl.String)
-    distinct = texts.drop_nulls().unique()
+    distinct = texts.drop_nulls().unique() if dedupe else texts.drop_nulls()
     if distinct.len() == 0:
         return texts
     if distinct.len() < texts.len():
@@ -292,7 +293,8 @@ def _run_rules(
 ) -> pl.Series:
     """The rules (`only` those, or all but `exclude`) over the texts holding their keywords:
     one polars pass finds, per text, the keywords it holds; each rule then runs once over its
-    texts joined by newlines (texts holding a newline themselves are run one by one)."""
+    texts joined by newlines (texts holding a newline themselves are run one by one). Only
+    the texts some rule runs over travel into Python."""
     keywords, triggered, always = _keyword_rules()
     wanted = (lambda i: i in only) if only is not None else (lambda i: i not in exclude)
     found = (
@@ -304,6 +306,7 @@ def _run_rules(
             .str.extract_many(keywords, ascii_case_insensitive=True, overlapping=True)
             .alias("keyword"),
         )
+        .filter(pl.col("keyword").list.len() > 0)  # most texts hold no keyword
         .explode("keyword")
         .drop_nulls("keyword")
         .unique()
@@ -319,7 +322,8 @@ def _run_rules(
                 rows_of_rule.setdefault(index, set()).update(rows)
     if not rows_of_rule:
         return texts
-    values = texts.to_list()
+    touched = sorted(set().union(*rows_of_rule.values()))
+    values = dict(zip(touched, texts.gather(touched).to_list(), strict=True))
     for index in sorted(rows_of_rule):
         rule = rules()[index]
         rows = sorted(rows_of_rule[index])
@@ -337,7 +341,7 @@ def _run_rules(
                 values[r] = text
         for r in single:
             values[r] = _apply_rule(rule, values[r])
-    return pl.Series(texts.name, values, dtype=pl.String)
+    return texts.clone().scatter(touched, [values[r] for r in touched])
 
 
 # JSON paths (inside run_spec / job_spec_data) whose string values are secrets.
@@ -405,23 +409,53 @@ class Redactor:
         """`text` with every known value and every secret shape masked."""
         return self.apply_series(pl.Series([text]))[0]
 
-    def apply_series(self, texts: pl.Series) -> pl.Series:
-        """The same as `apply`, over a whole column at once."""
+    def apply_series(self, texts: pl.Series, *, dedupe: bool = True) -> pl.Series:
+        """The same as `apply`, over a whole column at once (`dedupe`: as in redact_shapes)."""
         texts = texts.cast(pl.String)
         if self.values:
             texts = texts.str.replace_many(*self._value_forms())
-        return redact_shapes(texts)
+        return redact_shapes(texts, dedupe=dedupe)
 
     def apply_frame(self, frame: pl.DataFrame) -> pl.DataFrame:
         """Every string column of `frame` (lists of strings too) redacted."""
-        columns = []
-        for name, dtype in frame.schema.items():
-            if dtype == pl.String:
-                columns.append(self.apply_series(frame[name]))
-            elif dtype == pl.List(pl.String):
-                flat = frame[name].explode(empty_as_null=True, keep_nulls=True)
-                columns.append(_relist(self.apply_series(flat), frame[name]))
-        return frame.with_columns(columns) if columns else frame
+        return self.apply_frames([frame])[0]
+
+    def apply_frames(self, frames: list[pl.DataFrame]) -> list[pl.DataFrame]:
+        """Every string column of every frame (lists of strings too) redacted, each distinct
+        text once over all of them: most columns repeat a few values (a server, a status),
+        and a pass over a column costs about as much for one text as for thousands."""
+        text_columns = [
+            {
+                name: dtype == pl.List(pl.String)
+                for name, dtype in frame.schema.items()
+                if dtype in (pl.String, pl.List(pl.String))
+            }
+            for frame in frames
+        ]
+        texts = [
+            (frame[name].explode() if is_list else frame[name]).alias("text")
+            for frame, columns in zip(frames, text_columns, strict=True)
+            for name, is_list in columns.items()
+        ]
+        if not texts:
+            return frames
+        distinct = pl.concat(texts).drop_nulls().unique()
+        redacted = self.apply_series(distinct, dedupe=False)
+        changed = distinct != redacted
+        if not changed.any():
+            return frames
+        old, new = distinct.filter(changed), redacted.filter(changed)
+        return [
+            frame.with_columns(
+                pl.col(name).list.eval(pl.element().replace(old, new))
+                if is_list
+                else pl.col(name).replace(old, new)
+                for name, is_list in columns.items()
+            )
+            if columns
+            else frame
+            for frame, columns in zip(frames, text_columns, strict=True)
+        ]
 
     def apply_data(self, data: object, *, controls: bool = False) -> object:
         """A JSON-like value (dicts, lists, strings) with every string redacted (and, with
@@ -466,26 +500,6 @@ class Redactor:
         }
         ordered = sorted(forms, key=len, reverse=True)
         return ordered, [MASK] * len(ordered)
-
-
-def _relist(flat: pl.Series, lists: pl.Series) -> pl.Series:
-    """`flat` (the exploded `lists`, transformed) put back into lists of the same lengths."""
-    lengths = lists.list.len()
-    owner = pl.int_range(lists.len(), eager=True).repeat_by(lengths.fill_null(0).clip(1))
-    regrouped = (
-        pl.DataFrame({"owner": owner.explode(), "v": flat})
-        .group_by("owner", maintain_order=True)
-        .agg("v")
-        .with_columns(length=lengths)
-    )
-    return regrouped.select(
-        pl.when(pl.col("length").is_null())
-        .then(None)
-        .when(pl.col("length") == 0)
-        .then(pl.lit([], dtype=pl.List(pl.String)))
-        .otherwise(pl.col("v"))
-        .alias(lists.name)
-    ).to_series()
 
 
 def _collect(data: object, strings: list[str]) -> None:

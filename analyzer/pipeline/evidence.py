@@ -225,6 +225,15 @@ def _merge_events(frames: list[pl.DataFrame]) -> pl.DataFrame:
         return pl.DataFrame(schema=EVENTS_SCHEMA)
     stacked = pl.concat([conform(f, EVENTS_SCHEMA).collect() for f in frames], how="vertical")
     key = ["server", "entity_type", "entity_id", "message", "time"]
+    if stacked.select(pl.struct(key).is_unique().all()).item():
+        # every event seen once (one input, as a lone database): what the grouping below
+        # would give, without grouping every column of every row
+        merged = stacked.with_columns(
+            pl.col("provenance")
+            .list.unique(maintain_order=True)
+            .fill_null(pl.lit([], dtype=pl.List(pl.String)))
+        )
+        return conform(merged, EVENTS_SCHEMA).collect()
     merged = (
         stacked.with_columns(pl.col("time").fill_null(pl.lit(None)))
         .group_by(key, maintain_order=True)
@@ -322,8 +331,10 @@ def _redact(evidence: Evidence) -> None:
     """Every text of the evidence masked once, raw, before any stage templates, cuts or hashes
     it: the report, the notebook tables, the dataset and every picture start from here."""
     redactor = evidence.redactor
-    for table in ("runs", "jobs", "events", "unparsed", "fleets", "instances"):
-        setattr(evidence, table, redactor.apply_frame(getattr(evidence, table)))
+    tables = ("runs", "jobs", "events", "unparsed", "fleets", "instances")
+    redacted = redactor.apply_frames([getattr(evidence, table) for table in tables])
+    for table, frame in zip(tables, redacted, strict=True):
+        setattr(evidence, table, frame)
     texts = [[i.path, *i.notes] for i in evidence.inputs]
     texts += [[lim.message, lim.source] for lim in evidence.limitations]
     redacted = iter(redactor.apply_data(texts))

@@ -310,6 +310,15 @@ def _names(frame: pl.DataFrame | None, alias: str) -> pl.DataFrame:
     )
 
 
+def _per_distinct(frame: pl.LazyFrame, columns: list[str], *derived: pl.Expr) -> pl.LazyFrame:
+    """`frame` with `derived` (expressions of `columns` only) computed once per distinct value
+    of `columns` and joined back: a JSON path parses its whole document on every row it runs
+    over, and the replicas and resubmissions of a deployment share one spec (and the targets of
+    a job's hundreds of events one id)."""
+    documents = frame.select(columns).unique().with_columns(derived)
+    return frame.join(documents, on=columns, how="left", nulls_equal=True, maintain_order="left")
+
+
 def load_tables(reader: TableReader, server: str) -> SourceData:
     """Map one dstack database (any backend) into canonical runs, jobs and events."""
     data = SourceData(has_tables=True)
@@ -339,7 +348,12 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
     assert raw_runs is not None and raw_jobs is not None
     data.secrets = _secrets(raw_runs, raw_jobs, raw_users)  # each table read once
     runs = (
-        raw_runs.lazy()
+        _per_distinct(
+            raw_runs.lazy(),
+            ["run_spec"],
+            pl.col("run_spec").str.json_path_match("$.configuration.type").alias("_config_type"),
+            _placement_spec(pl.col("run_spec")).alias("placement_spec"),
+        )
         .with_columns(
             normalise_id(pl.col("id")).alias("run_id"),
             normalise_id(pl.col("project_id")).alias("project_id"),
@@ -355,7 +369,7 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
             pl.col("project"),
             pl.col("run_name"),
             pl.coalesce(
-                pl.col("run_spec").str.json_path_match("$.configuration.type"),
+                pl.col("_config_type"),
                 pl.when(pl.col("service_spec").fill_null("") != "").then(pl.lit("service")),
             ).alias("run_type"),
             normalise_enum(pl.col("status")).alias("status"),
@@ -367,7 +381,7 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
             pl.col("user"),
             normalise_id(pl.col("fleet_id")).alias("fleet_id"),
             _int(pl.col("desired_replica_count")).alias("desired_replica_count"),
-            _placement_spec(pl.col("run_spec")).alias("placement_spec"),
+            "placement_spec",
             pl.concat_str([pl.lit("runs:"), pl.col("id")]).alias("provenance"),
         )
         .collect()
@@ -523,7 +537,16 @@ def _fleets(
         status = normalise_enum(pl.col("status"))
         finished = status.is_in(["terminating", "terminated"]) | _bool(pl.col("deleted"))
         instance_frame = (
-            instances.lazy()
+            _per_distinct(
+                instances.lazy(),
+                ["offer", "job_provisioning_data"],
+                _int(resources.str.json_path_match("$.cpus")).alias("cpus"),
+                _int(resources.str.json_path_match("$.memory_mib")).alias("memory_mib"),
+                gpus.list.len().cast(pl.Int64).alias("gpus"),
+                gpus.list.first().struct.field("name").alias("gpu_name"),
+                gpus.list.first().struct.field("memory_mib").alias("gpu_memory_mib"),
+                _int(resources.str.json_path_match("$.disk.size_mib")).alias("disk_mib"),
+            )
             .with_columns(normalise_id(pl.col("project_id")).alias("project_id"))
             .join(
                 projects.lazy(),
@@ -549,12 +572,12 @@ def _fleets(
                 ).alias("ended_at"),
                 normalise_enum(pl.col("termination_reason")).alias("termination_reason"),
                 _int(pl.col("total_blocks")).fill_null(1).alias("total_blocks"),
-                _int(resources.str.json_path_match("$.cpus")).alias("cpus"),
-                _int(resources.str.json_path_match("$.memory_mib")).alias("memory_mib"),
-                gpus.list.len().cast(pl.Int64).alias("gpus"),
-                gpus.list.first().struct.field("name").alias("gpu_name"),
-                gpus.list.first().struct.field("memory_mib").alias("gpu_memory_mib"),
-                _int(resources.str.json_path_match("$.disk.size_mib")).alias("disk_mib"),
+                "cpus",
+                "memory_mib",
+                "gpus",
+                "gpu_name",
+                "gpu_memory_mib",
+                "disk_mib",
                 pl.col("price").cast(pl.Float64, strict=False).alias("price"),
                 pl.concat_str([pl.lit("instances:"), pl.col("id")]).alias("provenance"),
             )
@@ -592,9 +615,10 @@ def _latest_alive(
 def _secrets(runs: pl.DataFrame, jobs: pl.DataFrame | None, users: pl.DataFrame | None) -> set[str]:
     """Secret values the database holds, collected only so that no output can show them."""
     redactor = Redactor()
-    redactor.add_frame_values(runs.select(json_secret_values(pl.col("run_spec"))))
-    if jobs is not None:
-        redactor.add_frame_values(jobs.select(json_secret_values(pl.col("job_spec_data"))))
+    for frame, column in ((runs, "run_spec"), (jobs, "job_spec_data")):
+        if frame is not None:
+            specs = frame.select(pl.col(column).unique())  # replicas share one spec
+            redactor.add_frame_values(specs.select(json_secret_values(pl.col(column))))
     if users is not None:
         redactor.add(users["token"].to_list())
     return redactor.values
@@ -611,11 +635,9 @@ def _jobs(
     has_probes_table = "probes" in reader.tables()
 
     spec = pl.col("job_spec_data")
-    jobs = raw.lazy().with_columns(
-        normalise_id(pl.col("id")).alias("job_id"),
-        normalise_id(pl.col("run_id")).alias("run_id"),
-        normalise_id(pl.col("used_instance_id")).alias("used_instance_id"),
-        normalise_id(pl.col("fleet_id")).alias("fleet_id"),
+    jobs = _per_distinct(
+        raw.lazy(),
+        ["job_spec_data"],
         spec.str.json_path_match("$.replica_group").alias("replica_group"),
         spec.str.json_path_match("$.probes")
         .str.json_decode(pl.List(pl.Struct({"ready_after": pl.Int64})))
@@ -627,10 +649,24 @@ def _jobs(
         .hash()
         .cast(pl.String)
         .alias("spec_fingerprint"),
+    )
+    jobs = _per_distinct(
+        jobs,
+        ["job_provisioning_data"],
         pl.col("job_provisioning_data")
         .str.json_path_match("$.price")
         .cast(pl.Float64, strict=False)
         .alias("price"),
+    )
+    jobs = _per_distinct(
+        jobs,
+        ["job_runtime_data"],
+        _int(pl.col("job_runtime_data").str.json_path_match("$.offer.blocks")).alias("blocks"),
+    ).with_columns(
+        normalise_id(pl.col("id")).alias("job_id"),
+        normalise_id(pl.col("run_id")).alias("run_id"),
+        normalise_id(pl.col("used_instance_id")).alias("used_instance_id"),
+        normalise_id(pl.col("fleet_id")).alias("fleet_id"),
     )
 
     probes = _read(reader, "probes")
@@ -733,7 +769,7 @@ def _jobs(
         "price",
         pl.col("used_instance_id").alias("instance_id"),
         "instance_name",
-        _int(pl.col("job_runtime_data").str.json_path_match("$.offer.blocks")).alias("blocks"),
+        "blocks",
         "fleet_id",
         "fleet_name",
         "replica_group",
@@ -762,23 +798,31 @@ def _events(
     targets = _read(reader, "event_targets")
     if events is None or targets is None:
         return pl.DataFrame()
-    ev = events.lazy().select(
+    ev = _per_distinct(
+        events.lazy(), ["actor_user_id"], normalise_id(pl.col("actor_user_id")).alias("actor_id")
+    ).select(
         pl.col("id").alias("event_id"),
         pl.col("id").str.to_lowercase().str.replace_all("-", "", literal=True).alias("event_uuid"),
         pl.col("message"),
         parse_db_time(pl.col("recorded_at")).alias("time"),
         pl.col("recorded_at").alias("time_text"),
-        normalise_id(pl.col("actor_user_id")).alias("actor_id"),
+        "actor_id",
     )
-    tg = targets.lazy().select(
+    tg = _per_distinct(
+        _per_distinct(
+            targets.lazy(), ["entity_id"], normalise_id(pl.col("entity_id")).alias("_entity_id")
+        ),
+        ["entity_run_id"],
+        normalise_id(pl.col("entity_run_id")).alias("_entity_run_id"),
+    ).select(
         pl.col("event_id")
         .str.to_lowercase()
         .str.replace_all("-", "", literal=True)
         .alias("event_uuid"),
         normalise_enum(pl.col("entity_type")).alias("entity_type"),
-        normalise_id(pl.col("entity_id")).alias("entity_id"),
+        pl.col("_entity_id").alias("entity_id"),
         pl.col("entity_name"),
-        normalise_id(pl.col("entity_run_id")).alias("entity_run_id"),
+        pl.col("_entity_run_id").alias("entity_run_id"),
     )
     frame = (
         ev.join(tg.filter(pl.col("entity_type").is_in(["run", "job"])), on="event_uuid")
