@@ -11,7 +11,6 @@ from typing import Any
 import click
 
 from analyzer.cli.options import (
-    IsoTime,
     clean_errors,
     inferred_format,
     log_options,
@@ -19,6 +18,7 @@ from analyzer.cli.options import (
     output_option,
     parse_partition,
     parse_server_labels,
+    run_selection_options,
     screen_width,
     time_zone,
     token_option,
@@ -54,18 +54,7 @@ RENDERERS = {  # besides "table", the terminal view (it needs the width, colour 
     "without it, -o FILE's extension decides (.json, .md).",
 )
 @output_option("Write to FILE (- is standard output).")
-@click.option("--project", help="Only runs of this project.")
-@click.option("--run", help="Only runs with this name, project/name or id prefix.")
-@click.option(
-    "--since",
-    type=IsoTime(),
-    help="Only runs still active at or after this time (ISO 8601; UTC without a zone).",
-)
-@click.option(
-    "--until",
-    type=IsoTime(),
-    help="Only runs submitted at or before this time (ISO 8601; UTC without a zone).",
-)
+@run_selection_options
 @click.option("--all-runs", is_flag=True, help="Table: list every run (not only the incidents).")
 @click.option("--inputs", "full_inputs", is_flag=True, help="Table: list every input, hashed.")
 @click.option(

@@ -106,6 +106,28 @@ def log_options(command: Command) -> Command:
     return command
 
 
+def run_selection_options(command: Command) -> Command:
+    """--project, --run, --since, --until: which runs an audit or a report covers."""
+    for option in reversed(
+        (
+            click.option("--project", help="Only runs of this project."),
+            click.option("--run", help="Only runs with this name, project/name or id prefix."),
+            click.option(
+                "--since",
+                type=IsoTime(),
+                help="Only runs still active at or after this time (ISO 8601; UTC without a zone).",
+            ),
+            click.option(
+                "--until",
+                type=IsoTime(),
+                help="Only runs submitted at or before this time (ISO 8601; UTC without a zone).",
+            ),
+        )
+    ):
+        command = option(command)
+    return command
+
+
 def token_option(command: Command) -> Command:
     return click.option(
         "--token",

@@ -12,7 +12,13 @@ from typing import Any
 
 import click
 
-from analyzer.cli.options import IsoTime, clean_errors, log_options, open_audit, ui_options
+from analyzer.cli.options import (
+    clean_errors,
+    log_options,
+    open_audit,
+    run_selection_options,
+    ui_options,
+)
 
 PLOT_FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
 MAX_PLOTS = 20
@@ -146,18 +152,7 @@ def register(main: click.Group) -> None:
         "evidence, without a picture).",
     )
     @click.option("--tz", help="Show times in this zone (IANA name, e.g. Europe/Berlin); UTC.")
-    @click.option("--project", help="Only runs of this project.")
-    @click.option("--run", help="Only runs with this name, project/name or id prefix.")
-    @click.option(
-        "--since",
-        type=IsoTime(),
-        help="Only runs still active at or after this time (ISO 8601; UTC without a zone).",
-    )
-    @click.option(
-        "--until",
-        type=IsoTime(),
-        help="Only runs submitted at or before this time (ISO 8601; UTC without a zone).",
-    )
+    @run_selection_options
     @click.option(
         "--force", is_flag=True, help="Replace FILE-images/ whole even when it holds other files."
     )
