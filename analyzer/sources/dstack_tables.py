@@ -319,6 +319,13 @@ def _per_distinct(frame: pl.LazyFrame, columns: list[str], *derived: pl.Expr) ->
     return frame.join(documents, on=columns, how="left", nulls_equal=True, maintain_order="left")
 
 
+def _with_project(frame: pl.LazyFrame, projects: pl.DataFrame) -> pl.LazyFrame:
+    """`frame` with its `project_id` normalised and the project's name beside it."""
+    return frame.with_columns(normalise_id(pl.col("project_id")).alias("project_id")).join(
+        projects.lazy(), left_on="project_id", right_on="id", how="left", maintain_order="left"
+    )
+
+
 def load_tables(reader: TableReader, server: str) -> SourceData:
     """Map one dstack database (any backend) into canonical runs, jobs and events."""
     data = SourceData(has_tables=True)
@@ -356,12 +363,9 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
         )
         .with_columns(
             normalise_id(pl.col("id")).alias("run_id"),
-            normalise_id(pl.col("project_id")).alias("project_id"),
             normalise_id(pl.col("user_id")).alias("user_id"),
         )
-        .join(
-            projects.lazy(), left_on="project_id", right_on="id", how="left", maintain_order="left"
-        )
+        .pipe(_with_project, projects)
         .join(users.lazy(), left_on="user_id", right_on="id", how="left", maintain_order="left")
         .select(
             pl.lit(server).alias("server"),
@@ -495,14 +499,7 @@ def _fleets(
         ]
         fleet_frame = (
             fleets.lazy()
-            .with_columns(normalise_id(pl.col("project_id")).alias("project_id"))
-            .join(
-                projects.lazy(),
-                left_on="project_id",
-                right_on="id",
-                how="left",
-                maintain_order="left",
-            )
+            .pipe(_with_project, projects)
             .select(
                 pl.lit(server).alias("server"),
                 normalise_id(pl.col("id")).alias("fleet_id"),
@@ -547,14 +544,7 @@ def _fleets(
                 gpus.list.first().struct.field("memory_mib").alias("gpu_memory_mib"),
                 _int(resources.str.json_path_match("$.disk.size_mib")).alias("disk_mib"),
             )
-            .with_columns(normalise_id(pl.col("project_id")).alias("project_id"))
-            .join(
-                projects.lazy(),
-                left_on="project_id",
-                right_on="id",
-                how="left",
-                maintain_order="left",
-            )
+            .pipe(_with_project, projects)
             .select(
                 pl.lit(server).alias("server"),
                 normalise_id(pl.col("id")).alias("instance_id"),
