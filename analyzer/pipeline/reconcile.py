@@ -82,29 +82,18 @@ def _anchors(evidence: Evidence, db_events: pl.DataFrame) -> pl.DataFrame:
 
 
 def _log_keys(log_events: pl.DataFrame) -> pl.DataFrame:
-    base = log_events.select(
-        "server",
-        "source",
-        "seq",
-        "entity_type",
-        "entity_name",
-        "entity_id",
-        "time",
-        _msg_key(pl.col("message")).alias("key"),
+    """Each log line keyed by its text, and a finished status once more by the status alone
+    (as `_anchors` keys the database's final rows)."""
+    placed = ("server", "source", "seq", "entity_type", "entity_name", "entity_id", "time")
+    finished = pl.col("new_status").is_in([*FINISHED_JOB_STATUSES, *FINISHED_RUN_STATUSES])
+    return pl.concat(
+        [
+            log_events.select(*placed, _msg_key(pl.col("message")).alias("key")),
+            log_events.filter(finished).select(
+                *placed, pl.format("status:{}", pl.col("new_status")).alias("key")
+            ),
+        ]
     )
-    finals = log_events.filter(
-        pl.col("new_status").is_in(list(FINISHED_JOB_STATUSES) + list(FINISHED_RUN_STATUSES))
-    ).select(
-        "server",
-        "source",
-        "seq",
-        "entity_type",
-        "entity_name",
-        "entity_id",
-        "time",
-        pl.format("status:{}", pl.col("new_status")).alias("key"),
-    )
-    return pl.concat([base, finals])
 
 
 def infer_offsets(log_events: pl.DataFrame, anchors: pl.DataFrame) -> pl.DataFrame:
