@@ -608,6 +608,8 @@ def test_pre_check_rejects_documents_tables_and_databases() -> None:
     assert not reader._may_be_log(b"id,name,status,termination_reason\n1,web,FAILED,ERROR\n")
     assert not reader._may_be_log(b"SQLite format 3\x00" + bytes(range(256)) * 4)
     assert not reader._may_be_log(b" NAME    BACKEND    STATUS\n web     aws        failed\n")
+    quoted = json.dumps({"log_tail": "     _     _             _\n[09:14:00] WARNING  x"}, indent=1)
+    assert not reader._may_be_log(quoted.encode())  # a manifest quoting a log's lines
 
 
 # ---------------------------------------------------------------------------------------------

@@ -99,16 +99,16 @@ class LogRead:
 
 # A line that could start a record once unwrapped, on the bytes: an optional BOM and docker/
 # kubectl timestamp prefix (wrappers.py), then a standard record's ``LEVEL yyyy-``, a rich
-# record's time column (``[HH:MM:SS]`` or 10 spaces) and level, or a json record's ``{`` with a
-# ``"timestamp"`` key on the same line (layouts.py); or anywhere a journald entry's
-# ``__REALTIME_TIMESTAMP`` or a logo line. Every record or logo line ``sniff_log`` counts matches
+# record's time column (``[HH:MM:SS]`` or 10 spaces) and level, a json record's ``{`` with a
+# ``"timestamp"`` key on the same line (layouts.py) or a logo line; or anywhere a journald
+# entry's ``__REALTIME_TIMESTAMP``. Every record or logo line ``sniff_log`` counts matches
 # it (once ANSI escapes are removed, as classify_lines removes them), so a head without a match
 # cannot be a log.
 _MAYBE_RECORD = re.compile(
     (
         r"^(?:\xef\xbb\xbf)?(?:-?\d+-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d) ?)?"
         rf"(?:(?:{LEVELS}) \d{{4}}-|(?:\[\d\d:\d\d:\d\d\]| {{10}}) (?:{LEVELS})"
-        r'|\{[^\n]*"timestamp")|__REALTIME_TIMESTAMP|' + "|".join(map(re.escape, LOGO_LINES))
+        r'|\{[^\n]*"timestamp"|' + "|".join(map(re.escape, LOGO_LINES)) + ")|__REALTIME_TIMESTAMP"
     ).encode(),
     re.MULTILINE,
 )
