@@ -433,14 +433,16 @@ class Redactor:
 
     def add_frame_values(self, frame: pl.DataFrame) -> None:
         """Every string in every column of `frame` (lists of strings included) is a secret."""
-        for column in frame.columns:
-            series = frame[column]
-            if series.dtype == pl.List(pl.String):
-                series = series.explode()
-            for value in series.drop_nulls().unique().to_list():
-                if isinstance(value, str):
-                    self.add([_unescape_json(value)])
-                    self.add([value])
+        texts = [
+            (series.explode() if series.dtype == pl.List(pl.String) else series).alias("text")
+            for series in frame.iter_columns()
+            if series.dtype in (pl.String, pl.List(pl.String))
+        ]
+        if not texts:
+            return
+        for value in pl.concat(texts).drop_nulls().unique().to_list():
+            self.add([_unescape_json(value)])
+            self.add([value])
 
     def apply(self, text: str) -> str:
         """`text` with every known value and every secret shape masked."""
