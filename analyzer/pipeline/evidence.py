@@ -87,22 +87,19 @@ class Evidence:
         every log line): a lower bound of when the evidence was captured. Runs and jobs known
         only from a log without a date add nothing (their times are times of day), unless
         `dated_only` is false (a drawing on the log's own clock, its pseudo day)."""
-        dated = (
-            self.events.filter(pl.col("time_basis") != "time_of_day_only")
-            if dated_only
-            else self.events
-        )
+        events = self.events.lazy()
+        dated = events.filter(pl.col("time_basis") != "time_of_day_only") if dated_only else events
         dateless = (
-            self.events.filter((pl.col("time_basis") == "time_of_day_only") & dated_only)
+            events.filter((pl.col("time_basis") == "time_of_day_only") & dated_only)
             .select("server", "run_id")
             .unique()
         )
         from_log = pl.col("provenance").str.contains(r"^[^#;]*:\d+$")
         frames = [
-            _undated_removed(self.runs, dateless, from_log).select(
+            _undated_removed(self.runs.lazy(), dateless, from_log).select(
                 "server", pl.col("last_processed_at").alias("t")
             ),
-            _undated_removed(self.jobs, dateless, from_log).select(
+            _undated_removed(self.jobs.lazy(), dateless, from_log).select(
                 "server", pl.col("last_processed_at").alias("t")
             ),
             dated.select("server", pl.col("time").alias("t")),
@@ -123,7 +120,12 @@ class Evidence:
             ),
         ]
         ends = dict(
-            pl.concat(frames).drop_nulls().group_by("server").agg(pl.col("t").max()).iter_rows()
+            pl.concat(frames)
+            .drop_nulls()
+            .group_by("server")
+            .agg(pl.col("t").max())
+            .collect()
+            .iter_rows()
         )
         for server, latest in self.latest_by_server.items():
             ends[server] = max(latest, ends.get(server, latest))
@@ -136,11 +138,10 @@ class Evidence:
 
 
 def _undated_removed(
-    frame: pl.DataFrame, dateless: pl.DataFrame, from_log: pl.Expr
-) -> pl.DataFrame:
-    """Rows derived from a log that gives times of day only carry no real date."""
-    if not dateless.height:
-        return frame
+    frame: pl.LazyFrame, dateless: pl.LazyFrame, from_log: pl.Expr
+) -> pl.LazyFrame:
+    """Rows derived from a log that gives times of day only carry no real date (one plan: a
+    join with no dateless run keeps every row)."""
     flagged = frame.join(
         dateless.with_columns(pl.lit(True).alias("_dateless")),
         on=["server", "run_id"],
