@@ -9,6 +9,7 @@ new dstack release shows up as a gap in the report instead of silently losing ev
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import polars as pl
 
@@ -150,12 +151,24 @@ def classify_unique(
 ) -> pl.LazyFrame:
     """Classify each distinct text once and join the result back: messages repeat a handful
     of templates millions of times, so this is what keeps the catalogue off the hot path."""
-    text = pl.col(column).str.strip_chars()
-    fields = classify(text, templates, irrelevant_patterns, fold_tolerant=fold_tolerant)
-    distinct = frame.select(pl.col(column)).unique().with_columns(event_columns(fields))
+    columns = _classified_columns(column, templates, irrelevant_patterns, fold_tolerant)
+    distinct = frame.select(pl.col(column)).unique().with_columns(columns)
     return frame.drop(EVENT_COLUMNS, strict=False).join(
         distinct, on=column, how="left", maintain_order="left", nulls_equal=True
     )
+
+
+@lru_cache(maxsize=64)
+def _classified_columns(
+    column: str,
+    templates: tuple[Template, ...],
+    irrelevant_patterns: tuple[str, ...],
+    fold_tolerant: bool,
+) -> tuple[pl.Expr, ...]:
+    """The event columns' expressions, built once per catalogue (a few ms each time)."""
+    text = pl.col(column).str.strip_chars()
+    fields = classify(text, templates, irrelevant_patterns, fold_tolerant=fold_tolerant)
+    return tuple(event_columns(fields))
 
 
 def parse_event_messages(frame: pl.LazyFrame, *, fold_tolerant: bool = False) -> pl.LazyFrame:

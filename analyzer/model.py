@@ -7,6 +7,8 @@ Every row keeps where it came from in ``provenance`` (``table:primary key`` or `
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import polars as pl
 
 from analyzer.vocabulary import (
@@ -197,15 +199,21 @@ def empty_frame(schema: dict[str, pl.DataType]) -> pl.DataFrame:
 def conform(frame: pl.DataFrame | pl.LazyFrame, schema: dict[str, pl.DataType]) -> pl.LazyFrame:
     """Select exactly the schema's columns, in order, with its types (missing ones as nulls);
     a vocabulary column's value outside its vocabulary fails the collect."""
-    lazy = frame.lazy()
-    present = set(lazy.collect_schema().names())
+    present = frame.columns if isinstance(frame, pl.DataFrame) else frame.collect_schema().names()
     if not present:  # a frame without columns has no rows; literals would make one
         return pl.LazyFrame(schema=schema)
-    return lazy.select(
-        [
-            _checked(name, (pl.col(name) if name in present else pl.lit(None)).cast(dtype))
-            for name, dtype in schema.items()
-        ]
+    return frame.lazy().select(_conforming(tuple(schema.items()), frozenset(present)))
+
+
+@lru_cache(maxsize=512)
+def _conforming(
+    schema: tuple[tuple[str, pl.DataType], ...], present: frozenset[str]
+) -> tuple[pl.Expr, ...]:
+    """The select that conforms a frame with these columns (built once per shape: a stage
+    conforms many small frames, and building the expressions cost more than running them)."""
+    return tuple(
+        _checked(name, (pl.col(name) if name in present else pl.lit(None)).cast(dtype))
+        for name, dtype in schema
     )
 
 

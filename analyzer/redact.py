@@ -20,9 +20,9 @@ them), so redaction stays a handful of C-level scans however many rules there ar
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
-import tomllib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cache, cached_property
@@ -40,6 +40,9 @@ MASK = "***"
 MIN_SECRET_LENGTH = 4  # shorter values (e.g. "1", "true") would mask ordinary text
 
 GITLEAKS_FILE = Path(__file__).parent / "rules" / "gitleaks.toml"
+# GITLEAKS_FILE's rules translated (translate_gitleaks); regenerate after changing either file:
+# python -c "import analyzer.redact as r; r.write_translated_gitleaks()"
+GITLEAKS_TRANSLATED = GITLEAKS_FILE.with_name("gitleaks.python.json")
 GITLEAKS_VERSION = "v8.30.0"  # tag; commit 6eaad039603a4de39fddd1cf5f727391efe9974e, MIT
 PROJECT_RULES_VERSION = 1  # bump when PROJECT_RULES change
 RULE_SET = (
@@ -191,20 +194,54 @@ def python_regex(re2: str) -> str:
     return "".join(out)
 
 
+def gitleaks_fingerprint(toml_text: str) -> str:
+    """What the translated rules were made from: the vendored file and the rules left out."""
+    return hashlib.sha256(f"{toml_text}\n{GITLEAKS_LEFT_OUT!r}".encode()).hexdigest()
+
+
+def write_translated_gitleaks() -> None:
+    translated = translate_gitleaks(GITLEAKS_FILE.read_text(encoding="utf-8"))
+    rules = ",\n".join(json.dumps(rule) for rule in translated["rules"])
+    text = f'{{"from": "{translated["from"]}",\n"rules": [\n{rules}\n]}}\n'
+    GITLEAKS_TRANSLATED.write_text(text, encoding="utf-8")
+
+
+def translate_gitleaks(toml_text: str) -> dict:
+    """gitleaks' rules in Python's syntax, as ``rules/gitleaks.python.json`` stores them."""
+    import tomllib
+
+    config = tomllib.loads(toml_text)
+    return {
+        "from": gitleaks_fingerprint(toml_text),
+        "rules": [
+            [
+                item["id"],
+                python_regex(item["regex"]),
+                [k.lower() for k in item.get("keywords", ())],
+                item.get("secretGroup"),
+            ]
+            for item in config["rules"]
+            if "regex" in item and item["id"] not in GITLEAKS_LEFT_OUT
+        ],
+    }
+
+
 @cache
 def rules() -> tuple[Rule, ...]:
     """The rule set: gitleaks' (translated) then the project's, each compiled on first use
-    (tests/test_redact_rules.py compiles them all)."""
-    config = tomllib.loads(GITLEAKS_FILE.read_text(encoding="utf-8"))
+    (tests/test_redact_rules.py compiles them all). The translation is read from
+    ``GITLEAKS_TRANSLATED`` (parsing the TOML and translating costs 50 ms per process) when it
+    was made from the vendored file as it is, else made here."""
+    toml_text = GITLEAKS_FILE.read_text(encoding="utf-8")
+    try:
+        stored = json.loads(GITLEAKS_TRANSLATED.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        stored = {}
+    if stored.get("from") != gitleaks_fingerprint(toml_text):
+        stored = translate_gitleaks(toml_text)
     loaded = [
-        Rule(
-            item["id"],
-            python_regex(item["regex"]),
-            tuple(k.lower() for k in item.get("keywords", ())),
-            item.get("secretGroup"),
-        )
-        for item in config["rules"]
-        if "regex" in item and item["id"] not in GITLEAKS_LEFT_OUT
+        Rule(rule_id, regex, tuple(keywords), group)
+        for rule_id, regex, keywords, group in stored["rules"]
     ]
     loaded += [
         Rule(rule_id, regex, keywords, group) for rule_id, regex, keywords, group in PROJECT_RULES
@@ -396,14 +433,16 @@ class Redactor:
 
     def add_frame_values(self, frame: pl.DataFrame) -> None:
         """Every string in every column of `frame` (lists of strings included) is a secret."""
-        for column in frame.columns:
-            series = frame[column]
-            if series.dtype == pl.List(pl.String):
-                series = series.explode()
-            for value in series.drop_nulls().unique().to_list():
-                if isinstance(value, str):
-                    self.add([_unescape_json(value)])
-                    self.add([value])
+        texts = [
+            (series.explode() if series.dtype == pl.List(pl.String) else series).alias("text")
+            for series in frame.iter_columns()
+            if series.dtype in (pl.String, pl.List(pl.String))
+        ]
+        if not texts:
+            return
+        for value in pl.concat(texts).drop_nulls().unique().to_list():
+            self.add([_unescape_json(value)])
+            self.add([value])
 
     def apply(self, text: str) -> str:
         """`text` with every known value and every secret shape masked."""

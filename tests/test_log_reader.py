@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from analyzer.model import LOG_RECORDS_SCHEMA
+from analyzer.sources.logs import reader
 from analyzer.sources.logs.lines import rotated_set, split_text, split_with_csv_reader
 from analyzer.sources.logs.reader import (
     LogRead,
@@ -575,6 +576,42 @@ def test_sniff_captures() -> None:
         assert not sniff_log(db.read_bytes()[:65536])
 
 
+def _parsed_as_log(head: bytes, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """What sniff_log decides by parsing the head, without its byte-level pre-check."""
+    with monkeypatch.context() as patched:
+        patched.setattr(reader, "_may_be_log", lambda head: True)
+        return sniff_log(head)
+
+
+def test_pre_check_never_rejects_a_log(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every head the parse takes for a log passes the pre-check: from the file's start and
+    from the middle of it (a rotated file begins anywhere, a traceback line first)."""
+    fixtures = sorted(DATA.glob("*.log")) + sorted(DATA.glob("*.json"))
+    captures = CAPTURE_LOGS + sorted(p for d in CAPTURE_DIRS for p in d.glob("*.gz"))
+    checked = 0
+    for path in fixtures + captures:
+        data = path.read_bytes()
+        if data.startswith(b"\x1f\x8b"):
+            data = gzip.decompress(data)
+        starts = 12 if path in fixtures else 2
+        for start in (0, *range(1, len(data), max(1, len(data) // starts))):
+            head = data[start : start + 65536]
+            if _parsed_as_log(head, monkeypatch):
+                assert reader._may_be_log(head), (path, start)
+                checked += 1
+    assert checked > 100
+
+
+def test_pre_check_rejects_documents_tables_and_databases() -> None:
+    assert not reader._may_be_log(json.dumps({"runs": [{"run_name": "web"}]}, indent=2).encode())
+    assert not reader._may_be_log(b'[{"project_id":"af18","status":"failed"}]')
+    assert not reader._may_be_log(b"id,name,status,termination_reason\n1,web,FAILED,ERROR\n")
+    assert not reader._may_be_log(b"SQLite format 3\x00" + bytes(range(256)) * 4)
+    assert not reader._may_be_log(b" NAME    BACKEND    STATUS\n web     aws        failed\n")
+    quoted = json.dumps({"log_tail": "     _     _             _\n[09:14:00] WARNING  x"}, indent=1)
+    assert not reader._may_be_log(quoted.encode())  # a manifest quoting a log's lines
+
+
 # ---------------------------------------------------------------------------------------------
 # properties
 
@@ -589,6 +626,18 @@ REAL_OTHER = (
 )
 _STD_LINE = re.compile(r"^(\S+) (\S+) (\S+) (.*)$")
 PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@PROPERTY
+@given(
+    st.lists(st.sampled_from([*REAL_STANDARD, *REAL_OTHER, "", "prose", "{", "  x"]), max_size=8)
+)
+def test_pre_check_holds_for_any_mix_of_lines(picked: list[str]) -> None:
+    head = "".join(line + "\n" for line in picked).encode()
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(reader, "_may_be_log", lambda head: True)
+        parsed = sniff_log(head)
+    assert not parsed or reader._may_be_log(head)
 
 
 @PROPERTY

@@ -8,6 +8,8 @@ pydantic or the pipeline (issue 15).
 
 from __future__ import annotations
 
+import gc
+
 import click
 
 from analyzer._version import __version__
@@ -32,6 +34,10 @@ def main() -> None:
     2 unusable input or wrong usage (one line on stderr, never a traceback).
     -o FILE picks the format from FILE's extension; -o - is standard output.
     """
+    # A command is one short process whose imports and expression trees make many objects and
+    # few reference cycles: looking for cycles every 50,000 new objects instead of every 700
+    # saves a small audit a tenth of its CPU time, and holds at most that many back.
+    gc.set_threshold(50_000)
 
 
 for _commands in (audit, ingest, synth, timeline, visual, exposure):

@@ -157,7 +157,6 @@ def audit(
     2 unusable input or wrong usage.
     """
     from analyzer.api import audit_in_partitions
-    from analyzer.bundle import write_bundle
     from analyzer.outputs import plan
     from analyzer.redact import Redactor, without_controls
     from analyzer.sources.live import LIVE_URL, use_token
@@ -237,6 +236,8 @@ def audit(
     styled = fmt == "table" and (output is None or str(output) == "-")  # colour on a terminal
     outputs.write_text(output, opened.redact(render(report), keep_styles=styled))
     if bundle is not None:
+        from analyzer.bundle import write_bundle
+
         options = {
             "project": project,
             "run": run,

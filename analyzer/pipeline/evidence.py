@@ -87,22 +87,19 @@ class Evidence:
         every log line): a lower bound of when the evidence was captured. Runs and jobs known
         only from a log without a date add nothing (their times are times of day), unless
         `dated_only` is false (a drawing on the log's own clock, its pseudo day)."""
-        dated = (
-            self.events.filter(pl.col("time_basis") != "time_of_day_only")
-            if dated_only
-            else self.events
-        )
+        events = self.events.lazy()
+        dated = events.filter(pl.col("time_basis") != "time_of_day_only") if dated_only else events
         dateless = (
-            self.events.filter((pl.col("time_basis") == "time_of_day_only") & dated_only)
+            events.filter((pl.col("time_basis") == "time_of_day_only") & dated_only)
             .select("server", "run_id")
             .unique()
         )
         from_log = pl.col("provenance").str.contains(r"^[^#;]*:\d+$")
         frames = [
-            _undated_removed(self.runs, dateless, from_log).select(
+            _undated_removed(self.runs.lazy(), dateless, from_log).select(
                 "server", pl.col("last_processed_at").alias("t")
             ),
-            _undated_removed(self.jobs, dateless, from_log).select(
+            _undated_removed(self.jobs.lazy(), dateless, from_log).select(
                 "server", pl.col("last_processed_at").alias("t")
             ),
             dated.select("server", pl.col("time").alias("t")),
@@ -123,7 +120,12 @@ class Evidence:
             ),
         ]
         ends = dict(
-            pl.concat(frames).drop_nulls().group_by("server").agg(pl.col("t").max()).iter_rows()
+            pl.concat(frames)
+            .drop_nulls()
+            .group_by("server")
+            .agg(pl.col("t").max())
+            .collect()
+            .iter_rows()
         )
         for server, latest in self.latest_by_server.items():
             ends[server] = max(latest, ends.get(server, latest))
@@ -136,11 +138,10 @@ class Evidence:
 
 
 def _undated_removed(
-    frame: pl.DataFrame, dateless: pl.DataFrame, from_log: pl.Expr
-) -> pl.DataFrame:
-    """Rows derived from a log that gives times of day only carry no real date."""
-    if not dateless.height:
-        return frame
+    frame: pl.LazyFrame, dateless: pl.LazyFrame, from_log: pl.Expr
+) -> pl.LazyFrame:
+    """Rows derived from a log that gives times of day only carry no real date (one plan: a
+    join with no dateless run keeps every row)."""
     flagged = frame.join(
         dateless.with_columns(pl.lit(True).alias("_dateless")),
         on=["server", "run_id"],
@@ -164,15 +165,22 @@ def _log_trailing_seconds(part: SourceData) -> dict[str, float]:
     return trailing
 
 
-def _first_per_key(frames: list[pl.DataFrame], schema: dict, key: list[str]) -> pl.DataFrame:
+def _stacked(frames: list[pl.DataFrame], schema: dict) -> pl.LazyFrame:
+    return pl.concat([conform(f, schema) for f in frames], how="vertical")
+
+
+def _first_per_key(frames: list[pl.DataFrame], schema: dict, key: list[str]) -> pl.LazyFrame:
     if not frames:
-        return pl.DataFrame(schema=schema)
-    stacked = pl.concat([conform(f, schema).collect() for f in frames], how="vertical")
-    with_prov = stacked.group_by(key, maintain_order=True).agg(
-        pl.all().exclude("provenance").drop_nulls().first(),
-        pl.col("provenance").unique(maintain_order=True).str.join("; "),
+        return pl.LazyFrame(schema=schema)
+    with_prov = (
+        _stacked(frames, schema)
+        .group_by(key, maintain_order=True)
+        .agg(
+            pl.all().exclude("provenance").drop_nulls().first(),
+            pl.col("provenance").unique(maintain_order=True).str.join("; "),
+        )
     )
-    return conform(with_prov, schema).collect()
+    return conform(with_prov, schema)
 
 
 def _disputed_keys(
@@ -183,7 +191,7 @@ def _disputed_keys(
     and the values the rows gave)."""
     if sum(f.height for f in frames) == merged.height:
         return pl.DataFrame()
-    stacked = pl.concat([conform(f, schema).collect() for f in frames], how="vertical")
+    stacked = _stacked(frames, schema)
     compared = VERDICT_COLUMNS[table]
     counts = stacked.group_by(key).agg(
         pl.len().alias("_rows"),
@@ -195,7 +203,7 @@ def _disputed_keys(
             for c in compared
         ],
     )
-    disputed = counts.filter(pl.any_horizontal([pl.col(c) > 1 for c in compared]))
+    disputed = counts.filter(pl.any_horizontal([pl.col(c) > 1 for c in compared])).collect()
     if disputed.height == 0:
         return pl.DataFrame()
     differences = pl.concat_str(
@@ -223,7 +231,7 @@ def _merge_events(frames: list[pl.DataFrame]) -> pl.DataFrame:
     are the same event seen twice; their provenances are kept together."""
     if not frames:
         return pl.DataFrame(schema=EVENTS_SCHEMA)
-    stacked = pl.concat([conform(f, EVENTS_SCHEMA).collect() for f in frames], how="vertical")
+    stacked = _stacked(frames, EVENTS_SCHEMA).collect()
     key = ["server", "entity_type", "entity_id", "message", "time"]
     if stacked.select(pl.struct(key).is_unique().all()).item():
         # every event seen once (one input, as a lone database): what the grouping below
@@ -273,15 +281,23 @@ def combine(parts: list[SourceData]) -> Evidence:
     # Databases first: where inputs disagree on a value, the database row is the reference.
     parts = sorted(parts, key=lambda part: not part.has_tables)
     loaded = [p for p in parts if p.runs.height or p.jobs.height or p.events.height or p.has_tables]
+    runs, jobs, fleets, instances = pl.collect_all(
+        [
+            _first_per_key([p.runs for p in loaded], RUNS_SCHEMA, ["server", "run_id"]),
+            _first_per_key([p.jobs for p in loaded], JOBS_SCHEMA, ["server", "job_id"]),
+            _first_per_key([p.fleets for p in loaded], FLEETS_SCHEMA, ["server", "fleet_id"]),
+            _first_per_key(
+                [p.instances for p in loaded], INSTANCES_SCHEMA, ["server", "instance_id"]
+            ),
+        ]
+    )
     evidence = Evidence(
-        runs=_first_per_key([p.runs for p in loaded], RUNS_SCHEMA, ["server", "run_id"]),
-        jobs=_first_per_key([p.jobs for p in loaded], JOBS_SCHEMA, ["server", "job_id"]),
+        runs=runs,
+        jobs=jobs,
         events=_merge_events([p.events for p in loaded]),
         has_tables=any(p.has_tables for p in parts),
-        fleets=_first_per_key([p.fleets for p in loaded], FLEETS_SCHEMA, ["server", "fleet_id"]),
-        instances=_first_per_key(
-            [p.instances for p in loaded], INSTANCES_SCHEMA, ["server", "instance_id"]
-        ),
+        fleets=fleets,
+        instances=instances,
     )
     for table, schema, key, merged in (
         ("runs", RUNS_SCHEMA, ["server", "run_id"], evidence.runs),

@@ -18,7 +18,6 @@ import hashlib
 import json
 import re
 import shutil
-import ssl
 import tempfile
 import threading
 import time
@@ -60,6 +59,8 @@ def display_url(url: str) -> str:
 
 def _reason(error: Exception) -> str:
     """One line saying why a request failed, from httpx's exception chain (never a header)."""
+    import ssl
+
     import httpx
 
     cause: BaseException | None = error

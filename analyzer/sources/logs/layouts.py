@@ -12,13 +12,13 @@ import polars as pl
 
 from analyzer.model import LOG_RECORDS_SCHEMA, conform
 
-_LEVELS = "DEBUG|INFO|WARNING|ERROR|CRITICAL"
+LEVELS = "DEBUG|INFO|WARNING|ERROR|CRITICAL"
 
 
 # standard: %(levelname)s %(asctime)s.%(msecs)03d %(name)s %(message)s (reference 9.2); the
 # message is sliced off after the match.
 _STD_RE = (
-    rf"^(?P<std_level>{_LEVELS}) "
+    rf"^(?P<std_level>{LEVELS}) "
     r"(?P<std_ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}) (?P<std_logger>\S+)(?: |$)"
 )
 
@@ -39,14 +39,14 @@ _RICH_LOGGER_RE = r"^[A-Za-z_][\w.]*:\d+(?:\s|$)"
 _RICH_INDENT = 20  # time (10) + space + level (8) + space
 
 
-_ANSI_RE = r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]"
+ANSI_RE = r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]"
 
 
 # A line that cannot be a traceback or message continuation: control bytes (NUL, binary
 # junk) or the beginning of a record that did not parse (a line cut while being written).
 _SUSPECT_RE = (
     r"[\x00-\x08\x0b-\x1f\x7f]"
-    rf"|^(?:(?:{_LEVELS}) -?\d|\{{\s*\"|\[\d\d:\d\d| {{10}} (?:{_LEVELS}) )"
+    rf"|^(?:(?:{LEVELS}) -?\d|\{{\s*\"|\[\d\d:\d\d| {{10}} (?:{LEVELS}) )"
 )
 
 
@@ -125,7 +125,7 @@ def classify_lines(frame: pl.DataFrame) -> pl.DataFrame:
     """
     content = pl.col("content")
     if frame.height and bool(frame["content"].str.contains("\x1b", literal=True).any()):
-        frame = frame.with_columns(content.str.replace_all(_ANSI_RE, ""))
+        frame = frame.with_columns(content.str.replace_all(ANSI_RE, ""))
     frame = frame.with_columns(
         content.str.extract_groups(_STD_RE).alias("s"),
         content.str.extract_groups(_RICH_RE).alias("r"),

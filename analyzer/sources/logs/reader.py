@@ -27,6 +27,7 @@ unparsed. Every physical line is counted exactly once:
 from __future__ import annotations
 
 import io
+import re
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -36,7 +37,15 @@ import polars as pl
 
 from analyzer.model import LOG_RECORDS_SCHEMA
 from analyzer.sources.logs import lines
-from analyzer.sources.logs.layouts import STARTUP_RE, RichClock, classify_lines, fold_records
+from analyzer.sources.logs.layouts import (
+    ANSI_RE,
+    LEVELS,
+    LOGO_LINES,
+    STARTUP_RE,
+    RichClock,
+    classify_lines,
+    fold_records,
+)
 from analyzer.sources.logs.lines import (
     MAX_LINE_BYTES,
     OVERLONG,
@@ -88,6 +97,33 @@ class LogRead:
     record_count: int = 0  # records read (also when they were streamed, not kept)
 
 
+# A line that could start a record once unwrapped, on the bytes: an optional BOM and docker/
+# kubectl timestamp prefix (wrappers.py), then a standard record's ``LEVEL yyyy-``, a rich
+# record's time column (``[HH:MM:SS]`` or 10 spaces) and level, a json record's ``{`` with a
+# ``"timestamp"`` key on the same line (layouts.py) or a logo line; or anywhere a journald
+# entry's ``__REALTIME_TIMESTAMP``. Every record or logo line ``sniff_log`` counts matches
+# it (once ANSI escapes are removed, as classify_lines removes them), so a head without a match
+# cannot be a log.
+_MAYBE_RECORD = re.compile(
+    (
+        r"^(?:\xef\xbb\xbf)?(?:-?\d+-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d) ?)?"
+        rf"(?:(?:{LEVELS}) \d{{4}}-|(?:\[\d\d:\d\d:\d\d\]| {{10}}) (?:{LEVELS})"
+        r'|\{[^\n]*"timestamp"|' + "|".join(map(re.escape, LOGO_LINES)) + ")|__REALTIME_TIMESTAMP"
+    ).encode(),
+    re.MULTILINE,
+)
+# classify_lines removes these per line; on the whole head an escape must not reach past one.
+_ANSI_BYTES = re.compile(ANSI_RE.replace(r"[^\x07\x1b]", r"[^\x07\x1b\n]").encode())
+
+
+def _may_be_log(head: bytes) -> bool:
+    """The cheap necessary condition of ``sniff_log``: documents, tables and databases fail it
+    on their first bytes, without parsing the head into lines."""
+    if b"\x1b" in head:
+        head = _ANSI_BYTES.sub(b"", head)
+    return _MAYBE_RECORD.search(head) is not None
+
+
 # ---------------------------------------------------------------------------------------------
 # public API
 
@@ -105,7 +141,7 @@ def sniff_log(head: bytes) -> bool:
     cut = head.rfind(b"\n")
     if 0 <= cut < len(head) - 1:
         head = head[: cut + 1]  # drop a partial last line
-    if not head.strip():
+    if not head.strip() or not _may_be_log(head):
         return False
     stream = LogStream("-")
     chunks = list(stream.records([head]))

@@ -6,7 +6,9 @@ import gzip
 import hashlib
 import sys
 from collections.abc import Iterable, Iterator
+from functools import lru_cache
 from pathlib import Path
+from stat import S_ISREG
 
 import polars as pl
 
@@ -26,8 +28,19 @@ STDIN = "-"
 
 
 def _sniff(path: Path) -> bool:
-    if not path.is_file():
+    """Cached per file version: a folder's files are asked again by the API export's folder
+    walk and by the registry, and a log's head is parsed to be recognised."""
+    try:
+        stat = path.stat()
+    except OSError:
         return False
+    if not S_ISREG(stat.st_mode):
+        return False
+    return _sniff_file(path, stat.st_size, stat.st_mtime_ns)
+
+
+@lru_cache(maxsize=4096)
+def _sniff_file(path: Path, size: int, mtime_ns: int) -> bool:
     try:
         with path.open("rb") as handle:
             head = handle.read(SNIFF_BYTES)
