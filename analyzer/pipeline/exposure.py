@@ -357,17 +357,36 @@ def assess_probes(
             & (pl.col("run_fleet").is_null() | (pl.col("run_fleet") == pl.col("fleet_id")))
         )
     )
-    instances = frames.instances.rename(
-        {"created_at": "i_created", "status": "i_status", "provenance": "i_provenance"}
-    )
+    # Each instance is repeated for every probe of its fleet: which are alive at T is told
+    # from their times alone, and only those rows get what a probe reads of them.
+    instances = frames.instances.with_row_index("_row")
     instances_at = (
         fleets_at.select("server", "fleet_id", "as_of")
         .unique()
-        .join(instances.drop("project"), on=["server", "fleet_id"])
+        .join(
+            instances.select("server", "fleet_id", "_row", "created_at", "ended_at"),
+            on=["server", "fleet_id"],
+        )
         .filter(
-            (pl.col("i_created") <= pl.col("as_of"))
+            (pl.col("created_at") <= pl.col("as_of"))
             & (pl.col("ended_at").is_null() | (pl.col("ended_at") > pl.col("as_of")))
         )
+        .select("server", "fleet_id", "as_of", "_row")
+        .join(
+            instances.select(
+                "_row",
+                "instance_id",
+                "instance_name",
+                "started_at",
+                "backend",
+                *(name for name in _SHAPE if name != "busy_blocks"),
+                pl.col("provenance").alias("i_provenance"),
+            ),
+            on="_row",
+            how="left",
+            maintain_order="left",
+        )
+        .drop("_row")
     )
     held = (
         frames.submissions.filter(pl.col("instance_id").is_not_null())
