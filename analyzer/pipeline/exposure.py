@@ -29,7 +29,7 @@ import re
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Literal
 
 import polars as pl
@@ -111,8 +111,10 @@ class ExposureReport(_Record):
     limitations: list[LimitationRecord] = Field(default_factory=list)
 
 
+@cache
 def judge_release(version: str | None) -> tuple[Exposed, str]:
-    """Whether the server's release has the behaviour of #4186, and why."""
+    """Whether the server's release has the behaviour of #4186, and why (asked per probe,
+    of a server or two)."""
     if not version:
         return "unknown", "the dstack release is not in the evidence (" + BEHAVIOUR_SOURCE + ")"
     numbers = re.findall(r"(\d+)\.(\d+)\.(\d+)", version)
