@@ -454,7 +454,6 @@ def assess_probes(
         provisioned={k: (v, [i["created_at"] for i in v]) for k, v in provisioned.items()},
         refusals={k: (v, [j["stopped_at"] for j in v]) for k, v in refusals.items()},
         incidents=_incidents(findings),
-        detail=detail,
     )
     fleets_of = _group(fleets_at, ("server", "run_id", "as_of"))
     results = []
@@ -476,7 +475,8 @@ class _Context:
     """Facts shared by every probe, indexed once; fleet states cached per moment."""
 
     frames: Frames
-    instances: dict[tuple, list[dict]]  # (server, fleet_id, as_of) -> instances alive then
+    # (server, fleet_id, as_of) -> instances alive then (empty unless `detail`)
+    instances: dict[tuple, list[dict]]
     shapes: dict[tuple, list[dict]]  # (server, fleet_id, as_of) -> their distinct _SHAPEs
     alive: dict[tuple, tuple[int, bool]]  # (server, fleet_id, as_of) -> (count, any remote)
     # (server, fleet_id) -> instances provisioned, by creation, and their creation times
@@ -484,7 +484,6 @@ class _Context:
     # (server, project) -> provider refusals, by stop time, and their stop times
     refusals: dict[tuple, tuple[list[dict], list[datetime]]]
     incidents: dict[tuple, list[datetime]]  # (server, project, run_name) -> incident times
-    detail: bool = True  # list each fleet's instances
     fleet_cache: dict[tuple, FleetAtT] = field(default_factory=dict)
 
 
