@@ -300,7 +300,7 @@ def redact_shapes(texts: pl.Series, *, dedupe: bool = True) -> pl.Series:
     whole = _run_rules(texts.gather(rows), spanning)
     lines = whole.str.split("\n")
     owner = pl.int_range(whole.len(), eager=True).repeat_by(lines.list.len())
-    flat = _run_rules(lines.explode(), None, exclude=spanning)
+    flat = _per_distinct_line(lines.explode(), spanning)
     joined = (
         pl.DataFrame({"owner": owner.explode(), "line": flat})
         .group_by("owner", maintain_order=True)
@@ -323,6 +323,17 @@ def redact_shapes(texts: pl.Series, *, dedupe: bool = True) -> pl.Series:
         )["new"]
         .alias(texts.name)
     )
+
+
+def _per_distinct_line(lines: pl.Series, spanning: set[int]) -> pl.Series:
+    """The rules that stay within a line over each distinct line once: a rendered report
+    repeats most of its lines (closing brackets, the same fields and values)."""
+    distinct = lines.unique(maintain_order=True)
+    redacted = _run_rules(distinct, None, exclude=spanning)
+    changed = distinct != redacted
+    if not changed.any():
+        return lines
+    return lines.replace(distinct.filter(changed), redacted.filter(changed))
 
 
 def _run_rules(

@@ -486,3 +486,28 @@ def test_a_dataset_written_before_fleets_were_ingested_reads_as_unknown(tmp_path
     (service,) = report.services
     assert service.surge_capacity == "unknown" and service.exposed == "yes"
     assert any(lim.code == "no_fleet_tables" for lim in report.limitations)
+
+
+@pytest.mark.parametrize("cpus", [None, 1])
+def test_probes_without_instance_lists_say_the_same(copy_db, cpus):
+    """The foresight asks per finding without listing instances; its verdict and reasons
+    are those of the full probe (a busy and an idle instance, fitting or too small)."""
+    from analyzer.pipeline.exposure import assess_probes, frames_of
+
+    db = copy_db("v0.22.5/seed")
+    execute(db, "UPDATE fleets SET spec = json_set(spec, '$.configuration.nodes.max', 2)")
+    _add_idle_instance(db, **({} if cpus is None else {"cpus": cpus}))
+    truth = load_truth(CAPTURES / "v0.22.5/seed/truth.json")["runs"][0]
+    audit = open_sources([db])
+    moment = _update_time(audit, truth["run_id"], 1) - BEFORE_UPDATE
+    (server,) = audit.runs.filter(pl.col("run_id") == truth["run_id"])["server"]
+    probes = pl.DataFrame(
+        {"server": [server], "run_id": [truth["run_id"]], "as_of": [moment]},
+        schema={"server": pl.String, "run_id": pl.String, "as_of": pl.Datetime("us", "UTC")},
+    )
+    (full,) = assess_probes(frames_of(audit), probes, [])
+    (brief,) = assess_probes(frames_of(audit), probes, [], detail=False)
+    assert [len(f.instances) for f in full.fleets] == [2]
+    assert [f.instances for f in brief.fleets] == [[]]
+    unlisted = [f.model_copy(update={"instances": []}) for f in full.fleets]
+    assert brief == full.model_copy(update={"fleets": unlisted})

@@ -29,6 +29,7 @@ import re
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import cache, lru_cache
 from typing import Literal
 
 import polars as pl
@@ -110,8 +111,10 @@ class ExposureReport(_Record):
     limitations: list[LimitationRecord] = Field(default_factory=list)
 
 
+@cache
 def judge_release(version: str | None) -> tuple[Exposed, str]:
-    """Whether the server's release has the behaviour of #4186, and why."""
+    """Whether the server's release has the behaviour of #4186, and why (asked per probe,
+    of a server or two)."""
     if not version:
         return "unknown", "the dstack release is not in the evidence (" + BEHAVIOUR_SOURCE + ")"
     numbers = re.findall(r"(\d+)\.(\d+)\.(\d+)", version)
@@ -300,8 +303,25 @@ class Frames:
     narrowed: bool = False  # jobs of some runs not read: an idle-looking instance may be busy
 
 
-def assess_probes(frames: Frames, probes: pl.DataFrame, findings: list[Finding]) -> list:
-    """One ServiceExposure per probe row (server, run_id, as_of), each at its own moment."""
+# What decides whether an instance takes one more replica at T (`_fits`, `_provisioning`).
+_SHAPE = (
+    "cpus",
+    "memory_mib",
+    "gpus",
+    "gpu_name",
+    "gpu_memory_mib",
+    "disk_mib",
+    "total_blocks",
+    "busy_blocks",
+)
+
+
+def assess_probes(
+    frames: Frames, probes: pl.DataFrame, findings: list[Finding], *, detail: bool = True
+) -> list:
+    """One ServiceExposure per probe row (server, run_id, as_of), each at its own moment
+    (`detail` false: each fleet's instances not listed, only their verdict; a fleet's
+    instances at T grow with the fleet, and a probe per finding would list them all)."""
     if probes.is_empty():
         return []
     runs = probes.join(frames.runs, on=["server", "run_id"], how="left", maintain_order="left")
@@ -339,17 +359,36 @@ def assess_probes(frames: Frames, probes: pl.DataFrame, findings: list[Finding])
             & (pl.col("run_fleet").is_null() | (pl.col("run_fleet") == pl.col("fleet_id")))
         )
     )
-    instances = frames.instances.rename(
-        {"created_at": "i_created", "status": "i_status", "provenance": "i_provenance"}
-    )
+    # Each instance is repeated for every probe of its fleet: which are alive at T is told
+    # from their times alone, and only those rows get what a probe reads of them.
+    instances = frames.instances.with_row_index("_row")
     instances_at = (
         fleets_at.select("server", "fleet_id", "as_of")
         .unique()
-        .join(instances.drop("project"), on=["server", "fleet_id"])
+        .join(
+            instances.select("server", "fleet_id", "_row", "created_at", "ended_at"),
+            on=["server", "fleet_id"],
+        )
         .filter(
-            (pl.col("i_created") <= pl.col("as_of"))
+            (pl.col("created_at") <= pl.col("as_of"))
             & (pl.col("ended_at").is_null() | (pl.col("ended_at") > pl.col("as_of")))
         )
+        .select("server", "fleet_id", "as_of", "_row")
+        .join(
+            instances.select(
+                "_row",
+                "instance_id",
+                "instance_name",
+                "started_at",
+                "backend",
+                *(name for name in _SHAPE if name != "busy_blocks"),
+                pl.col("provenance").alias("i_provenance"),
+            ),
+            on="_row",
+            how="left",
+            maintain_order="left",
+        )
+        .drop("_row")
     )
     held = (
         frames.submissions.filter(pl.col("instance_id").is_not_null())
@@ -370,7 +409,21 @@ def assess_probes(frames: Frames, probes: pl.DataFrame, findings: list[Finding])
     )
     instances_at = instances_at.join(
         held, on=["server", "instance_id", "as_of"], how="left", maintain_order="left"
-    ).with_columns(pl.col("busy_blocks").fill_null(0))
+    ).with_columns(
+        pl.col("busy_blocks").fill_null(0),
+        (pl.col("started_at").is_null() | (pl.col("started_at") > pl.col("as_of"))).alias(
+            "provisioning"
+        ),
+    )
+    # the instances that place a replica alike, in order of their first one: the first that
+    # fits is the first instance that fits
+    key = ["server", "fleet_id", "as_of"]
+    shapes = instances_at.group_by([*key, "provisioning", *_SHAPE], maintain_order=True).agg(
+        pl.col("instance_name").first()
+    )
+    alive = instances_at.group_by(key).agg(
+        pl.len().alias("count"), (pl.col("backend") == "remote").any().alias("remote")
+    )
     provisioned: dict[tuple, list[dict]] = {}
     placed = frames.instances.filter(pl.col("started_at").is_not_null()).sort("created_at")
     for item in placed.iter_rows(named=True):
@@ -395,9 +448,11 @@ def assess_probes(frames: Frames, probes: pl.DataFrame, findings: list[Finding])
 
     context = _Context(
         frames=frames,
-        instances=_group(instances_at, ("server", "fleet_id", "as_of")),
-        provisioned=provisioned,
-        refusals=refusals,
+        instances=_group(instances_at, tuple(key)) if detail else {},
+        shapes=_group(shapes, tuple(key)),
+        alive={(s, f, t): (n, remote) for s, f, t, n, remote in alive.iter_rows()},
+        provisioned={k: (v, [i["created_at"] for i in v]) for k, v in provisioned.items()},
+        refusals={k: (v, [j["stopped_at"] for j in v]) for k, v in refusals.items()},
         incidents=_incidents(findings),
     )
     fleets_of = _group(fleets_at, ("server", "run_id", "as_of"))
@@ -420,9 +475,14 @@ class _Context:
     """Facts shared by every probe, indexed once; fleet states cached per moment."""
 
     frames: Frames
-    instances: dict[tuple, list[dict]]  # (server, fleet_id, as_of) -> instances alive then
-    provisioned: dict[tuple, list[dict]]  # (server, fleet_id) -> provisioned, by creation
-    refusals: dict[tuple, list[dict]]  # (server, project) -> provider refusals, by stop time
+    # (server, fleet_id, as_of) -> instances alive then (empty unless `detail`)
+    instances: dict[tuple, list[dict]]
+    shapes: dict[tuple, list[dict]]  # (server, fleet_id, as_of) -> their distinct _SHAPEs
+    alive: dict[tuple, tuple[int, bool]]  # (server, fleet_id, as_of) -> (count, any remote)
+    # (server, fleet_id) -> instances provisioned, by creation, and their creation times
+    provisioned: dict[tuple, tuple[list[dict], list[datetime]]]
+    # (server, project) -> provider refusals, by stop time, and their stop times
+    refusals: dict[tuple, tuple[list[dict], list[datetime]]]
     incidents: dict[tuple, list[datetime]]  # (server, project, run_name) -> incident times
     fleet_cache: dict[tuple, FleetAtT] = field(default_factory=dict)
 
@@ -432,15 +492,27 @@ def _fits(req: Requirement | None, inst: dict) -> bool | None:
     share of blocks that matches, and uses it when that many blocks are idle)."""
     if req is None or inst["cpus"] is None or inst["memory_mib"] is None:
         return None
-    total = max(inst["total_blocks"] or 1, 1)
-    idle = total - inst["busy_blocks"]
+    return _fits_shape(req, *(inst[name] for name in _SHAPE))
+
+
+@lru_cache(maxsize=4096)
+def _fits_shape(
+    req: Requirement,
+    cpus: int,
+    memory_mib: int,
+    gpus: int | None,
+    gpu_name: str | None,
+    gpu_memory_mib: int | None,
+    disk_mib: int | None,
+    total_blocks: int | None,
+    busy_blocks: int,
+) -> bool:
+    """`_fits` of one instance shape: a fleet's instances are mostly alike."""
+    total = max(total_blocks or 1, 1)
+    idle = total - busy_blocks
     for blocks in range(1, total + 1):
-        share = (
-            inst["cpus"] // total * blocks,
-            inst["memory_mib"] // total * blocks,
-            (inst["gpus"] or 0) // total * blocks,
-        )
-        if req.matches(*share, inst["gpu_name"], inst["gpu_memory_mib"], inst["disk_mib"]):
+        share = (cpus // total, memory_mib // total, (gpus or 0) // total)
+        if req.matches(*(part * blocks for part in share), gpu_name, gpu_memory_mib, disk_mib):
             return blocks <= idle
     return False
 
@@ -536,7 +608,8 @@ def _fleet_at(
     if key in context.fleet_cache:
         return context.fleet_cache[key]
     mine = context.instances.get((fleet["server"], fleet["fleet_id"], as_of), [])
-    ssh = bool(fleet["ssh"]) or any(i["backend"] == "remote" for i in mine)
+    count, remote = context.alive.get((fleet["server"], fleet["fleet_id"], as_of), (0, False))
+    ssh = bool(fleet["ssh"]) or remote
     nodes_max = fleet["nodes_max"]
     low = fleet["nodes_min"] if fleet["nodes_min"] is not None else ""
     record = FleetAtT(
@@ -544,7 +617,7 @@ def _fleet_at(
         fleet_name=fleet["fleet_name"],
         nodes="ssh hosts" if ssh else f"{low}..{nodes_max if nodes_max is not None else ''}",
         ssh=ssh,
-        active_instances=len(mine),
+        active_instances=count,
         instances=[
             InstanceAtT(
                 instance_id=i["instance_id"],
@@ -558,9 +631,7 @@ def _fleet_at(
             )
             for i in mine
         ],
-        can_add_node=not ssh
-        and creation != "reuse"
-        and (nodes_max is None or len(mine) < nodes_max),
+        can_add_node=not ssh and creation != "reuse" and (nodes_max is None or count < nodes_max),
         provenance=fleet["provenance"],
     )
     context.fleet_cache[key] = record
@@ -597,8 +668,8 @@ def _group_surge(
     as_of = row["as_of"]
     fits_unknown = False
     for fleet in fleets:
-        for inst in context.instances.get((fleet["server"], fleet["fleet_id"], as_of), []):
-            if _provisioning(inst, as_of):
+        for inst in context.shapes.get((fleet["server"], fleet["fleet_id"], as_of), []):
+            if inst["provisioning"]:
                 continue
             fit = _fits(req, inst)
             if fit and context.frames.narrowed:
@@ -615,9 +686,7 @@ def _group_surge(
             fits_unknown = fits_unknown or fit is None
     unknown = None
     for record in (r for r in fleet_records if r.can_add_node):
-        verdict, text = _provider_room(
-            name, req, record, context.provisioned, context.refusals, row
-        )
+        verdict, text = _provider_room(name, req, record, context, row)
         if verdict == "available":
             return verdict, text
         unknown = unknown or (verdict, text)
@@ -647,23 +716,21 @@ def _provider_room(
     name: str,
     req: Requirement | None,
     record: FleetAtT,
-    provisioned: dict[tuple, list[dict]],
-    refusals: dict[tuple, list[dict]],
+    context: _Context,
     row: dict,
 ) -> tuple[Surge, str]:
     """A cloud fleet below its maximum: dstack asks the provider for a new node. `available`
     when the provider placed a fitting instance in this fleet before T and no placement was
     refused since; otherwise `unknown`."""
     as_of = row["as_of"]
-    placed = provisioned.get((row["server"], record.fleet_id), [])
+    placed, created = context.provisioned.get((row["server"], record.fleet_id), ([], []))
     latest = None
-    for inst in reversed(placed[: bisect_right([i["created_at"] for i in placed], as_of)]):
+    for inst in reversed(placed[: bisect_right(created, as_of)]):
         if req is not None and _fits(req, {**inst, "busy_blocks": 0}):
             latest = inst
             break
     since = latest["created_at"] if latest else None
-    project_refusals = refusals.get((row["server"], row.get("project")), [])
-    stops = [j["stopped_at"] for j in project_refusals]
+    project_refusals, stops = context.refusals.get((row["server"], row.get("project")), ([], []))
     first = bisect_right(stops, since) if since is not None else 0
     refused = project_refusals[first : bisect_right(stops, as_of)]
     room = f"fleet {record.fleet_name} can add a node ({record.active_instances} "
@@ -796,7 +863,7 @@ def foresight(
         schema={"server": pl.String, "run_id": pl.String, "as_of": pl.Datetime("us", "UTC")},
         orient="row",
     ).unique()
-    states = {(s.server, s.run_id): s for s in assess_probes(frames, probes, [])}
+    states = {(s.server, s.run_id): s for s in assess_probes(frames, probes, [], detail=False)}
     updated = []
     for finding in findings:
         state = states.get((finding.server, finding.run_id))

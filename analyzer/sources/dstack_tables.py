@@ -391,11 +391,13 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
         .collect()
     )
     data.runs = runs
+    del raw_runs, raw_users  # read once, mapped: the raw rows are not held while events load
     raw_fleets = {table: _read(reader, table) for table in ("fleets", "instances")}
     data.fleets, data.instances = _fleets(raw_fleets, server, projects)
     data.has_fleet_tables = {"fleets", "instances"} <= present
 
     data.jobs = _jobs(reader, raw_jobs, raw_fleets, server, runs)
+    del raw_jobs
     data.events = _events(reader, server, label, data.jobs, runs, users)
 
     missing_columns = [
@@ -798,9 +800,12 @@ def _events(
         pl.col("recorded_at").alias("time_text"),
         "actor_id",
     )
+    # only runs' and jobs' targets are kept: the others (instances, fleets: a third of the
+    # rows) are dropped before their ids are normalised
+    run_or_job = targets.lazy().filter(normalise_enum(pl.col("entity_type")).is_in(["run", "job"]))
     tg = _per_distinct(
         _per_distinct(
-            targets.lazy(), ["entity_id"], normalise_id(pl.col("entity_id")).alias("_entity_id")
+            run_or_job, ["entity_id"], normalise_id(pl.col("entity_id")).alias("_entity_id")
         ),
         ["entity_run_id"],
         normalise_id(pl.col("entity_run_id")).alias("_entity_run_id"),
@@ -815,7 +820,7 @@ def _events(
         pl.col("_entity_run_id").alias("entity_run_id"),
     )
     frame = (
-        ev.join(tg.filter(pl.col("entity_type").is_in(["run", "job"])), on="event_uuid")
+        ev.join(tg, on="event_uuid")
         .join(users.lazy(), left_on="actor_id", right_on="id", how="left", maintain_order="left")
         .with_columns(
             pl.when(pl.col("entity_type") == "run")

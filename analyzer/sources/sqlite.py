@@ -28,7 +28,9 @@ FETCH_ROWS = 50_000
 
 def _slim_json(column: str, paths: tuple[str, ...]) -> str:
     """SQL that rebuilds the JSON text `column` with only `paths` (nested as in the original);
-    NULL when the column is NULL, and NULL (not an error) when it is not valid JSON."""
+    NULL when the column is NULL, and NULL (not an error) when it is not valid JSON. `->`
+    gives JSON (not a string) to json_object as it is: wrapping it in json() would parse
+    every value again."""
     tree: dict = {}
     for path in paths:
         node = tree
@@ -40,7 +42,7 @@ def _slim_json(column: str, paths: tuple[str, ...]) -> str:
     def render(node: dict) -> str:
         items = []
         for key, value in node.items():
-            inner = render(value) if isinstance(value, dict) else f"json(\"{column}\" -> '{value}')"
+            inner = render(value) if isinstance(value, dict) else f"\"{column}\" -> '{value}'"
             items.append(f"'{key}', {inner}")
         return f"json_object({', '.join(items)})"
 
