@@ -2,6 +2,7 @@
 
     python benchmarks/log_memory.py [--runs N] [--factors 1,4,16] [--growth padded,runs]
                                     [--out DIR] [--code DIR ...]
+    python benchmarks/log_memory.py --runs 2000 --gigabytes 10 --out DIR
 
 Two ways of growing the standard-format log of a synthetic server (`dstack-audit synth`):
 - `runs`: a server with N, 4N, 16N runs: the kept events grow with the log;
@@ -25,7 +26,7 @@ from pathlib import Path
 import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run_benchmarks import ROOT, accuracy, fleet
+from run_benchmarks import AUDIT_EXITS, ROOT, accuracy, fleet
 from run_benchmarks import measure as run
 
 
@@ -54,6 +55,34 @@ def padded(log: Path, factor: int, out: Path) -> Path:
     return target
 
 
+def padded_to_size(log: Path, gigabytes: float, out: Path) -> Path:
+    """The log padded as `padded` does to about `gigabytes` GB, written as a stream (a 10 GB
+    log never fits in this machine's memory): one block of fillers, stamped per line."""
+    target = out / f"padded-{log.parent.parent.name}-{gigabytes:g}gb.log"
+    if target.exists():
+        return target
+    with log.open("rb") as source:
+        lines = sum(1 for _ in source)
+    filler = 'INFO 2026-01-01T00:00:00.000 uvicorn.access 10.0.0.0:41000 - "POST /api/x" 200\n'
+    fillers = max(0, round((gigabytes * 1e9 - log.stat().st_size) / lines / len(filler)))
+    block = "".join(
+        f"INFO \x00 uvicorn.access 10.0.{index % 250}.{index // 250 % 250}:4{1000 + index % 9000}"
+        ' - "POST /api/x" 200\n'
+        for index in range(fillers)
+    )
+    stamp = "1970-01-01T00:00:00.000"
+    partial = target.with_name(target.name + ".partial")
+    with log.open() as source, partial.open("w", buffering=1 << 22) as sink:
+        for line in source:
+            sink.write(line)
+            fields = line.split(" ", 2)
+            if len(fields) > 2 and fields[1][:4].isdigit():
+                stamp = fields[1]
+            sink.write(block.replace("\x00", stamp))
+    partial.rename(target)
+    return target
+
+
 def gzipped(log: Path) -> Path:
     target = log.with_name(log.name + ".gz")
     if not target.exists():
@@ -67,7 +96,10 @@ def measure(code: Path, truth: Path, log: Path, out: Path) -> dict:
     """The audit of `code`'s checkout in a fresh process, its own peak RSS (run_benchmarks)."""
     report = out / "log_memory-report.json"
     argv = [sys.executable, "-m", "analyzer", "audit", str(log), "--format", "json", "-q"]
-    return {**run([*argv, "-o", str(report)], code=code), **accuracy(report, truth)}
+    return {
+        **run([*argv, "-o", str(report)], code=code, allowed=AUDIT_EXITS),
+        **accuracy(report, truth),
+    }
 
 
 def main() -> None:
@@ -77,8 +109,19 @@ def main() -> None:
     parser.add_argument("--code", type=Path, nargs="+", default=[ROOT])
     parser.add_argument("--factors", default="1,4,16")
     parser.add_argument("--growth", default="padded,runs")
+    parser.add_argument(
+        "--gigabytes",
+        type=float,
+        help="instead: one plain log padded to about this many GB, audited once",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.gigabytes:
+        base = fleet(args.out, args.runs)
+        log = padded_to_size(base / "logs" / "server.standard.log", args.gigabytes, args.out)
+        audit = measure(args.code[0].resolve(), base / "truth.json", log, args.out)
+        print(json.dumps({"file": log.name, "gb": log.stat().st_size / 1e9, **audit}), flush=True)
+        return
     cases = []
     factors = [int(f) for f in args.factors.split(",")]
     growth = args.growth.split(",")
