@@ -23,6 +23,13 @@ _STD_RE = (
 )
 
 
+# The same start without captures (matched whole: the fast path of the regex engine), for the
+# pre-filter that looks at every line of a chunk.
+_STD_HEAD_RE = rf"^(?:{_LEVELS}) \d{{4}}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{{3}} \S+(?: |$)"
+
+_STD_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S%.3f"
+
+
 # rich: 10-char time column (or 10 spaces when the time repeats), space, 8-char level, space.
 _RICH_RE = (
     r"^(?:\[(?P<r_time>\d\d:\d\d:\d\d)\]| {10}) "
@@ -141,7 +148,7 @@ def classify_lines(frame: pl.DataFrame) -> pl.DataFrame:
     )
     frame = frame.with_columns(
         std_time=in_range(
-            pl.col("std_ts").str.to_datetime("%Y-%m-%dT%H:%M:%S%.3f", time_unit="ms", strict=False)
+            pl.col("std_ts").str.to_datetime(_STD_TIME_FORMAT, time_unit="ms", strict=False)
         ),
         # the message is what follows "LEVEL time logger " (sliced, cheaper than a capture)
         std_msg=content.str.slice(head_len).str.strip_prefix(" "),
@@ -204,6 +211,44 @@ def classify_lines(frame: pl.DataFrame) -> pl.DataFrame:
         .when(pl.col("blank") | pl.col("logo"))
         .then(pl.lit("irrelevant"))
         .otherwise(pl.lit("unparsed"))
+    )
+
+
+def lone_standard_records(frame: pl.DataFrame) -> pl.DataFrame:
+    """The lines of unwrapped lines (``unwrap``'s columns) that are each a whole standard
+    record: a standard record start followed by another one. Taking such a line out changes
+    how no other line is classified (a start ends the record before it, and the line after it
+    starts its own), so these are the only lines a pre-filter may set aside unfolded. Lines
+    with wrapper damage or escape sequences are left in (their notes and cleaning are made
+    in ``classify_lines``). Returns line, level, logger, local_time, wrapper_time and text
+    (the message, stripped, as the event collector reads it); the last line is never one
+    (its record may go on in the next chunk)."""
+    content = pl.col("content")
+    head = pl.col("head")
+    level_end = head.str.find(" ", literal=True)
+    heads = frame.select(
+        "line", "wrapper_time", "flag", content, content.str.extract(_STD_HEAD_RE, 0).alias("head")
+    ).with_columns(
+        in_range(
+            head.str.slice(level_end + 1, 23).str.to_datetime(
+                _STD_TIME_FORMAT, time_unit="ms", strict=False
+            )
+        ).alias("local_time")
+    )
+    start = pl.col("local_time").is_not_null()
+    lone = (
+        start
+        & start.shift(-1).fill_null(False)
+        & pl.col("flag").is_null()
+        & ~content.str.contains("\x1b", literal=True)
+    )
+    return heads.filter(lone).select(
+        "line",
+        head.str.slice(0, level_end).alias("level"),
+        head.str.slice(level_end + 25).str.strip_suffix(" ").alias("logger"),
+        "local_time",
+        "wrapper_time",
+        content.str.slice(head.str.len_chars()).str.strip_chars().alias("text"),
     )
 
 

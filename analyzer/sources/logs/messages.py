@@ -27,6 +27,7 @@ EVENT_PREFIX = "Emitting event: "
 TARGETS_SEPARATOR = ". Event targets: "
 ACTOR_SEPARATOR = ". Actor: "
 ACTOR = r"^(?:system|user\([0-9a-f]{6}\)\S*)$"
+ADMIN_TOKEN = r"The admin token is (\S+)"
 SERVER_VERSION = r"The dstack server (?P<version>\S+) is running at"
 
 # What each kind of line says about the server version (reference sections 0 and 9.6).
@@ -44,6 +45,28 @@ LOGGER_MARKERS: tuple[tuple[str, str, str], ...] = (
     (r"\.background\.scheduled_tasks\.", "0.20.10", "0.20.16"),
     (r"\.background\.pipeline_tasks\.", "0.20.13", ""),
 )
+
+
+def may_matter(text: pl.Expr, logger: pl.Expr) -> pl.Expr:
+    """Whether a one-line record (its stripped message and its logger) can be more to the
+    audit than a record of its level and time: an event or run/job line, any line of a dstack
+    logger (known, or counted as unrecognised), a version marker, the admin token (a secret
+    to redact). Every other line (uvicorn's access log, other libraries) is irrelevant by
+    ``EventCollector.add``'s rules, so it may be counted without being folded."""
+    text_patterns = (
+        r"^Emitting ?event:",
+        r"^(?:run|job)\([0-9a-f]{6}\)",
+        SERVER_VERSION,
+        ADMIN_TOKEN,
+        *(pattern for pattern, _, _ in VERSION_MARKERS),
+    )
+    logger_patterns = tuple(pattern for pattern, _, _ in LOGGER_MARKERS)
+    return (
+        text.str.contains("|".join(f"(?:{p})" for p in text_patterns))
+        | logger.str.starts_with("dstack")
+        | (logger == "")
+        | logger.str.contains("|".join(f"(?:{p})" for p in logger_patterns))
+    ).fill_null(True)
 
 
 # What ``finish`` and the events frame need of a kept line (the rest, the line's whole text
@@ -123,20 +146,20 @@ class EventCollector:
         self._explicit_version: str | None = None
         self._markers: set[int] = set()
 
-    def add(self, records: pl.DataFrame) -> None:
+    def add(self, records: pl.DataFrame, aside: pl.DataFrame | None = None) -> None:
+        """One chunk's records, and the irrelevant one-line records set aside from it
+        (``LogStream.chunks``): counted, and numbered in the sequence as if read."""
         facts = self.facts
+        seq_offset = facts.records
+        if aside is not None and aside.height:
+            self._count_set_aside(aside)
         if records.height == 0:
             return
-        seq_offset = facts.records
-        facts.records += records.height
-        latest = records.select(_times()[0])["time"].max()
-        if latest is not None and (facts.last_time is None or latest > facts.last_time):
-            facts.last_time = latest
-        for level, count in records.group_by("level").len().iter_rows():
-            facts.levels[level] = facts.levels.get(level, 0) + count
-
-        frame = records.with_row_index("seq", offset=seq_offset).with_columns(
-            pl.col("seq").cast(pl.Int64),
+        self._count_records(records)
+        seq = pl.int_range(pl.len(), dtype=pl.Int64) + seq_offset
+        if aside is not None and aside.height:
+            seq = seq + aside["line"].search_sorted(records["line"]).cast(pl.Int64)
+        frame = records.select(seq.alias("seq"), pl.all()).with_columns(
             pl.col("message").str.strip_chars().alias("text"),
             pl.col("logger").fill_null("").alias("logger"),
             pl.format("{}:{}", pl.col("file"), pl.col("line")).alias("place"),
@@ -200,6 +223,30 @@ class EventCollector:
         if relevant.height:
             kept = [name for name in _KEPT_COLUMNS if name in relevant.columns]
             self._kept.append(detached(relevant.select(kept)))
+
+    def _count_records(self, records: pl.DataFrame) -> None:
+        facts = self.facts
+        facts.records += records.height
+        latest = records.select(_times()[0])["time"].max()
+        if latest is not None and (facts.last_time is None or latest > facts.last_time):
+            facts.last_time = latest
+        for level, count in records.group_by("level").len().iter_rows():
+            facts.levels[level] = facts.levels.get(level, 0) + count
+
+    def _count_set_aside(self, aside: pl.DataFrame) -> None:
+        """``_count_records`` of set-aside records (each with a local time; ``_times``)."""
+        facts = self.facts
+        facts.records += aside.height
+        facts.irrelevant += aside.height
+        wrapper_time = pl.col("wrapper_time")
+        local_time = pl.col("local_time").cast(pl.Datetime("us")).dt.replace_time_zone("UTC")
+        latest = aside.select(
+            pl.when(wrapper_time.is_not_null()).then(wrapper_time).otherwise(local_time).max()
+        ).item()
+        if latest is not None and (facts.last_time is None or latest > facts.last_time):
+            facts.last_time = latest
+        for level, count in aside.group_by("level").len().iter_rows():
+            facts.levels[level] = facts.levels.get(level, 0) + count
 
     def finish(self) -> tuple[pl.DataFrame, LogFacts]:
         facts = self.facts
