@@ -295,7 +295,8 @@ def _json_fields(frame: pl.DataFrame) -> pl.DataFrame:
 
 
 def _rich_pieces(frame: pl.DataFrame, width: int) -> pl.DataFrame:
-    """Message-column text of each rich line and the separator that re-joins it.
+    """Message-column text of each rich line and the separator that re-joins it (line and
+    piece).
 
     rich (rich/_wrap.py divide_line) breaks a line at a space and drops that space when it
     falls beyond the width, and cuts a token longer than the whole column anywhere (the token
@@ -317,17 +318,21 @@ def _rich_pieces(frame: pl.DataFrame, width: int) -> pl.DataFrame:
     """
     column = max(width - _RICH_INDENT, 1)
     text = pl.col("content").str.slice(_RICH_INDENT)
-    frame = frame.with_columns(vis=text.str.strip_chars_end())
     vis = pl.col("vis")
-    body = vis.str.strip_chars_start()
-    frame = frame.with_columns(
-        vis_len=vis.str.len_chars().cast(pl.Int64),
-        lead=(vis.str.len_chars() - body.str.len_chars()).cast(pl.Int64),
-        has_space=body.str.contains(" ", literal=True),
-        first_word=body.str.extract(r"^\S*", 0).str.len_chars().cast(pl.Int64),
-        path_only=pl.col("start") & vis.str.contains(r"^[A-Za-z_][\w.]*:\d+$"),
-        digit_first=vis.str.contains(r"^\d"),
-        traceback_part=vis.str.contains(_TRACEBACK_PART_RE),
+    body = pl.col("body")
+    frame = (
+        frame.lazy()
+        .select("line", "start", text.str.strip_chars_end().alias("vis"))
+        .with_columns(body=vis.str.strip_chars_start())
+        .with_columns(
+            vis_len=vis.str.len_chars().cast(pl.Int64),
+            lead=(vis.str.len_chars() - body.str.len_chars()).cast(pl.Int64),
+            has_space=body.str.contains(" ", literal=True),
+            first_word=body.str.extract(r"^\S*", 0).str.len_chars().cast(pl.Int64),
+            path_only=pl.col("start") & vis.str.contains(r"^[A-Za-z_][\w.]*:\d+$"),
+            digit_first=vis.str.contains(r"^\d"),
+            traceback_part=vis.str.contains(_TRACEBACK_PART_RE),
+        )
     )
     # rows are the record lines in file order; a start ignores its predecessor
     prev_len = pl.col("vis_len").shift(1)
@@ -350,7 +355,7 @@ def _rich_pieces(frame: pl.DataFrame, width: int) -> pl.DataFrame:
         .then(pl.lit("\n"))
         .otherwise(pl.lit(" "))
     )
-    return frame.with_columns(piece=separator + vis)
+    return frame.select("line", (separator + vis).alias("piece")).collect()
 
 
 def fold_records(
@@ -368,7 +373,7 @@ def fold_records(
 
     rich_rows = rows.filter(pl.col("rec_fmt") == "rich")
     if rich_rows.height:
-        rich_rows = _rich_pieces(rich_rows, rich_width or 0).select("line", "piece")
+        rich_rows = _rich_pieces(rich_rows, rich_width or 0)
 
     json_message = pl.col("j_msg")
     for extra in ("j_exc", "j_stack"):
@@ -384,15 +389,25 @@ def fold_records(
         .then(pl.col("std_msg").fill_null(""))
         .otherwise(pl.lit("\n") + pl.col("content"))
     )
-    rows = rows.with_columns(piece=piece)
-    if rich_rows.height:
-        rows = rows.join(
-            rich_rows.rename({"piece": "rich_piece"}), on="line", how="left", maintain_order="left"
-        ).with_columns(
-            piece=pl.when(pl.col("rec_fmt") == "rich")
-            .then(pl.col("rich_piece"))
-            .otherwise(pl.col("piece"))
+    if rich_rows.height == rows.height:  # a rich chunk: its pieces are every row's, in order
+        rows = rows.with_columns(piece=rich_rows["piece"])
+    elif rich_rows.height:
+        rows = (
+            rows.with_columns(piece=piece)
+            .join(
+                rich_rows.rename({"piece": "rich_piece"}),
+                on="line",
+                how="left",
+                maintain_order="left",
+            )
+            .with_columns(
+                piece=pl.when(pl.col("rec_fmt") == "rich")
+                .then(pl.col("rich_piece"))
+                .otherwise(pl.col("piece"))
+            )
         )
+    else:
+        rows = rows.with_columns(piece=piece)
 
     start_fields = (
         "rec_id",
@@ -429,10 +444,12 @@ def fold_records(
             line_count=pl.coalesce("n_lines", "line_count"),
         )
     is_rich = pl.col("fmt") == "rich"
-    logger_head = pl.col("message").str.extract(_RICH_LOGGER_RE, 0)
+    logger_head = pl.col("logger_head")
     grouped = grouped.with_columns(
-        rl_logger=pl.when(is_rich).then(logger_head.str.extract(r"^([^:]*):", 1)),
-        rl_msg=pl.when(is_rich).then(pl.col("message").str.slice(logger_head.str.len_chars())),
+        logger_head=pl.when(is_rich).then(pl.col("message").str.extract(_RICH_LOGGER_RE, 0))
+    ).with_columns(
+        rl_logger=logger_head.str.extract(r"^([^:]*):", 1),
+        rl_msg=pl.col("message").str.slice(logger_head.str.len_chars()),
     )
 
     # rich: carry the last printed time forward; a step back of more than an hour is the
