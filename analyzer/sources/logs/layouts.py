@@ -133,9 +133,14 @@ def classify_lines(frame: pl.DataFrame) -> pl.DataFrame:
     content = pl.col("content")
     if frame.height and bool(frame["content"].str.contains("\x1b", literal=True).any()):
         frame = frame.with_columns(content.str.replace_all(_ANSI_RE, ""))
+    # a layout no line of the chunk can start (by its first characters) is not matched
+    may_start = frame.select(
+        content.str.contains(rf"^(?:{_LEVELS}) ").any().alias("standard"),
+        content.str.contains(r"^(?:\[| {10} )").any().alias("rich"),
+    ).row(0, named=True)
     frame = frame.with_columns(
-        content.str.extract_groups(_STD_RE).alias("s"),
-        content.str.extract_groups(_RICH_RE).alias("r"),
+        _groups(_STD_RE, ("std_level", "std_ts", "std_logger"), may_start["standard"]).alias("s"),
+        _groups(_RICH_RE, ("r_time", "r_level"), may_start["rich"]).alias("r"),
         blank=(content.str.strip_chars() == "").fill_null(False),
         logo=content.str.strip_chars_end().is_in(LOGO_LINES).fill_null(False),
     ).unnest("s", "r")
@@ -212,6 +217,14 @@ def classify_lines(frame: pl.DataFrame) -> pl.DataFrame:
         .then(pl.lit("irrelevant"))
         .otherwise(pl.lit("unparsed"))
     )
+
+
+def _groups(pattern: str, names: tuple[str, ...], match: bool) -> pl.Expr:
+    """The content's ``extract_groups`` of the pattern, or its fields (null) when no line
+    can match it."""
+    if match:
+        return pl.col("content").str.extract_groups(pattern)
+    return pl.struct([pl.lit(None, pl.String).alias(name) for name in names])
 
 
 def lone_standard_records(frame: pl.DataFrame) -> pl.DataFrame:
