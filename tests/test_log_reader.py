@@ -673,6 +673,7 @@ _KEPT_NEIGHBOURS = (
     "INFO {t} uvicorn.access run(abc123)web: now is RUNNING",  # a run line, any logger
     "INFO 2026-13-40T09:00:00.000 uvicorn.access no such time",  # not a record: unparsed
     "INFO {t} uvicorn.access \x1b[31mcoloured\x1b[0m",  # cleaned in classification
+    "INFO {t} \x1b[0m no logger once cleaned",  # a start only before cleaning
     "    continuation of the record above",
     "",
 )

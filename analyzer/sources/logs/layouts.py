@@ -232,10 +232,10 @@ def lone_standard_records(frame: pl.DataFrame) -> pl.DataFrame:
     record: a standard record start followed by another one. Taking such a line out changes
     how no other line is classified (a start ends the record before it, and the line after it
     starts its own), so these are the only lines a pre-filter may set aside unfolded. Lines
-    with wrapper damage or escape sequences are left in (their notes and cleaning are made
-    in ``classify_lines``). Returns line, level, logger, local_time, wrapper_time and text
-    (the message, stripped, as the event collector reads it); the last line is never one
-    (its record may go on in the next chunk)."""
+    with wrapper damage or escape sequences are left in (their notes and cleaning are made in
+    ``classify_lines``), and so are the lines before one. Returns line, level, logger,
+    local_time, wrapper_time and text (the message, stripped, as the event collector reads
+    it); the last line is never one (its record may go on in the next chunk)."""
     content = pl.col("content")
     head = pl.col("head")
     level_end = head.str.find(" ", literal=True)
@@ -248,13 +248,9 @@ def lone_standard_records(frame: pl.DataFrame) -> pl.DataFrame:
             )
         ).alias("local_time")
     )
-    start = pl.col("local_time").is_not_null()
-    lone = (
-        start
-        & start.shift(-1).fill_null(False)
-        & pl.col("flag").is_null()
-        & ~content.str.contains("\x1b", literal=True)
-    )
+    # a start as classify_lines sees it (escape sequences, removed there, could unmake one)
+    start = pl.col("local_time").is_not_null() & ~content.str.contains("\x1b", literal=True)
+    lone = start & start.shift(-1).fill_null(False) & pl.col("flag").is_null()
     return heads.filter(lone).select(
         "line",
         head.str.slice(0, level_end).alias("level"),
