@@ -18,6 +18,7 @@ from polars.testing import assert_frame_equal
 
 from analyzer.model import LOG_RECORDS_SCHEMA
 from analyzer.sources.logs import lines as log_lines
+from analyzer.sources.logs import reader
 from analyzer.sources.logs.lines import rotated_set, split_text, split_with_csv_reader
 from analyzer.sources.logs.messages import EventCollector, may_matter
 from analyzer.sources.logs.reader import (
@@ -683,6 +684,7 @@ def _collected(data: bytes, chunk: int, monkeypatch, *, set_aside: bool):
     with monkeypatch.context() as patch:
         patch.setattr(log_lines, "CHUNK_BYTES", chunk)
         patch.setattr(log_lines, "BLOCK_BYTES", 97)
+        patch.setattr(reader, "FOREIGN_SHARE", 1 << 30)  # every chunk, whatever its share
         stream = LogStream("x.log", may_matter=may_matter if set_aside else None)
         collector = EventCollector("x.log", "server")
         aside_lines = 0

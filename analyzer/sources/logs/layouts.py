@@ -29,6 +29,10 @@ _STD_HEAD_RE = rf"^(?:{_LEVELS}) \d{{4}}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{{3}} \S+(?
 
 _STD_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S%.3f"
 
+# A standard line whose logger is not dstack's (it does not start with "d"): a quick count
+# that tells whether a chunk has lines worth setting aside.
+FOREIGN_STD_RE = rf"^(?:{_LEVELS}) \S+ [^d]"
+
 
 # rich: 10-char time column (or 10 spaces when the time repeats), space, 8-char level, space.
 _RICH_RE = (

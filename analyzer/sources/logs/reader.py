@@ -37,6 +37,7 @@ import polars as pl
 from analyzer.model import LOG_RECORDS_SCHEMA, UTC_TIME
 from analyzer.sources.logs import lines
 from analyzer.sources.logs.layouts import (
+    FOREIGN_STD_RE,
     STARTUP_RE,
     RichClock,
     classify_lines,
@@ -92,6 +93,11 @@ class LogRead:
     damage: list[str]  # human-readable notes on what was wrong with the input
     rich_width: int | None  # detected console width for rich
     record_count: int = 0  # records read (also when they were streamed, not kept)
+
+
+# Lines are set aside in a chunk when at least one in FOREIGN_SHARE is a standard line of a
+# logger other than dstack's.
+FOREIGN_SHARE = 4
 
 
 _NOTHING_SET_ASIDE = pl.DataFrame(
@@ -263,6 +269,11 @@ class LogStream:
     def _set_aside(self, frame: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
         """Split off the lone standard records that ``may_matter`` rejects."""
         if self.may_matter is None:
+            return frame, _NOTHING_SET_ASIDE
+        # it pays when a good share of the lines are others' (a chunk of dstack's own lines,
+        # nearly all kept, would only be looked at twice)
+        foreign = frame.select(pl.col("content").str.contains(FOREIGN_STD_RE).sum()).item()
+        if foreign * FOREIGN_SHARE < frame.height:
             return frame, _NOTHING_SET_ASIDE
         lone = lone_standard_records(frame)
         if lone.height == 0:
