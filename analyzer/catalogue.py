@@ -171,6 +171,43 @@ def _classified_columns(
     return tuple(event_columns(fields))
 
 
+class KnownMessages:
+    """``classify_unique`` over a stream of frames (a log's chunks): each distinct text is
+    classified once, the first time it is seen, and looked up in every later frame, so a long
+    log pays for the catalogue's regexes once per message, not once per chunk."""
+
+    def __init__(
+        self,
+        templates: tuple[Template, ...],
+        irrelevant_patterns: tuple[str, ...],
+        *,
+        fold_tolerant: bool = False,
+    ) -> None:
+        self.templates = templates
+        self.irrelevant_patterns = irrelevant_patterns
+        self.fold_tolerant = fold_tolerant
+        self._known = pl.DataFrame(
+            schema={"text": pl.String(), **{name: pl.String() for name in EVENT_COLUMNS}}
+        ).with_columns(pl.col("deployment_num").cast(pl.Int64))
+
+    def classify(self, frame: pl.DataFrame, column: str) -> pl.DataFrame:
+        """``classify_unique(frame, column, ...)``, collected."""
+        distinct = frame.select(pl.col(column).alias("text")).unique()
+        new = distinct.join(self._known.select("text"), on="text", how="anti", nulls_equal=True)
+        if new.height:
+            columns = _classified_columns(
+                "text", self.templates, self.irrelevant_patterns, self.fold_tolerant
+            )
+            self._known = pl.concat([self._known, new.with_columns(columns)])
+        return frame.drop(EVENT_COLUMNS, strict=False).join(
+            self._known.rename({"text": column}),
+            on=column,
+            how="left",
+            maintain_order="left",
+            nulls_equal=True,
+        )
+
+
 def parse_event_messages(frame: pl.LazyFrame, *, fold_tolerant: bool = False) -> pl.LazyFrame:
     """Add kind, statuses, reason, message, deployment and changed fields from `message`."""
     return classify_unique(

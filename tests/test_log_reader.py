@@ -14,12 +14,16 @@ import polars as pl
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from polars.testing import assert_frame_equal
 
 from analyzer.model import LOG_RECORDS_SCHEMA
+from analyzer.sources.logs import lines as log_lines
 from analyzer.sources.logs import reader
 from analyzer.sources.logs.lines import rotated_set, split_text, split_with_csv_reader
+from analyzer.sources.logs.messages import EventCollector, may_matter
 from analyzer.sources.logs.reader import (
     LogRead,
+    LogStream,
     read_log,
     read_log_bytes,
     sniff_log,
@@ -706,3 +710,72 @@ def test_line_splitting_matches_python(body: bytes) -> None:
         assert fast is not None and fast.to_list() == expected
     else:
         assert fast is None
+
+
+# A busy server's lines that carry nothing for the audit (uvicorn's access log, as the server
+# prints it through logging), and neighbours that must not be set aside with them.
+_ACCESS = (
+    'INFO {t} uvicorn.access 10.0.0.{i}:4100{i} - "POST /api/project/main/runs/list HTTP/1.1" 200'
+)
+_KEPT_NEIGHBOURS = (
+    "INFO {t} uvicorn.access The admin token is 0a1b2c3d-planted",  # a secret, any logger
+    "INFO {t} uvicorn.access run(abc123)web: now is RUNNING",  # a run line, any logger
+    "INFO 2026-13-40T09:00:00.000 uvicorn.access no such time",  # not a record: unparsed
+    "INFO {t} uvicorn.access \x1b[31mcoloured\x1b[0m",  # cleaned in classification
+    "INFO {t} \x1b[0m no logger once cleaned",  # a start only before cleaning
+    "    continuation of the record above",
+    "",
+)
+
+
+def _collected(data: bytes, chunk: int, monkeypatch, *, set_aside: bool):
+    with monkeypatch.context() as patch:
+        patch.setattr(log_lines, "CHUNK_BYTES", chunk)
+        patch.setattr(log_lines, "BLOCK_BYTES", 97)
+        patch.setattr(reader, "FOREIGN_SHARE", 1 << 30)  # every chunk, whatever its share
+        stream = LogStream("x.log", may_matter=may_matter if set_aside else None)
+        collector = EventCollector("x.log", "server")
+        aside_lines = 0
+        for records, aside in stream.chunks([data]):
+            aside_lines += aside.height
+            collector.add(records, aside)
+    events, facts = collector.finish()
+    return stream.result(), events, facts, aside_lines
+
+
+@needs_captures
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    every=st.integers(min_value=1, max_value=6),
+    neighbours=st.lists(st.integers(min_value=0, max_value=len(_KEPT_NEIGHBOURS) - 1), max_size=8),
+    chunk=st.integers(min_value=200, max_value=20_000),
+)
+def test_setting_irrelevant_lines_aside_changes_no_count_event_or_place(
+    monkeypatch, every, neighbours, chunk
+):
+    """The real standard log with access lines after every few lines (and lines that must stay
+    beside them), in generated chunk sizes: the lines set aside before classification leave
+    every count, event (with its sequence number) and unparsed place as a full read gives."""
+    seed_log = CAPTURES / "v0.22.5" / "seed" / "logs" / "server-info.standard.log"
+    real = seed_log.read_text().splitlines()
+    padded: list[str] = []
+    for n, line in enumerate(real):
+        padded.append(line)
+        if n % every == 0:
+            t = line.split(" ")[1] if line.startswith("INFO ") else "2026-11-02T09:00:00.000"
+            padded += [_ACCESS.format(t=t, i=i) for i in range(3)]
+            if neighbours:
+                padded.append(_KEPT_NEIGHBOURS[neighbours[n % len(neighbours)]].format(t=t))
+    data = ("\n".join(padded) + "\n").encode()
+    full, full_events, full_facts, none_aside = _collected(
+        data, chunk, monkeypatch, set_aside=False
+    )
+    read, events, facts, aside = _collected(data, chunk, monkeypatch, set_aside=True)
+    assert none_aside == 0 and aside >= len(real) // every
+    assert facts == full_facts
+    assert_frame_equal(events, full_events)
+    assert_frame_equal(read.unparsed, full.unparsed)
+    for name in ("lines_total", "lines_irrelevant", "record_count", "format", "damage"):
+        assert getattr(read, name) == getattr(full, name), name

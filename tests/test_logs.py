@@ -9,12 +9,16 @@ import sqlite3
 from datetime import datetime, timedelta
 from pathlib import Path
 
+import polars as pl
 import pytest
 from click.testing import CliRunner
 from conftest import CAPTURES, capture_id, expected_victims, load_truth, truth_files
+from polars.testing import assert_frame_equal
 
+import analyzer.catalogue as catalogue
 from analyzer import open_sources
 from analyzer.cli import main
+from analyzer.sources.logs.reader import read_log
 
 FORMATS = ("rich", "standard", "json")
 EVENT_ERA = [p for p in truth_files() if p.parent.parent.name in ("v0.20", "v0.22.5")]
@@ -288,3 +292,22 @@ def test_timeline_of_a_rich_log_alone_shows_no_invented_date():
     assert result.exit_code == 0, result.output
     assert "1970" not in result.output
     assert "began 09:08:50 (date unknown) by user alice" in result.output
+
+
+@pytest.mark.parametrize("log", ["server-info.standard.log", "server-info.rich.log"])
+def test_known_messages_classify_each_chunk_as_the_catalogue_does(log):
+    """A log's event messages classified chunk after chunk with the memory of earlier chunks
+    (each text once) give what classifying every chunk on its own gives, nulls included."""
+    messages = read_log(SEED / "logs" / log).records.select(
+        pl.col("message").str.extract(r"^Emitting ?event: ?(.*?)\. ?Event ?targets", 1),
+        pl.col("line"),
+    )
+    assert messages["message"].null_count() and messages["message"].n_unique() > 10
+    known = catalogue.KnownMessages(
+        catalogue.EVENT_TEMPLATES, catalogue.KNOWN_IRRELEVANT, fold_tolerant=True
+    )
+    size = messages.height // 3 + 1
+    for chunk in messages.iter_slices(size):
+        alone = catalogue.parse_event_messages(chunk.lazy(), fold_tolerant=True).collect()
+        assert_frame_equal(known.classify(chunk, "message"), alone)
+        assert set(alone["kind"]) - {"unrecognised"}

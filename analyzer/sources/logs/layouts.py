@@ -23,6 +23,17 @@ _STD_RE = (
 )
 
 
+# The same start without captures (matched whole: the fast path of the regex engine), for the
+# pre-filter that looks at every line of a chunk.
+_STD_HEAD_RE = rf"^(?:{LEVELS}) \d{{4}}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{{3}} \S+(?: |$)"
+
+_STD_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S%.3f"
+
+# A standard line whose logger is not dstack's (it does not start with "d"): a quick count
+# that tells whether a chunk has lines worth setting aside.
+FOREIGN_STD_RE = rf"^(?:{LEVELS}) \S+ [^d]"
+
+
 # rich: 10-char time column (or 10 spaces when the time repeats), space, 8-char level, space.
 _RICH_RE = (
     r"^(?:\[(?P<r_time>\d\d:\d\d:\d\d)\]| {10}) "
@@ -126,9 +137,14 @@ def classify_lines(frame: pl.DataFrame) -> pl.DataFrame:
     content = pl.col("content")
     if frame.height and bool(frame["content"].str.contains("\x1b", literal=True).any()):
         frame = frame.with_columns(content.str.replace_all(ANSI_RE, ""))
+    # a layout no line of the chunk can start (by its first characters) is not matched
+    may_start = frame.select(
+        content.str.contains(rf"^(?:{LEVELS}) ").any().alias("standard"),
+        content.str.contains(r"^(?:\[| {10} )").any().alias("rich"),
+    ).row(0, named=True)
     frame = frame.with_columns(
-        content.str.extract_groups(_STD_RE).alias("s"),
-        content.str.extract_groups(_RICH_RE).alias("r"),
+        _groups(_STD_RE, ("std_level", "std_ts", "std_logger"), may_start["standard"]).alias("s"),
+        _groups(_RICH_RE, ("r_time", "r_level"), may_start["rich"]).alias("r"),
         blank=(content.str.strip_chars() == "").fill_null(False),
         logo=content.str.strip_chars_end().is_in(LOGO_LINES).fill_null(False),
     ).unnest("s", "r")
@@ -141,7 +157,7 @@ def classify_lines(frame: pl.DataFrame) -> pl.DataFrame:
     )
     frame = frame.with_columns(
         std_time=in_range(
-            pl.col("std_ts").str.to_datetime("%Y-%m-%dT%H:%M:%S%.3f", time_unit="ms", strict=False)
+            pl.col("std_ts").str.to_datetime(_STD_TIME_FORMAT, time_unit="ms", strict=False)
         ),
         # the message is what follows "LEVEL time logger " (sliced, cheaper than a capture)
         std_msg=content.str.slice(head_len).str.strip_prefix(" "),
@@ -207,6 +223,48 @@ def classify_lines(frame: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def _groups(pattern: str, names: tuple[str, ...], match: bool) -> pl.Expr:
+    """The content's ``extract_groups`` of the pattern, or its fields (null) when no line
+    can match it."""
+    if match:
+        return pl.col("content").str.extract_groups(pattern)
+    return pl.struct([pl.lit(None, pl.String).alias(name) for name in names])
+
+
+def lone_standard_records(frame: pl.DataFrame) -> pl.DataFrame:
+    """The lines of unwrapped lines (``unwrap``'s columns) that are each a whole standard
+    record: a standard record start followed by another one. Taking such a line out changes
+    how no other line is classified (a start ends the record before it, and the line after it
+    starts its own), so these are the only lines a pre-filter may set aside unfolded. Lines
+    with wrapper damage or escape sequences are left in (their notes and cleaning are made in
+    ``classify_lines``), and so are the lines before one. Returns line, level, logger,
+    local_time, wrapper_time and text (the message, stripped, as the event collector reads
+    it); the last line is never one (its record may go on in the next chunk)."""
+    content = pl.col("content")
+    head = pl.col("head")
+    level_end = head.str.find(" ", literal=True)
+    heads = frame.select(
+        "line", "wrapper_time", "flag", content, content.str.extract(_STD_HEAD_RE, 0).alias("head")
+    ).with_columns(
+        in_range(
+            head.str.slice(level_end + 1, 23).str.to_datetime(
+                _STD_TIME_FORMAT, time_unit="ms", strict=False
+            )
+        ).alias("local_time")
+    )
+    # a start as classify_lines sees it (escape sequences, removed there, could unmake one)
+    start = pl.col("local_time").is_not_null() & ~content.str.contains("\x1b", literal=True)
+    lone = start & start.shift(-1).fill_null(False) & pl.col("flag").is_null()
+    return heads.filter(lone).select(
+        "line",
+        head.str.slice(0, level_end).alias("level"),
+        head.str.slice(level_end + 25).str.strip_suffix(" ").alias("logger"),
+        "local_time",
+        "wrapper_time",
+        content.str.slice(head.str.len_chars()).str.strip_chars().alias("text"),
+    )
+
+
 def _json_fields(frame: pl.DataFrame) -> pl.DataFrame:
     """python-json-logger fields of lines that start with ``{`` (others get nulls).
 
@@ -250,7 +308,8 @@ def _json_fields(frame: pl.DataFrame) -> pl.DataFrame:
 
 
 def _rich_pieces(frame: pl.DataFrame, width: int) -> pl.DataFrame:
-    """Message-column text of each rich line and the separator that re-joins it.
+    """Message-column text of each rich line and the separator that re-joins it (line and
+    piece).
 
     rich (rich/_wrap.py divide_line) breaks a line at a space and drops that space when it
     falls beyond the width, and cuts a token longer than the whole column anywhere (the token
@@ -272,17 +331,21 @@ def _rich_pieces(frame: pl.DataFrame, width: int) -> pl.DataFrame:
     """
     column = max(width - _RICH_INDENT, 1)
     text = pl.col("content").str.slice(_RICH_INDENT)
-    frame = frame.with_columns(vis=text.str.strip_chars_end())
     vis = pl.col("vis")
-    body = vis.str.strip_chars_start()
-    frame = frame.with_columns(
-        vis_len=vis.str.len_chars().cast(pl.Int64),
-        lead=(vis.str.len_chars() - body.str.len_chars()).cast(pl.Int64),
-        has_space=body.str.contains(" ", literal=True),
-        first_word=body.str.extract(r"^\S*", 0).str.len_chars().cast(pl.Int64),
-        path_only=pl.col("start") & vis.str.contains(r"^[A-Za-z_][\w.]*:\d+$"),
-        digit_first=vis.str.contains(r"^\d"),
-        traceback_part=vis.str.contains(_TRACEBACK_PART_RE),
+    body = pl.col("body")
+    frame = (
+        frame.lazy()
+        .select("line", "start", text.str.strip_chars_end().alias("vis"))
+        .with_columns(body=vis.str.strip_chars_start())
+        .with_columns(
+            vis_len=vis.str.len_chars().cast(pl.Int64),
+            lead=(vis.str.len_chars() - body.str.len_chars()).cast(pl.Int64),
+            has_space=body.str.contains(" ", literal=True),
+            first_word=body.str.extract(r"^\S*", 0).str.len_chars().cast(pl.Int64),
+            path_only=pl.col("start") & vis.str.contains(r"^[A-Za-z_][\w.]*:\d+$"),
+            digit_first=vis.str.contains(r"^\d"),
+            traceback_part=vis.str.contains(_TRACEBACK_PART_RE),
+        )
     )
     # rows are the record lines in file order; a start ignores its predecessor
     prev_len = pl.col("vis_len").shift(1)
@@ -305,7 +368,7 @@ def _rich_pieces(frame: pl.DataFrame, width: int) -> pl.DataFrame:
         .then(pl.lit("\n"))
         .otherwise(pl.lit(" "))
     )
-    return frame.with_columns(piece=separator + vis)
+    return frame.select("line", (separator + vis).alias("piece")).collect()
 
 
 def fold_records(
@@ -323,7 +386,7 @@ def fold_records(
 
     rich_rows = rows.filter(pl.col("rec_fmt") == "rich")
     if rich_rows.height:
-        rich_rows = _rich_pieces(rich_rows, rich_width or 0).select("line", "piece")
+        rich_rows = _rich_pieces(rich_rows, rich_width or 0)
 
     json_message = pl.col("j_msg")
     for extra in ("j_exc", "j_stack"):
@@ -339,15 +402,25 @@ def fold_records(
         .then(pl.col("std_msg").fill_null(""))
         .otherwise(pl.lit("\n") + pl.col("content"))
     )
-    rows = rows.with_columns(piece=piece)
-    if rich_rows.height:
-        rows = rows.join(
-            rich_rows.rename({"piece": "rich_piece"}), on="line", how="left", maintain_order="left"
-        ).with_columns(
-            piece=pl.when(pl.col("rec_fmt") == "rich")
-            .then(pl.col("rich_piece"))
-            .otherwise(pl.col("piece"))
+    if rich_rows.height == rows.height:  # a rich chunk: its pieces are every row's, in order
+        rows = rows.with_columns(piece=rich_rows["piece"])
+    elif rich_rows.height:
+        rows = (
+            rows.with_columns(piece=piece)
+            .join(
+                rich_rows.rename({"piece": "rich_piece"}),
+                on="line",
+                how="left",
+                maintain_order="left",
+            )
+            .with_columns(
+                piece=pl.when(pl.col("rec_fmt") == "rich")
+                .then(pl.col("rich_piece"))
+                .otherwise(pl.col("piece"))
+            )
         )
+    else:
+        rows = rows.with_columns(piece=piece)
 
     start_fields = (
         "rec_id",
@@ -384,10 +457,12 @@ def fold_records(
             line_count=pl.coalesce("n_lines", "line_count"),
         )
     is_rich = pl.col("fmt") == "rich"
-    logger_head = pl.col("message").str.extract(_RICH_LOGGER_RE, 0)
+    logger_head = pl.col("logger_head")
     grouped = grouped.with_columns(
-        rl_logger=pl.when(is_rich).then(logger_head.str.extract(r"^([^:]*):", 1)),
-        rl_msg=pl.when(is_rich).then(pl.col("message").str.slice(logger_head.str.len_chars())),
+        logger_head=pl.when(is_rich).then(pl.col("message").str.extract(_RICH_LOGGER_RE, 0))
+    ).with_columns(
+        rl_logger=logger_head.str.extract(r"^([^:]*):", 1),
+        rl_msg=pl.col("message").str.slice(logger_head.str.len_chars()),
     )
 
     # rich: carry the last printed time forward; a step back of more than an hour is the

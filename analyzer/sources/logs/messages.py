@@ -27,6 +27,7 @@ EVENT_PREFIX = "Emitting event: "
 TARGETS_SEPARATOR = ". Event targets: "
 ACTOR_SEPARATOR = ". Actor: "
 ACTOR = r"^(?:system|user\([0-9a-f]{6}\)\S*)$"
+ADMIN_TOKEN = r"The admin token is (\S+)"
 SERVER_VERSION = r"The dstack server (?P<version>\S+) is running at"
 
 # What each kind of line says about the server version (reference sections 0 and 9.6).
@@ -46,6 +47,28 @@ LOGGER_MARKERS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+def may_matter(text: pl.Expr, logger: pl.Expr) -> pl.Expr:
+    """Whether a one-line record (its stripped message and its logger) can be more to the
+    audit than a record of its level and time: an event or run/job line, any line of a dstack
+    logger (known, or counted as unrecognised), a version marker, the admin token (a secret
+    to redact). Every other line (uvicorn's access log, other libraries) is irrelevant by
+    ``EventCollector.add``'s rules, so it may be counted without being folded."""
+    text_patterns = (
+        r"^Emitting ?event:",
+        r"^(?:run|job)\([0-9a-f]{6}\)",
+        SERVER_VERSION,
+        ADMIN_TOKEN,
+        *(pattern for pattern, _, _ in VERSION_MARKERS),
+    )
+    logger_patterns = tuple(pattern for pattern, _, _ in LOGGER_MARKERS)
+    return (
+        text.str.contains(_either(list(text_patterns)))
+        | logger.str.starts_with("dstack")
+        | (logger == "")
+        | logger.str.contains(_either(list(logger_patterns)))
+    ).fill_null(True)
+
+
 # What ``finish`` and the events frame need of a kept line (the rest, the line's whole text
 # above all, would only be copied and dropped by the events schema).
 _KEPT_COLUMNS = (
@@ -57,6 +80,11 @@ _KEPT_COLUMNS = (
     "day_offset",
     "wrapper_time",
 )
+
+
+# A record's own columns that the kept events carry (its place and times).
+_PLACE_COLUMNS = ("file", "line", "local_time", "time_of_day", "day_offset", "wrapper_time")
+_PLACE = pl.format("{}:{}", pl.col("file"), pl.col("line")).alias("place")
 
 
 def _version_key(version: str) -> tuple[int, ...]:
@@ -122,40 +150,50 @@ class EventCollector:
         self._shapes: dict[str, list] = {}  # shape -> [count, first place]
         self._explicit_version: str | None = None
         self._markers: set[int] = set()
+        self._events = catalogue.KnownMessages(
+            catalogue.EVENT_TEMPLATES, catalogue.KNOWN_IRRELEVANT, fold_tolerant=True
+        )
+        self._lines = catalogue.KnownMessages(
+            catalogue.LOG_LINE_TEMPLATES, catalogue.LOG_LINE_IRRELEVANT, fold_tolerant=True
+        )
 
-    def add(self, records: pl.DataFrame) -> None:
+    def add(self, records: pl.DataFrame, aside: pl.DataFrame | None = None) -> None:
+        """One chunk's records, and the irrelevant one-line records set aside from it
+        (``LogStream.chunks``): counted, and numbered in the sequence as if read."""
         facts = self.facts
+        seq_offset = facts.records
+        if aside is not None and aside.height:
+            self._count_set_aside(aside)
         if records.height == 0:
             return
-        seq_offset = facts.records
-        facts.records += records.height
-        latest = records.select(_times()[0])["time"].max()
-        if latest is not None and (facts.last_time is None or latest > facts.last_time):
-            facts.last_time = latest
-        for level, count in records.group_by("level").len().iter_rows():
-            facts.levels[level] = facts.levels.get(level, 0) + count
-
-        frame = records.with_row_index("seq", offset=seq_offset).with_columns(
-            pl.col("seq").cast(pl.Int64),
+        self._count_records(records)
+        seq = pl.int_range(pl.len(), dtype=pl.Int64) + seq_offset
+        if aside is not None and aside.height:
+            seq = seq + aside["line"].search_sorted(records["line"]).cast(pl.Int64)
+        frame = records.select(
+            seq.alias("seq"),
+            *_PLACE_COLUMNS,
             pl.col("message").str.strip_chars().alias("text"),
             pl.col("logger").fill_null("").alias("logger"),
-            pl.format("{}:{}", pl.col("file"), pl.col("line")).alias("place"),
-        )
-        is_event = pl.col("text").str.contains(r"^Emitting ?event:")
+        ).with_columns(pl.col("text").str.contains(r"^Emitting ?event:").alias("is_event"))
+        # an entity line never opens with "Emitting": only the other lines are matched
+        lines = frame.filter(~pl.col("is_event"))
         entity = pl.col("text").str.extract_groups(catalogue.ENTITY_LINE)
-        frame = frame.with_columns(
-            is_event.alias("is_event"),
+        lines = lines.with_columns(
             entity.struct.field("etype").alias("line_etype"),
             entity.struct.field("hex").alias("line_hex"),
             entity.struct.field("name").alias("line_name"),
             entity.struct.field("body").alias("line_body"),
         )
 
-        events = _event_lines(frame.filter(pl.col("is_event")))
-        status = _status_lines(
-            frame.filter(~pl.col("is_event") & pl.col("line_etype").is_not_null())
+        events = _event_lines(
+            frame.filter(pl.col("is_event")).drop("is_event", "logger"), self._events
         )
-        plain = frame.filter(~pl.col("is_event") & pl.col("line_etype").is_null())
+        status = _status_lines(
+            lines.filter(pl.col("line_etype").is_not_null()).drop("is_event", "logger"),
+            self._lines,
+        )
+        plain = lines.filter(pl.col("line_etype").is_null())
 
         plain_known = plain.select(
             pl.any_horizontal(
@@ -163,14 +201,14 @@ class EventCollector:
             ).alias("known"),
             (pl.col("logger").str.starts_with("dstack") | (pl.col("logger") == "")).alias("dstack"),
             pl.col("text"),
-            pl.col("place"),
+            _PLACE,
         )
         unrecognised = pl.concat(
             [
                 plain_known.filter(~pl.col("known") & pl.col("dstack")).select("text", "place"),
-                status.filter(pl.col("kind") == "unrecognised").select("text", "place"),
+                status.filter(pl.col("kind") == "unrecognised").select("text", _PLACE),
                 events.filter(pl.col("kind") == "unrecognised").select(
-                    pl.col("message").alias("text"), "place"
+                    pl.col("message").alias("text"), _PLACE
                 ),
             ]
         )
@@ -200,6 +238,30 @@ class EventCollector:
         if relevant.height:
             kept = [name for name in _KEPT_COLUMNS if name in relevant.columns]
             self._kept.append(detached(relevant.select(kept)))
+
+    def _count_records(self, records: pl.DataFrame) -> None:
+        facts = self.facts
+        facts.records += records.height
+        latest = records.select(_times()[0])["time"].max()
+        if latest is not None and (facts.last_time is None or latest > facts.last_time):
+            facts.last_time = latest
+        for level, count in records.group_by("level", maintain_order=True).len().iter_rows():
+            facts.levels[level] = facts.levels.get(level, 0) + count
+
+    def _count_set_aside(self, aside: pl.DataFrame) -> None:
+        """``_count_records`` of set-aside records (each with a local time; ``_times``)."""
+        facts = self.facts
+        facts.records += aside.height
+        facts.irrelevant += aside.height
+        wrapper_time = pl.col("wrapper_time")
+        local_time = pl.col("local_time").cast(pl.Datetime("us")).dt.replace_time_zone("UTC")
+        latest = aside.select(
+            pl.when(wrapper_time.is_not_null()).then(wrapper_time).otherwise(local_time).max()
+        ).item()
+        if latest is not None and (facts.last_time is None or latest > facts.last_time):
+            facts.last_time = latest
+        for level, count in aside.group_by("level", maintain_order=True).len().iter_rows():
+            facts.levels[level] = facts.levels.get(level, 0) + count
 
     def finish(self) -> tuple[pl.DataFrame, LogFacts]:
         facts = self.facts
@@ -296,7 +358,7 @@ def _split_event_lines(frame: pl.DataFrame) -> pl.DataFrame:
     return pl.concat([fast.filter(pl.col("_cut")), slow], how="diagonal_relaxed").drop("_cut")
 
 
-def _event_lines(frame: pl.DataFrame) -> pl.DataFrame:
+def _event_lines(frame: pl.DataFrame, known: catalogue.KnownMessages) -> pl.DataFrame:
     lines = _split_event_lines(frame).with_columns(
         pl.col("_targets").str.extract_all(TARGET).alias("target")
     )
@@ -313,7 +375,7 @@ def _event_lines(frame: pl.DataFrame) -> pl.DataFrame:
         pl.col("target").str.slice(11).alias("entity_name"),
         pl.col("actor").str.replace(r"^user\([0-9a-f]{6}\)", "user "),
     )
-    parsed = catalogue.parse_event_messages(targeted.lazy(), fold_tolerant=True).collect()
+    parsed = known.classify(targeted, "message")
     unparsed_events = broken.select("seq", pl.col("text").alias("message")).with_columns(
         pl.lit("unrecognised").alias("kind")
     )
@@ -323,15 +385,9 @@ def _event_lines(frame: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _status_lines(frame: pl.DataFrame) -> pl.DataFrame:
+def _status_lines(frame: pl.DataFrame, known: catalogue.KnownMessages) -> pl.DataFrame:
     body = pl.col("line_body")
-    classified = catalogue.classify_unique(
-        frame.lazy(),
-        "line_body",
-        catalogue.LOG_LINE_TEMPLATES,
-        catalogue.LOG_LINE_IRRELEVANT,
-        fold_tolerant=True,
-    ).collect()
+    classified = known.classify(frame, "line_body")
     return classified.with_columns(
         pl.col("line_etype").alias("entity_type"),
         pl.col("line_hex").alias("entity_id"),
@@ -487,20 +543,31 @@ def _version_markers(frame: pl.DataFrame, found: set[int]) -> tuple[str | None, 
     which markers (indexes into VERSION_MARKERS + LOGGER_MARKERS) occur. Markers already
     ``found`` in earlier chunks are not searched again; the rest are one query."""
     text = pl.col("text")
-    checks = [text.str.extract(SERVER_VERSION, 1).drop_nulls().last().alias("explicit")]
-    checks += [
-        text.str.contains(p).any().alias(str(i))
-        for i, (p, _, _) in enumerate(VERSION_MARKERS)
-        if i not in found
-    ]
-    checks += [
-        pl.col("logger").str.contains(p).any().alias(str(len(VERSION_MARKERS) + i))
+    logger = pl.col("logger")
+    texts = [(i, p) for i, (p, _, _) in enumerate(VERSION_MARKERS) if i not in found]
+    loggers = [
+        (len(VERSION_MARKERS) + i, p)
         for i, (p, _, _) in enumerate(LOGGER_MARKERS)
         if len(VERSION_MARKERS) + i not in found
     ]
-    row = frame.select(checks).row(0, named=True)
+    # the few lines that hold any of them first (one pass each over text and logger)
+    anywhere = text.str.contains(_either([SERVER_VERSION, *(p for _, p in texts)]))
+    if loggers:
+        anywhere = anywhere | logger.str.contains(_either([p for _, p in loggers]))
+    lines = frame.filter(anywhere)
+    if lines.height == 0:
+        return None, set()
+    checks = [text.str.extract(SERVER_VERSION, 1).drop_nulls().last().alias("explicit")]
+    checks += [text.str.contains(p).any().alias(str(i)) for i, p in texts]
+    checks += [logger.str.contains(p).any().alias(str(i)) for i, p in loggers]
+    row = lines.select(checks).row(0, named=True)
     explicit = row.pop("explicit")
     return explicit, {int(index) for index, present in row.items() if present}
+
+
+def _either(patterns: list[str]) -> str:
+    """One regex that matches where any of ``patterns`` does."""
+    return "|".join(f"(?:{pattern})" for pattern in patterns)
 
 
 def _fingerprint(explicit: str | None, markers: set[int]) -> str | None:

@@ -29,22 +29,24 @@ from __future__ import annotations
 import io
 import re
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
 
-from analyzer.model import LOG_RECORDS_SCHEMA
+from analyzer.model import LOG_RECORDS_SCHEMA, UTC_TIME
 from analyzer.sources.logs import lines
 from analyzer.sources.logs.layouts import (
     ANSI_RE,
+    FOREIGN_STD_RE,
     LEVELS,
     LOGO_LINES,
     STARTUP_RE,
     RichClock,
     classify_lines,
     fold_records,
+    lone_standard_records,
 )
 from analyzer.sources.logs.lines import (
     MAX_LINE_BYTES,
@@ -124,6 +126,22 @@ def _may_be_log(head: bytes) -> bool:
     return _MAYBE_RECORD.search(head) is not None
 
 
+# Lines are set aside in a chunk when at least one in FOREIGN_SHARE is a standard line of a
+# logger other than dstack's.
+FOREIGN_SHARE = 4
+
+
+_NOTHING_SET_ASIDE = pl.DataFrame(
+    schema={
+        "line": pl.Int64(),
+        "level": pl.String(),
+        "logger": pl.String(),
+        "local_time": pl.Datetime("ms"),
+        "wrapper_time": UTC_TIME,
+    }
+)
+
+
 # ---------------------------------------------------------------------------------------------
 # public API
 
@@ -194,16 +212,27 @@ def detached(frame: pl.DataFrame) -> pl.DataFrame:
     return pl.read_ipc(buffer)
 
 
+# Which one-line standard records can matter (given their stripped message text and logger);
+# the rest are set aside by ``LogStream.chunks``, counted but never folded.
+MayMatter = Callable[[pl.Expr, pl.Expr], pl.Expr]
+
+
 class LogStream:
     """One log read chunk by chunk (of about lines.CHUNK_BYTES): ``records`` yields each chunk's
     records, in order; the counts of every line, the damage, the unparsed lines' places (and
     text within QUARANTINE_TEXT_BYTES) and what crosses chunks (the record still open at a
     chunk's end, a rich log's clock and console width) are kept here. A record's lines are re-
     read with the next chunk when it is still open at the end of one, so chunking never changes
-    a record; a record longer than a chunk is cut there (its further lines are then unparsed)."""
+    a record; a record longer than a chunk is cut there (its further lines are then unparsed).
 
-    def __init__(self, display_path: str) -> None:
+    With ``may_matter``, ``chunks`` sets aside the one-line standard records it rejects before
+    they are classified (most of a busy server's lines: access logs, heartbeats): they are
+    counted as records of their format and handed over as a small frame (line, level, logger,
+    local_time, wrapper_time, text) beside the chunk's records, for their counts and times."""
+
+    def __init__(self, display_path: str, *, may_matter: MayMatter | None = None) -> None:
         self.display_path = display_path
+        self.may_matter = may_matter
         self.wrapper: str | None = None
         self.lines_total = 0
         self.lines_irrelevant = 0
@@ -226,13 +255,20 @@ class LogStream:
         self._wrapper_known = False
 
     def records(self, blocks: Iterable[bytes]) -> Iterator[pl.DataFrame]:
+        for records, _ in self.chunks(blocks):
+            yield records
+
+    def chunks(self, blocks: Iterable[bytes]) -> Iterator[tuple[pl.DataFrame, pl.DataFrame]]:
+        """Each chunk's records and the records set aside from it (empty without
+        ``may_matter``), in order."""
         ends: list[bool] = []
         carry = pl.Series("raw", [], dtype=pl.String)
         next_line = 1
         chunks = line_chunks(decoded(blocks, self.problems), ends)
         chunk = next(chunks, None)
         first = True
-        pending: list[pl.DataFrame] = []  # accounted, not yet folded (width not yet known)
+        # accounted, not yet folded (width not yet known), with their set-aside records
+        pending: list[tuple[pl.DataFrame, pl.DataFrame]] = []
         while chunk is not None:
             following = next(chunks, None)
             raw, invalid = split_lines(chunk, first)
@@ -245,20 +281,42 @@ class LogStream:
             if not self._wrapper_known and bool((raw.str.strip_chars() != "").any()):
                 self.wrapper = detect_wrapper(raw)
                 self._wrapper_known = True
-            frame = classify_lines(unwrap(raw, self.wrapper, start_line))
+            frame, aside = self._set_aside(unwrap(raw, self.wrapper, start_line))
+            frame = classify_lines(frame)
             carry = pl.Series("raw", [], dtype=pl.String)
             if following is not None:
                 frame, carry = self._hold_open_record(frame)
-            pending.append(self._account(frame))
+            pending.append((self._account(frame), aside))
             settled = next_line - 1 - carry.len()  # every line up to here is accounted
             if not self._width_fixed and (following is None or settled >= WIDTH_SAMPLE_LINES):
                 self._fold_width, self._width_fixed = self._width(), True
             if self._width_fixed:
-                for settled_frame in pending:
-                    yield self._fold(settled_frame)
+                for settled_frame, settled_aside in pending:
+                    yield self._fold(settled_frame), settled_aside
                 pending.clear()
             chunk = following
         self.ends_with_newline = not ends or ends[-1]
+
+    def _set_aside(self, frame: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """Split off the lone standard records that ``may_matter`` rejects."""
+        if self.may_matter is None:
+            return frame, _NOTHING_SET_ASIDE
+        # it pays when a good share of the lines are others' (a chunk of dstack's own lines,
+        # nearly all kept, would only be looked at twice)
+        foreign = frame.select(pl.col("content").str.contains(FOREIGN_STD_RE).sum()).item()
+        if foreign * FOREIGN_SHARE < frame.height:
+            return frame, _NOTHING_SET_ASIDE
+        lone = lone_standard_records(frame)
+        if lone.height == 0:
+            return frame, _NOTHING_SET_ASIDE
+        aside = lone.filter(~self.may_matter(pl.col("text"), pl.col("logger")))
+        if aside.height == 0:
+            return frame, _NOTHING_SET_ASIDE
+        self.record_count += aside.height
+        self.non_blank_lines += aside.height
+        self.formats["standard"] = self.formats.get("standard", 0) + aside.height
+        kept = frame.join(aside.select("line"), on="line", how="anti", maintain_order="left")
+        return kept, aside.drop("text")
 
     def _count_raw(self, raw: pl.Series, invalid: bool) -> None:
         """Damage seen on the bytes of each new line (once per line)."""

@@ -20,10 +20,9 @@ from analyzer.sources.base import (
     SourceData,
     file_facts,
 )
-from analyzer.sources.logs.messages import EventCollector
+from analyzer.sources.logs.messages import ADMIN_TOKEN, EventCollector, may_matter
 from analyzer.sources.logs.reader import SNIFF_BYTES, LogStream, file_blocks, sniff_log
 
-ADMIN_TOKEN = r"The admin token is (\S+)"
 STDIN = "-"
 
 
@@ -94,13 +93,14 @@ def load_stdin(server: str) -> SourceData:
 
 def _stream(info: InputInfo, blocks: Iterable[bytes], server: str) -> SourceData:
     """Each chunk of records straight into the event collector: only the kept events, the
-    counts and the unparsed lines' places outlive their chunk."""
+    counts and the unparsed lines' places outlive their chunk. Lines that cannot matter (by
+    ``may_matter``) are set aside before they are classified: only counted."""
     path = info.path
-    stream = LogStream(path)
+    stream = LogStream(path, may_matter=may_matter)
     collector = EventCollector(path, server)
     secrets: set[str] = set()
-    for records in stream.records(blocks):
-        collector.add(records)
+    for records, aside in stream.chunks(blocks):
+        collector.add(records, aside)
         secrets.update(records["message"].str.extract(ADMIN_TOKEN, 1).drop_nulls().to_list())
     read = stream.result()
     events, facts = collector.finish()
