@@ -26,7 +26,7 @@ from pathlib import Path
 import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run_benchmarks import AUDIT_EXITS, ROOT, accuracy, fleet
+from run_benchmarks import AUDIT_EXITS, REPORTS, ROOT, accuracy, fleet
 from run_benchmarks import measure as run
 
 
@@ -92,9 +92,9 @@ def gzipped(log: Path) -> Path:
     return target
 
 
-def measure(code: Path, truth: Path, log: Path, out: Path) -> dict:
+def measure(code: Path, truth: Path, log: Path) -> dict:
     """The audit of `code`'s checkout in a fresh process, its own peak RSS (run_benchmarks)."""
-    report = out / "log_memory-report.json"
+    report = REPORTS / "log_memory-report.json"  # never beside the input (the audit refuses)
     argv = [sys.executable, "-m", "analyzer", "audit", str(log), "--format", "json", "-q"]
     return {
         **run([*argv, "-o", str(report)], code=code, allowed=AUDIT_EXITS),
@@ -119,7 +119,7 @@ def main() -> None:
     if args.gigabytes:
         base = fleet(args.out, args.runs)
         log = padded_to_size(base / "logs" / "server.standard.log", args.gigabytes, args.out)
-        audit = measure(args.code[0].resolve(), base / "truth.json", log, args.out)
+        audit = measure(args.code[0].resolve(), base / "truth.json", log)
         print(json.dumps({"file": log.name, "gb": log.stat().st_size / 1e9, **audit}), flush=True)
         return
     cases = []
@@ -136,7 +136,7 @@ def main() -> None:
     for growth, factor, truth, log in cases:
         for path in (log, gzipped(log)):
             for code in args.code:
-                audit = measure(code.resolve(), truth, path, args.out)
+                audit = measure(code.resolve(), truth, path)
                 row = {
                     "growth": growth,
                     "factor": factor,
