@@ -15,7 +15,7 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 from conftest import CAPTURES, ROOT
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from analyzer import AuditInputError, open_sources
@@ -221,6 +221,7 @@ def test_fuzz_reordered_and_duplicated_lines_keep_every_valid_line(order, cut):
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(st.binary(min_size=1, max_size=2000), st.integers(min_value=0, max_value=620_000))
+@example(junk=b"\x00", offset=142212)  # an instance left with no created_at: exposure crashed
 def test_fuzz_corrupted_sqlite_never_crashes(tmp_path, junk, offset):
     data = bytearray((SEED / "server.db").read_bytes())
     data[offset : offset + len(junk)] = junk

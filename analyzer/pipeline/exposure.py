@@ -425,7 +425,10 @@ def assess_probes(
         pl.len().alias("count"), (pl.col("backend") == "remote").any().alias("remote")
     )
     provisioned: dict[tuple, list[dict]] = {}
-    placed = frames.instances.filter(pl.col("started_at").is_not_null()).sort("created_at")
+    # an instance with no creation time (a damaged row) cannot be shown placed before T
+    placed = frames.instances.filter(
+        pl.col("started_at").is_not_null() & pl.col("created_at").is_not_null()
+    ).sort("created_at")
     for item in placed.iter_rows(named=True):
         provisioned.setdefault((item["server"], item["fleet_id"]), []).append(item)
     refused = frames.submissions.filter(
