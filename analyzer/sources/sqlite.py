@@ -71,6 +71,7 @@ class SqliteReader:
         options = options or ReadOptions()
         narrowed = bool(options.partition or options.project or options.since)
         self.label = label or str(path)
+        self._path = path
         uri = f"file:{quote(str(path.resolve()))}?mode=ro"
         try:
             self._db = sqlite3.connect(uri, uri=True)
@@ -95,14 +96,14 @@ class SqliteReader:
         """Read only the runs the audit keeps (--project, --since, a partition of whole
         services) with their jobs and events. Their ids go into temporary tables (SQLite's
         private temp store, never beside the file; `mode=ro` keeps the database unwritable)."""
-        runs = self._fetch(
-            'SELECT id, project_id, run_name, CAST(last_processed_at AS TEXT) FROM "runs"',
-            ["id", "project_id", "run_name", "last_processed_at"],
-        )
         keep = pl.lit(True)
         if options.partition:
             index, count = options.partition
-            keep = keep & (service_buckets(runs, "project_id", "run_name", count) == index)
+            shared, bucketed = options.shared, lambda: self._runs_by_service(count)
+            runs = shared.get(f"runs in {count}", self._path, bucketed) if shared else bucketed()
+            keep = keep & (pl.col("bucket") == index)
+        else:
+            runs = self._runs()
         if options.since:
             keep = keep & (parse_db_time(pl.col("last_processed_at")) >= options.since)
         if options.project and "projects" in self._tables:
@@ -135,6 +136,19 @@ class SqliteReader:
     def _select_on_db(self) -> None:
         self._keep_selection(self._db.execute)
         self._selected_on_db = True
+
+    def _runs(self) -> pl.DataFrame:
+        return self._fetch(
+            'SELECT id, project_id, run_name, CAST(last_processed_at AS TEXT) FROM "runs"',
+            ["id", "project_id", "run_name", "last_processed_at"],
+        )
+
+    def _runs_by_service(self, count: int) -> pl.DataFrame:
+        """Every run with the bucket of its service among `count`: hashed once per audit
+        when its partitions share what they learnt of the whole database."""
+        runs = self._runs()
+        buckets = service_buckets(runs, "project_id", "run_name", count)
+        return runs.with_columns(buckets.alias("bucket"))
 
     def _keep_selection(self, execute: Callable) -> None:
         """The kept runs, their jobs and their events as temporary tables of one connection.
