@@ -144,6 +144,30 @@ def test_a_partition_reads_the_same_through_arrow_and_sqlite3(monkeypatch):
         assert without.model_dump() == part.model_dump()
 
 
+def test_a_partition_falls_back_to_sqlite3_after_its_selection(monkeypatch):
+    """ADBC giving up after the kept runs were selected on it (a damaged row): sqlite3
+    selects them too and reads the same rows."""
+    import analyzer.sources.sqlite as sqlite_source
+    from analyzer.sources.base import ReadOptions
+
+    class GivingUp:
+        def cursor(self):
+            raise RuntimeError("unreadable row")
+
+        def close(self):
+            pass
+
+    db = ROOT / "samples" / "fleet" / "server.db"
+    reader = sqlite_source.SqliteReader(db, options=ReadOptions(partition=(1, 2)))
+    through_arrow = reader.read("events", ["id", "message"])
+    reader._arrow.close()
+    reader._arrow = GivingUp()
+    through_sqlite3 = reader.read("events", ["id", "message"])
+    reader.close()
+    assert through_arrow.height > 0
+    assert through_sqlite3.sort("id").equals(through_arrow.sort("id"))
+
+
 def test_partitions_hash_a_file_once_and_again_when_it_changes(tmp_path, monkeypatch):
     """The partitions of one audit share a database's hash, keyed by the file's identity."""
     import analyzer.sources.base as base
