@@ -32,7 +32,7 @@ from analyzer.pipeline.timeline import deployments, evidence_gaps, submissions
 from analyzer.progress import stage
 from analyzer.redact import without_controls
 from analyzer.sources import load_path
-from analyzer.sources.base import LoadContext, ReadOptions
+from analyzer.sources.base import LoadContext, ReadOptions, WholeInputFacts
 from analyzer.times import parse_time
 
 if TYPE_CHECKING:
@@ -292,6 +292,36 @@ def open_sources(
     >>> audit.report.findings[0].victims[0].job_name  # doctest: +SKIP
     'web-0-0'
     """
+    return _open_sources(
+        paths,
+        project=project,
+        run=run,
+        server=server,
+        log_tz=log_tz,
+        log_date=log_date,
+        since=since,
+        until=until,
+        partition=partition,
+        server_labels=server_labels,
+    )
+
+
+def _open_sources(
+    paths: Paths,
+    *,
+    project: str | None = None,
+    run: str | None = None,
+    server: str = DEFAULT_SERVER,
+    log_tz: str | None = None,
+    log_date: date | str | None = None,
+    since: When | None = None,
+    until: When | None = None,
+    partition: tuple[int, int] | None = None,
+    server_labels: dict[str, str] | None = None,
+    shared: WholeInputFacts | None = None,
+) -> Audit:
+    """open_sources, with the facts about whole inputs that `shared` holds for the other
+    partitions of the same audit."""
     given = as_paths(paths)
     since, until = parse_time(since, "since"), parse_time(until, "until")
     if isinstance(log_date, str):
@@ -300,7 +330,7 @@ def open_sources(
         raise AuditInputError(
             "audit", "no input given", "name a server.db, an export folder or a log"
         )
-    options = ReadOptions(partition=partition, since=since, project=project)
+    options = ReadOptions(partition=partition, since=since, project=project, shared=shared)
     labels = server_labels or {}
     loaded = []
     with stage("reading", total=len(given)) as step:
@@ -333,9 +363,16 @@ def audit(paths: Paths, **options) -> Report:
     return open_sources(paths, **options).report
 
 
-def audit_partition(paths: Sequence[str | Path], index: int, count: int, options: dict) -> Report:
-    """One partition's report: the task a Dask worker runs (analyzer.cluster)."""
-    return open_sources(paths, partition=(index, count), **options).report
+def audit_partition(
+    paths: Sequence[str | Path],
+    index: int,
+    count: int,
+    options: dict,
+    shared: WholeInputFacts | None = None,
+) -> Report:
+    """One partition's report: the task a Dask worker runs (analyzer.cluster); `shared` keeps
+    what one partition learnt of whole inputs (hashes, latest times) for the next."""
+    return _open_sources(paths, partition=(index, count), shared=shared, **options).report
 
 
 def audit_in_partitions(paths: Paths, count: int, *, client=None, **options) -> Report:
@@ -348,7 +385,10 @@ def audit_in_partitions(paths: Paths, count: int, *, client=None, **options) -> 
         from analyzer.cluster import audit_partitions
 
         return audit_partitions(client, given, count, audit_partition, **options)
-    return merge_reports([audit_partition(given, index, count, options) for index in range(count)])
+    shared = WholeInputFacts()
+    return merge_reports(
+        [audit_partition(given, index, count, options, shared) for index in range(count)]
+    )
 
 
 def audit_on_cluster(

@@ -7,7 +7,7 @@ import shutil
 import sqlite3
 
 import pytest
-from conftest import CAPTURES
+from conftest import CAPTURES, ROOT
 
 from analyzer import AuditInputError, open_sources
 
@@ -120,3 +120,71 @@ def test_arrow_and_sqlite3_readers_agree(monkeypatch):
     monkeypatch.setattr(sqlite_source, "_arrow_connection", lambda uri: None)
     without = open_sources([db]).report
     assert with_arrow.model_dump() == without.model_dump()
+
+
+def test_a_partition_reads_the_same_through_arrow_and_sqlite3(monkeypatch):
+    """A partition's reads name the kept runs' temporary tables: ADBC holds them too."""
+    import analyzer.sources.sqlite as sqlite_source
+    from analyzer.sources.base import ReadOptions
+
+    db = ROOT / "samples" / "fleet" / "server.db"  # 150 runs of many services
+    reader = sqlite_source.SqliteReader(db, options=ReadOptions(partition=(0, 2)))
+    reader.columns("runs")
+    sqlite3_connection, reader._db = reader._db, None  # only ADBC is left to read with
+    runs = reader.read("runs", ["id"])
+    reader._db = sqlite3_connection
+    reader.close()
+    parts = [open_sources([db], partition=(index, 2)).report for index in range(2)]
+    assert runs.height == len(parts[0].runs)
+    assert sum(len(part.runs) for part in parts) == len(open_sources([db]).report.runs)
+    assert all(part.runs for part in parts)
+    monkeypatch.setattr(sqlite_source, "_arrow_connection", lambda uri: None)
+    for index, part in enumerate(parts):
+        without = open_sources([db], partition=(index, 2)).report
+        assert without.model_dump() == part.model_dump()
+
+
+def test_a_partition_falls_back_to_sqlite3_after_its_selection(monkeypatch):
+    """ADBC giving up after the kept runs were selected on it (a damaged row): sqlite3
+    selects them too and reads the same rows."""
+    import analyzer.sources.sqlite as sqlite_source
+    from analyzer.sources.base import ReadOptions
+
+    class GivingUp:
+        def cursor(self):
+            raise RuntimeError("unreadable row")
+
+        def close(self):
+            pass
+
+    db = ROOT / "samples" / "fleet" / "server.db"
+    reader = sqlite_source.SqliteReader(db, options=ReadOptions(partition=(1, 2)))
+    through_arrow = reader.read("events", ["id", "message"])
+    reader._arrow.close()
+    reader._arrow = GivingUp()
+    through_sqlite3 = reader.read("events", ["id", "message"])
+    reader.close()
+    assert through_arrow.height > 0
+    assert through_sqlite3.sort("id").equals(through_arrow.sort("id"))
+
+
+def test_partitions_hash_a_file_once_and_again_when_it_changes(tmp_path, monkeypatch):
+    """The partitions of one audit share a database's hash, keyed by the file's identity."""
+    import analyzer.sources.base as base
+    from analyzer.sources.base import WholeInputFacts, file_facts
+
+    db = tmp_path / "server.db"
+    shutil.copyfile(CAPTURES / "v0.22.5" / "seed" / "server.db", db)
+    hashed = []
+    sha256 = base._sha256
+    monkeypatch.setattr(base, "_sha256", lambda path: hashed.append(path) or sha256(path))
+    shared = WholeInputFacts()
+    first = file_facts(db, "sqlite", shared).sha256
+    assert file_facts(db, "sqlite", shared).sha256 == first
+    assert len(hashed) == 1
+    with db.open("ab") as handle:
+        handle.write(b"\0")
+    changed = file_facts(db, "sqlite", shared).sha256
+    assert changed != first
+    assert changed == hashlib.sha256(db.read_bytes()).hexdigest()
+    assert len(hashed) == 2

@@ -34,6 +34,26 @@ class ReadOptions:
     partition: tuple[int, int] | None = None  # (index, count): buckets with b % count == index
     since: datetime | None = None
     project: str | None = None
+    # Facts about whole inputs (a file's hash, a database's latest times) that the partitions
+    # of one audit share, so each partition does not hash or scan the whole input again.
+    shared: WholeInputFacts | None = field(default=None, compare=False, repr=False)
+
+
+class WholeInputFacts:
+    """Facts about whole files, remembered for one audit run in partitions. A fact is keyed by
+    the file's identity (device, inode, size, modification and change times), so a file that
+    changes between partitions is read again rather than trusted."""
+
+    def __init__(self) -> None:
+        self._facts: dict[tuple, object] = {}
+
+    def get(self, name: str, path: Path, compute: Callable[[], object]) -> object:
+        stat = path.stat()
+        key = (name, str(path.resolve()), stat.st_dev, stat.st_ino, stat.st_size)
+        key += (stat.st_mtime_ns, stat.st_ctime_ns)
+        if key not in self._facts:
+            self._facts[key] = compute()
+        return self._facts[key]
 
 
 NO_OPTIONS = ReadOptions()
@@ -153,13 +173,19 @@ class Verification:
         self.lines.append(line)
 
 
-def file_facts(path: Path, kind: str) -> InputInfo:
-    """Hash and stat a file without changing it (read-only, streamed)."""
+def file_facts(path: Path, kind: str, shared: WholeInputFacts | None = None) -> InputInfo:
+    """Hash and stat a file without changing it (read-only, streamed); hashed once per audit
+    when the partitions of the audit `shared` what they learnt of whole files."""
+    sha256 = shared.get("sha256", path, lambda: _sha256(path)) if shared else _sha256(path)
+    stat = path.stat()
+    return InputInfo(
+        path=str(path), kind=kind, sha256=sha256, size=stat.st_size, mtime=stat.st_mtime
+    )
+
+
+def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
-    stat = path.stat()
-    return InputInfo(
-        path=str(path), kind=kind, sha256=digest.hexdigest(), size=stat.st_size, mtime=stat.st_mtime
-    )
+    return digest.hexdigest()

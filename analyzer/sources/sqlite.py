@@ -8,9 +8,12 @@ temporary folder and the copy is read, so nothing is ever written beside the evi
 
 from __future__ import annotations
 
+import json
 import shutil
 import sqlite3
 import tempfile
+from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from urllib.parse import quote
 
@@ -68,6 +71,7 @@ class SqliteReader:
         options = options or ReadOptions()
         narrowed = bool(options.partition or options.project or options.since)
         self.label = label or str(path)
+        self._path = path
         uri = f"file:{quote(str(path.resolve()))}?mode=ro"
         try:
             self._db = sqlite3.connect(uri, uri=True)
@@ -83,6 +87,8 @@ class SqliteReader:
         self._filters: dict[str, str] = {}
         self._arrow = _arrow_connection(uri)
         self.narrowed = narrowed and {"runs", "jobs"} <= self._tables
+        self._kept_runs: str | None = None  # the kept run ids (JSON) once selected
+        self._selected_on_db = False  # are their temporary tables on the sqlite3 connection?
         if self.narrowed:
             self._select_runs(options)
 
@@ -90,14 +96,14 @@ class SqliteReader:
         """Read only the runs the audit keeps (--project, --since, a partition of whole
         services) with their jobs and events. Their ids go into temporary tables (SQLite's
         private temp store, never beside the file; `mode=ro` keeps the database unwritable)."""
-        runs = self._fetch(
-            'SELECT id, project_id, run_name, CAST(last_processed_at AS TEXT) FROM "runs"',
-            ["id", "project_id", "run_name", "last_processed_at"],
-        )
         keep = pl.lit(True)
         if options.partition:
             index, count = options.partition
-            keep = keep & (service_buckets(runs, "project_id", "run_name", count) == index)
+            shared, bucketed = options.shared, lambda: self._runs_by_service(count)
+            runs = shared.get(f"runs in {count}", self._path, bucketed) if shared else bucketed()
+            keep = keep & (pl.col("bucket") == index)
+        else:
+            runs = self._runs()
         if options.since:
             keep = keep & (parse_db_time(pl.col("last_processed_at")) >= options.since)
         if options.project and "projects" in self._tables:
@@ -108,44 +114,82 @@ class SqliteReader:
                 (pl.col("name") == options.project) | (pl.col("original_name") == options.project)
             )["id"]
             keep = keep & pl.col("project_id").is_in(wanted.implode())
-        mine = runs.filter(keep)
-        db = self._db
-        db.execute("CREATE TEMP TABLE audit_runs (id TEXT PRIMARY KEY)")
-        db.executemany("INSERT INTO audit_runs VALUES (?)", mine.select("id").rows())
-        db.execute("CREATE TEMP TABLE audit_jobs (id TEXT PRIMARY KEY)")
-        db.execute(
-            "INSERT INTO audit_jobs SELECT id FROM jobs WHERE run_id IN (SELECT id FROM audit_runs)"
-        )
+        self._kept_runs = json.dumps(runs.filter(keep)["id"].to_list())
         self._filters = {
             "runs": "id IN (SELECT id FROM audit_runs)",
             "jobs": "run_id IN (SELECT id FROM audit_runs)",
             "probes": "job_id IN (SELECT id FROM audit_jobs)",
         }
         if {"events", "event_targets"} <= self._tables:
-            by_run = (
-                " OR entity_run_id IN (SELECT id FROM audit_runs)"
-                if "entity_run_id" in self.columns("event_targets")
-                else ""
-            )
-            db.execute("CREATE TEMP TABLE audit_events (id TEXT PRIMARY KEY)")
-            db.execute(
-                "INSERT OR IGNORE INTO audit_events SELECT event_id FROM event_targets WHERE "
-                "(entity_type = 'RUN' AND entity_id IN (SELECT id FROM audit_runs))"
-                " OR (entity_type = 'JOB' AND entity_id IN (SELECT id FROM audit_jobs))" + by_run
-            )
             self._filters["events"] = "id IN (SELECT id FROM audit_events)"
             self._filters["event_targets"] = "event_id IN (SELECT id FROM audit_events)"
+        if self._arrow is not None:
+            try:
+                with self._arrow.cursor() as cursor:
+                    self._keep_selection(cursor.execute)
+                return
+            except Exception:  # a driver without parameters or temp tables: sqlite3 reads all
+                self._arrow.close()
+                self._arrow = None
+        self._select_on_db()
+
+    def _select_on_db(self) -> None:
+        self._keep_selection(self._db.execute)
+        self._selected_on_db = True
+
+    def _runs(self) -> pl.DataFrame:
+        return self._fetch(
+            'SELECT id, project_id, run_name, CAST(last_processed_at AS TEXT) FROM "runs"',
+            ["id", "project_id", "run_name", "last_processed_at"],
+        )
+
+    def _runs_by_service(self, count: int) -> pl.DataFrame:
+        """Every run with the bucket of its service among `count`: hashed once per audit
+        when its partitions share what they learnt of the whole database."""
+        runs = self._runs()
+        buckets = service_buckets(runs, "project_id", "run_name", count)
+        return runs.with_columns(buckets.alias("bucket"))
+
+    def _keep_selection(self, execute: Callable) -> None:
+        """The kept runs, their jobs and their events as temporary tables of one connection.
+        `+entity_type` keeps SQLite off the entity_type index (a few values, each matching
+        most targets) and on the entity_id one: a partition's targets are a small share."""
+        execute("CREATE TEMP TABLE audit_runs (id TEXT PRIMARY KEY)")
+        execute("INSERT INTO audit_runs SELECT value FROM json_each(?)", (self._kept_runs,))
+        execute("CREATE TEMP TABLE audit_jobs (id TEXT PRIMARY KEY)")
+        execute(
+            "INSERT INTO audit_jobs SELECT id FROM jobs WHERE run_id IN (SELECT id FROM audit_runs)"
+        )
+        if "events" not in self._filters:
+            return
+        by_run = (
+            " OR entity_run_id IN (SELECT id FROM audit_runs)"
+            if "entity_run_id" in self.columns("event_targets")
+            else ""
+        )
+        execute("CREATE TEMP TABLE audit_events (id TEXT PRIMARY KEY)")
+        execute(
+            "INSERT OR IGNORE INTO audit_events SELECT event_id FROM event_targets WHERE "
+            "(+entity_type = 'RUN' AND entity_id IN (SELECT id FROM audit_runs))"
+            " OR (+entity_type = 'JOB' AND entity_id IN (SELECT id FROM audit_jobs))" + by_run
+        )
 
     def latest_times(self) -> list[str]:
-        """The latest time each table records, over the whole database (not one partition)."""
-        probes = [(table, column) for table, columns in ALIVE_COLUMNS.items() for column in columns]
+        """The latest time each table records, over the whole database (not one partition):
+        one scan per table (a lone indexed column is a lookup)."""
         found = []
-        for table, column in probes:
-            if table in self._tables and column in self.columns(table):
-                (value,) = self._db.execute(f'SELECT max("{column}") FROM "{table}"').fetchone()
-                if value is not None:
-                    found.append(str(value))
+        for table, columns in ALIVE_COLUMNS.items():
+            present = [c for c in columns if table in self._tables and c in self.columns(table)]
+            if present:
+                latest = ", ".join(f'max("{column}")' for column in present)
+                values = self._db.execute(f'SELECT {latest} FROM "{table}"').fetchone()
+                found += [str(value) for value in values if value is not None]
         return found
+
+    def latest(self) -> datetime | None:
+        """The latest of `latest_times`, parsed."""
+        times = pl.Series(self.latest_times(), dtype=pl.String).to_frame("t")
+        return times.select(parse_db_time(pl.col("t")).max())["t"][0]
 
     def tables(self) -> set[str]:
         return self._tables
@@ -194,7 +238,7 @@ class SqliteReader:
         """Through ADBC straight into Arrow when it can (no Python object per value), else
         chunk by chunk into polars, so Python objects never hold a whole table."""
         schema = {c: pl.String for c in columns}
-        if self._arrow is not None and "audit_" not in query:
+        if self._arrow is not None:
             try:
                 with self._arrow.cursor() as cursor:
                     cursor.execute(query)
@@ -208,7 +252,10 @@ class SqliteReader:
                     )
                 return frame.rename(dict(zip(frame.columns, columns, strict=True))).cast(schema)
             except Exception:  # e.g. invalid UTF-8 in a damaged file: the careful path below
+                self._arrow.close()
                 self._arrow = None
+        if self._kept_runs is not None and not self._selected_on_db:
+            self._select_on_db()  # ADBC gave up after the selection: sqlite3 needs it too
         cursor = self._db.execute(query)
         chunks = [pl.DataFrame(schema=schema)]
         while rows := cursor.fetchmany(FETCH_ROWS):
@@ -241,7 +288,7 @@ def _is_wal(path: Path) -> bool:
 
 def _load(given: str, ctx: LoadContext) -> SourceData:
     path = Path(given)
-    info = file_facts(path, "sqlite")
+    info = file_facts(path, "sqlite", ctx.options.shared)
     wal = path.with_name(path.name + "-wal")
     if _is_wal(path) or wal.exists():
         with tempfile.TemporaryDirectory(prefix="dstack-audit-") as folder:
@@ -272,11 +319,9 @@ def _read_database(path: Path, shown: Path, ctx: LoadContext, info) -> SourceDat
             )
         data = load_tables(reader, server)
         if reader.narrowed:
-            latest = (
-                pl.Series(reader.latest_times()).to_frame("t").select(parse_db_time(pl.col("t")))
-            )
-            if latest.height:
-                whole = latest["t"].max()
+            shared = options.shared if path == shown else None  # a WAL copy: read each time
+            whole = shared.get("latest", path, reader.latest) if shared else reader.latest()
+            if whole is not None:
                 data.latest_time[server] = max(whole, data.latest_time.get(server, whole))
             if partition is not None:
                 info.notes.append(f"partition {partition[0]}/{partition[1]} (whole services)")
