@@ -218,6 +218,21 @@ class Outputs:
             return
         self.write_bytes(given, text.encode("utf-8"))
 
+    def write_pieces(self, given: str | Path | None, pieces: Iterable[str]) -> None:
+        """Write consecutive texts (UTF-8) as one output, each encoded and written as it comes:
+        a large report is never held whole. A file still takes its name only once complete."""
+        if given is None or str(given) == STDOUT:
+            try:
+                for piece in pieces:
+                    sys.stdout.write(piece)
+                sys.stdout.flush()
+            except OSError as error:
+                raise cannot_write("standard output", error.strerror or str(error)) from None
+            return
+        with self.open(given) as handle:
+            for piece in pieces:
+                handle.write(piece.encode("utf-8"))
+
     def write_bytes(self, given: str | Path | None, data: bytes) -> None:
         """Write `data` to a planned file output, or standard output for None or `-`."""
         if given is None or str(given) == STDOUT:

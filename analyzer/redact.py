@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cache, cached_property
 from pathlib import Path
@@ -633,6 +633,37 @@ def without_controls(text: str, *, keep_styles: bool = False) -> str:
         return _CONTROLS.sub("", text)
     parts = _STYLE.split(text)
     return "".join(p if i % 2 else _CONTROLS.sub("", p) for i, p in enumerate(parts))
+
+
+CHUNK_CHARS = 4_000_000  # chunks of about this size: ~15 times it in memory, CPU as one pass
+
+
+def redact_pieces(
+    pieces: Iterable[str], redact: Callable[[str], str], *, chunk: int = CHUNK_CHARS
+) -> Iterator[str]:
+    """The final pass over a text given as consecutive pieces (analyzer.render.report_json):
+    `redact` over consecutive pieces joined into chunks of about `chunk` characters, so every
+    byte written is seen by it and only a chunk is held at a time.
+
+    The same as `redact` over the whole text when no match crosses a boundary between pieces.
+    Pieces are whole lines and whole JSON values (a run verdict, a finding), and JSON escapes
+    every newline inside a string: a string, and every secret in it, lies on one line inside
+    one piece. Known values are matched as they appear inside a string (raw, JSON-escaped);
+    the rules confined to a line run per line anyway (redact_shapes); only a rule that spans
+    lines could join the end of one item to the next one's start, an accident of two texts
+    rendered one after the other, not a secret either holds (and a key block's BEGIN line left
+    without its END is masked to the end of its chunk instead of the text's: its own string,
+    the key with it, still is)."""
+    held: list[str] = []
+    size = 0
+    for piece in pieces:
+        held.append(piece)
+        size += len(piece)
+        if size >= chunk:
+            yield redact("".join(held))
+            held, size = [], 0
+    if held:
+        yield redact("".join(held))
 
 
 def _unescape_json(value: str) -> str:

@@ -4,6 +4,7 @@ bundle or collection it wrote, checked again)."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -38,9 +39,15 @@ def _markdown(report: Any) -> str:
     return render_markdown(report)
 
 
-RENDERERS = {  # besides "table", the terminal view (it needs the width, colour and filters)
-    "markdown": _markdown,
-    "json": lambda report: report.model_dump_json(indent=2) + "\n",
+def _json(report: Any) -> Iterable[str]:
+    from analyzer.render.report_json import json_pieces
+
+    return json_pieces(report)
+
+
+RENDERERS: dict[str, Callable[[Any], Iterable[str]]] = {  # besides "table", the terminal view
+    "markdown": lambda report: [_markdown(report)],  # (it needs the width, colour and filters)
+    "json": _json,  # piece by piece: a huge report is never one text
 }
 
 
@@ -158,7 +165,7 @@ def audit(
     """
     from analyzer.api import audit_in_partitions
     from analyzer.outputs import plan
-    from analyzer.redact import Redactor, without_controls
+    from analyzer.redact import Redactor, redact_pieces, without_controls
     from analyzer.sources.live import LIVE_URL, use_token
     from analyzer.terminal import colour_wanted
 
@@ -172,21 +179,28 @@ def audit(
     fmt = inferred_format(fmt, output, "table", FORMAT_BY_SUFFIX)
     zone = time_zone(tz)
 
-    def render(report: Any) -> str:
+    def render(report: Any) -> Iterable[str]:
         if fmt != "table":
             return RENDERERS[fmt](report)
         from analyzer.render.screen import render_table
 
         to_terminal = output is None or str(output) == "-"
-        return render_table(
-            report,
-            width=screen_width(output),
-            colour=to_terminal and colour_wanted(sys.stdout),
-            all_runs=all_runs,
-            full_inputs=full_inputs,
-            verdicts=verdicts,
-            tz=zone,
-        )
+        return [
+            render_table(
+                report,
+                width=screen_width(output),
+                colour=to_terminal and colour_wanted(sys.stdout),
+                all_runs=all_runs,
+                full_inputs=full_inputs,
+                verdicts=verdicts,
+                tz=zone,
+            )
+        ]
+
+    def write(report: Any, redact: Callable[[str], str]) -> None:
+        """The report to `output` through the final redaction pass, rendered, redacted and
+        written piece by piece (analyzer.redact.redact_pieces: every byte written passes it)."""
+        outputs.write_pieces(output, redact_pieces(render(report), redact))
 
     labels = parse_server_labels(server_labels)
     sources = tuple(dict.fromkeys([*sources, *labels]))
@@ -216,7 +230,8 @@ def audit(
         else:
             report = audit_in_partitions(sources, partitions, **options)
         outputs.add_inputs(i.path for i in report.inputs)
-        outputs.write_text(output, without_controls(Redactor().apply(render(report))))
+        shapes = Redactor()  # each partition's report is redacted already: secret shapes only
+        write(report, lambda text: without_controls(shapes.apply(text)))
         if fail_on_findings and report.findings:
             sys.exit(1)
         return
@@ -234,7 +249,7 @@ def audit(
                 "see --quarantine FILE for the lines, or drop --strict to audit leniently",
             )
     styled = fmt == "table" and (output is None or str(output) == "-")  # colour on a terminal
-    outputs.write_text(output, opened.redact(render(report), keep_styles=styled))
+    write(report, lambda text: opened.redact(text, keep_styles=styled))
     if bundle is not None:
         from analyzer.bundle import write_bundle
 
