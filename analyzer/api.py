@@ -277,6 +277,7 @@ def open_sources(
     until: When | None = None,
     partition: tuple[int, int] | None = None,
     server_labels: dict[str, str] | None = None,
+    shared: WholeInputFacts | None = None,
 ) -> Audit:
     """Read every input (read-only) and combine them into one audit.
 
@@ -286,42 +287,14 @@ def open_sources(
 
     Each database is its own server; a log or an API export joins the database whose ids it
     shares (analyzer.pipeline.servers). `server_labels` maps a source (as given) to its
-    server's name, overriding that; a single server is called `server`.
+    server's name, overriding that; a single server is called `server`. `shared` holds facts
+    about whole inputs (a file's hash, its latest times) that the other partitions of the same
+    audit computed already (audit_in_partitions); leave it None.
 
     >>> audit = open_sources(["samples/v0.22.5/seed"])  # doctest: +SKIP
     >>> audit.report.findings[0].victims[0].job_name  # doctest: +SKIP
     'web-0-0'
     """
-    return _open_sources(
-        paths,
-        project=project,
-        run=run,
-        server=server,
-        log_tz=log_tz,
-        log_date=log_date,
-        since=since,
-        until=until,
-        partition=partition,
-        server_labels=server_labels,
-    )
-
-
-def _open_sources(
-    paths: Paths,
-    *,
-    project: str | None = None,
-    run: str | None = None,
-    server: str = DEFAULT_SERVER,
-    log_tz: str | None = None,
-    log_date: date | str | None = None,
-    since: When | None = None,
-    until: When | None = None,
-    partition: tuple[int, int] | None = None,
-    server_labels: dict[str, str] | None = None,
-    shared: WholeInputFacts | None = None,
-) -> Audit:
-    """open_sources, with the facts about whole inputs that `shared` holds for the other
-    partitions of the same audit."""
     given = as_paths(paths)
     since, until = parse_time(since, "since"), parse_time(until, "until")
     if isinstance(log_date, str):
@@ -372,7 +345,7 @@ def audit_partition(
 ) -> Report:
     """One partition's report: the task a Dask worker runs (analyzer.cluster); `shared` keeps
     what one partition learnt of whole inputs (hashes, latest times) for the next."""
-    return _open_sources(paths, partition=(index, count), shared=shared, **options).report
+    return open_sources(paths, partition=(index, count), shared=shared, **options).report
 
 
 def audit_in_partitions(paths: Paths, count: int, *, client=None, **options) -> Report:
