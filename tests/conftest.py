@@ -42,6 +42,11 @@ def found_victims(report) -> set[tuple[str, str]]:
     return {(f.category, v.job_id) for f in report.findings for v in f.victims}
 
 
+def short_ids(victims: set[tuple[str, str]]) -> set[tuple[str, str]]:
+    """(category, job id) as a log names the job: the six-character short id dstack logs."""
+    return {(category, job_id.replace("-", "")[:6]) for category, job_id in victims}
+
+
 def load_truth(path: Path) -> dict:
     return json.loads(path.read_text())
 

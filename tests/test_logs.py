@@ -12,7 +12,15 @@ from pathlib import Path
 import polars as pl
 import pytest
 from click.testing import CliRunner
-from conftest import CAPTURES, capture_id, expected_victims, load_truth, truth_files
+from conftest import (
+    CAPTURES,
+    capture_id,
+    expected_victims,
+    found_victims,
+    load_truth,
+    short_ids,
+    truth_files,
+)
 from polars.testing import assert_frame_equal
 
 import analyzer.catalogue as catalogue
@@ -24,14 +32,6 @@ FORMATS = ("rich", "standard", "json")
 EVENT_ERA = [p for p in truth_files() if p.parent.parent.name in ("v0.20", "v0.22.5")]
 PRE_EVENTS = truth_files("v0.19/*/truth.json")
 SEED = CAPTURES / "v0.22.5" / "seed"
-
-
-def _prefixed(victims):
-    return {(category, job_id.replace("-", "")[:6]) for category, job_id in victims}
-
-
-def _found(report):
-    return {(f.category, v.job_id) for f in report.findings for v in f.victims}
 
 
 def _log(capture, fmt):
@@ -69,7 +69,7 @@ def test_info_log_alone_gives_truth(truth_path, fmt):
     truth = load_truth(truth_path)
     log = _log(truth_path.parent, fmt)
     report = open_sources([log]).report
-    assert _found(report) == _prefixed(expected_victims(truth))
+    assert found_victims(report) == short_ids(expected_victims(truth))
     for finding in report.findings:
         # What a log alone cannot prove (issue 13): health at the kill of a replica with
         # probes, the deployment of replicas active at a replicas/groups-only update.
@@ -90,7 +90,7 @@ def test_info_log_alone_gives_truth(truth_path, fmt):
 def test_019_log_alone_gives_suspected_findings(truth_path, fmt):
     truth = load_truth(truth_path)
     report = open_sources([_log(truth_path.parent, fmt)]).report
-    assert _found(report) == _prefixed(expected_victims(truth))
+    assert found_victims(report) == short_ids(expected_victims(truth))
     assert all(f.confidence == "suspected" for f in report.findings)
     for finding in report.findings:
         assert any("scaling UP" in note for note in finding.notes)
@@ -103,7 +103,7 @@ def test_log_and_database_together(truth_path, fmt):
     truth = load_truth(truth_path)
     capture = truth_path.parent
     report = open_sources([capture / "server.db", _log(capture, fmt)]).report
-    assert _found(report) == expected_victims(truth)
+    assert found_victims(report) == expected_victims(truth)
     assert all(f.confidence == "confirmed" for f in report.findings)
     aligned = [lim for lim in report.limitations if lim.code == "log_time_aligned"]
     assert len(aligned) == 1 and "UTC+00:00" in aligned[0].message
@@ -139,7 +139,7 @@ def test_log_in_a_non_utc_zone_is_aligned_with_the_database(tmp_path):
     report = open_sources([SEED / "server.db", local]).report
     (aligned,) = [lim for lim in report.limitations if lim.code == "log_time_aligned"]
     assert "UTC+02:00" in aligned.message
-    assert _found(report) == _found(db_only)
+    assert found_victims(report) == found_victims(db_only)
     assert report.findings[0].evidence == [
         item.model_copy(update={"source": item.source + f"; {local}:{_line(local, item)}"})
         if item.source.startswith("events:")
@@ -224,7 +224,7 @@ def test_journald_export(tmp_path):
     log.write_text("\n".join(entries) + "\n")
     report = open_sources([log]).report
     assert "journald" in report.inputs[0].kind
-    assert _found(report) == {("collateral_termination", "699fe8")}
+    assert found_victims(report) == {("collateral_termination", "699fe8")}
 
 
 def test_gzip_and_rotated_set(tmp_path):
@@ -236,7 +236,7 @@ def test_gzip_and_rotated_set(tmp_path):
     (folder / "server.log.1").write_text("".join(lines[12:22]))
     (folder / "server.log").write_text("".join(lines[22:]))
     report = open_sources([folder]).report
-    assert _found(report) == {("collateral_termination", "699fe8")}
+    assert found_victims(report) == {("collateral_termination", "699fe8")}
     assert len(report.inputs) == 3
 
 
@@ -284,7 +284,7 @@ def test_same_run_name_twice_in_one_log_kept_apart_by_prefix(tmp_path):
     report = open_sources([log]).report
     verdicts = {v.run_id: v.verdict for v in report.runs}
     assert verdicts == {"a7c4dd": "no_healthy_victim", "6e42c9": "collateral_termination"}
-    assert _found(report) == {("collateral_termination", "699fe8")}
+    assert found_victims(report) == {("collateral_termination", "699fe8")}
 
 
 def test_timeline_of_a_rich_log_alone_shows_no_invented_date():

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import CAPTURES, DATA
+from conftest import CAPTURES, DATA, expected_victims, found_victims, short_ids
 
 from analyzer import open_sources
 from analyzer.catalogue import EVENT_TEMPLATES, KNOWN_IRRELEVANT
@@ -573,35 +573,12 @@ def test_every_story_is_in_a_small_fleet(fleet):
 # accuracy: the analyzer finds exactly the truth
 
 
-def _expected(truth: dict, prefix: bool = False) -> set[tuple[str, str]]:
-    expected = set()
-    for run in truth["runs"]:
-        strict = {v["job_id"] for v in run["victims"]}
-        for victim in run["broad_victims"]:
-            category = (
-                "collateral_termination"
-                if victim["job_id"] in strict
-                else "same_deployment_collateral"
-            )
-            job = victim["job_id"].replace("-", "")
-            expected.add((category, job[:6] if prefix else victim["job_id"]))
-    return expected
-
-
-def _found(report, prefix: bool = False) -> set[tuple[str, str]]:
-    return {
-        (f.category, v.job_id.replace("-", "")[:6] if prefix else v.job_id)
-        for f in report.findings
-        for v in f.victims
-    }
-
-
 @pytest.mark.parametrize("which", ["fleet", "unique_fleet"])
 def test_database_audit_finds_exactly_the_truth(request, which):
     out, _ = request.getfixturevalue(which)
     truth = json.loads((out / "truth.json").read_text())
     report = open_sources([out / "server.db"]).report
-    assert _found(report) == _expected(truth)
+    assert found_victims(report) == expected_victims(truth)
     verdicts = {v.run_id: v.verdict for v in report.runs}
     assert len(verdicts) == len(truth["runs"])
     for run in truth["runs"]:
@@ -619,7 +596,7 @@ def test_log_alone_finds_exactly_the_truth(unique_fleet, fmt):
     out, _ = unique_fleet
     truth = json.loads((out / "truth.json").read_text())
     report = open_sources([out / "logs" / f"server.{fmt}.log"]).report
-    assert _found(report, prefix=True) == _expected(truth, prefix=True)
+    assert short_ids(found_victims(report)) == short_ids(expected_victims(truth))
 
 
 def test_events_past_the_ttl_leave_the_tables_to_decide(tmp_path):
@@ -630,7 +607,7 @@ def test_events_past_the_ttl_leave_the_tables_to_decide(tmp_path):
     cut = summary.end.replace(tzinfo=None) - timedelta(days=7)
     assert oldest >= cut.strftime("%Y-%m-%d %H:%M:%S.%f")
     report = open_sources([tmp_path / "server.db"]).report
-    assert _found(report) == _expected(truth)
+    assert found_victims(report) == expected_victims(truth)
 
 
 # Known limits of the log-only audit, kept as strict expected failures: when the analyzer
@@ -654,7 +631,7 @@ def test_log_alone_with_concurrent_same_name_runs(tmp_path):
     )
     truth = json.loads((tmp_path / "truth.json").read_text())
     report = open_sources([tmp_path / "logs" / "server.standard.log"]).report
-    assert _found(report, prefix=True) == _expected(truth, prefix=True)
+    assert short_ids(found_victims(report)) == short_ids(expected_victims(truth))
 
 
 @pytest.mark.parametrize("zone", [None, "Europe/Berlin"])
@@ -675,7 +652,7 @@ def test_log_alone_across_a_dst_fall_back(tmp_path, zone):
     report = open_sources([tmp_path / "logs" / "server.standard.log"], log_tz=zone).report
     codes = {lim.code for lim in report.limitations}
     assert "log_clock_went_back" in codes
-    assert _found(report, prefix=True) == _expected(truth, prefix=True)
+    assert short_ids(found_victims(report)) == short_ids(expected_victims(truth))
 
 
 # ---------------------------------------------------------------------------------------------
