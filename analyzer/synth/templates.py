@@ -156,48 +156,14 @@ class Templates:
         run_spec = json.loads(self.run_service["run_spec"])
         task_spec = json.loads(self.run_task["run_spec"])
         conf = ("configuration",)
-        self.run_spec_service = _Doc(
-            run_spec,
-            [
-                ("run_name",),
-                (*conf, "name"),
-                (*conf, "commands"),
-                (*conf, "image"),
-                (*conf, "replicas"),
-                (*conf, "probes"),
-                (*conf, "priority"),
-                (*conf, "retry"),
-                (*conf, "env"),
-                ("ssh_key_pub",),
-            ],
-        )
-        self.run_spec_task = _Doc(
-            task_spec,
-            [
-                ("run_name",),
-                (*conf, "name"),
-                (*conf, "commands"),
-                (*conf, "image"),
-                (*conf, "replicas"),
-                (*conf, "probes"),
-                (*conf, "priority"),
-                (*conf, "retry"),
-                (*conf, "env"),
-                ("ssh_key_pub",),
-            ]
-            if "replicas" in task_spec["configuration"]
-            else [
-                ("run_name",),
-                (*conf, "name"),
-                (*conf, "commands"),
-                (*conf, "image"),
-                (*conf, "priority"),
-                (*conf, "retry"),
-                (*conf, "env"),
-                ("ssh_key_pub",),
-            ],
-        )
+        head = [("run_name",), (*conf, "name"), (*conf, "commands"), (*conf, "image")]
+        scaling = [(*conf, "replicas"), (*conf, "probes")]
+        tail = [(*conf, "priority"), (*conf, "retry"), (*conf, "env"), ("ssh_key_pub",)]
+        self.run_spec_service = _Doc(run_spec, [*head, *scaling, *tail])
         self.task_spec_has_replicas = "replicas" in task_spec["configuration"]
+        self.run_spec_task = _Doc(
+            task_spec, [*head, *scaling, *tail] if self.task_spec_has_replicas else [*head, *tail]
+        )
         job_slots = [
             ("replica_num",),
             ("job_name",),
