@@ -393,32 +393,20 @@ def _legend_handles(view: RunView) -> list[Any]:
         )
     if view.outages:
         handles.append(Patch(facecolor=OUTAGE_COLOR, alpha=0.28, label="outage"))
-    if any(m.kind == "culprit_failure" for m in view.markers):
-        handles.append(
-            Line2D(
-                [],
-                [],
-                marker="X",
-                markersize=9,
-                color=MARKER_STYLE["culprit_failure"][0],
-                mec="white",
-                ls="none",
-                label="culprit failed",
+    for kind, label in (("culprit_failure", "culprit failed"), ("victim_stop", "victim stopped")):
+        if any(m.kind == kind for m in view.markers):
+            handles.append(
+                Line2D(
+                    [],
+                    [],
+                    marker=LANE_POINTS[kind][0],
+                    markersize=9,
+                    color=MARKER_STYLE[kind][0],
+                    mec="white",
+                    ls="none",
+                    label=label,
+                )
             )
-        )
-    if any(m.kind == "victim_stop" for m in view.markers):
-        handles.append(
-            Line2D(
-                [],
-                [],
-                marker="v",
-                markersize=9,
-                color=MARKER_STYLE["victim_stop"][0],
-                mec="white",
-                ls="none",
-                label="victim stopped",
-            )
-        )
     return handles
 
 
