@@ -209,14 +209,7 @@ class Outputs:
 
     def write_text(self, given: str | Path | None, text: str) -> None:
         """Write `text` (UTF-8) to a planned file output, or standard output for None or `-`."""
-        if given is None or str(given) == STDOUT:
-            try:
-                sys.stdout.write(text)
-                sys.stdout.flush()
-            except OSError as error:
-                raise cannot_write("standard output", error.strerror or str(error)) from None
-            return
-        self.write_bytes(given, text.encode("utf-8"))
+        self.write_pieces(given, [text])
 
     def write_pieces(self, given: str | Path | None, pieces: Iterable[str]) -> None:
         """Write consecutive texts (UTF-8) as one output, each encoded and written as it comes:
