@@ -56,6 +56,14 @@ class WholeInputFacts:
         return self._facts[key]
 
 
+def remembered(
+    shared: WholeInputFacts | None, name: str, path: Path, compute: Callable[[], object]
+) -> object:
+    """`compute()`, or the fact `shared` remembers of this version of `path` (None: no
+    partitions share what they learn, so compute)."""
+    return shared.get(name, path, compute) if shared else compute()
+
+
 NO_OPTIONS = ReadOptions()
 
 
@@ -176,7 +184,7 @@ class Verification:
 def file_facts(path: Path, kind: str, shared: WholeInputFacts | None = None) -> InputInfo:
     """Hash and stat a file without changing it (read-only, streamed); hashed once per audit
     when the partitions of the audit `shared` what they learnt of whole files."""
-    sha256 = shared.get("sha256", path, lambda: _sha256(path)) if shared else _sha256(path)
+    sha256 = remembered(shared, "sha256", path, lambda: _sha256(path))
     stat = path.stat()
     return InputInfo(
         path=str(path), kind=kind, sha256=sha256, size=stat.st_size, mtime=stat.st_mtime

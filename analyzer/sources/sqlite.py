@@ -14,6 +14,7 @@ import sqlite3
 import tempfile
 from collections.abc import Callable
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from urllib.parse import quote
 
@@ -21,7 +22,14 @@ import polars as pl
 
 from analyzer.errors import AuditInputError
 from analyzer.model import parse_db_time
-from analyzer.sources.base import InputKind, LoadContext, ReadOptions, SourceData, file_facts
+from analyzer.sources.base import (
+    InputKind,
+    LoadContext,
+    ReadOptions,
+    SourceData,
+    file_facts,
+    remembered,
+)
 from analyzer.sources.dstack_tables import ALIVE_COLUMNS, load_tables, looks_like_dstack
 from analyzer.sources.partition import service_buckets
 
@@ -99,8 +107,8 @@ class SqliteReader:
         keep = pl.lit(True)
         if options.partition:
             index, count = options.partition
-            shared, bucketed = options.shared, lambda: self._runs_by_service(count)
-            runs = shared.get(f"runs in {count}", self._path, bucketed) if shared else bucketed()
+            bucketed = partial(self._runs_by_service, count)
+            runs = remembered(options.shared, f"runs in {count}", self._path, bucketed)
             keep = keep & (pl.col("bucket") == index)
         else:
             runs = self._runs()
@@ -320,7 +328,7 @@ def _read_database(path: Path, shown: Path, ctx: LoadContext, info) -> SourceDat
         data = load_tables(reader, server)
         if reader.narrowed:
             shared = options.shared if path == shown else None  # a WAL copy: read each time
-            whole = shared.get("latest", path, reader.latest) if shared else reader.latest()
+            whole = remembered(shared, "latest", path, reader.latest)
             if whole is not None:
                 data.latest_time[server] = max(whole, data.latest_time.get(server, whole))
             if partition is not None:
