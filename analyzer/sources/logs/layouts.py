@@ -5,6 +5,7 @@ the record it belongs to.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import time
 
@@ -25,7 +26,7 @@ _STD_RE = (
 
 # The same start without captures (matched whole: the fast path of the regex engine), for the
 # pre-filter that looks at every line of a chunk.
-_STD_HEAD_RE = rf"^(?:{LEVELS}) \d{{4}}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{{3}} \S+(?: |$)"
+_STD_HEAD_RE = re.sub(r"\(\?P<\w+>", "(?:", _STD_RE)
 
 _STD_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S%.3f"
 
