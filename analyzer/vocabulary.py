@@ -118,6 +118,7 @@ LimitationCode = Literal[
     "no_run_evidence",
     "ps_json_latest_submission_only",
     "runs_list_submissions_capped",
+    "unknown_schema_release",
     "unreadable_export",
 ]
 LIMITATION_CODES: tuple[str, ...] = get_args(LimitationCode)

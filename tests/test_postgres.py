@@ -425,7 +425,7 @@ def test_dump_gives_truth(pg, loaded, scenario):
     assert len(report.runs) == len(truth["runs"])
     (info,) = report.inputs
     assert info.kind == "postgresql" and info.sha256 is None
-    assert info.server_version == "0.22.5"
+    assert info.server_version == "0.22.1-0.22.5"  # 0.22.1 to 0.22.5 share one alembic head
     database = urlsplit(loaded[scenario]).path.lstrip("/")
     assert info.records == _rows_in_audited_tables(pg, database) > 0
 

@@ -56,7 +56,36 @@ def test_sha256_and_size_of_each_input():
     (info,) = open_sources([db]).report.inputs
     assert info.sha256 == hashlib.sha256(db.read_bytes()).hexdigest()
     assert info.size == db.stat().st_size
-    assert info.server_version == "0.22.5"
+    assert info.server_version == "0.22.1-0.22.5"  # 0.22.1 to 0.22.5 share one alembic head
+
+
+@pytest.mark.parametrize(
+    ("head", "release"),
+    [
+        ("620892d149b5", "0.21.3-0.21.5"),  # read from the 0.21.3, 0.21.4 and 0.21.5 wheels
+        ("652af7a3c9c9", "0.22.0"),
+        ("ecc9e8a0bfac", "0.21.0"),
+    ],
+)
+def test_alembic_head_names_the_release(tmp_path, head, release):
+    db = tmp_path / "server.db"
+    shutil.copy(CAPTURES / "v0.22.5" / "seed" / "server.db", db)
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE alembic_version SET version_num = ?", (head,))
+    report = open_sources([db]).report
+    assert report.inputs[0].server_version == release
+    assert "unknown_schema_release" not in {lim.code for lim in report.limitations}
+
+
+def test_unknown_alembic_head_is_a_limitation_not_silence(tmp_path):
+    db = tmp_path / "server.db"
+    shutil.copy(CAPTURES / "v0.22.5" / "seed" / "server.db", db)
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE alembic_version SET version_num = 'abcdef012345'")
+    report = open_sources([db]).report
+    assert report.inputs[0].server_version == "unknown (alembic abcdef012345)"
+    (limitation,) = [lim for lim in report.limitations if lim.code == "unknown_schema_release"]
+    assert "abcdef012345" in limitation.message
 
 
 def _error(path) -> str:

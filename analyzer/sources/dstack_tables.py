@@ -206,7 +206,9 @@ ALEMBIC_RELEASES = {
     "3d4f69210528": "0.21.1",
     "04126c7ea0c8": "0.21.2",
     "dbbe9f32ec66": "0.21.2+ (HEAD 2026-08)",
-    "40f19bea9d2a": "0.22.5",
+    "620892d149b5": "0.21.3-0.21.5",
+    "652af7a3c9c9": "0.22.0",
+    "40f19bea9d2a": "0.22.1-0.22.5",
 }
 
 
@@ -345,6 +347,16 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
     if alembic is not None and alembic.height:
         head = alembic["version_num"][0]
         version = ALEMBIC_RELEASES.get(head, f"unknown (alembic {head})")
+        if head not in ALEMBIC_RELEASES:
+            data.limitations.append(
+                Limitation(
+                    "unknown_schema_release",
+                    f"the database's alembic head {head} is no release this tool knows (newest "
+                    "known: 0.22.5): its tables are read by their columns, and a rule that depends "
+                    "on the release (e.g. whether #4186 applies) cannot be judged",
+                    label,
+                )
+            )
 
     projects = _names(_read(reader, "projects"), "project")
     raw_users = _read(reader, "users")
