@@ -101,6 +101,7 @@ LimitationCode = Literal[
     "end_of_evidence_lower_bound",
     "fleet_spec_as_last_recorded",
     "health_not_provable_from_logs",
+    "log_capacity_hint",
     "log_clock_went_back",
     "log_events_missing_from_database",
     "log_events_past_events_ttl",

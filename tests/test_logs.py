@@ -311,3 +311,104 @@ def test_known_messages_classify_each_chunk_as_the_catalogue_does(log):
         alone = catalogue.parse_event_messages(chunk.lazy(), fold_tolerant=True).collect()
         assert_frame_equal(known.classify(chunk, "message"), alone)
         assert set(alone["kind"]) - {"unrecognised"}
+
+
+# jobs_submitted's WARNING for a refused offer (0.22.5 `_provision_new_capacity`):
+# "%s: %s launch in %s/%s failed: %s" % (fmt(job), instance, backend, region, repr(error)).
+_REFUSED = (
+    "dstack._internal.server.background.pipeline_tasks.jobs_submitted",
+    "job(f93ce0)chat-api-0-1: chat-fleet-0 launch in aws/us-east-1 failed: "
+    "NoCapacityError('Insufficient capacity')",
+)
+
+
+def _warning_log(tmp_path, fmt, lines):
+    path = tmp_path / f"server-warning.{fmt}.log"
+    if fmt == "json":
+        path.write_text(
+            "".join(
+                json.dumps(
+                    {
+                        "timestamp": f"2026-11-08 15:0{i}:59,069",
+                        "logger": logger,
+                        "level": "WARNING",
+                        "message": message,
+                    }
+                )
+                + "\n"
+                for i, (logger, message) in enumerate(lines)
+            )
+        )
+    else:
+        path.write_text(
+            "".join(
+                f"WARNING 2026-11-08T15:0{i}:59.069 {logger} {message}\n"
+                for i, (logger, message) in enumerate(lines)
+            )
+        )
+    return path
+
+
+@pytest.mark.parametrize("fmt", ["standard", "json"])
+def test_warning_log_names_runs_whose_launch_was_refused_as_a_hint_never_a_finding(tmp_path, fmt):
+    real = (
+        (CAPTURES / "v0.22.5" / "user-stop-mid-rollout" / "logs")
+        .joinpath("server-warning.standard.log")
+        .read_text()
+    )
+    _, _, logger, message = real.splitlines()[0].split(" ", 3)
+    log = _warning_log(tmp_path, fmt, [(logger, message), _REFUSED, _REFUSED])
+    report = open_sources([log]).report
+    assert report.findings == [] and report.runs == []
+    (hint,) = [lim for lim in report.limitations if lim.code == "log_capacity_hint"]
+    assert "run chat-api (job chat-api-0-1: 2 launch(es) refused" in hint.message
+    assert f"{log}:2" in hint.message and "not a finding" in hint.message
+    assert "log_without_run_evidence" in {lim.code for lim in report.limitations}
+
+
+def test_a_warning_log_without_refused_launches_gives_no_hint():
+    log = CAPTURES / "v0.22.5" / "user-stop-mid-rollout" / "logs" / "server-warning.standard.log"
+    codes = {lim.code for lim in open_sources([log]).report.limitations}
+    assert "log_capacity_hint" not in codes and "log_without_run_evidence" in codes
+
+
+def test_an_info_log_keeps_refused_launches_out_of_the_hints(tmp_path):
+    seed = (SEED / "logs" / "server-info.standard.log").read_text()
+    log = tmp_path / "server.log"
+    log.write_text(seed + "WARNING 2026-11-02T09:20:00.000 " + " ".join(_REFUSED) + "\n")
+    report = open_sources([log]).report
+    assert "log_capacity_hint" not in {lim.code for lim in report.limitations}
+    assert report.summary.victims == 1
+
+
+def test_v019_log_a_slot_re_run_by_a_later_deployment_is_the_culprit(tmp_path):
+    """0.19's rolling deployment re-runs an inactive replica slot first (scale_run_replicas:
+    `retry_run_replica_jobs`), so the failing new submission has the job name of a replica the
+    previous rollout stopped: the 6-hex id, not the name, tells them apart (reference 9.3)."""
+    seed = (CAPTURES / "v0.19" / "seed" / "logs" / "server-info.standard.log").read_text()
+    head = [line for line in seed.splitlines() if "09:09" not in line]
+    old, surge = "job(4da89b)web-0-0", "job(1ded4f)web-0-1"
+    prefix = "INFO 2026-11-02T09:0{} dstack._internal.server.services."
+    rollout = [
+        prefix.format("3:00.100") + "runs run(686b0f)web: scaling UP 1 replica(s)",
+        "INFO 2026-11-02T09:03:05.100 dstack._internal.server.background.tasks."
+        f"process_submitted_jobs {surge}: provisioned 1 new instance(s)",
+        "INFO 2026-11-02T09:03:40.100 dstack._internal.server.background.tasks."
+        f"process_running_jobs {surge}: now is PULLING",
+        prefix.format("4:10.100")
+        + f"services {surge}: service replica registered to receive requests, gateway=False",
+        prefix.format("4:20.100") + "runs run(686b0f)web: scaling DOWN 1 replica(s)",
+        prefix.format("4:25.100") + f"jobs {old}: job status is TERMINATED, reason: SCALED_DOWN",
+    ]
+    failure = [
+        line.replace(surge, "job(77aa11)web-0-0").replace(old, surge)
+        for line in seed.splitlines()
+        if "09:09" in line
+    ]
+    log = tmp_path / "server-info.standard.log"
+    log.write_text("\n".join(head + rollout + failure) + "\n")
+    report = open_sources([log]).report
+    (finding,) = report.findings
+    assert finding.category == "collateral_termination"
+    assert [v.job_name for v in finding.victims] == ["web-0-1"]
+    assert [(c.job_name, c.job_id[:6]) for c in finding.culprits] == [("web-0-0", "77aa11")]

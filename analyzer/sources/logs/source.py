@@ -99,12 +99,18 @@ def _stream(info: InputInfo, blocks: Iterable[bytes], server: str) -> SourceData
     stream = LogStream(path, may_matter=may_matter)
     collector = EventCollector(path, server)
     secrets: set[str] = set()
+    launches: list[pl.DataFrame] = []
     for records, aside in stream.chunks(blocks):
         collector.add(records, aside)
         secrets.update(records["message"].str.extract(ADMIN_TOKEN, 1).drop_nulls().to_list())
+        launches.append(_capacity_launches(records))
     read = stream.result()
     events, facts = collector.finish()
     data = _from_read(info, read, facts, events)
+    if facts.relevant == 0 and launches:
+        hint = _capacity_hint(pl.concat(launches), path)
+        if hint is not None:
+            data.limitations.append(hint)
     text = read.unparsed["text"].drop_nulls()
     data.secrets.update(secrets, text.str.extract(ADMIN_TOKEN, 1).drop_nulls().to_list())
     return data
@@ -155,6 +161,63 @@ def _from_read(info: InputInfo, read, facts, events: pl.DataFrame) -> SourceData
             )
         )
     return data
+
+
+# jobs_submitted (0.22.5 `_provision_new_capacity`; 0.19 process_submitted_jobs): a backend
+# refusing an offer is logged at WARNING as "{job}: <instance> launch in <backend>/<region>
+# failed: <repr(error)>"; NoCapacityError is the cloud's "no capacity".
+_LAUNCH_NO_CAPACITY = r"^job\([0-9a-f]{6}\)(?P<job>\S+): .+ launch in \S+ failed: NoCapacityError\b"
+_HINT_RUNS = 20
+
+
+def _capacity_launches(records: pl.DataFrame) -> pl.DataFrame:
+    """Per job of a chunk: its first capacity-refused launch (line, time as written) and how
+    many there were; a handful of rows, whatever the chunk's size."""
+    return (
+        records.lazy()
+        .select(
+            pl.col("message").str.extract(_LAUNCH_NO_CAPACITY, 1).alias("job"),
+            "line",
+            pl.col("local_time").cast(pl.String).alias("time"),
+        )
+        .drop_nulls("job")
+        .group_by("job")
+        .agg(pl.col("line").first(), pl.col("time").first(), pl.len().alias("launches"))
+        .collect()
+    )
+
+
+def _capacity_hint(launches: pl.DataFrame, path: str) -> Limitation | None:
+    """A log with no lifecycle line (dstack at WARNING) still names the jobs whose launches
+    the cloud refused for lack of capacity. If one was the surge replica of a service's
+    rolling deployment, dstack failed the run and stopped its healthy replicas (#4186), but
+    nothing here says it was: which runs to look at, as a hint, never as a finding."""
+    if launches.is_empty():
+        return None
+    per_job = (
+        launches.group_by("job")
+        .agg(pl.col("line").min(), pl.col("time").sort_by("line").first(), pl.col("launches").sum())
+        .with_columns(pl.col("job").str.replace(r"-\d+-\d+$", "").alias("run"))
+        .sort("line")
+    )
+    shown = per_job.head(_HINT_RUNS).iter_rows(named=True)
+    items = [
+        f"run {r['run']} (job {r['job']}: {r['launches']} launch(es) refused, first at "
+        f"{r['time'] or 'an unknown time'}, {path}:{r['line']})"
+        for r in shown
+    ]
+    more = per_job.height - _HINT_RUNS
+    return Limitation(
+        "log_capacity_hint",
+        "this log has no run or job lifecycle line, but the cloud refused launches for lack of "
+        "capacity (NoCapacityError) for "
+        + "; ".join(items)
+        + (f"; and {more} more job(s)" if more > 0 else "")
+        + ". If such a job was the new replica of a service's rolling deployment, dstack may "
+        "have failed the run and stopped its healthy replicas: a hint, not a finding; the "
+        "database or a log at INFO decides",
+        path,
+    )
 
 
 SOURCE = InputKind(kind="log", load=_load, sniff=_sniff, claims=lambda given: given == STDIN)
