@@ -412,3 +412,53 @@ def test_v019_log_a_slot_re_run_by_a_later_deployment_is_the_culprit(tmp_path):
     assert finding.category == "collateral_termination"
     assert [v.job_name for v in finding.victims] == ["web-0-1"]
     assert [(c.job_name, c.job_id[:6]) for c in finding.culprits] == [("web-0-0", "77aa11")]
+
+
+def test_log_alone_a_multi_node_task_is_a_task_not_an_undecided_service(tmp_path):
+    """The real task-fails log with a second node (train-1-0) that fails while node 0 is
+    stopped by the cascade: only a task has job_num > 0 (BaseJobConfigurator names jobs
+    `{run}-{job_num}-{replica_num}`), so the run is no rolling deployment's."""
+    source = CAPTURES / "v0.22.5" / "task-fails" / "logs" / "server-info.standard.log"
+    node0, node1 = "job(b7e577)train-0-0", "job(c0ffee)train-1-0"
+    lines = []
+    for line in source.read_text().splitlines():
+        if "07:50:55" in line or "07:51:03" in line:
+            lines.append(line.replace(node0, node1))
+            continue
+        lines.append(line)
+        if node0 in line and "Emitting event: Job" in line and "unassigned" not in line:
+            lines.append(line.replace(node0, node1))
+        if "07:50:58" in line:  # the run's TERMINATING: node 0 is stopped by the server
+            stamp = "INFO 2026-11-11T07:51:0{} dstack._internal.server.services.events "
+            lines.append(
+                stamp.format("1.100") + "Emitting event: Job status changed RUNNING -> "
+                f"TERMINATING. Termination reason: TERMINATED_BY_SERVER. Event targets: {node0}. "
+                "Actor: system"
+            )
+            lines.append(
+                stamp.format("5.100") + "Emitting event: Job status changed TERMINATING -> "
+                f"TERMINATED. Event targets: {node0}. Actor: system"
+            )
+    log = tmp_path / "server-info.standard.log"
+    log.write_text("\n".join(lines) + "\n")
+    (run,) = open_sources([log]).report.runs
+    assert run.verdict == "no_incident"
+    assert "a task run" in run.why
+
+
+def test_v019_log_service_registration_line_says_service(tmp_path):
+    """0.19's services.register_service logs `{run}: service is registered as <url>` at
+    submission, for every service: the log says the run is a service, where no other line
+    (scaling, registration of a replica) does."""
+    seed = (CAPTURES / "v0.19" / "seed" / "logs" / "server-info.standard.log").read_text()
+    status = next(line for line in seed.splitlines() if "SUBMITTED -> PROVISIONING" in line)
+    line = (
+        "INFO 2026-11-02T09:00:41.299 dstack._internal.server.services.services run(686b0f)web: "
+        "service is registered as http://127.0.0.1:3000/proxy/services/main/web/"
+    )
+    types = []
+    for lines in ([status], [line, status]):
+        log = tmp_path / f"server-{len(lines)}.log"
+        log.write_text("\n".join(lines) + "\n")
+        types.append(open_sources([log]).runs["run_type"].to_list())
+    assert types == [[None], ["service"]]

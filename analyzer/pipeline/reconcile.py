@@ -503,12 +503,21 @@ def _derive_runs(events: pl.DataFrame) -> pl.DataFrame:
             .str.replace(r"-\d+-\d+$", "")
             .alias("_job_run"),
             pl.when(
-                pl.col("message").str.contains(r"^Service ?").any()
+                pl.col("message").str.contains(r"^(?:Service ?|service is registered as )").any()
                 | pl.col("kind")
                 .is_in(["job_ready", "job_registered", "run_updated", "run_scaling"])
                 .any()
             )
             .then(pl.lit("service"))
+            # BaseJobConfigurator names a job f"{run_name}-{job_num}-{replica_num}" and only
+            # TaskJobConfigurator makes more than one job (node) per replica: job_num > 0 is a task
+            .when(
+                pl.col("entity_name")
+                .filter(pl.col("entity_type") == "job")
+                .str.contains(r"-[1-9]\d*-\d+$")
+                .any()
+            )
+            .then(pl.lit("task"))
             .alias("run_type"),
             pl.col("new_status")
             .filter(status | (run & (pl.col("kind") == "run_submitted")))

@@ -136,6 +136,9 @@ def records_to_events(
     return collector.finish()
 
 
+SERVICE_REGISTERED = "service is registered as "
+
+
 class EventCollector:
     """A log's records, chunk after chunk, reduced to what the audit keeps: the event and
     status lines (with their places), counts of every other kind, the unrecognised lines'
@@ -223,9 +226,13 @@ class EventCollector:
                 known = self._shapes.setdefault(shape, [0, place])
                 known[0] += count
 
-        # "other" run/job events stay: they tell a service from a task ("Service ..." messages).
+        # "other" run/job events stay: they tell a service from a task ("Service ..." messages),
+        # and so does 0.19's `{run}: service is registered as <url>` (services.register_service).
+        kept_status = ~pl.col("kind").is_in(["other", "unrecognised"]) | (
+            (pl.col("kind") == "other") & pl.col("message").str.starts_with(SERVICE_REGISTERED)
+        )
         relevant = pl.concat(
-            [events, status.filter(~pl.col("kind").is_in(["other", "unrecognised"]))],
+            [events, status.filter(kept_status)],
             how="diagonal_relaxed",
         ).filter(pl.col("kind") != "unrecognised")
         lifecycle = relevant.filter(pl.col("kind") != "other")
