@@ -13,6 +13,9 @@ part of the test suite).
   1k, 2k, 4k): time and peak RSS per doubling.
 - memory: the standard log grown 1x, 4x, 16x with real-shaped irrelevant lines (the kept
   events stay the same, so memory must too), plain and .gz: peak RSS.
+- events (only when asked): a log whose every line is an event line (the synthetic server's
+  lifecycle lines, written again and again to about 600 MB, --quick 60 MB, gzipped): peak RSS
+  (target <= 1.5 GB; identical records are kept once).
 - report (only when asked): `dstack-audit report` (HTML) of >= 1,000 findings vs the same
   audit as JSON.
 
@@ -248,6 +251,25 @@ def bench_memory(ctx: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def bench_events(ctx: argparse.Namespace) -> list[dict]:
+    """A log of nothing but event lines, the same ones many times over (a log concatenated
+    with itself, rotated files that overlap): memory must follow the distinct events."""
+    import gzip
+
+    folder = fleet(ctx.out, ctx.memory_runs)
+    source = folder / "logs" / "server.standard.log"
+    events = b"".join(line for line in source.open("rb") if b"Emitting event:" in line)
+    target = (60 if ctx.quick else 600) * 1_000_000
+    log = ctx.out / f"events-{target // 1_000_000}mb.log.gz"
+    if not log.exists():
+        with gzip.open(log, "wb", compresslevel=6) as out:
+            for _ in range(max(1, target // len(events))):
+                out.write(events)
+    audit = audited(1, folder / "truth.json", log)
+    size = f"{target / 1e6:.0f} MB of events in {log.stat().st_size / 1e6:.0f} MB .gz"
+    return [{"bench": f"events-only log ({size}; target <= 1.5 GB)", **audit}]
+
+
 def bench_report(ctx: argparse.Namespace) -> list[dict]:
     """The HTML report of a server with >= 1,000 findings vs the same audit as JSON."""
     folder = fleet(ctx.out, max(ctx.runs, 4000))  # ~0.26 findings per run
@@ -277,6 +299,7 @@ BENCHES = {
     "scaling": bench_scaling,
     "memory": bench_memory,
     "report": bench_report,
+    "events": bench_events,
 }
 DEFAULT = "logs,db,cli,seed,scaling,memory"
 

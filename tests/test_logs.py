@@ -462,3 +462,31 @@ def test_v019_log_service_registration_line_says_service(tmp_path):
         log.write_text("\n".join(lines) + "\n")
         types.append(open_sources([log]).runs["run_type"].to_list())
     assert types == [[None], ["service"]]
+
+
+def test_a_log_written_twice_keeps_each_event_once_with_both_places(tmp_path, monkeypatch):
+    """The seed log concatenated with itself (as an overlapping rotated file would be): the
+    same findings, each event once with both places, and a note saying so, whether the
+    identical records are folded as they are read or at the end."""
+    import analyzer.sources.logs.messages as messages
+
+    seed = (SEED / "logs" / "server-info.standard.log").read_text()
+    once, twice = tmp_path / "once.log", tmp_path / "twice.log"
+    once.write_text(seed)
+    twice.write_text(seed + seed)
+    lines = len(seed.splitlines())
+    reports = {"once": open_sources([once]).report}
+    monkeypatch.setattr(messages, "_COMPACT_ROWS", 5)  # folded while reading, many times
+    reports["twice"] = open_sources([twice]).report
+    (one,), (two,) = reports["once"].findings, reports["twice"].findings
+    assert [v.job_id for v in two.victims] == [v.job_id for v in one.victims]
+    assert [c.job_id for c in two.culprits] == [c.job_id for c in one.culprits]
+    assert len(two.evidence) == len(one.evidence)
+    for a, b in zip(one.evidence, two.evidence, strict=True):
+        if a.time is not None:  # an event line (the job summaries cite the job's first line)
+            line = int(a.source.rsplit(":", 1)[1])
+            assert b.source == f"{twice}:{line}; {twice}:{line + lines}"
+    assert one.impact.outage_seconds == two.impact.outage_seconds
+    notes = reports["twice"].inputs[0].notes
+    assert any("repeat an identical earlier one" in note for note in notes)
+    assert not any("repeat" in note for note in reports["once"].inputs[0].notes)

@@ -85,6 +85,8 @@ _KEPT_COLUMNS = (
 # A record's own columns that the kept events carry (its place and times).
 _PLACE_COLUMNS = ("file", "line", "local_time", "time_of_day", "day_offset", "wrapper_time")
 _PLACE = pl.format("{}:{}", pl.col("file"), pl.col("line")).alias("place")
+_COMPACT_ROWS = 200_000  # kept rows (about 40 MB) before identical records are folded
+_PLACES_KEPT = 16  # places of one repeated record kept as its provenance
 
 
 def _version_key(version: str) -> tuple[int, ...]:
@@ -105,6 +107,7 @@ class LogFacts:
     levels: dict[str, int] = field(default_factory=dict)
     ambiguous_jobs: int = 0  # jobs that more than one same-name run could own
     last_time: datetime | None = None  # the latest line's time, as written (any line, kept or not)
+    repeated_records: int = 0  # identical to an earlier record: kept once (EventCollector)
 
 
 def _shape(message: pl.Expr) -> pl.Expr:
@@ -150,6 +153,8 @@ class EventCollector:
         self.server = server
         self.facts = LogFacts()
         self._kept: list[pl.DataFrame] = []
+        self._kept_rows = 0
+        self._compact_at = _COMPACT_ROWS
         self._shapes: dict[str, list] = {}  # shape -> [count, first place]
         self._explicit_version: str | None = None
         self._markers: set[int] = set()
@@ -244,7 +249,40 @@ class EventCollector:
         self._markers |= markers
         if relevant.height:
             kept = [name for name in _KEPT_COLUMNS if name in relevant.columns]
-            self._kept.append(detached(relevant.select(kept)))
+            self._kept.append(
+                detached(relevant.select(*kept, pl.concat_list([_PLACE]).alias("places")))
+            )
+            self._kept_rows += relevant.height
+            if self._kept_rows >= self._compact_at:
+                self._compact()
+
+    def _compact(self) -> None:
+        """Identical records (the same line twice: an overlapping rotated file, a log
+        concatenated with itself) kept once, with their places (up to ``_PLACES_KEPT``) as
+        provenance: memory grows with the distinct events, not with the copies. The next
+        compaction waits until the kept rows have doubled, so each row is grouped O(1) times."""
+        frame = pl.concat(self._kept, how="diagonal_relaxed")
+        key = [c for c in frame.columns if c not in ("seq", "file", "line", "places")]
+        if frame.select(pl.struct(key).is_unique().all()).item():
+            compacted = frame
+        else:
+            compacted = (
+                frame.group_by(key, maintain_order=True)
+                .agg(
+                    pl.col("seq").min(),
+                    pl.col("file").first(),
+                    pl.col("line").min(),
+                    pl.col("places")
+                    .list.explode(keep_nulls=False, empty_as_null=False)
+                    .head(_PLACES_KEPT),
+                )
+                .select(frame.columns)
+            )
+            seqs = pl.col("seq").n_unique()
+            self.facts.repeated_records += frame.select(seqs).item() - compacted.select(seqs).item()
+        self._kept = [compacted]
+        self._kept_rows = compacted.height
+        self._compact_at = max(_COMPACT_ROWS, 2 * compacted.height)
 
     def _count_records(self, records: pl.DataFrame) -> None:
         facts = self.facts
@@ -278,15 +316,14 @@ class EventCollector:
         facts.server_version = _fingerprint(self._explicit_version, self._markers)
         if facts.records == 0:
             return pl.DataFrame(), facts
-        relevant = pl.concat(self._kept, how="diagonal_relaxed") if self._kept else pl.DataFrame()
+        if self._kept:
+            self._compact()
+        relevant = self._kept[0] if self._kept else pl.DataFrame()
         if relevant.height == 0:
             return relevant, facts
-        out = relevant.with_columns(
+        out = relevant.rename({"places": "provenance"}).with_columns(
             pl.lit(self.server).alias("server"),
             pl.lit(self.source).alias("source"),
-            pl.concat_list([pl.format("{}:{}", pl.col("file"), pl.col("line"))]).alias(
-                "provenance"
-            ),
             *_times(),
         )
         attached = _attach_job_runs(out)

@@ -131,6 +131,12 @@ def _from_read(info: InputInfo, read, facts, events: pl.DataFrame) -> SourceData
         f"{read.unparsed.height} unparsed"
     )
     info.notes.extend(read.damage)
+    if facts.repeated_records:
+        info.notes.append(
+            f"{facts.repeated_records} kept record(s) repeat an identical earlier one (the same "
+            "line again: an overlapping rotated file or a log written twice): each kept once, "
+            "its places as provenance"
+        )
     for shape, count in list(facts.unrecognised_shapes.items())[:20]:
         first = facts.unrecognised_first.get(shape)
         info.notes.append(
