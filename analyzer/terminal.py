@@ -1,6 +1,9 @@
 """The terminal side of the CLI: consoles that colour only on a terminal (never with NO_COLOR or
 --no-color), progress bars on stderr (only on a terminal, never with -q) and -v timings.
 
+The bars only ever write to stderr and never take over stdout (rich's Progress redirects
+sys.stdout by default: `audit --format json > out.json` then painted the JSON on the screen).
+
 rich is imported here only, so the library and the JSON paths never pay for it.
 """
 
@@ -95,6 +98,8 @@ class _Listener:
                     TimeElapsedColumn(),
                     console=self.err,
                     transient=True,
+                    redirect_stdout=False,  # the output is the command's, never the display's
+                    redirect_stderr=False,
                 )
                 self.progress.start()
             task = self.progress.add_task(description, total=total)
@@ -113,6 +118,8 @@ class _Listener:
             self.progress.remove_task(task)
         if self.verbose:
             self._say(f"{description}: {time.perf_counter() - started:.2f}s")
+        if not self.tasks:  # between stages (and while the output is written) no display
+            self.close()
 
     def _say(self, text: str) -> None:
         line = f"dstack-audit: {text}"

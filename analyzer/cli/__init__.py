@@ -14,9 +14,10 @@ import click
 
 from analyzer._version import __version__
 from analyzer.cli import audit, exposure, ingest, synth, timeline, visual
+from analyzer.cli.options import AuditGroup
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=AuditGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "-V", "--version", prog_name="dstack-audit")
 def main() -> None:
     """Find healthy dstack service replicas killed because a newer deployment failed.

@@ -37,6 +37,22 @@ class IsoTime(click.ParamType):
             self.fail(f"{value!r} is not an ISO 8601 time ({EXAMPLES})", param, ctx)
 
 
+INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it; 1 means findings
+
+
+class AuditGroup(click.Group):
+    """The `dstack-audit` group: Ctrl-C exits 130 on every command (click's own handling says
+    "Aborted!" and exits 1, which a CI gate would read as findings). Outputs are written under
+    a temporary name (analyzer.outputs), so an interrupted command leaves no partial file."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo("dstack-audit: interrupted", err=True)
+            sys.exit(INTERRUPTED)
+
+
 def ui_options(command: Command) -> Command:
     """-q, -v and --no-color on every command; progress bars on stderr while it runs."""
 
