@@ -4,9 +4,16 @@ anything is opened for writing, and written so that a failure never leaves half 
 A forensic tool must not harm its evidence. An output path is resolved (symlinks followed, `..`
 removed; a path that does not exist yet through its parent) and refused when it is an input, lies
 inside a folder given as an input, lies inside the folder holding an input file, or holds an
-input. All of a command's outputs are planned (and so checked) before the first is written.
+input. The same is asked of identities (device and inode): a bind mount, a hard link or a second
+path to the evidence is the evidence. An input is every form that names a local file: a path, a
+`file://` URL, `dstack:` (the dstack CLI's configuration), `-` when standard input is a file. A
+block device is never written (it may hold the evidence's file system), nor a character device
+other than a terminal or /dev/null; standard output redirected onto an input is refused. All of
+a command's outputs are planned (and so checked) before the first is written.
 
-A regular file is written under a temporary name beside it and renamed into place when complete;
+A regular file is written under a temporary name beside it and renamed into place when complete,
+relative to its folder opened once when planned (a folder swapped for a symlink meanwhile is not
+followed: the file lands where it was checked, and is checked again there);
 a device or FIFO (`/dev/null`, `/dev/stdout`) is written directly and `-` is standard output. A
 folder (a bundle, a dataset, a report's images) is built in a temporary folder beside it and
 swapped in whole, so a stale file of an earlier run never survives in it.
@@ -19,15 +26,84 @@ import secrets
 import shutil
 import stat
 import sys
+import weakref
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
+from urllib.parse import unquote, urlsplit
 
 from analyzer.errors import AuditInputError
 
 STDOUT = "-"
+Identity = tuple[int, int]  # (st_dev, st_ino): the same file or folder whatever path reaches it
+# /dev/null, /dev/zero, /dev/full; ttys, /dev/tty and /dev/console, pseudo-terminals
+_HARMLESS_DEVICES = {(1, 3), (1, 5), (1, 7)}
+_TERMINAL_MAJORS = {4, 5, *range(136, 144)}
+
+
+def _identity(status: os.stat_result) -> Identity:
+    return status.st_dev, status.st_ino
+
+
+def local_path(text: str) -> str | None:
+    """The local path a source names: itself, a `file://` URL's path, the dstack CLI's
+    configuration for `dstack:`; None for a network URL or standard input."""
+    if not text or text == STDOUT:
+        return None
+    if text.lower().startswith("file://"):
+        parts = urlsplit(text)
+        return unquote(parts.path) if parts.netloc in ("", "localhost") else None
+    if text.startswith("dstack:"):
+        return str(Path.home() / ".dstack" / "config.yml")
+    return None if "://" in text else text
+
+
+def _stream_identity(stream) -> os.stat_result | None:
+    try:
+        return os.fstat(stream.fileno())
+    except (OSError, ValueError, AttributeError):  # not a real file (a test's capture)
+        return None
+
+
+def _device_problem(status: os.stat_result) -> str | None:
+    """Why writing to this device could harm something (None: it cannot)."""
+    if stat.S_ISBLK(status.st_mode):
+        return "it is a block device (it may hold a file system, the evidence's too)"
+    if stat.S_ISCHR(status.st_mode):
+        device = (os.major(status.st_rdev), os.minor(status.st_rdev))
+        streams = [_stream_identity(s) for s in (sys.stdout, sys.stderr)]
+        if (
+            device in _HARMLESS_DEVICES
+            or device[0] in _TERMINAL_MAJORS
+            or _identity(status) in {_identity(s) for s in streams if s is not None}
+        ):
+            return None
+        return "it is a character device, neither a terminal nor /dev/null"
+    return None
+
+
+def _folder_chain(descriptor: int) -> list[Identity]:
+    """The identity of an opened folder and of every folder above it, up to the root, walked
+    through `..` from the descriptor (no path that could be swapped meanwhile)."""
+    chain = [_identity(os.fstat(descriptor))]
+    current = os.open("..", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=descriptor)
+    try:
+        while (here := _identity(os.fstat(current))) != chain[-1]:
+            chain.append(here)
+            above = os.open("..", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=current)
+            os.close(current)
+            current = above
+    finally:
+        os.close(current)
+    return chain
+
+
+def _close_all(descriptors: dict[str, int]) -> None:
+    for descriptor in descriptors.values():
+        os.close(descriptor)
+    descriptors.clear()
 
 
 def cannot_write(path: str | Path, reason: str) -> AuditInputError:
@@ -44,13 +120,14 @@ def _resolve(given: str | Path) -> Path:
         raise cannot_write(given, f"cannot resolve the path ({error})") from None
 
 
-def _is_special(path: Path) -> bool:
-    """A device, FIFO or socket: written to directly, never replaced."""
+def _special(given: str | Path) -> os.stat_result | None:
+    """A device, FIFO or socket (through links, /dev/stdout's too): written to directly,
+    never replaced."""
     try:
-        mode = path.stat().st_mode
-    except OSError:
-        return False
-    return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
+        status = os.stat(given)
+    except (OSError, ValueError):
+        return None
+    return None if stat.S_ISREG(status.st_mode) or stat.S_ISDIR(status.st_mode) else status
 
 
 def _umask() -> int:
@@ -65,6 +142,8 @@ class _Output:
     path: Path  # resolved
     folder: bool
     special: bool = False
+    own: Identity | None = None  # what is at the path now
+    above: tuple[Identity, ...] = ()  # every existing folder above it, nearest first
 
 
 class Outputs:
@@ -78,13 +157,23 @@ class Outputs:
         self._inputs: dict[str, None] = {}  # the real path of every input (file or folder)
         self._inside: dict[str, str] = {}  # a folder nothing may be written in -> why
         self._real_folders: dict[str, str] = {}  # the real path of each folder seen
+        self._ids: dict[Identity, str] = {}  # every input's identity -> its real path
+        self._inside_ids: dict[Identity, str] = {}  # the identities of `_inside`'s folders
+        self._holding_ids: dict[Identity, str] = {}  # every folder above an input -> that input
+        self._chains: dict[str, list[Identity]] = {}  # a folder's identity and those above it
         self._outputs: dict[str, _Output] = {}
-        self.add_inputs(inputs)
+        self._folders: dict[str, int] = {}  # an output -> its folder, opened when planned
+        weakref.finalize(self, _close_all, self._folders)
+        standard_input = _stream_identity(sys.stdin)
+        given = list(inputs)
+        if STDOUT in map(str, given) and standard_input and stat.S_ISREG(standard_input.st_mode):
+            given.append(f"/proc/self/fd/{sys.stdin.fileno()}")  # `- < evidence.log`
+        self.add_inputs(given)
 
     def add_inputs(self, inputs: Iterable[str | Path]) -> None:
         """More inputs (e.g. the files found inside an input folder, a database's -wal): every
-        output planned so far is checked against them too. A string check per input: a folder
-        of many thousand files costs milliseconds."""
+        output planned so far, and standard output, are checked against them too. A string
+        check and a stat per input: a folder of many thousand files costs milliseconds."""
         new = []
         for source in inputs:
             found = self._real_input(str(source))
@@ -95,17 +184,53 @@ class Outputs:
             new.append(real)
             if is_folder:
                 self._inside[real] = f"the input folder {real}"
+                self._identify(real, real, self._inside[real])
             else:
                 folder = os.path.dirname(real)
                 self._inside.setdefault(folder, f"{folder}, the folder holding the input {real}")
+                self._identify(real, folder, self._inside[folder])
         for output in self._outputs.values():
             self._check(output, new)
+        self._check_stdout()
+
+    def _identify(self, real: str, folder: str, why: str) -> None:
+        """Record an input's identity, its folder's (nothing is written in it) and those of the
+        folders above it (none is replaced)."""
+        try:
+            self._ids.setdefault(_identity(os.stat(real)), real)
+            chain = self._chain(folder)
+        except OSError:
+            return  # missing: the reader names it
+        if chain:
+            self._inside_ids.setdefault(chain[0], why)
+        for identity in chain:
+            self._holding_ids.setdefault(identity, real)
+
+    def _chain(self, folder: str) -> list[Identity]:
+        chain = self._chains.get(folder)
+        if chain is None:
+            up = os.path.dirname(folder)
+            above = self._chain(up) if up != folder else []
+            chain = self._chains[folder] = [_identity(os.stat(folder)), *above]
+        return chain
+
+    def _check_stdout(self) -> None:
+        """Standard output redirected onto an input (`>> server.log`) would write into it."""
+        status = _stream_identity(sys.stdout)
+        if status is not None and stat.S_ISREG(status.st_mode):
+            real = self._ids.get(_identity(status))
+            if real is not None:
+                raise AuditInputError(
+                    "standard output", f"refused as an output: it is the input {real}"
+                )
 
     def _real_input(self, text: str) -> tuple[str, bool] | None:
-        """An input's real path and whether it is a folder; None for a URL or standard input.
-        The folder part is resolved once per folder, the name only when it is a link."""
-        if not text or text == STDOUT or "://" in text:
+        """An input's real path and whether it is a folder; None for a network URL or standard
+        input. The folder part is resolved once per folder, the name only when it is a link."""
+        local = local_path(text)
+        if local is None:
             return None
+        text = local
         try:
             mode = os.lstat(text).st_mode
         except OSError:
@@ -119,21 +244,41 @@ class Outputs:
             if base is None:
                 base = self._real_folders[head] = os.path.realpath(head or ".")
             return os.path.join(base, name), stat.S_ISDIR(mode)
-        except (OSError, RuntimeError):  # a symlink loop: the reader names it
+        except (OSError, RuntimeError, ValueError):  # a symlink loop: the reader names it
             return None
 
     def file(self, given: str | Path | None) -> None:
         """Plan a file output (None and `-` are standard output)."""
         if given is None or str(given) == STDOUT:
             return
+        device = _special(given)
+        if device is not None:
+            problem = _device_problem(device)
+            if problem:
+                raise AuditInputError(str(given), f"refused as an output: {problem}")
+            output = _Output(str(given), Path(given), folder=False, special=True)
+            output.own = _identity(device)
+            self._plan(output)
+            return
         path = _resolve(given)
-        output = _Output(str(given), path, folder=False, special=_is_special(path))
-        if not output.special:
-            if path.is_dir():
-                raise cannot_write(given, "it is a folder")
-            if not path.parent.is_dir():
-                reason = "no such folder" if not path.parent.exists() else "not a folder"
-                raise cannot_write(given, f"{reason}: {path.parent}")
+        output = _Output(str(given), path, folder=False)
+        if path.is_dir():
+            raise cannot_write(given, "it is a folder")
+        if not path.parent.is_dir():
+            reason = "no such folder" if not path.parent.exists() else "not a folder"
+            raise cannot_write(given, f"{reason}: {path.parent}")
+        try:
+            folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as error:
+            raise cannot_write(given, error.strerror or str(error)) from None
+        self._folders[output.given] = folder
+        try:
+            output.above = tuple(_folder_chain(folder))
+            output.own = _identity(os.stat(path.name, dir_fd=folder, follow_symlinks=False))
+        except FileNotFoundError:
+            pass
+        except OSError as error:
+            raise cannot_write(given, error.strerror or str(error)) from None
         self._plan(output)
 
     def folder(
@@ -155,6 +300,11 @@ class Outputs:
         above = next(p for p in path.parents if p.exists())
         if not above.is_dir():
             raise cannot_write(given, f"not a folder: {above}")
+        try:
+            output.own = _identity(path.stat()) if path.exists() else None
+            output.above = tuple(self._chain(str(above)))
+        except OSError as error:
+            raise cannot_write(given, error.strerror or str(error)) from None
         if replace and path.is_dir():
             here = Path.cwd().resolve()
             if here == path or path in here.parents:
@@ -198,8 +348,24 @@ class Outputs:
                 prefix = real.rstrip(os.sep) + os.sep
                 held = next((p for p in inputs if p.startswith(prefix)), None)
                 problem = f"it holds the input {held}" if held else None
+        if problem is None:
+            problem = self._identity_problem(output.own, output.above, output.folder)
         if problem:
             raise AuditInputError(output.given, f"refused as an output: {problem}")
+
+    def _identity_problem(
+        self, own: Identity | None, above: Iterable[Identity], folder: bool
+    ) -> str | None:
+        """The checks of `_check` by device and inode: a bind mount of the evidence folder,
+        a hard link to an input, a second path to either is the evidence."""
+        if own is not None and own in self._ids:
+            return f"it is the input {self._ids[own]} (the same file by device and inode)"
+        for identity in above:
+            if identity in self._inside_ids:
+                return f"it lies inside {self._inside_ids[identity]} (the same folder by inode)"
+        if folder and own is not None and own in self._holding_ids:
+            return f"it holds the input {self._holding_ids[own]} (by device and inode)"
+        return None
 
     def _planned(self, given: str | Path) -> _Output:
         try:
@@ -241,29 +407,46 @@ class Outputs:
     @contextmanager
     def open(self, given: str | Path) -> Iterator[BinaryIO]:
         """A planned file output opened for writing: renamed into place only when the block
-        completes; a device or FIFO is written directly."""
+        completes, inside the folder opened when it was planned (checked again now, by inode:
+        an input found since, or a folder swapped meanwhile, is refused); a device or FIFO is
+        written directly, if it is still the one planned."""
         output = self._planned(given)
         if output.special:
             try:
-                with output.path.open("wb") as handle:
+                with open(output.path, "wb") as handle:
+                    if _identity(os.fstat(handle.fileno())) != output.own:
+                        raise AuditInputError(output.given, "it changed since it was checked")
                     yield handle
             except OSError as error:
                 raise cannot_write(output.given, error.strerror or str(error)) from None
             return
-        temporary = output.path.with_name(f".{output.path.name}.{secrets.token_hex(4)}.tmp")
+        folder = self._folders[output.given]
+        name = output.path.name
+        temporary = f".{name}.{secrets.token_hex(4)}.tmp"
         try:
-            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            try:
+                now = _identity(os.stat(name, dir_fd=folder, follow_symlinks=False))
+            except FileNotFoundError:
+                now = None
+            problem = self._identity_problem(now, _folder_chain(folder), False)
+            if problem:
+                raise AuditInputError(output.given, f"refused as an output: {problem}")
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            descriptor = os.open(temporary, flags, 0o666, dir_fd=folder)
             with os.fdopen(descriptor, "wb") as handle:
                 yield handle
                 handle.flush()
                 os.fsync(handle.fileno())  # complete on disk before it takes the name
-            if output.path.exists():
-                os.chmod(temporary, stat.S_IMODE(output.path.stat().st_mode))
-            os.replace(temporary, output.path)
+            if now is not None:
+                mode = os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode
+                os.chmod(temporary, stat.S_IMODE(mode), dir_fd=folder)
+            os.replace(temporary, name, src_dir_fd=folder, dst_dir_fd=folder)
         except OSError as error:
             raise cannot_write(output.given, error.strerror or str(error)) from None
         finally:
-            temporary.unlink(missing_ok=True)
+            with suppress(FileNotFoundError):
+                os.unlink(temporary, dir_fd=folder)
+            os.close(self._folders.pop(output.given))
 
     @contextmanager
     def build(self, given: str | Path, *, drop_if_empty: bool = False) -> Iterator[Path]:
