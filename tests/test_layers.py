@@ -36,6 +36,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "api",
         (
             "analyzer.api",
+            "analyzer.guard",
             "analyzer.bundle",
             "analyzer.dataset",
             "analyzer.ingest",

@@ -1,0 +1,480 @@
+"""`dstack-audit guard`: a dstack apply policy that refuses the rollout that would take a
+service down (issue 25).
+
+dstack 0.22.5's builtin `rest_plugin` (`dstack/plugins/builtin/rest_plugin/_plugin.py`,
+`CustomApplyPolicy`) posts `{user, project, spec}` to `<DSTACK_PLUGIN_SERVICE_URI>/apply_policies/
+on_run_apply` (and `on_fleet_apply`, `on_volume_apply`, `on_gateway_apply`) from `get_plan` and
+`apply_plan` (`services/runs/__init__.py`), waits at most `PLUGIN_REQUEST_TIMEOUT_SEC` = 8 s, and
+reads `{spec, error}` back: a non-null `error` reaches the user as `Apply request rejected:
+<error>`. The guard always answers the spec it was given (it never changes one).
+
+The decision, for an update of a RUNNING service (`apply_plan` bumps `deployment_num`):
+- new replicas start when the JobSpec changes (`_build_deployment_update_map` /
+  `job_spec_updatable_in_place`: the configuration fields of `_TYPE_SPECIFIC_CONF_UPDATABLE_FIELDS`
+  marked "rolling deployment" and the spec's `repo_data`, `repo_code_hash`, `file_archives`,
+  `working_dir`), one surge replica at a time (`ROLLING_DEPLOYMENT_MAX_SURGE` = 1) above the
+  desired count, or when the desired count grows (`_build_service_scaling_maps`);
+- a failure of any of them fails the run and stops its healthy replicas (dstack #4186,
+  `analyzer.pipeline.exposure.judge_release`);
+- room is what `jobs_submitted.py` would find: an idle (or partly busy) instance whose idle blocks
+  fit one replica, or a cloud fleet below `nodes.max` (`can_create_new_cloud_instance_in_fleet`;
+  never an SSH fleet, never with `creation_policy: reuse`), less the other runs' queued
+  replicas (SUBMITTED, not yet provisioned) that will take it first.
+Everything is read from the server at each request (nothing cached).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Literal
+
+from analyzer.pipeline.exposure import (
+    Requirement,
+    judge_release,
+    requirement,
+    retry_for_no_capacity,
+)
+from analyzer.redact import Redactor
+
+Decision = Literal["approve", "reject", "warn", "unknown"]
+ENDPOINTS = ("on_run_apply", "on_fleet_apply", "on_volume_apply", "on_gateway_apply")
+REQUEST_TIMEOUT_S = 2.0  # each of at most four calls: well within dstack's 8 s
+# dstack 0.22.5 services/runs/spec.py: what changes the JobSpec (a rolling deployment).
+ROLLING_CONF_FIELDS = (
+    "port",
+    "probes",
+    "resources",
+    "volumes",
+    "docker",
+    "files",
+    "image",
+    "user",
+    "privileged",
+    "entrypoint",
+    "working_dir",
+    "python",
+    "nvcc",
+    "single_branch",
+    "env",
+    "shell",
+    "commands",
+)
+ROLLING_SPEC_FIELDS = ("repo_data", "repo_code_hash", "file_archives", "working_dir")
+# Configuration fields updatable in place without a new replica (besides the rolling ones).
+IN_PLACE_CONF_FIELDS = ("replicas", "groups", "scaling", "gateway", "priority", "type", "name")
+IN_PLACE_SPEC_FIELDS = ("configuration_path", "configuration")
+BUSY_STATES = ("idle", "busy")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    decision: Decision
+    reason: str
+
+
+def _strip_defaults(resources: Any, current: Any) -> Any:
+    """The new resources with the server-set defaults the client leaves unset taken from the
+    current spec (`set_run_spec_resources_defaults`: gpu vendor; `job_spec_updatable_in_place`:
+    an unset cpu arch), so an unchanged configuration is not read as a change."""
+    if not isinstance(resources, dict) or not isinstance(current, dict):
+        return resources
+    new = json.loads(json.dumps(resources))
+    for part, key in (("gpu", "vendor"), ("cpu", "arch")):
+        mine, theirs = new.get(part), current.get(part)
+        known = isinstance(mine, dict) and isinstance(theirs, dict) and key in theirs
+        if known and mine.get(key) is None:
+            mine[key] = theirs[key]
+    return new
+
+
+def _rolling_changes(current: dict, new: dict) -> list[str]:
+    """The fields whose change makes dstack deploy new replicas."""
+    old_conf, new_conf = current.get("configuration") or {}, new.get("configuration") or {}
+    changed = []
+    for name in ROLLING_CONF_FIELDS:
+        mine, theirs = new_conf.get(name), old_conf.get(name)
+        if name == "resources":
+            mine = _strip_defaults(mine, theirs)
+        if mine != theirs:
+            changed.append(f"configuration.{name}")
+    old_groups = {g.get("name"): g for g in old_conf.get("groups") or [] if isinstance(g, dict)}
+    for group in new_conf.get("groups") or []:
+        if not isinstance(group, dict) or group.get("name") not in old_groups:
+            continue
+        before = old_groups[group.get("name")]
+        for key in set(group) | set(before):
+            if key in ("name", "replicas", "scaling"):
+                continue
+            if group.get(key) != before.get(key):
+                changed.append(f"configuration.groups[{group.get('name')}].{key}")
+    changed.extend(name for name in ROLLING_SPEC_FIELDS if new.get(name) != current.get(name))
+    return changed
+
+
+def _replacing(current: dict, new: dict) -> list[str]:
+    """Fields dstack cannot update in place: `dstack apply` then stops the run and submits a new
+    one (`check_can_update_run_spec`), which is the user's explicit choice, not a rollout."""
+    fields = set(current) | set(new)
+    spec = [
+        f
+        for f in sorted(fields)
+        if f not in IN_PLACE_SPEC_FIELDS + ROLLING_SPEC_FIELDS
+        and f not in ("run_name", "merged_profile", "ssh_key_pub", "repo_id", "profile")
+        and current.get(f) != new.get(f)
+    ]
+    old_conf, new_conf = current.get("configuration") or {}, new.get("configuration") or {}
+    conf = [
+        f"configuration.{f}"
+        for f in sorted(set(old_conf) | set(new_conf))
+        if f not in ROLLING_CONF_FIELDS + IN_PLACE_CONF_FIELDS
+        and old_conf.get(f) != new_conf.get(f)
+    ]
+    return spec + conf
+
+
+def _wanted(conf: dict, active: int) -> int:
+    """The desired replica count after the update: a fixed count, or the current one kept inside
+    the new range (the autoscaler moves it later; `compute_desired_replica_counts`)."""
+    groups = conf.get("groups")
+    if isinstance(groups, list) and groups:
+        return sum(_wanted(g, 0) if isinstance(g, dict) else 0 for g in groups) or active
+    replicas = conf.get("replicas", 1)
+    if isinstance(replicas, int):
+        return replicas
+    if isinstance(replicas, str) and replicas.isdigit():
+        return int(replicas)
+    if isinstance(replicas, dict):
+        low, high = replicas.get("min"), replicas.get("max")
+        value = active
+        if isinstance(low, int):
+            value = max(value, low)
+        if isinstance(high, int):
+            value = min(value, high)
+        return value
+    return active
+
+
+def _latest(run: dict) -> list[dict]:
+    """(job spec, latest submission) of every job of the run."""
+    found = []
+    for job in run.get("jobs") or []:
+        subs = job.get("job_submissions") or []
+        if subs:
+            found.append({"spec": job.get("job_spec") or {}, "sub": subs[-1]})
+    return found
+
+
+def _healthy(run: dict) -> int:
+    """Replicas serving now: the latest job RUNNING and every probe's streak at its
+    `ready_after` (default 1; dstack's readiness, reference 6.4). Without probes RUNNING is
+    ready on the first pass."""
+    replicas = set()
+    for job in _latest(run):
+        sub, spec = job["sub"], job["spec"]
+        if sub.get("status") != "running" or spec.get("job_num", 0) != 0:
+            continue
+        wanted = [p.get("ready_after") or 1 for p in spec.get("probes") or []]
+        streaks = [p.get("success_streak") or 0 for p in sub.get("probes") or []]
+        if all(s >= w for s, w in zip(streaks, wanted, strict=False)) and len(streaks) >= len(
+            wanted
+        ):
+            replicas.add(spec.get("replica_num", 0))
+    return len(replicas)
+
+
+def _active(run: dict) -> int:
+    return len(
+        {
+            j["spec"].get("replica_num", 0)
+            for j in _latest(run)
+            if j["sub"].get("status") in ("submitted", "provisioning", "pulling", "running")
+        }
+    )
+
+
+def _fits(req: Requirement | None, instance: dict) -> bool | None:
+    """Whether the instance's idle blocks hold one replica (`generate_shared_offer`: cpus,
+    memory and GPUs divided by blocks, disk not)."""
+    resources = ((instance.get("instance_type") or {}).get("resources")) or {}
+    cpus, memory = resources.get("cpus"), resources.get("memory_mib")
+    if req is None or cpus is None or memory is None:
+        return None
+    gpus = resources.get("gpus") or []
+    total = max(instance.get("total_blocks") or 1, 1)
+    idle = total - (instance.get("busy_blocks") or 0)
+    disk = (resources.get("disk") or {}).get("size_mib")
+    first = gpus[0] if gpus else {}
+    for blocks in range(1, total + 1):
+        share = (cpus // total * blocks, memory // total * blocks, len(gpus) // total * blocks)
+        if req.matches(*share, first.get("name"), first.get("memory_mib"), disk):
+            return blocks <= idle
+    return False
+
+
+def _nodes(fleet: dict) -> tuple[int | None, bool]:
+    """(nodes.max, ssh) of a fleet from its spec."""
+    conf = (fleet.get("spec") or {}).get("configuration") or {}
+    nodes = conf.get("nodes")
+    high = nodes if isinstance(nodes, int) else (nodes or {}).get("max")
+    return (high if isinstance(high, int) else None), conf.get("ssh_config") is not None
+
+
+def room(
+    fleets: list[dict], req: Requirement | None, creation: str, pending: int
+) -> tuple[float, list[str], bool]:
+    """(replicas that can be placed, what each fleet offers, whether a fit was unknown)."""
+    total: float = 0
+    told = []
+    unknown = False
+    for fleet in fleets:
+        high, ssh = _nodes(fleet)
+        instances = fleet.get("instances") or []
+        alive = [i for i in instances if i.get("status") not in ("terminating", "terminated")]
+        ssh = ssh or any(i.get("backend") == "remote" for i in alive)
+        fits = [_fits(req, i) for i in alive if i.get("status") in BUSY_STATES]
+        unknown = unknown or None in fits
+        idle = sum(1 for f in fits if f)
+        grow: float = 0
+        if not ssh and creation != "reuse":
+            grow = float("inf") if high is None else max(0, high - len(alive))
+        total += idle + grow
+        limit = "an SSH fleet (never provisions)" if ssh else f"nodes.max {high}"
+        told.append(
+            f"fleet {fleet.get('name')}: {len(alive)} instance(s), {limit}, {idle} idle that fit"
+        )
+    return total - pending, told, unknown
+
+
+def _pending(others: list[dict], fleet_ids: set[str], run_id: str) -> tuple[int, list[str]]:
+    """Other runs' queued replicas (SUBMITTED, not provisioned) that can take the same fleets:
+    they are placed before a replica created later (issue 22, "exposure sees the other runs'
+    queued surge replicas")."""
+    count, names = 0, []
+    for run in others:
+        if run.get("id") == run_id:
+            continue
+        fleet = (run.get("fleet") or {}).get("id")
+        if fleet is not None and fleet not in fleet_ids:
+            continue
+        queued = sum(
+            1
+            for j in _latest(run)
+            if j["sub"].get("status") == "submitted" and not j["sub"].get("job_provisioning_data")
+        )
+        if queued:
+            count += queued
+            names.append(f"{(run.get('run_spec') or {}).get('run_name')} ({queued})")
+    return count, names
+
+
+def decide(
+    spec: dict,
+    current: dict | None,
+    fleets: list[dict],
+    others: list[dict],
+    version: str | None,
+    now: datetime,
+) -> Verdict:
+    """approve / reject / unknown for one run spec, from the server's state (pure: the unit
+    tests give it hand-built fleets)."""
+    conf = spec.get("configuration") or {}
+    if conf.get("type") != "service":
+        return Verdict("approve", "not a service")
+    if current is None or current.get("status") != "running":
+        return Verdict("approve", "a new run, not an update of a running service")
+    old = current.get("run_spec") or {}
+    replaced = _replacing(old, spec)
+    if replaced:
+        return Verdict(
+            "approve",
+            f"{', '.join(replaced)} cannot change in place: dstack stops the run and submits a "
+            "new one (no rolling deployment)",
+        )
+    rolling = _rolling_changes(old, spec)
+    active = _active(current)
+    wanted = _wanted(conf, active)
+    needed = max(1, wanted + 1 - active) if rolling else max(0, wanted - active)
+    name = spec.get("run_name")
+    if needed == 0:
+        return Verdict("approve", "an in-place update: it starts no replica")
+    healthy = _healthy(current)
+    what = f"a rolling deployment ({', '.join(rolling)})" if rolling else "a scale-up"
+    if healthy == 0:
+        return Verdict("approve", f"{what}, but no healthy replica is at stake")
+    exposed, why = judge_release(version)
+    if exposed != "yes":
+        return Verdict("unknown", f"{what}: {why}")
+    req = None
+    groups = conf.get("groups")
+    if isinstance(groups, list) and groups and isinstance(groups[0], dict):
+        req = requirement(str(groups[0].get("name")), groups[0].get("resources"))
+    req = req or requirement("0", conf.get("resources"))
+    run_fleet = (current.get("fleet") or {}).get("id")
+    candidates = [f for f in fleets if run_fleet is None or f.get("id") == run_fleet]
+    names = conf.get("fleets") or (spec.get("profile") or {}).get("fleets")
+    if isinstance(names, list):
+        wanted_names = {str(n).split("/")[-1] for n in names}
+        candidates = [f for f in candidates if f.get("name") in wanted_names]
+    creation = str(conf.get("creation_policy") or "reuse-or-create")
+    pending, queued_by = _pending(others, {str(f.get("id")) for f in candidates}, current["id"])
+    places, told, fit_unknown = room(candidates, req, creation, pending)
+    submitted = _time(current.get("submitted_at"))
+    age = (now - submitted).total_seconds() if submitted else None
+    retry_text, _ = retry_for_no_capacity(conf.get("retry"), age)
+    if places >= needed:
+        return Verdict("approve", f"{what} of {name}: room for {needed} new replica(s)")
+    if fit_unknown and places + pending > 0:
+        return Verdict("unknown", f"{what}: the instances' resources are unknown")
+    queued = f"; queued first: {', '.join(queued_by)}" if queued_by else ""
+    full = "; ".join(told) or "no fleet the service can use"
+    fix = _fix(candidates, needed, queued_by)
+    return Verdict(
+        "reject",
+        f"{what} of service {name} needs {needed} new replica(s) and there is no room "
+        f"({full}{queued}): the new replica would fail 'Fleet is at capacity' and dstack "
+        f"(#4186, release {version}) would stop the {healthy} healthy replica(s) of {name} with "
+        f"it ({retry_text}). Fix: {fix}, then apply again.",
+    )
+
+
+def _fix(fleets: list[dict], needed: int, queued_by: list[str]) -> str:
+    for fleet in fleets:
+        high, ssh = _nodes(fleet)
+        if ssh:
+            return f"add a host to SSH fleet {fleet.get('name')} or free one of its instances"
+        if high is not None:
+            return (
+                f"raise fleet {fleet.get('name')}'s nodes.max to "
+                f"{high + needed} (`dstack apply` the fleet) or free an instance"
+            )
+    if queued_by:
+        return "wait for the queued runs to be placed"
+    return "create a fleet the service can use"
+
+
+def _time(text: Any) -> datetime | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+class ServerState:
+    """What one decision reads, asked anew at every request: the server's version, the run, the
+    project's fleets (with their instances) and its active runs."""
+
+    def __init__(self, url: str, token: str) -> None:
+        self.url = url.rstrip("/")
+        self.token = token
+
+    def fetch(self, project: str, run_name: str) -> tuple[dict | None, list, list, str | None]:
+        import httpx
+
+        headers = {"Authorization": f"Bearer {self.token}", "Accept": "application/json"}
+        with httpx.Client(headers=headers, timeout=REQUEST_TIMEOUT_S) as client:
+
+            def call(path: str, body: dict | None) -> Any:
+                response = client.post(self.url + path, json=body)
+                if response.status_code == 400 and path.endswith("runs/get"):
+                    return None  # no such run: dstack answers 400 "Run not found"
+                response.raise_for_status()
+                return response.json()
+
+            version = (call("/api/server/get_info", None) or {}).get("server_version")
+            run = call(f"/api/project/{project}/runs/get", {"run_name": run_name})
+            if run is None or run.get("status") != "running":
+                return run, [], [], version
+            fleets = call(f"/api/project/{project}/fleets/list", {})
+            body = {"project_name": project, "only_active": True, "limit": 100}
+            others = call("/api/runs/list", {**body, "job_submissions_limit": 1})
+        return run, fleets, others, version
+
+
+def _log(record: dict) -> None:
+    sys.stderr.write(json.dumps(record, default=str) + "\n")
+    sys.stderr.flush()
+
+
+def handle(
+    endpoint: str, body: dict, state: ServerState, mode: str, on_unknown: str, redactor: Redactor
+) -> dict:
+    """One rest_plugin request -> its answer ({spec, error}); one JSON log line."""
+    spec = body.get("spec") or {}
+    record = {
+        "time": datetime.now(UTC).isoformat(),
+        "user": body.get("user"),
+        "project": body.get("project"),
+        "endpoint": endpoint,
+        "run": spec.get("run_name"),
+    }
+    if endpoint != "on_run_apply":
+        verdict = Verdict("approve", f"{endpoint}: not a run")
+    elif not spec.get("run_name") or (spec.get("configuration") or {}).get("type") != "service":
+        verdict = Verdict("approve", "not an update of a named service")
+    else:
+        try:
+            run, fleets, others, version = state.fetch(body["project"], spec["run_name"])
+            verdict = decide(spec, run, fleets, others, version, datetime.now(UTC))
+        except Exception as error:  # any failure to decide is logged and answered per policy
+            verdict = Verdict("unknown", f"cannot read the server ({type(error).__name__})")
+    error = None
+    decision = verdict.decision
+    if decision == "unknown":
+        decision = "reject" if on_unknown == "reject" else "approve"
+        reason = f"undecided, answered {decision} per --on-unknown: {verdict.reason}"
+        error = reason if decision == "reject" else None
+    elif decision == "reject" and mode == "warn":
+        decision, reason = "warn", verdict.reason
+    else:
+        reason = verdict.reason
+        error = reason if decision == "reject" else None
+    _log(record | {"decision": decision, "reason": redactor.apply(reason)})
+    return {"spec": spec, "error": redactor.apply(error) if error else None}
+
+
+def serve(
+    server_url: str,
+    token: str,
+    host: str,
+    port: int,
+    mode: str,
+    on_unknown: str,
+    ready: threading.Event | None = None,
+) -> ThreadingHTTPServer:
+    """Build the HTTP service (the caller runs `serve_forever`)."""
+    state = ServerState(server_url, token)
+    redactor = Redactor()
+    redactor.add({token})
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            endpoint = self.path.rstrip("/").rsplit("/", 1)[-1]
+            if not self.path.startswith("/apply_policies/") or endpoint not in ENDPOINTS:
+                self.send_error(404)
+                return
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length) or b"{}")
+            except ValueError:
+                self.send_error(400, "not JSON")
+                return
+            answer = handle(endpoint, body, state, mode, on_unknown, redactor)
+            data = json.dumps(answer).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return  # one JSON line per decision instead
+
+    return ThreadingHTTPServer((host, port), Handler)
