@@ -44,7 +44,7 @@ GITLEAKS_FILE = Path(__file__).parent / "rules" / "gitleaks.toml"
 # python -c "import analyzer.redact as r; r.write_translated_gitleaks()"
 GITLEAKS_TRANSLATED = GITLEAKS_FILE.with_name("gitleaks.python.json")
 GITLEAKS_VERSION = "v8.30.0"  # tag; commit 6eaad039603a4de39fddd1cf5f727391efe9974e, MIT
-PROJECT_RULES_VERSION = 1  # bump when PROJECT_RULES change
+PROJECT_RULES_VERSION = 2  # bump when PROJECT_RULES change
 RULE_SET = (
     f"gitleaks {GITLEAKS_VERSION} config/gitleaks.toml + dstack-audit {PROJECT_RULES_VERSION}"
 )
@@ -52,11 +52,25 @@ RULE_SET = (
 # `name-value` below masks every value of a secret-named field instead.
 GITLEAKS_LEFT_OUT = ("generic-api-key",)
 
-# a bare `key` names ordinary entries (the report's own group rows): a key needs a qualifier
-_SECRET_NAME = r"(?:[\w.-]*(?:token|secret|passw(?:or)?d|pwd|credential|creds)|[\w.-]+key)[\w.-]*"
+# a bare `key` names ordinary entries (the report's own group rows): a key needs a qualifier;
+# `pass` and `sig` only as a whole name or its last part (`db_pass`, `X-Amz-Signature`)
+_SECRET_NAME = (
+    r"(?:[\w.-]*(?:token|secret|passw(?:or)?d|passphrase|pwd|credential|creds)[\w.-]*"
+    r"|[\w.-]+key[\w.-]*|(?:[\w.-]*[_.-])?(?:pass|sig|signature))"
+)
+# A value as it stands after its name: quoted, the whole quoted text (spaces and all, also
+# JSON-escaped quotes); bare, up to the next space or quote (`abc;tail` whole). A value that
+# is `***` alone is masked already; one that only starts with it is not.
+_VALUE = (
+    r"(?:\"(?!\*\*\*\")((?:[^\"\\\n]|\\.)+)\""
+    r"|'(?!\*\*\*')([^'\n]+)'"
+    r"|\\\"(?!\*\*\*\\\")((?:[^\"\\\n]|\\[^\"\n])+)\\\""
+    r"|[\"']?(?!\*\*\*(?:[\s\"'\\]|$))([^\s\"'\\]+))"
+)
+_NAME_END = r"(?:\\?[\"'])?[ \t]*(?:=|:)[ \t]*"
 
 # (id, regex, keywords, secret group): dstack-audit's own shapes, in Python's syntax.
-PROJECT_RULES: tuple[tuple[str, str, tuple[str, ...], int], ...] = (
+PROJECT_RULES: tuple[tuple[str, str, tuple[str, ...], int | None], ...] = (
     (
         "private-key-block",  # also a block cut before its END line
         r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----(?s:.*?)"
@@ -72,16 +86,36 @@ PROJECT_RULES: tuple[tuple[str, str, tuple[str, ...], int], ...] = (
         0,
     ),
     (
-        "secret-argument",  # --token VALUE, --password=VALUE, -secret VALUE
+        "secret-argument",  # --token VALUE, --password=VALUE, -secret "VALUE"
         r"(?i)(?<![\w-])--?[\w-]*(?:token|passw(?:or)?d|secret|api[-_]?key|credential)s?"
-        r"(?:=|[ \t]+)(?!\*\*\*)([^\s\"'\\]+)",
+        r"(?:=|[ \t]+)" + _VALUE,
         ("token", "passw", "secret", "key", "credential"),
+        None,
+    ),
+    (
+        "name-value",  # AWS_SECRET_ACCESS_KEY=..., "token": "...", password: "a b c"
+        r"(?i)(?<![?&])\b" + _SECRET_NAME + _NAME_END + _VALUE,
+        ("key", "token", "secret", "pass", "pwd", "credential", "creds", "sig"),
+        None,
+    ),
+    (
+        "url-query-secret",  # ?pass=, &sig= (Azure SAS), &X-Amz-Signature=, ?api_key=
+        r"(?i)[?&;][\w.-]*(?:pass|pwd|token|secret|key|sig|auth|credential|session)[\w.-]*="
+        r"(?!\*\*\*(?:[&\s#\"'\\]|$))([^&\s#\"'\\]+)",
+        ("pass", "pwd", "token", "secret", "key", "sig", "auth", "credential", "session"),
         1,
     ),
     (
-        "name-value",  # AWS_SECRET_ACCESS_KEY=..., "token": "...", password: ...
-        r"(?i)\b" + _SECRET_NAME + r"[\"']?[ \t]*(?:=|:)[ \t]*[\"']?(?!\*\*\*)([^\s\"'\\,;]+)",
-        ("key", "token", "secret", "passw", "pwd", "credential", "creds"),
+        "authorization-header",  # Authorization: Basic ..., Token ..., a scheme or none
+        r"(?i)\b(?:proxy-)?authorization" + _NAME_END + r"(?:\\?[\"'])?(?:[a-z][\w-]*[ \t]+)?"
+        r"(?!\*\*\*(?:[\s\"'\\]|$))([^\s\"'\\]+)",
+        ("authorization",),
+        1,
+    ),
+    (
+        "basic-credentials",  # Basic dXNlcjpwYXNz without its header: base64 with a digit or +/
+        r"(?<![\w-])Basic[ \t]+((?=[A-Za-z0-9+/]*[0-9+/])[A-Za-z0-9+/]{8,}={0,2})(?![\w+/=])",
+        ("basic",),
         1,
     ),
     (
@@ -91,7 +125,7 @@ PROJECT_RULES: tuple[tuple[str, str, tuple[str, ...], int], ...] = (
         1,
     ),
     ("admin-token-line", r"The admin token is (\S+)", ("the admin token is",), 1),
-    ("bearer", r"(?i)\bBearer\s+([A-Za-z0-9._~+/=-]+)", ("bearer",), 1),
+    ("bearer", r"(?i)\bBearer\s+(?!\*\*\*(?:[\s\"'\\]|$))([^\s\"'\\,;]+)", ("bearer",), 1),
     ("dstack-encrypted", r"enc:[a-z]+:[^:\s]+:([^\s\"'\\]+)", ("enc:",), 1),
     ("huggingface-token", r"\bhf_[A-Za-z0-9]{30,}", ("hf_",), 0),  # gitleaks': letters only
 )
@@ -194,9 +228,26 @@ def python_regex(re2: str) -> str:
     return "".join(out)
 
 
+# Where most gitleaks rules say a secret ends: a quote, a space, `;`, an escaped newline or the
+# end. A secret followed by anything else (`(JWT)`, `token,`, `<b>TOKEN</b>`, a sentence's
+# full stop) went unmasked: the value ends, too, at any character that cannot continue it.
+GITLEAKS_END = "(?:[\\x60'\"\\s;]|\\\\[nr]|$)"
+VALUE_END = GITLEAKS_END[:-1] + r"|(?=[^\w.+/=~-])|(?=\.(?:\s|$)))"
+
+
 def gitleaks_fingerprint(toml_text: str) -> str:
-    """What the translated rules were made from: the vendored file and the rules left out."""
-    return hashlib.sha256(f"{toml_text}\n{GITLEAKS_LEFT_OUT!r}".encode()).hexdigest()
+    """What the translated rules were made from: the vendored file, the rules left out and
+    how their ends are widened."""
+    made_from = f"{toml_text}\n{GITLEAKS_LEFT_OUT!r}\n{VALUE_END}"
+    return hashlib.sha256(made_from.encode()).hexdigest()
+
+
+def value_ended(regex: str) -> str:
+    """A translated gitleaks regex whose secret may end at any character that cannot continue
+    it (``VALUE_END``), not only at gitleaks' few (``GITLEAKS_END``)."""
+    if regex.endswith(GITLEAKS_END):
+        return regex[: -len(GITLEAKS_END)] + VALUE_END
+    return regex
 
 
 def write_translated_gitleaks() -> None:
@@ -207,7 +258,8 @@ def write_translated_gitleaks() -> None:
 
 
 def translate_gitleaks(toml_text: str) -> dict:
-    """gitleaks' rules in Python's syntax, as ``rules/gitleaks.python.json`` stores them."""
+    """gitleaks' rules in Python's syntax (their ends widened, ``value_ended``), as
+    ``rules/gitleaks.python.json`` stores them."""
     import tomllib
 
     config = tomllib.loads(toml_text)
@@ -216,7 +268,7 @@ def translate_gitleaks(toml_text: str) -> dict:
         "rules": [
             [
                 item["id"],
-                python_regex(item["regex"]),
+                value_ended(python_regex(item["regex"])),
                 [k.lower() for k in item.get("keywords", ())],
                 item.get("secretGroup"),
             ]
@@ -430,6 +482,9 @@ def templated(value: str) -> str:
 @dataclass
 class Redactor:
     values: set[str] = field(default_factory=set)
+    _forms: tuple[frozenset[str], tuple[list[str], list[str]]] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     def add(self, secrets: Iterable[str | None]) -> None:
         for secret in secrets:
@@ -460,10 +515,37 @@ class Redactor:
         return self.apply_series(pl.Series([text]))[0]
 
     def apply_series(self, texts: pl.Series, *, dedupe: bool = True) -> pl.Series:
-        """The same as `apply`, over a whole column at once (`dedupe`: as in redact_shapes)."""
+        """The same as `apply`, over a whole column at once (`dedupe`: as in redact_shapes).
+        A text holding hidden characters (``HIDDEN``) is matched also without them: when
+        that finds a secret, the text comes out cleaned and masked (else as it was)."""
         texts = texts.cast(pl.String)
+        masked = self._masked(texts, dedupe=dedupe)
+        hidden = texts.str.contains(HIDDEN).fill_null(False)
+        if not hidden.any():
+            return masked
+        rows = hidden.arg_true()
+        clean = texts.gather(rows).str.replace_all(HIDDEN, "")
+        found = pl.DataFrame(
+            {
+                "clean": clean,
+                "masked": self._masked(clean, dedupe=dedupe),
+                "as_was": masked.gather(rows),
+            }
+        ).select(pl.when(pl.col("masked") != pl.col("clean")).then("masked").otherwise("as_was"))
+        return masked.scatter(rows, found.to_series())
+
+    def _masked(self, texts: pl.Series, *, dedupe: bool) -> pl.Series:
         if self.values:
-            texts = texts.str.replace_many(*self._value_forms())
+            everywhere, ordinary = self._value_forms()
+            if everywhere:
+                texts = texts.str.replace_many(
+                    everywhere, [MASK] * len(everywhere), ascii_case_insensitive=True
+                )
+            if ordinary:
+                words = "|".join(ordinary)
+                texts = texts.str.replace_all(
+                    rf"(?i)^[ \t]*(?:{words})[ \t]*$", MASK
+                ).str.replace_all(rf"(?i){_STANDS_BEFORE}(?:{words}){_STANDS_AFTER}", "${1}***${2}")
         return redact_shapes(texts, dedupe=dedupe)
 
     def apply_frame(self, frame: pl.DataFrame) -> pl.DataFrame:
@@ -515,9 +597,10 @@ class Redactor:
         _collect(data, strings)
         if not strings:
             return data
-        texts = self.apply_series(pl.Series(strings, dtype=pl.String))
-        if controls:
-            texts = texts.str.replace_all(_CONTROLS.pattern, "")
+        texts = pl.Series(strings, dtype=pl.String)
+        if controls:  # cleaned first, then masked: a control inside a secret hides it
+            texts = texts.str.replace_all(HIDDEN, "")
+        texts = self.apply_series(texts)
         redacted = iter(texts.to_list())
         return _rebuild(data, redacted)
 
@@ -533,23 +616,68 @@ class Redactor:
         if not strings:
             return model
         unique = list(strings)
-        texts = self.apply_series(pl.Series(unique, dtype=pl.String))
-        if controls:
-            texts = texts.str.replace_all(_CONTROLS.pattern, "")
+        texts = pl.Series(unique, dtype=pl.String)
+        if controls:  # cleaned first, then masked
+            texts = texts.str.replace_all(HIDDEN, "")
+        texts = self.apply_series(texts)
         changed = {old: new for old, new in zip(unique, texts.to_list(), strict=True) if old != new}
         return _replaced(model, changed, BaseModel) if changed else model
 
     def _value_forms(self) -> tuple[list[str], list[str]]:
-        """Every known value, JSON-escaped and templated too, longest first (Aho-Corasick in
-        polars takes the first listed pattern at a position)."""
-        forms = {form for value in self.values for form in (value, json.dumps(value)[1:-1])}
-        forms |= {
-            form
-            for form in map(templated, self.values)
-            if len(re.sub(r"N|<id>", "", form)) >= MIN_SECRET_LENGTH
-        }
-        ordered = sorted(forms, key=len, reverse=True)
-        return ordered, [MASK] * len(ordered)
+        """The forms each known value is matched in: those masked wherever they occur, longest
+        first (Aho-Corasick in polars takes the first listed pattern at a position), and the
+        ordinary words among them, as regexes masked only where they stand as a value."""
+        key = frozenset(self.values)
+        if self._forms is None or self._forms[0] != key:
+            self._forms = (key, value_forms(self.values))
+        return self._forms[1]
+
+
+def ordinary_word(value: str) -> bool:
+    """Whether a known value is an ordinary word (`debug`, `robot`, `/data/models`, `8000`),
+    short and not random: masked where it stands as a value, never inside a file name, a
+    path, a run name or prose (a run `degraded-old-debug` is no secret)."""
+    return len(value) < ORDINARY_LENGTH and _ORDINARY.fullmatch(value) is not None
+
+
+ORDINARY_LENGTH = 16  # a value this long is masked wherever it occurs, whatever it looks like
+_ORDINARY = re.compile(r"/?[A-Za-z]+(?:[-_. /:][A-Za-z]+)*/?|\d+")
+# where an ordinary word stands as a value: `NAME=word`, `NAME="word"`, `"NAME": "word"` (JSON,
+# escaped too), up to the end of the value (polars regex: the two groups are kept)
+_STANDS_BEFORE = r"(=[ \t]*\\?[\"']?|:[ \t]*\\?[\"'])"
+_STANDS_AFTER = r"(\\?[\"']|[\s,;&)}\]]|$)"
+
+
+def value_forms(values: Iterable[str]) -> tuple[list[str], list[str]]:
+    """See ``Redactor._value_forms``. A value is matched as given, without its hidden
+    characters, JSON-escaped, templated as log notes template it, URL-encoded and in base64
+    (standard and URL-safe, unpadded: `user:pass` of a registry's auth travels so); case is
+    ignored in every form."""
+    import base64
+    from urllib.parse import quote, quote_plus
+
+    forms: set[str] = set()
+    words: set[str] = set()
+    for given in values:
+        clean = _CONTROLS.sub("", given)
+        for value in {given, clean}:
+            if len(value) < MIN_SECRET_LENGTH:
+                continue
+            if ordinary_word(value):
+                words.add(re.sub(r"[^A-Za-z0-9_]", lambda m: f"[{m[0]}]", value))
+                continue
+            forms |= {value, json.dumps(value)[1:-1], quote(value, safe=""), quote_plus(value)}
+            forms.add(quote(value))
+            encoded = value.encode()
+            forms |= {
+                base64.b64encode(encoded).decode().rstrip("="),
+                base64.urlsafe_b64encode(encoded).decode().rstrip("="),
+            }
+            form = templated(value)
+            if len(re.sub(r"N|<id>", "", form)) >= MIN_SECRET_LENGTH:
+                forms.add(form)
+    ordered = sorted((f for f in forms if len(f) >= MIN_SECRET_LENGTH), key=len, reverse=True)
+    return ordered, sorted(words, key=len, reverse=True)
 
 
 def _collect(data: object, strings: list[str]) -> None:
@@ -617,18 +745,39 @@ def _replaced(value: object, changed: dict[str, str], model: type) -> object:
     return value
 
 
-# C0 controls but tab and newline, DEL, C1 controls: a terminal acts on them (ESC sequences
-# move the cursor or retitle the window, BEL rings), XML 1.0 forbids them in an SVG.
-_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# Characters that hide in text: C0 controls but tab and newline, DEL and C1 controls (a
+# terminal acts on them: ESC sequences move the cursor or retitle the window, BEL rings; XML
+# 1.0 forbids them in an SVG), and the invisible format characters: soft hyphen, zero-width
+# spaces and joiners, bidi marks, embeddings, overrides and isolates (U+202E shows the text
+# after it reversed), word joiners, the BOM, tag characters. Any of them inside a secret also
+# hides it from every rule and known value: texts are matched with them removed.
+_HIDDEN_RANGES = (
+    (0x00, 0x08),
+    (0x0B, 0x1F),
+    (0x7F, 0x9F),
+    (0xAD, 0xAD),
+    (0x061C, 0x061C),
+    (0x180E, 0x180E),
+    (0x200B, 0x200F),
+    (0x202A, 0x202E),
+    (0x2060, 0x2064),
+    (0x2066, 0x206F),
+    (0xFEFF, 0xFEFF),
+    (0xE0000, 0xE007F),
+)
+_CONTROLS = re.compile("[" + "".join(f"\\U{a:08x}-\\U{b:08x}" for a, b in _HIDDEN_RANGES) + "]")
+HIDDEN = "[" + "".join(f"\\x{{{a:X}}}-\\x{{{b:X}}}" for a, b in _HIDDEN_RANGES) + "]"  # polars
 
 
 _STYLE = re.compile("(\x1b\\[[0-9;]*m)")  # SGR: the colours and weights a terminal table uses
 
 
 def without_controls(text: str, *, keep_styles: bool = False) -> str:
-    """`text` with its control characters removed (newline and tab kept). With `keep_styles`,
-    the renderer's own SGR colour sequences stay (the data it drew from is cleaned already:
-    every string of the report loses its control characters)."""
+    """`text` as it may be displayed: its control and invisible format characters removed
+    (``_CONTROLS``; newline and tab kept), the one sanitising of display text every renderer
+    applies last (terminal, timeline, markdown, HTML, SVG, stderr). With `keep_styles`, the
+    renderer's own SGR colour sequences stay (the data it drew from is cleaned already: every
+    string of the report loses its control characters)."""
     if not keep_styles:
         return _CONTROLS.sub("", text)
     parts = _STYLE.split(text)
