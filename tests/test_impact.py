@@ -213,3 +213,22 @@ def test_impact_in_json_table_and_markdown():
     assert (
         "ecs-circuit-breaker-rollback" in markdown and "root cause: `fleet_at_capacity`" in markdown
     )
+
+
+def test_an_outage_not_recovered_prints_as_a_lower_bound_in_every_format():
+    """The seed's service never served again before the end of the evidence: the table and the
+    markdown say "≥" before its outage, replica-time and cost, never a bare number."""
+    from analyzer.render.format import fmt_bound, fmt_cost
+    from analyzer.render.markdown import render_markdown
+    from analyzer.render.screen import render_table
+
+    report = open_sources(["samples/v0.22.5/seed/server.db"]).report
+    impact = report.findings[0].impact
+    assert impact.outage_is_lower_bound and not impact.recovered
+    outage = fmt_bound(impact.outage_seconds, True)
+    assert outage == "≥ 2m58s"
+    assert fmt_bound(None, False) == "unknown" and fmt_cost(None) == "unknown"
+    table, markdown = render_table(report, width=120), render_markdown(report)
+    assert f"outage {outage}" in table and f"for {outage}" in markdown
+    assert f"cost {fmt_cost(impact.lost_cost, lower_bound=True)}" in table
+    assert "cost ≥ $" in markdown

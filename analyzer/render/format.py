@@ -167,11 +167,20 @@ def fmt_seconds(seconds: float | None) -> str:
     return fmt_duration(seconds)
 
 
-def fmt_cost(value: float | None, unknown: int = 0) -> str:
+def fmt_cost(value: float | None, unknown: int = 0, *, lower_bound: bool = False) -> str:
+    """A cost; "unknown" when no part is known, "≥" when it runs to the end of the evidence."""
     if value is None:
         return "unknown"
     text = f"${value:,.4f}" if value < 1 else f"${value:,.2f}"
-    return text + (f" (+{unknown} unpriced)" if unknown else "")
+    return ("≥ " if lower_bound else "") + text + (f" (+{unknown} unpriced)" if unknown else "")
+
+
+def fmt_bound(seconds: float | None, lower_bound: bool) -> str:
+    """A duration that may be a lower bound (not recovered by the end of the evidence):
+    "≥ 2m58s", never a bare number that claims to be the whole outage."""
+    if seconds is None:
+        return "unknown"
+    return ("≥ " if lower_bound else "") + fmt_duration(seconds)
 
 
 GROUP_HEADERS = ["key", "findings", "victims", "outage", "replica-time lost", "cost lost"]

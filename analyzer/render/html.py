@@ -27,6 +27,7 @@ from analyzer.progress import stage
 from analyzer.render.format import (
     GROUP_HEADERS,
     Clock,
+    fmt_bound,
     fmt_cost,
     fmt_duration,
     group_rows,
@@ -489,7 +490,7 @@ def _finding(
         i = f.impact
         outage = (
             f"from {_e(_time_cell(clock, i.outage_start))} for "
-            f"{_e(fmt_duration(i.outage_seconds))}, "
+            f"{_e(fmt_bound(i.outage_seconds, i.outage_is_lower_bound))}, "
             + (
                 f"served again at {_e(_time_cell(clock, i.recovered_at))} "
                 f"(run <code>{_e(i.recovered_by_run_id)}</code>)"
@@ -504,7 +505,8 @@ def _finding(
         out.append(f"<li>outage: {outage}</li>")
         out.append(
             f"<li>{_e(i.replicas_lost)} healthy replica(s) lost, replica-time lost "
-            f"{_e(fmt_duration(i.healthy_replica_seconds_lost))}, cost {_e(fmt_cost(i.lost_cost))}"
+            f"{_e(fmt_bound(i.healthy_replica_seconds_lost, i.outage_is_lower_bound))}, cost "
+            f"{_e(fmt_cost(i.lost_cost, lower_bound=i.outage_is_lower_bound))}"
             + (
                 f" (price known for {_e(i.cost_known_for)} of {_e(i.replicas_lost)})"
                 if i.cost_known_for < i.replicas_lost

@@ -5,7 +5,14 @@ from __future__ import annotations
 import re
 
 from analyzer.contract import Report
-from analyzer.render.format import GROUP_HEADERS, fmt_cost, fmt_duration, fmt_time, group_rows
+from analyzer.render.format import (
+    GROUP_HEADERS,
+    fmt_bound,
+    fmt_cost,
+    fmt_duration,
+    fmt_time,
+    group_rows,
+)
 
 # Markdown's active characters: data (a termination message is the workload's free text) must
 # never become raw HTML (`<img onerror=...>`), a link or an image (`[x](javascript:...)`,
@@ -120,7 +127,8 @@ def render_markdown(report: Report) -> str:
                 "",
                 "Impact:",
                 "",
-                f"- outage from {fmt_time(i.outage_start)} for {fmt_duration(i.outage_seconds)}"
+                f"- outage from {fmt_time(i.outage_start)} for "
+                f"{md_text(fmt_bound(i.outage_seconds, i.outage_is_lower_bound))}"
                 + (
                     f", recovered at {fmt_time(i.recovered_at)} "
                     f"(run {md_code(i.recovered_by_run_id)})"
@@ -129,7 +137,9 @@ def render_markdown(report: Report) -> str:
                     + fmt_time(i.end_of_evidence)
                 ),
                 f"- {i.replicas_lost} healthy replica(s) lost, replica-time lost "
-                f"{fmt_duration(i.healthy_replica_seconds_lost)}, cost {fmt_cost(i.lost_cost)}"
+                f"{md_text(fmt_bound(i.healthy_replica_seconds_lost, i.outage_is_lower_bound))}"
+                ", cost "
+                f"{md_text(fmt_cost(i.lost_cost, lower_bound=i.outage_is_lower_bound))}"
                 + (
                     f" (price known for {i.cost_known_for} of {i.replicas_lost})"
                     if i.cost_known_for < i.replicas_lost

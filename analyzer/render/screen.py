@@ -22,6 +22,7 @@ from rich.text import Text
 from analyzer.contract import Finding, InputRecord, Report, RunVerdict
 from analyzer.render.format import (
     GROUP_HEADERS,
+    fmt_bound,
     fmt_cost,
     fmt_duration,
     fmt_time,
@@ -120,14 +121,15 @@ def _impact_cell(finding: Finding, tz: tzinfo | None) -> Text:
     if impact is None or impact.outage_seconds is None:
         cell.append("?")
     else:
-        cell.append(fmt_duration(impact.outage_seconds))
+        cell.append(fmt_bound(impact.outage_seconds, impact.outage_is_lower_bound))
         if not impact.recovered:
             cell.append(" (not recovered)", "red")
+    bound = bool(impact and impact.outage_is_lower_bound)
     cell.append("\nlost ", "dim")
-    cell.append(fmt_duration(impact.healthy_replica_seconds_lost if impact else None))
+    cell.append(fmt_bound(impact.healthy_replica_seconds_lost if impact else None, bound))
     cell.append(" replica-time")
     cell.append("\ncost ", "dim")
-    cell.append(fmt_cost(impact.lost_cost if impact else None))
+    cell.append(fmt_cost(impact.lost_cost if impact else None, lower_bound=bound))
     return cell
 
 
