@@ -511,3 +511,33 @@ def test_probes_without_instance_lists_say_the_same(copy_db, cpus):
     assert [f.instances for f in brief.fleets] == [[]]
     unlisted = [f.model_copy(update={"instances": []}) for f in full.fleets]
     assert brief == full.model_copy(update={"fleets": unlisted})
+
+
+def test_healthy_at_t_is_read_from_what_is_dated_then(copy_db):
+    """Issue 22: the old replica svc-0-2's probe recorded a failure while it was being stopped
+    in the cascade (its streak left at 0, as dstack writes it: `probes` rows keep their last
+    streak). At 10:37:00, before the update, all three replicas were RUNNING and ready (their
+    ready events at 10:32:39): the later streak says nothing of that moment."""
+    db = copy_db("v0.22.5/multi-replica-crash")
+    execute(db, "UPDATE probes SET success_streak = 0 WHERE name = 'svc-0-2-0'")
+    run_id = load_truth(CAPTURES / "v0.22.5/multi-replica-crash/truth.json")["runs"][0]["run_id"]
+    audit = open_sources([db])
+    at = _service(
+        exposure_report(audit, datetime.fromisoformat("2026-11-04T10:37:00+00:00")), run_id
+    )
+    assert (at.healthy_replicas, at.active_replicas) == (3, 3)
+    # RUNNING since 10:31:50-10:32:02 but not ready until 10:32:39: none served at 10:32:10.
+    early = exposure_report(audit, datetime.fromisoformat("2026-11-04T10:32:10+00:00"))
+    assert (_service(early, run_id).healthy_replicas, _service(early, run_id).active_replicas) == (
+        0,
+        3,
+    )
+    # Never marked ready (jobs.ready = 0, no ready event): never healthy, whatever its streak.
+    execute(
+        db,
+        "DELETE FROM event_targets WHERE entity_name = 'svc-0-1' AND event_id IN "
+        "(SELECT id FROM events WHERE message LIKE 'Service replica ready%')",
+        "UPDATE jobs SET ready = 0 WHERE job_name = 'svc-0-1'",
+    )
+    later = exposure_report(open_sources([db]), datetime.fromisoformat("2026-11-04T10:37:00+00:00"))
+    assert _service(later, run_id).healthy_replicas == 2

@@ -290,6 +290,34 @@ def running_services(
     )
 
 
+def healthy_at(evidence_ends: dict[str, datetime]) -> pl.Expr:
+    """Whether a submission alive at `as_of` was healthy then, from what the evidence dates at
+    or before `as_of` only (never the final rows' verdict about a later moment).
+
+    dstack marks a replica ready once (`jobs_running.py::_maybe_register_replica`: every probe
+    `success_streak >= ready_after`, `services/probes.py::is_probe_ready`; without probes on its
+    first RUNNING pass) and never resets `jobs.ready`. So: a ready/registered event dated at or
+    before T proves it; a probe-less job RUNNING by T (and `ready` not 0) is ready; the final
+    probe streaks and `ready` flag are undated, they speak of T only when T is at or after the
+    end of the server's evidence (a streak left by a later crash says nothing of T)."""
+    as_of = pl.col("as_of")
+    end = pl.col("server").replace_strict(
+        evidence_ends, default=None, return_dtype=pl.Datetime("us", "UTC")
+    )
+    final_speaks = end.is_not_null() & (as_of >= end)
+    running_by = pl.coalesce("running_event_at", "running_at") <= as_of
+    dated_ready = (pl.col("ready_at") <= as_of).fill_null(False)
+    probe_less = (
+        (pl.col("probe_count") == 0)
+        & pl.col("ready").is_null().or_(pl.col("ready"))
+        & running_by
+        & (pl.col("health") == "healthy")
+    ).fill_null(False)
+    failing = (pl.col("probes_below_ready_after").fill_null(0) > 0) & final_speaks
+    final = (final_speaks & (pl.col("health") == "healthy") & running_by).fill_null(False)
+    return ~failing & (dated_ready | probe_less | final)
+
+
 @dataclass
 class Frames:
     """What the computation reads: the canonical frames and the timeline's submissions."""
@@ -301,6 +329,8 @@ class Frames:
     fleet_table_servers: set[str]
     server_versions: dict[str, str]
     narrowed: bool = False  # jobs of some runs not read: an idle-looking instance may be busy
+    # per server, the end of its evidence: the final rows (probe streaks, ready) speak of it
+    evidence_ends: dict[str, datetime] = field(default_factory=dict)
 
 
 # What decides whether an instance takes one more replica at T (`_fits`, `_provisioning`).
@@ -330,9 +360,7 @@ def assess_probes(
         pl.col("stopped_at").is_null() | (pl.col("stopped_at") > pl.col("as_of"))
     )
     healthy = (
-        subs.filter(
-            live & (pl.col("health") == "healthy") & (pl.col("healthy_since") <= pl.col("as_of"))
-        )
+        subs.filter(live & healthy_at(frames.evidence_ends))
         .group_by("server", "run_id", "as_of")
         .agg(pl.col("replica_num").n_unique().alias("healthy"))
     )
@@ -826,6 +854,7 @@ def frames_of(audit) -> Frames:
         fleet_table_servers=evidence.fleet_table_servers,
         server_versions=evidence.server_versions,
         narrowed=evidence.narrowed,
+        evidence_ends=evidence.ends_by_server(),
     )
 
 
