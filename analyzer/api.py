@@ -237,7 +237,8 @@ class Audit:
         """Mask every secret the inputs hold (and every secret-shaped string) in `text`, and
         remove its control characters: the last pass over every rendered output
         (`keep_styles`: but a terminal table's own colour sequences)."""
-        return without_controls(self.evidence.redactor.apply(text), keep_styles=keep_styles)
+        clean = without_controls(text, keep_styles=keep_styles)  # cleaned first, then masked
+        return self.evidence.redactor.apply(clean)
 
 
 def _input_record(info) -> InputRecord:

@@ -329,6 +329,24 @@ def _keyword_rules() -> tuple[list[str], dict[str, list[int]], list[int]]:
     return sorted(triggered), triggered, always
 
 
+def redact_records(texts: pl.Series) -> pl.Series:
+    """`redact_shapes` over log records, whose lines may split a secret (`password=` then the
+    value on the next line, a token wrapped): a record whose lines, joined without their
+    breaks and indents, still hold a secret comes out so joined and masked."""
+    masked = redact_shapes(texts)
+    multi = masked.str.contains("\n", literal=True).fill_null(False)
+    if not multi.any():
+        return masked
+    rows = multi.arg_true()
+    joined = masked.gather(rows).str.replace_all(r"\n[ \t]*", "")
+    again = redact_shapes(joined)
+    found = pl.DataFrame({"again": again, "joined": joined, "as_was": masked.gather(rows)})
+    chosen = found.select(
+        pl.when(pl.col("again") != pl.col("joined")).then("again").otherwise("as_was")
+    )
+    return masked.scatter(rows, chosen.to_series())
+
+
 def redact_shapes(texts: pl.Series, *, dedupe: bool = True) -> pl.Series:
     """Every secret shape in a column of texts masked. Each distinct text is redacted once
     (`dedupe` false: the caller's texts are distinct already, or nearly).
@@ -517,7 +535,7 @@ class Redactor:
     def apply_series(self, texts: pl.Series, *, dedupe: bool = True) -> pl.Series:
         """The same as `apply`, over a whole column at once (`dedupe`: as in redact_shapes).
         A text holding hidden characters (``HIDDEN``) is matched also without them: when
-        that finds a secret, the text comes out cleaned and masked (else as it was)."""
+        that finds more to mask, the text comes out cleaned and masked (else as it was)."""
         texts = texts.cast(pl.String)
         masked = self._masked(texts, dedupe=dedupe)
         hidden = texts.str.contains(HIDDEN).fill_null(False)
@@ -525,13 +543,16 @@ class Redactor:
             return masked
         rows = hidden.arg_true()
         clean = texts.gather(rows).str.replace_all(HIDDEN, "")
+        as_was = masked.gather(rows)
         found = pl.DataFrame(
             {
-                "clean": clean,
                 "masked": self._masked(clean, dedupe=dedupe),
-                "as_was": masked.gather(rows),
+                "as_was": as_was,
+                "as_was_clean": as_was.str.replace_all(HIDDEN, ""),
             }
-        ).select(pl.when(pl.col("masked") != pl.col("clean")).then("masked").otherwise("as_was"))
+        ).select(  # cleaned only where that masks more (a table's colours stay otherwise)
+            pl.when(pl.col("masked") != pl.col("as_was_clean")).then("masked").otherwise("as_was")
+        )
         return masked.scatter(rows, found.to_series())
 
     def _masked(self, texts: pl.Series, *, dedupe: bool) -> pl.Series:

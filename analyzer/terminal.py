@@ -122,7 +122,10 @@ class _Listener:
             self.close()
 
     def _say(self, text: str) -> None:
-        line = f"dstack-audit: {text}"
+        """One -v line: a file name with escape sequences or a secret's shape shows inert."""
+        from analyzer.redact import Redactor, without_controls
+
+        line = Redactor().apply(without_controls(f"dstack-audit: {text}"))
         if self.progress is not None:
             self.progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
         else:

@@ -231,7 +231,7 @@ def audit(
             report = audit_in_partitions(sources, partitions, **options)
         outputs.add_inputs(i.path for i in report.inputs)
         shapes = Redactor()  # each partition's report is redacted already: secret shapes only
-        write(report, lambda text: without_controls(shapes.apply(text)))
+        write(report, lambda text: shapes.apply(without_controls(text)))
         if fail_on_findings and report.findings:
             sys.exit(1)
         return

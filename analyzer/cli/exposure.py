@@ -44,6 +44,9 @@ def render_table(report) -> str:
 
 
 def render_markdown(report) -> str:
+    """Every data value (names, reasons, limitations) inert markdown (md_text)."""
+    from analyzer.render.markdown import md_text
+
     when = f"{report.as_of:%Y-%m-%d %H:%M:%S} UTC" if report.as_of else "unknown"
     lines = [
         f"# Exposure as of {when}",
@@ -55,15 +58,18 @@ def render_markdown(report) -> str:
     for s in report.services:
         fleets = ", ".join(f"{f.fleet_name} ({f.active_instances} of {f.nodes})" for f in s.fleets)
         lines.append(
-            f"| {s.project or '-'}/{s.run_name} | {s.exposed} | {s.surge_capacity} | "
-            f"{s.healthy_replicas} | {fleets or '-'} | {s.past_incidents} | {s.recommendation} |"
+            f"| {md_text(s.project or '-')}/{md_text(s.run_name)} | {md_text(s.exposed)} | "
+            f"{md_text(s.surge_capacity)} | {s.healthy_replicas} | {md_text(fleets or '-')} | "
+            f"{s.past_incidents} | {md_text(s.recommendation)} |"
         )
     for s in report.services:
-        lines.extend(["", f"## {s.project or '-'}/{s.run_name}", ""])
-        lines.extend(f"- {reason}" for reason in s.reasons)
+        lines.extend(["", f"## {md_text(s.project or '-')}/{md_text(s.run_name)}", ""])
+        lines.extend(f"- {md_text(reason)}" for reason in s.reasons)
     if report.limitations:
         lines.extend(["", "## Limitations", ""])
-        lines.extend(f"- {lim.message} ({lim.source})" for lim in report.limitations)
+        lines.extend(
+            f"- {md_text(lim.message)} ({md_text(lim.source)})" for lim in report.limitations
+        )
     return "\n".join(lines) + "\n"
 
 

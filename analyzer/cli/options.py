@@ -97,7 +97,7 @@ def _fail(message: str) -> None:
     """`message` masked and without control characters on stderr, then exit 2."""
     from analyzer.redact import Redactor, without_controls
 
-    click.echo(without_controls(Redactor().apply(message)), err=True)
+    click.echo(Redactor().apply(without_controls(message)), err=True)
     sys.exit(2)
 
 

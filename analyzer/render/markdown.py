@@ -156,8 +156,9 @@ def render_markdown(report: Report) -> str:
             cf = f.capacity_foresight
             answer = {True: "yes", False: "no"}.get(cf.foreseeable, "cannot tell")
             out += [
-                f"- foreseeable before the update: {answer} (surge capacity `{cf.surge_capacity}`"
-                f" as of {fmt_time(cf.as_of)}: {cf.reasons[0] if cf.reasons else 'no facts'})"
+                f"- foreseeable before the update: {answer} (surge capacity "
+                f"{md_code(cf.surge_capacity)} as of {fmt_time(cf.as_of)}: "
+                f"{md_text(cf.reasons[0] if cf.reasons else 'no facts')})"
             ]
         if f.counterfactuals:
             out += ["", "What a well-behaved rollout would have done:", ""]

@@ -19,6 +19,7 @@ import polars as pl
 
 from analyzer.contract import Finding
 from analyzer.pipeline.story import job_roles
+from analyzer.render.safe import csv_cell
 
 EXPORT_FIELDS = [
     "time",
@@ -132,6 +133,7 @@ def export(run: dict, items: list[dict], fmt: str) -> str:
         writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
         writer.writeheader()
         for record in records:
-            writer.writerow({**record, "provenance": "; ".join(record["provenance"] or [])})
+            row = {**record, "provenance": "; ".join(record["provenance"] or [])}
+            writer.writerow({name: csv_cell(value) for name, value in row.items()})
         return buffer.getvalue()
     raise ValueError(fmt)

@@ -7,6 +7,7 @@ text; dstack_tables does the typing, so exports and databases map identically.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import polars as pl
@@ -85,7 +86,7 @@ class ExportReader:
                 raise
             except Exception as error:
                 kind = "Parquet file" if path.suffix == ".parquet" else "CSV export"
-                reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error)
+                reason = _without_data(str(error)) or type(error).__name__
                 raise AuditInputError(
                     str(path),
                     f"not a readable {kind} (truncated or damaged: {reason})",
@@ -111,6 +112,14 @@ class ExportReader:
 
     def files(self) -> list[Path]:
         return list(self._files.values())
+
+
+def _without_data(message: str) -> str:
+    """A reader's error, its first line, without the data it quotes: polars quotes the field
+    it could not parse (`could not parse `"tok...` as dtype`), which may be a secret (a
+    user's token) before any redaction knows it. The type it wanted stays."""
+    first = message.strip().splitlines()[0] if message.strip() else ""
+    return re.sub(r"(?<!dtype )`[^`]*(?:`|$)", "a field", first)
 
 
 def _load(given: str, ctx: LoadContext) -> SourceData:

@@ -15,7 +15,7 @@ import polars as pl
 
 import analyzer.catalogue as catalogue
 from analyzer.model import EVENTS_SCHEMA, UTC_TIME
-from analyzer.redact import redact_shapes
+from analyzer.redact import redact_records
 from analyzer.sources.logs.reader import detached
 
 EVENT_LINE = (
@@ -222,8 +222,9 @@ class EventCollector:
         )
         facts.unrecognised += unrecognised.height
         if unrecognised.height:
-            # secret shapes masked in the raw text, before templating can hide them
-            unrecognised = unrecognised.with_columns(redact_shapes(unrecognised["text"]))
+            # secret shapes masked in the raw text, before templating can hide them, also
+            # one split across the record's lines
+            unrecognised = unrecognised.with_columns(redact_records(unrecognised["text"]))
             shapes = unrecognised.group_by(_shape(pl.col("text")).alias("shape")).agg(
                 pl.len(), pl.col("place").first()
             )
