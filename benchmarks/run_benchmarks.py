@@ -17,7 +17,14 @@ part of the test suite).
   lifecycle lines, written again and again to about 600 MB, --quick 60 MB, gzipped): peak RSS
   (target <= 1.5 GB; identical records are kept once).
 - report (only when asked): `dstack-audit report` (HTML) of >= 1,000 findings vs the same
-  audit as JSON.
+  audit as JSON (target <= 20 s).
+- workers (only when asked): the 16k-run database (--quick: 4k) audited by one process and by
+  `--workers 2` on a local Dask cluster, the cluster's start included; the two reports must be
+  byte-identical (target: the cluster takes <= 0.6x the wall time).
+- huge (only when asked; minutes): 100k runs (--quick: 20k) in one process with `--partitions
+  64` vs its ADBC floor (target <= 100 s CPU and <= 1 GB peak RSS).
+
+Each row names its target (issue 26) and whether this run met it.
 
 Peak RSS is each child's own (GNU time's, of a fresh process: never counting this one's).
 Every audit's findings are checked against the generated truth: precision and recall must be
@@ -196,16 +203,21 @@ def bench_logs(ctx: argparse.Namespace) -> list[dict]:
         log = folder / "logs" / f"server.{fmt}.log"
         floor = best_of(ctx.repeat, [sys.executable, "-c", EVENT_FIELDS, str(log), fmt])
         audit = audited(ctx.repeat, folder / "truth.json", log)
-        rows.append(_against(f"log {fmt} ({log.stat().st_size / 1e6:.0f} MB)", audit, floor))
+        row = _against(f"log {fmt} ({log.stat().st_size / 1e6:.0f} MB)", audit, floor)
+        rows.append(_target(row, "CPU <= 2x the floor", row["cpu_ratio"] <= 2))
     return rows
 
 
 def bench_db(ctx: argparse.Namespace) -> list[dict]:
-    folder = fleet(ctx.out, ctx.runs)
-    db = folder / "server.db"
-    floor = best_of(ctx.repeat, [sys.executable, "-c", DB_TABLES, str(db), str(ROOT)])
-    audit = audited(ctx.repeat, folder / "truth.json", db)
-    return [_against(f"db {ctx.runs} runs vs ADBC tables", audit, floor)]
+    rows = []
+    for runs in dict.fromkeys((ctx.runs, ctx.sizes[-1])):
+        folder = fleet(ctx.out, runs)
+        db = folder / "server.db"
+        floor = best_of(ctx.repeat, [sys.executable, "-c", DB_TABLES, str(db), str(ROOT)])
+        audit = audited(ctx.repeat, folder / "truth.json", db)
+        row = _against(f"db {runs} runs vs ADBC tables", audit, floor)
+        rows.append(_target(row, "CPU <= 3x the floor", row["cpu_ratio"] <= 3))
+    return rows
 
 
 def bench_cli(ctx: argparse.Namespace) -> list[dict]:
@@ -218,7 +230,8 @@ def bench_cli(ctx: argparse.Namespace) -> list[dict]:
 
 def bench_seed(ctx: argparse.Namespace) -> list[dict]:
     audit = audited(ctx.repeat + 2, SEED_SAMPLE / "truth.json", SEED_SAMPLE)
-    return [{"bench": "seed sample audit (target < 1 s)", **audit, "ok": audit["seconds"] < 1}]
+    row = {"bench": "seed sample audit", **audit}
+    return [_target(row, "<= 1 s CPU", audit["cpu_seconds"] <= 1)]
 
 
 def bench_scaling(ctx: argparse.Namespace) -> list[dict]:
@@ -231,6 +244,7 @@ def bench_scaling(ctx: argparse.Namespace) -> list[dict]:
         current["growth_per_doubling"] = current["seconds"] / previous["seconds"]
         current["cpu_growth_per_doubling"] = current["cpu_seconds"] / previous["cpu_seconds"]
         current["rss_growth_per_doubling"] = current["peak_rss_mb"] / previous["peak_rss_mb"]
+        _target(current, "CPU growth <= 2.0 per doubling", current["cpu_growth_per_doubling"] <= 2)
     return rows
 
 
@@ -267,7 +281,8 @@ def bench_events(ctx: argparse.Namespace) -> list[dict]:
                 out.write(events)
     audit = audited(1, folder / "truth.json", log)
     size = f"{target / 1e6:.0f} MB of events in {log.stat().st_size / 1e6:.0f} MB .gz"
-    return [{"bench": f"events-only log ({size}; target <= 1.5 GB)", **audit}]
+    row = {"bench": f"events-only log ({size})", **audit}
+    return [_target(row, "<= 1.5 GB peak RSS", audit["peak_rss_mb"] <= 1536)]
 
 
 def bench_report(ctx: argparse.Namespace) -> list[dict]:
@@ -276,7 +291,44 @@ def bench_report(ctx: argparse.Namespace) -> list[dict]:
     db = str(folder / "server.db")
     floor = audited(1, folder / "truth.json", folder / "server.db")
     report = measure(cli("report", db, "-q", "-o", str(REPORTS / "report.html")))
-    return [_against("report html vs audit json", report, floor)]
+    row = _against("report html vs audit json", report, floor)
+    return [_target(row, "<= 20 s", report["seconds"] <= 20)]
+
+
+def bench_workers(ctx: argparse.Namespace) -> list[dict]:
+    """One process vs `--workers 2` (a local Dask cluster, started and stopped by the audit)."""
+    runs = 4000 if ctx.quick else 16000
+    folder = fleet(ctx.out, runs)
+    reports = []
+    measured = []
+    for options in ([], ["--workers", "2"]):
+        report = REPORTS / f"workers-{len(options)}.json"
+        argv = cli("audit", str(folder / "server.db"), *options, "--format", "json", "-q")
+        measured.append(best_of(ctx.repeat, [*argv, "-o", str(report)], allowed=AUDIT_EXITS))
+        reports.append(report.read_bytes())
+    if reports[0] != reports[1]:
+        raise RuntimeError("--workers 2 wrote another report than one process")
+    row = _against(f"--workers 2 vs one process, {runs} runs", measured[1], measured[0])
+    return [_target(row, "<= 0.6x the wall time", row["ratio"] <= 0.6)]
+
+
+def bench_huge(ctx: argparse.Namespace) -> list[dict]:
+    """A fleet-scale server in one process, in 64 partitions, against its ADBC floor."""
+    runs = 20000 if ctx.quick else 100000
+    folder = fleet(ctx.out, runs)
+    db = folder / "server.db"
+    floor = measure([sys.executable, "-c", DB_TABLES, str(db), str(ROOT)])
+    report = REPORTS / "huge.json"
+    argv = cli("audit", str(db), "--partitions", "64", "--format", "json", "-q", "-o", str(report))
+    audit = {**measure(argv, allowed=AUDIT_EXITS), **accuracy(report, folder / "truth.json")}
+    row = _against(f"db {runs} runs, --partitions 64", audit, floor)
+    met = audit["cpu_seconds"] <= 100 and audit["peak_rss_mb"] <= 1024
+    return [_target(row, "<= 100 s CPU, <= 1 GB", met)]
+
+
+def _target(row: dict, target: str, met: bool) -> dict:
+    row.update(target=target, met=met)
+    return row
 
 
 def _against(name: str, measured: dict, floor: dict) -> dict:
@@ -300,6 +352,8 @@ BENCHES = {
     "memory": bench_memory,
     "report": bench_report,
     "events": bench_events,
+    "workers": bench_workers,
+    "huge": bench_huge,
 }
 DEFAULT = "logs,db,cli,seed,scaling,memory"
 
@@ -308,8 +362,8 @@ def table(rows: list[dict]) -> str:
     """The rows as a Markdown table (the README's performance section is one)."""
     lines = [
         "| bench | wall s | floor wall s | ratio | CPU s | floor CPU s | CPU ratio "
-        "| peak RSS MB | precision | recall | growth per 2x |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| peak RSS MB | precision | recall | growth per 2x | target | met |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
 
     def cell(row: dict, key: str, form: str) -> str:
@@ -329,9 +383,14 @@ def table(rows: list[dict]) -> str:
             f"{cell(row, 'ratio', '.1f')} | {row['cpu_seconds']:.2f} | "
             f"{cell(row, 'floor_cpu_seconds', '.2f')} | {cell(row, 'cpu_ratio', '.1f')} | "
             f"{row['peak_rss_mb']:.0f} | "
-            f"{cell(row, 'precision', '.2f')} | {cell(row, 'recall', '.2f')} | {growth} |"
+            f"{cell(row, 'precision', '.2f')} | {cell(row, 'recall', '.2f')} | {growth} | "
+            f"{row.get('target', '')} | {_met(row)} |"
         )
     return "\n".join(lines)
+
+
+def _met(row: dict) -> str:
+    return {True: "yes", False: "no"}.get(row.get("met"), "")
 
 
 def main() -> None:
