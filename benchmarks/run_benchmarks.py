@@ -359,7 +359,7 @@ DEFAULT = "logs,db,cli,seed,scaling,memory"
 
 
 def table(rows: list[dict]) -> str:
-    """The rows as a Markdown table (the README's performance section is one)."""
+    """The rows as a Markdown table (docs/benchmarks.md's tables are such)."""
     lines = [
         "| bench | wall s | floor wall s | ratio | CPU s | floor CPU s | CPU ratio "
         "| peak RSS MB | precision | recall | growth per 2x | target | met |",
