@@ -19,12 +19,18 @@ from analyzer.pipeline.assemble import (
     NO_RUN_EVIDENCE_RECORD,
     assemble,
     end_bounds,
-    merge_reports,
+    merge_reports,  # noqa: F401 (public: analyzer.merge_reports)
 )
 from analyzer.pipeline.detect import detect
 from analyzer.pipeline.evidence import Evidence, combine
 from analyzer.pipeline.exposure import foresight, frames_of
 from analyzer.pipeline.impact import assess, serving_capacity
+from analyzer.pipeline.partitions import (
+    ForesightPiece,
+    PartitionResult,
+    foresight_piece,
+    merge_partitions,
+)
 from analyzer.pipeline.reconcile import TimeOptions, reconcile
 from analyzer.pipeline.selectors import one_run, run_filter
 from analyzer.pipeline.servers import assign_servers
@@ -50,6 +56,9 @@ class Audit:
     run: str | None = None
     since: datetime | None = None
     until: datetime | None = None
+    # a partition of a larger audit: the capacity foresight is left to the merge, which has
+    # the instances every partition's runs hold (`foresight_piece`)
+    _defer_foresight: bool = False
 
     @cached_property
     def runs(self) -> pl.DataFrame:
@@ -147,14 +156,29 @@ class Audit:
             self.events,
             self.evidence.ends_by_server(),
         )
+        if not self._defer_foresight:
+            findings = foresight(frames_of(self), findings, self.deployments, self._dateless)
+        return verdicts, findings
+
+    @property
+    def _dateless(self) -> set[tuple[str, str]]:
+        """The runs whose update no date places among the tables' times (a rich log alone)."""
         dateless = self.events.filter(pl.col("time_basis") == "time_of_day_only")
-        findings = foresight(
+        return set(dateless.select("server", "run_id").unique().iter_rows())
+
+    def _foresight_piece(self, *, whole_tables: bool) -> ForesightPiece:
+        """What the merge of this partition with the others needs for the capacity foresight
+        (analyzer.pipeline.exposure.ForesightPiece)."""
+        _, findings = self._detected
+        return foresight_piece(
             frames_of(self),
             findings,
             self.deployments,
-            set(dateless.select("server", "run_id").unique().iter_rows()),
+            self._dateless,
+            whole_tables=whole_tables,
+            narrowed=bool(self.since or self.project),
+            secrets=set(self.evidence.redactor.values),
         )
-        return verdicts, findings
 
     @property
     def verdicts(self) -> list[RunVerdict]:
@@ -343,10 +367,13 @@ def audit_partition(
     count: int,
     options: dict,
     shared: WholeInputFacts | None = None,
-) -> Report:
-    """One partition's report: the task a Dask worker runs (analyzer.cluster); `shared` keeps
-    what one partition learnt of whole inputs (hashes, latest times) for the next."""
-    return open_sources(paths, partition=(index, count), shared=shared, **options).report
+) -> PartitionResult:
+    """One partition's report and its share of the capacity foresight: the task a Dask worker
+    runs (analyzer.cluster); `shared` keeps what one partition learnt of whole inputs (hashes,
+    latest times) for the next."""
+    opened = open_sources(paths, partition=(index, count), shared=shared, **options)
+    opened._defer_foresight = True
+    return PartitionResult(opened.report, opened._foresight_piece(whole_tables=index == 0))
 
 
 def audit_in_partitions(paths: Paths, count: int, *, client=None, **options) -> Report:
@@ -360,7 +387,7 @@ def audit_in_partitions(paths: Paths, count: int, *, client=None, **options) -> 
 
         return audit_partitions(client, given, count, audit_partition, **options)
     shared = WholeInputFacts()
-    return merge_reports(
+    return merge_partitions(
         [audit_partition(given, index, count, options, shared) for index in range(count)]
     )
 

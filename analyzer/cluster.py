@@ -2,9 +2,11 @@
 
 Each task opens the sources itself, from the paths or URLs it is given (a shared file system,
 a database URL, an ingested dataset on object storage through fsspec), and sends back only its
-partition's Report: frames never travel through the scheduler. The task is given by the
-caller (analyzer.api.audit_partition), so this module never imports the api back; the merge is
-`merge_reports`, the same code as for partitions audited one after another in one process.
+partition's Report and the few rows the capacity foresight needs of it (the instances its runs
+hold, the placements refused to them): the whole frames never travel through the scheduler. The
+task is given by the caller (analyzer.api.audit_partition), so this module never imports the api
+back; the merge is `merge_partitions`, the same code as for partitions audited one after another
+in one process.
 
 Dask is imported only here, and only when a command asks for a cluster.
 """
@@ -19,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from analyzer._version import __version__
 from analyzer.errors import AuditInputError
-from analyzer.pipeline.assemble import merge_reports
+from analyzer.pipeline.partitions import PartitionResult, merge_partitions
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -105,9 +107,9 @@ def _sendable(paths: Sequence[str | Path]) -> list[str]:
     return given
 
 
-PartitionTask = Callable[[Sequence[str], int, int, dict[str, Any]], "Report"]
-"""(paths, index, count, options) -> the report of partition `index` of `count`: a module-level
-function, so a worker imports it by name."""
+PartitionTask = Callable[[Sequence[str], int, int, dict[str, Any]], PartitionResult]
+"""(paths, index, count, options) -> the report of partition `index` of `count` and its share
+of the capacity foresight: a module-level function, so a worker imports it by name."""
 
 
 def audit_partitions(
@@ -121,7 +123,7 @@ def audit_partitions(
     )
     distributed = _distributed()
     try:
-        reports = client.gather(futures)
+        results: list[PartitionResult] = client.gather(futures)
     except distributed.KilledWorker as error:
         raise AuditInputError(
             "--cluster",
@@ -138,14 +140,14 @@ def audit_partitions(
             f"a worker cannot run the audit ({error})",
             f"install dstack-audit {__version__} on every worker",
         ) from None
-    versions = {r.generated_by for r in reports} - {f"dstack-audit {__version__}"}
+    versions = {r.report.generated_by for r in results} - {f"dstack-audit {__version__}"}
     if versions:
         raise AuditInputError(
             "--cluster",
             f"workers run {', '.join(sorted(versions))}, not dstack-audit {__version__}",
             "install the same version on every worker",
         )
-    return merge_reports(reports)
+    return merge_partitions(results)
 
 
 def run_on_cluster(

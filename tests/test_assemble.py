@@ -92,3 +92,18 @@ def test_limitations_once_and_the_end_bounds_last(seed_report):
     assert report.limitations == seed_report.limitations
     assert report.runs == seed_report.runs and report.findings == seed_report.findings
     assert report.summary == seed_report.summary
+
+
+def test_partitions_give_the_capacity_foresight_of_one_process(tmp_path):
+    """A fleet's instances are held by runs of every partition: a partition alone would call an
+    idle-looking instance `unknown` ("others may hold it"); merged, each finding's foresight
+    is the one-process answer, byte for byte."""
+    from analyzer.synth import synthesize
+
+    synthesize(tmp_path / "fleet", 200, seed=3)
+    db = tmp_path / "fleet" / "server.db"
+    whole = open_sources([db]).report
+    merged = audit_in_partitions([db], 3)
+    foresights = [f.capacity_foresight for f in whole.findings if f.capacity_foresight]
+    assert {f.surge_capacity for f in foresights} >= {"none", "available"}
+    assert merged.model_dump_json() == whole.model_dump_json()

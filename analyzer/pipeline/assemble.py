@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 
 from analyzer._version import __version__
@@ -111,17 +111,20 @@ def assemble(
     )
 
 
-def merge_reports(reports: list[Report]) -> Report:
+def merge_reports(
+    reports: list[Report], complete: Callable[[list[Finding]], list[Finding]] | None = None
+) -> Report:
     """One report from the reports of disjoint partitions of the same audit. Partitions that
     share a run are refused: an input read whole by every partition (a log, a table export, an
     API or CLI capture) would count its runs and victims once per partition."""
     _refuse_overlap(reports)
     ends = [r.end_of_evidence for r in reports if r.end_of_evidence is not None]
+    findings = [f for r in reports for f in r.findings]
     merged = assemble(
         inputs=_merge_inputs(reports),
         limitations=(lim for r in reports for lim in r.limitations),
         verdicts=(v for r in reports for v in r.runs),
-        findings=(f for r in reports for f in r.findings),
+        findings=complete(findings) if complete else findings,
         end_of_evidence=max(ends) if ends else None,
     )
     first = reports[0]

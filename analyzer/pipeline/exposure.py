@@ -866,6 +866,11 @@ DATELESS = CapacityForesight(
 )
 
 
+def wanted_findings(findings: list[Finding]) -> list[Finding]:
+    """The findings whose culprit failed for lack of capacity: those the foresight speaks of."""
+    return [f for f in findings if any(c.termination_reason == NO_CAPACITY for c in f.culprits)]
+
+
 def foresight(
     frames: Frames,
     findings: list[Finding],
@@ -875,7 +880,7 @@ def foresight(
     """Each finding whose culprit failed for lack of capacity, with the surge capacity as of
     just before the update that started the failing deployment (unknown for the `dateless`
     (server, run id) pairs: no date places the update among the tables' times)."""
-    wanted = [f for f in findings if any(c.termination_reason == NO_CAPACITY for c in f.culprits)]
+    wanted = wanted_findings(findings)
     if not wanted:
         return findings
     began = {

@@ -1,0 +1,162 @@
+"""Partitions of one audit, merged into the report one process gives.
+
+A partition reads whole services, but an instance is held, and a placement refused, by runs of
+every partition: the capacity foresight (analyzer.pipeline.exposure.foresight) of a finding
+needs them all. So each partition sends, beside its report, a `ForesightPiece`, and the merge
+works the foresight out once over every partition's findings and pieces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+import polars as pl
+
+from analyzer.contract import Finding, Report
+from analyzer.pipeline.assemble import merge_reports
+from analyzer.pipeline.exposure import NO_CAPACITY, Frames, foresight, wanted_findings
+
+# What the foresight reads of the submissions of runs other than the probed ones: the
+# instances they hold (`held`) and the provider's refusals (`refused`), in timeline order.
+_CROSS_RUN_COLUMNS = (
+    "server",
+    "run_id",
+    "job_name",
+    "replica_num",
+    "job_num",
+    "submission_num",
+    "instance_id",
+    "created_at",
+    "stopped_at",
+    "blocks",
+    "termination_reason",
+    "termination_reason_message",
+)
+_TIMELINE_ORDER = ["server", "run_id", "replica_num", "job_num", "submission_num"]
+
+
+@dataclass
+class ForesightPiece:
+    """One partition's share of the capacity foresight's facts. An instance is held, and a
+    placement refused, by runs of every partition, so the foresight is worked out once, over
+    every partition's findings, when they are merged (as in one process): each partition
+    sends the rows of its runs that can hold or be refused an instance, the whole rows of its
+    runs with a no-capacity culprit, and (the first one) the fleets and instances it read."""
+
+    runs: pl.DataFrame
+    submissions: pl.DataFrame
+    deployments: pl.DataFrame
+    dateless: set[tuple[str, str]]
+    fleets: pl.DataFrame | None
+    instances: pl.DataFrame | None
+    fleet_table_servers: set[str]
+    server_versions: dict[str, str]
+    evidence_ends: dict[str, datetime]
+    narrowed: bool  # --project or --since: other runs' jobs were not read at all
+    secrets: set[str]  # the partition's known secret values, to mask what the foresight says
+
+
+def foresight_piece(
+    frames: Frames,
+    findings: list[Finding],
+    deployments: pl.DataFrame,
+    dateless: set[tuple[str, str]],
+    *,
+    whole_tables: bool,
+    narrowed: bool,
+    secrets: set[str],
+) -> ForesightPiece:
+    """This partition's `ForesightPiece` (`whole_tables`: it carries the fleets and
+    instances, which every partition reads whole)."""
+    key = pl.DataFrame(
+        sorted({(f.server, f.run_id) for f in wanted_findings(findings)}),
+        schema={"server": pl.String, "run_id": pl.String},
+        orient="row",
+    )
+    subs = frames.submissions
+    others = (
+        subs.join(key, on=["server", "run_id"], how="anti")
+        .filter(pl.col("instance_id").is_not_null() | (pl.col("termination_reason") == NO_CAPACITY))
+        .select(_CROSS_RUN_COLUMNS)
+    )
+    refusing = others.filter(pl.col("termination_reason") == NO_CAPACITY).select("server", "run_id")
+    runs = pl.concat(
+        [
+            frames.runs.join(key, on=["server", "run_id"], how="semi"),
+            frames.runs.join(refusing, on=["server", "run_id"], how="semi")
+            .join(key, on=["server", "run_id"], how="anti")
+            .select("server", "run_id", "project"),
+        ],
+        how="diagonal_relaxed",
+    )
+    return ForesightPiece(
+        runs=runs,
+        submissions=pl.concat(
+            [subs.join(key, on=["server", "run_id"], how="semi"), others], how="diagonal_relaxed"
+        ),
+        deployments=deployments.join(key, on=["server", "run_id"], how="semi"),
+        dateless=dateless,
+        fleets=frames.fleets if whole_tables else None,
+        instances=frames.instances if whole_tables else None,
+        fleet_table_servers=frames.fleet_table_servers,
+        server_versions=frames.server_versions,
+        evidence_ends=frames.evidence_ends,
+        narrowed=narrowed,
+        secrets=secrets,
+    )
+
+
+def foresight_of_pieces(findings: list[Finding], pieces: list[ForesightPiece]) -> list[Finding]:
+    """`foresight` over the merged findings of every partition, from their pieces: the same
+    facts, in the same order, as one process reads (each new answer masked with the
+    partitions' known secrets, as the partitions masked the rest of their findings)."""
+    from analyzer.redact import Redactor
+
+    whole = next(p for p in pieces if p.fleets is not None)
+    frames = Frames(
+        runs=pl.concat([p.runs for p in pieces], how="diagonal_relaxed"),
+        submissions=pl.concat([p.submissions for p in pieces], how="diagonal_relaxed").sort(
+            _TIMELINE_ORDER, maintain_order=True
+        ),
+        fleets=whole.fleets,
+        instances=whole.instances,
+        fleet_table_servers=set().union(*(p.fleet_table_servers for p in pieces)),
+        server_versions={k: v for p in pieces for k, v in p.server_versions.items()},
+        narrowed=any(p.narrowed for p in pieces),
+        evidence_ends={k: v for p in pieces for k, v in p.evidence_ends.items()},
+    )
+    deployments = pl.concat([p.deployments for p in pieces], how="diagonal_relaxed")
+    dateless = set().union(*(p.dateless for p in pieces))
+    redactor = Redactor(values=set().union(*(p.secrets for p in pieces)))
+    return [
+        new
+        if new.capacity_foresight is None or new is old
+        else new.model_copy(
+            update={
+                "capacity_foresight": redactor.apply_model(new.capacity_foresight, controls=True)
+            }
+        )
+        for old, new in zip(
+            findings, foresight(frames, findings, deployments, dateless), strict=True
+        )
+    ]
+
+
+@dataclass
+class PartitionResult:
+    """What one partition of a larger audit returns: its report (its findings without their
+    capacity foresight) and its share of the foresight's facts."""
+
+    report: Report
+    foresight: ForesightPiece
+
+
+def merge_partitions(results: list[PartitionResult]) -> Report:
+    """The merged report of the partitions, each finding's capacity foresight worked out over
+    every partition's facts: the report one process gives."""
+    pieces = [r.foresight for r in results]
+    return merge_reports(
+        [r.report for r in results],
+        complete=lambda findings: foresight_of_pieces(findings, pieces),
+    )
