@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from click.testing import CliRunner
+
+from analyzer.cli import main
 from analyzer.guard import decide
 
 NOW = datetime(2026, 1, 1, 1, tzinfo=UTC)
@@ -181,3 +184,13 @@ def test_retry_on_no_capacity_delays_the_failure_only_while_its_window_lasts():
     assert "when its retry ends" not in past and "already past now" in past
     other = with_retry({"on_events": ["error"], "duration": 7200})
     assert "when its retry ends" not in other and "not on no-capacity" in other
+
+
+def test_guard_without_a_token_or_a_server_stops_with_one_line():
+    closed = "http://127.0.0.1:9"
+    result = CliRunner().invoke(main, ["guard", "--server", closed], env={"DSTACK_TOKEN": None})
+    assert result.exit_code == 2 and "no token was given" in result.output
+    token = "tok-0123456789abcdef"  # pasted into the URL by mistake: masked in the error
+    result = CliRunner().invoke(main, ["guard", "--server", f"{closed}/{token}", "--token", token])
+    assert result.exit_code == 2 and "check the URL" in result.output
+    assert len(result.output.strip().splitlines()) == 1 and token not in result.output

@@ -23,8 +23,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from click.testing import CliRunner
 from conftest import CAPTURES
 from test_live_server import DSTACK, VENV, DstackServer, free_port, quiet_env
+
+from analyzer.cli import main
 
 pytestmark = pytest.mark.skipif(
     not DSTACK.is_file(),
@@ -186,6 +189,13 @@ def test_with_room_no_new_replica_and_a_new_run_pass(stacks):
         ),
         ("fresh", "approve", "a new run, not an update of a running service"),
     ]
+
+
+def test_a_token_the_server_refuses_stops_the_guard_at_start(stacks):
+    url, wrong = stacks["rolling-ok"].server.url, "not-a-token-0123456789"
+    result = CliRunner().invoke(main, ["guard", "--server", url, "--token", wrong, "--port", "0"])
+    assert result.exit_code == 2 and "the server refused the token" in result.output
+    assert wrong not in result.output
 
 
 def test_the_token_is_in_no_output_and_ctrl_c_exits_130(stacks):

@@ -32,6 +32,17 @@ def _check_server(url: str, token: str | None) -> str:
     return version
 
 
+def _listen(url: str, token: str | None, host: str, port: int, mode: str, on_unknown: str):
+    from analyzer.guard import serve
+
+    try:
+        return serve(url, token or "", host, port, mode, on_unknown)
+    except OSError as error:
+        raise AuditInputError(
+            f"--host {host} --port {port}", f"cannot listen ({error.strerror or error})"
+        ) from None
+
+
 def register(main: click.Group) -> None:
     @main.command()
     @click.option(
@@ -74,7 +85,6 @@ def register(main: click.Group) -> None:
 
         Exit status: 130 on Ctrl-C, 2 unusable options or server.
         """
-        from analyzer.guard import serve
         from analyzer.redact import Redactor, without_controls
         from analyzer.sources.collect import display_url
         from analyzer.sources.live import target_of, use_token
@@ -84,15 +94,15 @@ def register(main: click.Group) -> None:
             target = target_of(server_url)
         finally:
             reset()
-        version = _check_server(target.url, target.token)
-        try:
-            service = serve(target.url, target.token, host, port, mode, on_unknown)
-        except OSError as error:
-            raise AuditInputError(
-                f"--host {host} --port {port}", f"cannot listen ({error.strerror or error})"
-            ) from None
         redactor = Redactor()
-        redactor.add({target.token})
+        redactor.add({token, target.token})
+        try:
+            version = _check_server(target.url, target.token)
+            service = _listen(target.url, target.token, host, port, mode, on_unknown)
+        except AuditInputError as error:  # the token masked even where a message quotes it
+            raise AuditInputError(
+                redactor.apply(error.source), redactor.apply(error.problem), error.hint
+            ) from None
         where = f"http://{host}:{service.server_address[1]}"
         click.echo(
             redactor.apply(
