@@ -38,21 +38,54 @@ START_TIMEOUT_S = 60
 REJECTED = "Apply request rejected: "
 
 
-class Guard:
-    """`dstack-audit guard` for one server, its stdout and stderr kept in files."""
+WEB_UPDATE = """\
+type: service
+name: web
+image: python:3.12-slim
+commands:
+  - python -m http.server 8000 --bind 0.0.0.0
+port: 8000
+priority: 10
+resources:
+  cpu: 2..
+  memory: 8GB..
+  disk: 100GB..
+"""  # in-place-bump's `web` as captured, but for its commands: a rolling deployment
 
-    def __init__(self, root: Path, port: int) -> None:
-        self.port = port
+
+class Stack:
+    """A dstack server with rest_plugin enabled and the `dstack-audit guard` it calls; HOME
+    holds the dstack CLI's configuration for the server's admin (`dstack project add`'s file)."""
+
+    def __init__(self, capture: str, project: str, root: Path, via_config: bool) -> None:
+        self.project, self.root, self.via_config = project, root, via_config
+        self.port = free_port()
+        self.server = DstackServer(
+            CAPTURES / "v0.22.5" / capture,
+            root / "dstack",
+            config=PLUGIN_CONFIG,
+            env={"DSTACK_PLUGIN_SERVICE_URI": f"http://127.0.0.1:{self.port}"},
+        )
+        self.home = root / "home"
+        (self.home / ".dstack").mkdir(parents=True)
+        entry = {"name": project, "url": self.server.url, "token": self.server.token}
+        config = json.dumps({"projects": [entry | {"default": True}]})  # YAML reads JSON
+        (self.home / ".dstack" / "config.yml").write_text(config, encoding="utf-8")
         self.stdout, self.stderr = root / "guard.out", root / "guard.err"
-        self.root = root
 
-    def start(self, server: DstackServer) -> Guard:
-        env = quiet_env(self.root / "home", DSTACK_TOKEN=server.token)
+    def start(self) -> Stack:
+        """The guard once the server answers: by the CLI's configuration (`--server
+        dstack:PROJECT`) or by URL with DSTACK_TOKEN, the two ways `audit URL` takes a token."""
+        self.server.wait()
+        env = quiet_env(self.home)
         if os.environ.get("PYTHONPATH"):
             env["PYTHONPATH"] = os.environ["PYTHONPATH"]
-        command = [sys.executable, "-m", "analyzer", "guard", "--server", server.url]
+        where = [f"dstack:{self.project}"] if self.via_config else [self.server.url]
+        if not self.via_config:
+            env["DSTACK_TOKEN"] = self.server.token
+        command = [sys.executable, "-m", "analyzer", "guard", "--server", *where]
         with self.stdout.open("wb") as out, self.stderr.open("wb") as err:
-            self.process = subprocess.Popen(
+            self.guard = subprocess.Popen(
                 [*command, "--port", str(self.port)],
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -62,7 +95,7 @@ class Guard:
             )
         deadline = time.monotonic() + START_TIMEOUT_S
         while "checks applies" not in self.stderr.read_text():
-            if self.process.poll() is not None or time.monotonic() > deadline:
+            if self.guard.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the guard did not start: {self.stderr.read_text()}")
             time.sleep(0.1)
         return self
@@ -71,57 +104,43 @@ class Guard:
         lines = self.stderr.read_text().splitlines()
         return [json.loads(line) for line in lines if line.startswith("{")]
 
-    def stop(self) -> int:
-        if self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGINT)
-        try:
-            return self.process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            return self.process.wait(timeout=15)
-
-
-class Stack:
-    """A dstack server with rest_plugin enabled and the guard it calls."""
-
-    def __init__(self, capture: str, root: Path) -> None:
-        port = free_port()
-        self.guard = Guard(root, port)
-        self.server = DstackServer(
-            CAPTURES / "v0.22.5" / capture,
-            root / "dstack",
-            config=PLUGIN_CONFIG,
-            env={"DSTACK_PLUGIN_SERVICE_URI": f"http://127.0.0.1:{port}"},
-        )
-        (root / "home").mkdir()
-
-    def start(self) -> Stack:
-        self.server.wait()
-        self.guard.start(self.server)
-        return self
-
-    def post(self, project: str, path: str, body: dict) -> httpx.Response:
+    def post(self, path: str, body: dict) -> httpx.Response:
         headers = {"Authorization": f"Bearer {self.server.token}"}
-        url = f"{self.server.url}/api/project/{project}/{path}"
+        url = f"{self.server.url}/api/project/{self.project}/{path}"
         return httpx.post(url, json=body, headers=headers, timeout=30)
 
-    def run(self, project: str, name: str) -> dict:
-        response = self.post(project, "runs/get", {"run_name": name})
+    def run(self, name: str) -> dict:
+        response = self.post("runs/get", {"run_name": name})
         assert response.status_code == 200, response.text
         return response.json()
 
+    def interrupt(self) -> int:
+        """Ctrl-C to the guard; its exit status."""
+        if self.guard.poll() is None:
+            os.kill(self.guard.pid, signal.SIGINT)
+        try:
+            return self.guard.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.guard.pid, signal.SIGKILL)
+            return self.guard.wait(timeout=15)
+
     def stop(self) -> None:
-        self.guard.stop()
+        if hasattr(self, "guard"):
+            self.interrupt()
         self.server.stop()
 
 
 @pytest.fixture(scope="module")
 def stacks(tmp_path_factory):
     """Both servers started at once, each once for the module."""
-    started = {
-        name: Stack(name, tmp_path_factory.mktemp(name)) for name in ("in-place-bump", "rolling-ok")
-    }
+    started = {}
     try:
+        for capture, project, via_config in (
+            ("in-place-bump", "cyberdyne", False),
+            ("rolling-ok", "globex", True),
+        ):
+            root = tmp_path_factory.mktemp(capture)
+            started[capture] = Stack(capture, project, root, via_config)
         with ThreadPoolExecutor(len(started)) as pool:
             list(pool.map(Stack.start, started.values()))
         yield started
@@ -146,40 +165,40 @@ def refusal(response: httpx.Response) -> str | None:
 
 def test_an_update_with_no_room_is_refused_with_the_reason(stacks):
     stack = stacks["in-place-bump"]
-    run = stack.run("cyberdyne", "web")
+    run = stack.run("web")
     spec = changed(run, commands=["python -m http.server 8000 --bind 0.0.0.0"])
-    plan = stack.post("cyberdyne", "runs/get_plan", {"run_spec": spec})
+    plan = stack.post("runs/get_plan", {"run_spec": spec})
     reason = refusal(plan)
     assert reason is not None, plan.text
     for fact in ("service web", "1 healthy replica", "fleet cpu-fleet", "nodes.max 1"):
         assert fact in reason
     assert "raise fleet cpu-fleet's nodes.max to 2" in reason
     body = {"plan": {"run_spec": spec, "current_resource": run}, "force": False}
-    assert refusal(stack.post("cyberdyne", "runs/apply", body)) == reason
-    assert stack.run("cyberdyne", "web")["deployment_num"] == run["deployment_num"]
-    logged = stack.guard.decisions()[-1]
+    assert refusal(stack.post("runs/apply", body)) == reason
+    assert stack.run("web")["deployment_num"] == run["deployment_num"]
+    logged = stack.decisions()[-1]
     assert logged["decision"] == "reject" and logged["reason"] == reason
     assert (logged["user"], logged["project"], logged["run"]) == ("admin", "cyberdyne", "web")
 
 
 def test_with_room_no_new_replica_and_a_new_run_pass(stacks):
     stack = stacks["rolling-ok"]
-    run = stack.run("globex", "api")
+    run = stack.run("api")
     in_place = changed(run, priority=5)
     body = {"plan": {"run_spec": in_place, "current_resource": run}, "force": False}
-    applied = stack.post("globex", "runs/apply", body)
+    applied = stack.post("runs/apply", body)
     assert applied.status_code == 200, applied.text
-    run = stack.run("globex", "api")
+    run = stack.run("api")
     rolling = changed(run, commands=["python -m http.server 8000"])
     body = {"plan": {"run_spec": rolling, "current_resource": run}, "force": False}
-    applied = stack.post("globex", "runs/apply", body)
+    applied = stack.post("runs/apply", body)
     assert applied.status_code == 200, applied.text
     assert applied.json()["deployment_num"] == run["deployment_num"] + 1
     fresh = changed(run, name="fresh", image=None)  # no image: the plan pulls nothing offline
     fresh["run_name"] = "fresh"
-    plan = stack.post("globex", "runs/get_plan", {"run_spec": fresh})
+    plan = stack.post("runs/get_plan", {"run_spec": fresh})
     assert plan.status_code == 200, plan.text
-    decisions = [(d["run"], d["decision"], d["reason"]) for d in stack.guard.decisions()]
+    decisions = [(d["run"], d["decision"], d["reason"]) for d in stack.decisions()]
     assert decisions[-3:] == [
         ("api", "approve", "an in-place update: it starts no replica"),
         (
@@ -198,14 +217,29 @@ def test_a_token_the_server_refuses_stops_the_guard_at_start(stacks):
     assert wrong not in result.output
 
 
+def test_dstack_apply_shows_the_refusal(stacks, tmp_path):
+    """The real `dstack apply` of the CLI, offline: the user's own view of a refusal."""
+    stack = stacks["in-place-bump"]
+    (tmp_path / ".dstack.yml").write_text(WEB_UPDATE, encoding="utf-8")
+    shown = subprocess.run(
+        [str(DSTACK), "apply", "-f", ".dstack.yml", "-y"],
+        cwd=tmp_path,
+        env=quiet_env(stack.home, DSTACK_CLI_LOG_LEVEL="error", COLUMNS="200"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    text = " ".join((shown.stdout + shown.stderr).split())
+    assert shown.returncode != 0 and text.startswith(REJECTED), text
+    assert " ".join(stack.decisions()[-1]["reason"].split()) in text
+
+
 def test_the_token_is_in_no_output_and_ctrl_c_exits_130(stacks):
-    for (project, name), stack in zip(
-        (("cyberdyne", "web"), ("globex", "api")), stacks.values(), strict=True
-    ):
-        spec = changed(stack.run(project, name), commands=["sleep infinity"])
-        stack.post(project, "runs/get_plan", {"run_spec": spec})
-        assert stack.guard.stop() == 130
-        out, err = stack.guard.stdout.read_text(), stack.guard.stderr.read_text()
+    for stack, name in zip(stacks.values(), ("web", "api"), strict=True):
+        spec = changed(stack.run(name), commands=["sleep infinity"])
+        stack.post("runs/get_plan", {"run_spec": spec})
+        assert stack.interrupt() == 130
+        out, err = stack.stdout.read_text(), stack.stderr.read_text()
         assert stack.server.token not in out + err
         assert err.splitlines()[-1] == "dstack-audit: interrupted"
-        assert stack.guard.decisions(), "the guard logged no decision"
+        assert stack.decisions(), "the guard logged no decision"
