@@ -146,6 +146,8 @@ def stacks(tmp_path_factory):
         yield started
     finally:
         for stack in started.values():
+            stack.server.terminate()  # all at once, then each waited for (or killed)
+        for stack in started.values():
             stack.stop()
 
 
