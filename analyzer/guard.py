@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -43,7 +44,8 @@ from analyzer.redact import Redactor
 
 Decision = Literal["approve", "reject", "warn", "unknown"]
 ENDPOINTS = ("on_run_apply", "on_fleet_apply", "on_volume_apply", "on_gateway_apply")
-REQUEST_TIMEOUT_S = 2.0  # each of at most four calls: well within dstack's 8 s
+REQUEST_TIMEOUT_S = 2.0  # each of at most four calls
+BUDGET_S = 5.0  # all of them: the answer is the guard's own, well within dstack's 8 s
 # dstack 0.22.5 services/runs/spec.py: what changes the JobSpec (a rolling deployment).
 ROLLING_CONF_FIELDS = (
     "port",
@@ -394,10 +396,15 @@ class ServerState:
         import httpx
 
         headers = {"Authorization": f"Bearer {self.token}", "Accept": "application/json"}
-        with httpx.Client(headers=headers, timeout=REQUEST_TIMEOUT_S) as client:
+        deadline = time.monotonic() + BUDGET_S
+        with httpx.Client(headers=headers) as client:
 
             def call(path: str, body: dict | None) -> Any:
-                response = client.post(self.url + path, json=body)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"the server took over {BUDGET_S:g} s")
+                timeout = min(REQUEST_TIMEOUT_S, left)
+                response = client.post(self.url + path, json=body, timeout=timeout)
                 if response.status_code == 400 and path.endswith("runs/get"):
                     return None  # no such run: dstack answers 400 "Run not found"
                 response.raise_for_status()
@@ -439,7 +446,8 @@ def handle(
             run, fleets, others, version = state.fetch(body["project"], spec["run_name"])
             verdict = decide(spec, run, fleets, others, version, datetime.now(UTC))
         except Exception as error:  # any failure to decide is logged and answered per policy
-            verdict = Verdict("unknown", f"cannot read the server ({type(error).__name__})")
+            said = (str(error).splitlines() or [""])[0][:200]
+            verdict = Verdict("unknown", f"cannot read the server ({type(error).__name__}: {said})")
     error = None
     decision = verdict.decision
     if decision == "unknown":

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 
 from click.testing import CliRunner
 
 from analyzer.cli import main
-from analyzer.guard import decide
+from analyzer.guard import ServerState, decide, handle
+from analyzer.redact import Redactor
 
 NOW = datetime(2026, 1, 1, 1, tzinfo=UTC)
 OLD = {
@@ -194,3 +196,17 @@ def test_guard_without_a_token_or_a_server_stops_with_one_line():
     result = CliRunner().invoke(main, ["guard", "--server", f"{closed}/{token}", "--token", token])
     assert result.exit_code == 2 and "check the URL" in result.output
     assert len(result.output.strip().splitlines()) == 1 and token not in result.output
+
+
+def test_a_server_it_cannot_read_is_answered_per_on_unknown_and_said(capsys):
+    token = "tok-0123456789abcdef"
+    state, redactor = ServerState("http://127.0.0.1:9", token), Redactor()
+    redactor.add({token})
+    body = {"user": "ann", "project": "p", "spec": ROLLING}
+    approved = handle("on_run_apply", body, state, "reject", "approve", redactor)
+    refused = handle("on_run_apply", body, state, "reject", "reject", redactor)
+    assert approved == {"spec": ROLLING, "error": None}
+    assert refused["spec"] == ROLLING and "cannot read the server (ConnectError" in refused["error"]
+    logged = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    assert [line["decision"] for line in logged] == ["approve", "reject"]
+    assert all(line["reason"].startswith("undecided, answered") for line in logged)

@@ -28,6 +28,8 @@ from conftest import CAPTURES
 from test_live_server import DSTACK, VENV, DstackServer, free_port, quiet_env
 
 from analyzer.cli import main
+from analyzer.guard import ServerState, handle
+from analyzer.redact import Redactor
 
 pytestmark = pytest.mark.skipif(
     not DSTACK.is_file(),
@@ -210,6 +212,19 @@ def test_with_room_no_new_replica_and_a_new_run_pass(stacks):
         ),
         ("fresh", "approve", "a new run, not an update of a running service"),
     ]
+
+
+def test_warn_mode_approves_and_says_the_same_reason(stacks, capsys):
+    stack = stacks["in-place-bump"]
+    spec = changed(stack.run("web"), commands=["python -m http.server 8000 --bind 0.0.0.0"])
+    state = ServerState(stack.server.url, stack.server.token)
+    body = {"user": "admin", "project": stack.project, "spec": spec}
+    refused = handle("on_run_apply", body, state, "reject", "approve", Redactor())
+    warned = handle("on_run_apply", body, state, "warn", "approve", Redactor())
+    assert warned == {"spec": spec, "error": None}
+    logged = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    assert [line["decision"] for line in logged] == ["reject", "warn"]
+    assert logged[1]["reason"] == logged[0]["reason"] == refused["error"]
 
 
 def test_a_token_the_server_refuses_stops_the_guard_at_start(stacks):
