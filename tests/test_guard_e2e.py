@@ -4,7 +4,10 @@ Each capture's database is copied under a `dstack server` (test_live_server's Ds
 server/config.yml enables the builtin `rest_plugin` and whose DSTACK_PLUGIN_SERVICE_URI points at
 a `dstack-audit guard` subprocess. The applies go through the server's own API, as `dstack apply`
 sends them: `runs/get` for the current run, the spec changed, then `runs/get_plan` and
-`runs/apply`. The captures, from their rows: in-place-bump's service `web` is RUNNING with its
+`runs/apply`; once also through the real `dstack apply` CLI. An approved update is shown by
+`runs/apply`: its `get_plan` would go on to pull the image's config from the registry, which
+this offline machine cannot reach (the plugin is asked first either way). The captures, from
+their rows: in-place-bump's service `web` is RUNNING with its
 one replica on the one instance of cpu-fleet (nodes.max 1: no room); rolling-ok's `api` is
 RUNNING on one busy instance of cpu-fleet with nodes.max 2 (room for one more).
 """
