@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -43,7 +44,8 @@ from analyzer.redact import Redactor
 
 Decision = Literal["approve", "reject", "warn", "unknown"]
 ENDPOINTS = ("on_run_apply", "on_fleet_apply", "on_volume_apply", "on_gateway_apply")
-REQUEST_TIMEOUT_S = 2.0  # each of at most four calls: well within dstack's 8 s
+REQUEST_TIMEOUT_S = 2.0  # each of at most four calls
+BUDGET_S = 5.0  # all of them: the answer is the guard's own, well within dstack's 8 s
 # dstack 0.22.5 services/runs/spec.py: what changes the JobSpec (a rolling deployment).
 ROLLING_CONF_FIELDS = (
     "port",
@@ -216,28 +218,38 @@ def _fits(req: Requirement | None, instance: dict) -> bool | None:
     return False
 
 
+def _alive(fleet: dict) -> list[dict]:
+    return [
+        i
+        for i in fleet.get("instances") or []
+        if i.get("status") not in ("terminating", "terminated")
+    ]
+
+
 def _nodes(fleet: dict) -> tuple[int | None, bool]:
-    """(nodes.max, ssh) of a fleet from its spec."""
+    """(nodes.max, ssh) of a fleet: an SSH fleet by its spec's `ssh_config` or by hosts of the
+    `remote` backend (what an SSH fleet's instances are)."""
     conf = (fleet.get("spec") or {}).get("configuration") or {}
     nodes = conf.get("nodes")
     high = nodes if isinstance(nodes, int) else (nodes or {}).get("max")
-    return (high if isinstance(high, int) else None), conf.get("ssh_config") is not None
+    ssh = conf.get("ssh_config") is not None
+    ssh = ssh or any(i.get("backend") == "remote" for i in _alive(fleet))
+    return (high if isinstance(high, int) else None), ssh
 
 
 def room(
     fleets: list[dict], req: Requirement | None, creation: str, pending: int
-) -> tuple[float, list[str], bool]:
-    """(replicas that can be placed, what each fleet offers, whether a fit was unknown)."""
+) -> tuple[float, list[str], int]:
+    """(replicas that can be placed, what each fleet offers, idle instances whose fit is
+    unknown: each might hold one more)."""
     total: float = 0
     told = []
-    unknown = False
+    unknown = 0
     for fleet in fleets:
         high, ssh = _nodes(fleet)
-        instances = fleet.get("instances") or []
-        alive = [i for i in instances if i.get("status") not in ("terminating", "terminated")]
-        ssh = ssh or any(i.get("backend") == "remote" for i in alive)
+        alive = _alive(fleet)
         fits = [_fits(req, i) for i in alive if i.get("status") in BUSY_STATES]
-        unknown = unknown or None in fits
+        unknown += fits.count(None)
         idle = sum(1 for f in fits if f)
         grow: float = 0
         if not ssh and creation != "reuse":
@@ -322,23 +334,28 @@ def decide(
         candidates = [f for f in candidates if f.get("name") in wanted_names]
     creation = str(conf.get("creation_policy") or "reuse-or-create")
     pending, queued_by = _pending(others, {str(f.get("id")) for f in candidates}, current["id"])
-    places, told, fit_unknown = room(candidates, req, creation, pending)
+    places, told, unsure = room(candidates, req, creation, pending)
     submitted = _time(current.get("submitted_at"))
     age = (now - submitted).total_seconds() if submitted else None
-    retry_text, _ = retry_for_no_capacity(conf.get("retry"), age)
+    retry_text, at_once = retry_for_no_capacity(conf.get("retry"), age)
+    retry_text = retry_text.replace(" at T", " now")
     if places >= needed:
         return Verdict("approve", f"{what} of {name}: room for {needed} new replica(s)")
-    if fit_unknown and places + pending > 0:
-        return Verdict("unknown", f"{what}: the instances' resources are unknown")
+    if places + unsure >= needed:
+        return Verdict(
+            "unknown",
+            f"{what} of {name}: room only if {unsure} instance(s) of unknown resources fit",
+        )
     queued = f"; queued first: {', '.join(queued_by)}" if queued_by else ""
     full = "; ".join(told) or "no fleet the service can use"
     fix = _fix(candidates, needed, queued_by)
     return Verdict(
         "reject",
         f"{what} of service {name} needs {needed} new replica(s) and there is no room "
-        f"({full}{queued}): the new replica would fail 'Fleet is at capacity' and dstack "
-        f"(#4186, release {version}) would stop the {healthy} healthy replica(s) of {name} with "
-        f"it ({retry_text}). Fix: {fix}, then apply again.",
+        f"({full}{queued}): the new replica would fail 'Fleet is at capacity'"
+        f"{'' if at_once else ' when its retry ends'} and dstack (#4186, release {version}) "
+        f"would stop the {healthy} healthy replica(s) of {name} with it ({retry_text}). "
+        f"Fix: {fix}, then apply again.",
     )
 
 
@@ -379,10 +396,15 @@ class ServerState:
         import httpx
 
         headers = {"Authorization": f"Bearer {self.token}", "Accept": "application/json"}
-        with httpx.Client(headers=headers, timeout=REQUEST_TIMEOUT_S) as client:
+        deadline = time.monotonic() + BUDGET_S
+        with httpx.Client(headers=headers) as client:
 
             def call(path: str, body: dict | None) -> Any:
-                response = client.post(self.url + path, json=body)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"the server took over {BUDGET_S:g} s")
+                timeout = min(REQUEST_TIMEOUT_S, left)
+                response = client.post(self.url + path, json=body, timeout=timeout)
                 if response.status_code == 400 and path.endswith("runs/get"):
                     return None  # no such run: dstack answers 400 "Run not found"
                 response.raise_for_status()
@@ -424,7 +446,8 @@ def handle(
             run, fleets, others, version = state.fetch(body["project"], spec["run_name"])
             verdict = decide(spec, run, fleets, others, version, datetime.now(UTC))
         except Exception as error:  # any failure to decide is logged and answered per policy
-            verdict = Verdict("unknown", f"cannot read the server ({type(error).__name__})")
+            said = (str(error).splitlines() or [""])[0][:200]
+            verdict = Verdict("unknown", f"cannot read the server ({type(error).__name__}: {said})")
     error = None
     decision = verdict.decision
     if decision == "unknown":

@@ -70,9 +70,12 @@ def quiet_env(home: Path, **extra: str) -> dict[str, str]:
 
 
 class DstackServer:
-    """`dstack server` on a copy of a capture's database."""
+    """`dstack server` on a copy of a capture's database; `config` is its server/config.yml
+    (none: the server's config is disabled) and `env` more environment variables."""
 
-    def __init__(self, capture: Path, root: Path) -> None:
+    def __init__(
+        self, capture: Path, root: Path, config: str | None = None, env: dict | None = None
+    ) -> None:
         self.capture = capture
         self.root = root
         server_dir = root / "server"
@@ -80,20 +83,23 @@ class DstackServer:
         (root / "home").mkdir()
         db = server_dir / "data" / "sqlite.db"
         db.write_bytes((capture / "server.db").read_bytes())
+        if config is not None:
+            (server_dir / "config.yml").write_text(config, encoding="utf-8")
         self.token = admin_token(db)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = root / "server.log"
-        env = quiet_env(
-            root / "home",
-            DSTACK_SERVER_DIR=str(server_dir),
-            DSTACK_SERVER_HOST="127.0.0.1",
-            DSTACK_SERVER_PORT=str(self.port),
-            DSTACK_SERVER_BACKGROUND_PROCESSING_DISABLED="1",
-            DSTACK_SERVER_CONFIG_DISABLED="1",
-            DSTACK_DEFAULT_CREDS_DISABLED="1",
-            DSTACK_DO_NOT_UPDATE_DEFAULT_PROJECT="1",
-        )
+        settings = {
+            "DSTACK_SERVER_DIR": str(server_dir),
+            "DSTACK_SERVER_HOST": "127.0.0.1",
+            "DSTACK_SERVER_PORT": str(self.port),
+            "DSTACK_SERVER_BACKGROUND_PROCESSING_DISABLED": "1",
+            "DSTACK_DEFAULT_CREDS_DISABLED": "1",
+            "DSTACK_DO_NOT_UPDATE_DEFAULT_PROJECT": "1",
+        }
+        if config is None:
+            settings["DSTACK_SERVER_CONFIG_DISABLED"] = "1"
+        env = quiet_env(root / "home", **settings, **(env or {}))
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(
                 [str(DSTACK), "server", "--host", "127.0.0.1", "--port", str(self.port), "-n"],

@@ -13,7 +13,7 @@ import gc
 import click
 
 from analyzer._version import __version__
-from analyzer.cli import audit, exposure, ingest, synth, timeline, visual
+from analyzer.cli import audit, exposure, guard, ingest, synth, timeline, visual
 from analyzer.cli.options import AuditGroup
 
 
@@ -41,5 +41,5 @@ def main() -> None:
     gc.set_threshold(50_000)
 
 
-for _commands in (audit, ingest, synth, timeline, visual, exposure):
+for _commands in (audit, ingest, synth, timeline, visual, exposure, guard):
     _commands.register(main)
