@@ -232,7 +232,42 @@ def test_disputed_rows_make_the_run_inconclusive():
     assert "duplicate rows disagree: two jobs rows" in verdict.why
 
 
-# One test per rule of VICTIM_RULES: (jobs, run fields, expected verdict, expected text).
+def event(kind: str, entity: dict | None, minutes: float, **fields) -> dict:
+    """An events-table row about the run (entity None) or one of its jobs, dated."""
+    return {
+        "server": "s",
+        "seq": int(minutes * 100),
+        "time": at(minutes),
+        "time_basis": "db_utc",
+        "kind": kind,
+        "origin": "events_table",
+        "entity_type": "job" if entity else "run",
+        "entity_id": entity["job_id"] if entity else RUN_ID,
+        "entity_name": entity["job_name"] if entity else "svc",
+        "run_id": RUN_ID,
+        "actor": "system",
+        "message": kind,
+        "provenance": [f"events:{kind}{minutes}"],
+        **fields,
+    }
+
+
+def run_failed(minutes: float, reason: str = "job_failed", **fields) -> dict:
+    return event(
+        "run_status",
+        None,
+        minutes,
+        old_status="running",
+        new_status="terminating",
+        termination_reason=reason,
+        **fields,
+    )
+
+
+WITH_PROBES = {"ready": None, "probe_count": 1, "probe_rows": 1, "probes_below_ready_after": 0}
+
+# One test per rule of VICTIM_RULES: (jobs, run fields, expected verdict, expected text, and
+# the events, if the case needs any).
 
 RULE_CASES = {
     "snapshot_before_cascade": (
@@ -273,6 +308,21 @@ RULE_CASES = {
         {},
         "no_healthy_victim",
         "svc-0-0: not healthy when stopped: a probe's last success_streak is below its ready_after",
+    ),
+    "not_serving_at_failure": (
+        [old_replica(**WITH_PROBES | {"ready": True}), culprit()],
+        {},
+        "no_healthy_victim",
+        "svc-0-0: not yet serving when the run failed: the evidence dates its readiness after "
+        "the failure",
+        [run_failed(21), event("job_ready", old_replica(), 22)],
+    ),
+    "health_not_dated": (
+        [old_replica(**WITH_PROBES), culprit()],
+        {},
+        "inconclusive",
+        "its health proof (probe_streaks) is not dated at or before the run's failure",
+        [run_failed(21)],
     ),
     "health_undecided": (
         [
@@ -317,8 +367,8 @@ def test_every_rule_has_its_case():
 
 @pytest.mark.parametrize("name", list(RULE_CASES))
 def test_rule(name):
-    jobs, run_fields, expected, text = RULE_CASES[name]
-    verdict, findings = judge([run(**run_fields)], jobs)
+    jobs, run_fields, expected, text, *events = RULE_CASES[name]
+    verdict, findings = judge([run(**run_fields)], jobs, events=events[0] if events else ())
     assert verdict.verdict == expected, verdict.why
     assert findings == []
     if text is None:  # ignored: the job is named nowhere
