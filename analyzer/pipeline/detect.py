@@ -273,7 +273,7 @@ def _judge_candidate(ctx: _Context) -> RunJudgement:
         if run["stopped_during_cascade"]:
             why += (
                 f"; then the user stopped the run during the cascade "
-                f"({run['termination_reason'] or 'its final status TERMINATED'})"
+                f"({run['stop_reason'] or 'its final status TERMINATED'})"
             )
         return RunJudgement(category, why, findings)
     if undecided:
@@ -574,7 +574,10 @@ def _stopped_during_cascade(ctx: _Context, victims: list[Row]) -> tuple[str, str
     """The limitation that says a user stopped the run after its failure: what dstack wrote
     over the failure, and when the stop came as far as the evidence dates it."""
     run = ctx.run
-    final = (run["termination_reason"] or "").upper() or "a user's stop or abort"
+    final = (run["stop_reason"] or "").upper() or (
+        "status TERMINATED, which dstack gives a run only for a user's stop or abort "
+        "(RunTerminationReason.to_status)"
+    )
     by_user = [v for v in victims if v["termination_reason"] in USER_STOP_JOB_REASONS]
     by_server = [v for v in victims if v["termination_reason"] not in USER_STOP_JOB_REASONS]
     finished = ctx.run_event("run_status", old_status="terminating")
