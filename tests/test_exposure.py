@@ -65,7 +65,8 @@ def _fleet_capacity_culprits():
                 # a re-submission refused because its crashed predecessor still held the node
                 # (retry-on-error): the fleet had room before the update
                 resubmitted = any(
-                    (j["job_name"], j["deployment_num"]) == (culprit["job_name"], culprit["deployment_num"])
+                    (j["job_name"], j["deployment_num"])
+                    == (culprit["job_name"], culprit["deployment_num"])
                     and j["submission_num"] < culprit["submission_num"]
                     for j in run["all_jobs_final"]
                 )

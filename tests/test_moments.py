@@ -35,8 +35,10 @@ def _short(job_id: str, short: bool) -> str:
 def _sources(capture: Path, tmp_path: Path, log_of=None) -> dict[str, list[Path]]:
     """Every source kind of a capture folder (or of a changed copy: `log_of(fmt)` gives the
     log of that format)."""
-    logs = {fmt: log_of(fmt) if log_of else capture / "logs" / f"server-info.{fmt}.log"
-            for fmt in FORMATS}
+    logs = {
+        fmt: log_of(fmt) if log_of else capture / "logs" / f"server-info.{fmt}.log"
+        for fmt in FORMATS
+    }
     return {
         "database": [capture / "server.db"],
         "tables": [capture / "tables"],
@@ -67,16 +69,21 @@ def _check_stopped_during_cascade(report, short: bool, *, victim_label: str, fin
     assert stop.code == "run_stopped_during_cascade"
     assert "stop_runs()" in stop.message and "emits no event" in stop.message
     assert f"web-0-0 {victim_label}" in stop.message
-    assert f"ends with {(final or '').upper()}" in stop.message if final else (
-        "ends with status TERMINATED, which dstack gives a run only for a user's stop or abort"
-        in stop.message
+    assert (
+        f"ends with {(final or '').upper()}" in stop.message
+        if final
+        else (
+            "ends with status TERMINATED, which dstack gives a run only for a user's stop or abort"
+            in stop.message
+        )
     )
     assert stop in report.limitations
     assert finding.impact.replicas_lost == 1
 
 
-@pytest.mark.parametrize("source", ["database", "tables", *[f"log-{f}" for f in FORMATS],
-                                    "database+log"])
+@pytest.mark.parametrize(
+    "source", ["database", "tables", *[f"log-{f}" for f in FORMATS], "database+log"]
+)
 def test_stop_after_kill_capture_keeps_its_cascade(source, tmp_path):
     report = open_sources(_sources(STOP, tmp_path)[source]).report
     short = source.startswith("log-")
@@ -127,8 +134,9 @@ def _stop_reaches_victim_log(tmp_path: Path, fmt: str) -> Path:
     return log
 
 
-@pytest.mark.parametrize("source", ["database", "tables", *[f"log-{f}" for f in FORMATS],
-                                    "database+log"])
+@pytest.mark.parametrize(
+    "source", ["database", "tables", *[f"log-{f}" for f in FORMATS], "database+log"]
+)
 def test_stop_that_reaches_a_running_victim_keeps_it_a_victim(source, copy_db, tmp_path):
     db = _stop_reaches_victim_db(copy_db)
     capture = tmp_path / "capture"
@@ -145,8 +153,13 @@ def test_stop_that_reaches_a_running_victim_keeps_it_a_victim(source, copy_db, t
         final=None if short else "stopped_by_user",
     )
     (finding,) = report.findings
-    assert any("the user's stop reached it after the run had failed" in e.text
-               for e in finding.evidence) or short
+    assert (
+        any(
+            "the user's stop reached it after the run had failed" in e.text
+            for e in finding.evidence
+        )
+        or short
+    )
     (stop,) = finding.limitations
     if source != "log-rich":
         assert "at or after 2026-12-17T10:09:09.082" in stop.message
@@ -211,8 +224,9 @@ def _check_retry(report, short: bool) -> None:
     assert report.summary.by_failure_class[0].key == "container_exit"
 
 
-@pytest.mark.parametrize("source", ["database", "tables", *[f"log-{f}" for f in FORMATS],
-                                    "database+log"])
+@pytest.mark.parametrize(
+    "source", ["database", "tables", *[f"log-{f}" for f in FORMATS], "database+log"]
+)
 def test_retry_on_error_root_cause_is_the_crash(source, tmp_path):
     report = open_sources(_sources(RETRY, tmp_path)[source]).report
     short = source.startswith("log-")

@@ -11,8 +11,6 @@ import polars as pl
 
 from analyzer.model import RUN_FAILURE_REASONS, USER_STOP_RUN_REASONS, UTC_TIME
 
-# Where a run's failure is read from (run_failures).
-FAILURE_BASES = ("run_event", "culprit_before_stop", "cascade_label", "run_row")
 # The bases on which a user's stop may have come after the failure, during the cascade.
 CASCADE_BASES = ("run_event", "culprit_before_stop", "cascade_label")
 # A job's own failure happened at its TERMINATING event, its finish, or (tables only) at or
