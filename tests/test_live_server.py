@@ -479,3 +479,23 @@ def test_dstack_cli_configuration(servers, tmp_path, monkeypatch):
     assert json.loads((tmp_path / "c" / "manifest.json").read_text())["projects"] == ["acme"]
     line = one_line_error(runner.invoke(main, ["audit", "dstack:nope"]))
     assert "no project 'nope' (configured: main, acme)" in line
+
+
+def test_stop_reaching_a_running_victim_through_the_api(copy_db, tmp_path):
+    """The stop-after-kill variant whose stop reaches the RUNNING victim (TERMINATED_BY_USER),
+    served by dstack itself and collected: the same finding as from its database."""
+    from test_moments import _check_stopped_during_cascade, _stop_reaches_victim_db
+
+    capture = tmp_path / "capture"
+    capture.mkdir()
+    (capture / "server.db").write_bytes(_stop_reaches_victim_db(copy_db).read_bytes())
+    server = DstackServer(capture, tmp_path / "dstack")
+    try:
+        server.wait()
+        collect(server.url, tmp_path / "collected", server.token)
+    finally:
+        server.stop()
+    report = open_sources([tmp_path / "collected"]).report
+    _check_stopped_during_cascade(
+        report, False, victim_label="got TERMINATED_BY_USER", final="stopped_by_user"
+    )
