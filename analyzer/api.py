@@ -138,7 +138,11 @@ class Audit:
 
     def _detect(self) -> tuple[list[RunVerdict], list[Finding]]:
         verdicts, findings = detect(
-            self.runs, self.submissions, self.events, self.evidence.disputed_runs
+            self.runs,
+            self.submissions,
+            self.events,
+            self.evidence.disputed_runs,
+            self.evidence.ends_by_server(),
         )
         gaps = evidence_gaps(
             self.runs, self.evidence.jobs, self.events, self.evidence.events_table_servers

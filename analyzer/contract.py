@@ -60,6 +60,18 @@ class Victim(_Record):
     expected_termination_reason: str | None = None
 
 
+class EarlierFailure(_Record):
+    """An earlier submission of a culprit's replica slot, in the same deployment, that failed
+    by itself and that dstack re-submitted (the job's `retry` policy)."""
+
+    job_id: str
+    submission_num: int | None
+    termination_reason: str | None
+    termination_reason_message: str | None
+    exit_status: int | None = None
+    failed_at: datetime | None
+
+
 class Culprit(_Record):
     job_id: str
     job_name: str
@@ -70,6 +82,9 @@ class Culprit(_Record):
     termination_reason_message: str | None
     exit_status: int | None = None
     failed_at: datetime | None
+    # the slot's earlier failed submissions in this deployment, first first: the first of them
+    # is the root cause, this (the last) submission's failure the trigger
+    earlier_failures: list[EarlierFailure] = Field(default_factory=list)
 
 
 class OtherJob(_Record):
@@ -118,18 +133,24 @@ class Counterfactual(_Record):
     explanation: str
 
 
+FailureClass = Literal[
+    "no_capacity",
+    "fleet_at_capacity",
+    "container_exit",
+    "retry_limit",
+    "probe_never_ready",
+    "other",
+]
+
+
 class RootCause(_Record):
-    failure_class: Literal[
-        "no_capacity",
-        "fleet_at_capacity",
-        "container_exit",
-        "retry_limit",
-        "probe_never_ready",
-        "other",
-    ]
+    failure_class: FailureClass
     detail: str
     changed_fields: str | None
     fleets: list[str]
+    # the last failure, when the root cause is an earlier submission's (a re-submitted culprit)
+    trigger_class: FailureClass | None = None
+    trigger: str | None = None
 
 
 class CapacityForesight(_Record):
@@ -154,6 +175,9 @@ class Finding(_Record):
     victims: list[Victim]
     culprits: list[Culprit]
     run_termination_reason: str | None
+    # the reason the run went TERMINATING with (its first transition): differs from
+    # run_termination_reason when a user stopped the run during the cascade
+    run_failure_reason: str | None = None
     update_deployment_num: int | None = None
     changed_fields: str | None = None
     updated_by: str | None = None

@@ -118,6 +118,7 @@ LimitationCode = Literal[
     "no_probes_table",
     "no_run_evidence",
     "ps_json_latest_submission_only",
+    "run_stopped_during_cascade",
     "runs_list_submissions_capped",
     "unknown_schema_release",
     "unreadable_export",

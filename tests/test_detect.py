@@ -232,7 +232,42 @@ def test_disputed_rows_make_the_run_inconclusive():
     assert "duplicate rows disagree: two jobs rows" in verdict.why
 
 
-# One test per rule of VICTIM_RULES: (jobs, run fields, expected verdict, expected text).
+def event(kind: str, entity: dict | None, minutes: float, **fields) -> dict:
+    """An events-table row about the run (entity None) or one of its jobs, dated."""
+    return {
+        "server": "s",
+        "seq": int(minutes * 100),
+        "time": at(minutes),
+        "time_basis": "db_utc",
+        "kind": kind,
+        "origin": "events_table",
+        "entity_type": "job" if entity else "run",
+        "entity_id": entity["job_id"] if entity else RUN_ID,
+        "entity_name": entity["job_name"] if entity else "svc",
+        "run_id": RUN_ID,
+        "actor": "system",
+        "message": kind,
+        "provenance": [f"events:{kind}{minutes}"],
+        **fields,
+    }
+
+
+def run_failed(minutes: float, reason: str = "job_failed", **fields) -> dict:
+    return event(
+        "run_status",
+        None,
+        minutes,
+        old_status="running",
+        new_status="terminating",
+        termination_reason=reason,
+        **fields,
+    )
+
+
+WITH_PROBES = {"ready": None, "probe_count": 1, "probe_rows": 1, "probes_below_ready_after": 0}
+
+# One test per rule of VICTIM_RULES: (jobs, run fields, expected verdict, expected text, and
+# the events, if the case needs any).
 
 RULE_CASES = {
     "snapshot_before_cascade": (
@@ -273,6 +308,21 @@ RULE_CASES = {
         {},
         "no_healthy_victim",
         "svc-0-0: not healthy when stopped: a probe's last success_streak is below its ready_after",
+    ),
+    "not_serving_at_failure": (
+        [old_replica(**WITH_PROBES | {"ready": True}), culprit()],
+        {},
+        "no_healthy_victim",
+        "svc-0-0: not yet serving when the run failed: the evidence dates its readiness after "
+        "the failure",
+        [run_failed(21), event("job_ready", old_replica(), 22)],
+    ),
+    "health_not_dated": (
+        [old_replica(**WITH_PROBES), culprit()],
+        {},
+        "inconclusive",
+        "its health proof (probe_streaks) is not dated at or before the run's failure",
+        [run_failed(21)],
     ),
     "health_undecided": (
         [
@@ -317,8 +367,8 @@ def test_every_rule_has_its_case():
 
 @pytest.mark.parametrize("name", list(RULE_CASES))
 def test_rule(name):
-    jobs, run_fields, expected, text = RULE_CASES[name]
-    verdict, findings = judge([run(**run_fields)], jobs)
+    jobs, run_fields, expected, text, *events = RULE_CASES[name]
+    verdict, findings = judge([run(**run_fields)], jobs, events=events[0] if events else ())
     assert verdict.verdict == expected, verdict.why
     assert findings == []
     if text is None:  # ignored: the job is named nowhere
@@ -386,3 +436,66 @@ def test_the_order_the_sources_give_runs_in_does_not_change_the_report():
     assert [v.run_id for v in told[0][0]] == sorted([RUN_ID, other])
     ranked = [sorted(findings, key=impact_rank) for _, findings in told]
     assert [f.run_id for f in ranked[0]] == [f.run_id for f in ranked[1]] == sorted([RUN_ID, other])
+
+
+# A user's stop during the cascade (moments.run_failures) ------------------------------------
+
+STOPPED = {"status": "terminated", "termination_reason": "stopped_by_user"}
+
+
+def _stopped_by_user(minutes: float) -> dict:
+    return run_failed(minutes, "stopped_by_user", actor="user alice")
+
+
+def test_a_failure_before_the_users_stop_keeps_the_cascade_suspected():
+    """The replica failed at 20; alice stopped the run at 22, before dstack's run pass failed
+    it; the stop reached the healthy old replica (TERMINATED_BY_USER) at 22.5."""
+    victim = old_replica(termination_reason="terminated_by_user", running_at=at(2))
+    events = [
+        _stopped_by_user(22),
+        event(
+            "job_status",
+            victim,
+            22.5,
+            old_status="running",
+            new_status="terminating",
+            termination_reason="terminated_by_user",
+        ),
+    ]
+    verdict, findings = judge([run(**STOPPED)], [victim, culprit()], events=events)
+    assert verdict.verdict == "collateral_termination", verdict.why
+    (finding,) = findings
+    assert finding.confidence == "suspected"
+    assert [v.job_name for v in finding.victims] == ["svc-0-0"]
+    (stop,) = finding.limitations
+    assert stop.code == "run_stopped_during_cascade"
+    assert "when alice stopped the run at 2026-11-02T09:22:00+00:00 (the stop's event)" in (
+        stop.message
+    )
+    assert finding.run_failure_reason is None
+    assert finding.run_termination_reason == "stopped_by_user"
+
+
+def test_a_stop_before_the_failure_stays_the_users():
+    victim = old_replica(termination_reason="terminated_by_user", running_at=at(2))
+    late = culprit(last_processed_at=at(25))
+    verdict, findings = judge([run(**STOPPED)], [victim, late], events=[_stopped_by_user(22)])
+    assert (verdict.verdict, findings) == ("no_incident", [])
+    assert verdict.why == "run ended with stopped_by_user, not a job failure"
+
+
+def test_without_events_the_cascade_label_shows_a_failure_before_the_stop():
+    """No event dates the run's TERMINATING (tables only, or past the TTL): the old replica's
+    TERMINATED_BY_SERVER without a message is the cascade's label for a server reason."""
+    verdict, findings = judge([run(**STOPPED)], [old_replica(), culprit()])
+    assert verdict.verdict == "collateral_termination", verdict.why
+    (finding,) = findings
+    assert finding.confidence == "suspected"
+    (stop,) = finding.limitations
+    assert stop.code == "run_stopped_during_cascade"
+    assert "svc-0-0 carries the cascade's TERMINATED_BY_SERVER" in stop.message
+    # a user-labelled job cannot be ordered against a failure nothing dates: not a victim
+    verdict, findings = judge(
+        [run(**STOPPED)], [old_replica(termination_reason="terminated_by_user"), culprit()]
+    )
+    assert (verdict.verdict, findings) == ("no_incident", [])

@@ -62,8 +62,18 @@ def _fleet_capacity_culprits():
         truth = load_truth(path)
         for run in truth["runs"]:
             for culprit in run.get("culprit") or []:
-                if culprit["termination_reason"] == "failed_to_start_due_to_no_capacity" and (
-                    culprit["termination_reason_message"] in (None, "Fleet is at capacity")
+                # a re-submission refused because its crashed predecessor still held the node
+                # (retry-on-error): the fleet had room before the update
+                resubmitted = any(
+                    (j["job_name"], j["deployment_num"])
+                    == (culprit["job_name"], culprit["deployment_num"])
+                    and j["submission_num"] < culprit["submission_num"]
+                    for j in run["all_jobs_final"]
+                )
+                if (
+                    culprit["termination_reason"] == "failed_to_start_due_to_no_capacity"
+                    and culprit["termination_reason_message"] in (None, "Fleet is at capacity")
+                    and not resubmitted
                 ):
                     cases.append(
                         pytest.param(

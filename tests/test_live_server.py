@@ -237,11 +237,12 @@ def test_collect_then_offline_audit_equals_live(servers, truth_path, tmp_path, m
     assert server.token not in all_text(folder)
     # What the capture's own API export got from the same calls: the same bytes, but for the
     # cost of a run still running (price x duration up to now; the export's clock was frozen).
+    # (captures made after the exports, stop-after-kill and retry-on-error, have none)
     export = truth_path.parent / "api"
-    exported = json.loads((export / "manifest.json").read_text())
-    exported_sha = {r["file"]: r["sha256"] for r in exported["requests"]}
+    exported = json.loads((export / "manifest.json").read_text()) if export.is_dir() else None
+    exported_sha = {r["file"]: r["sha256"] for r in exported["requests"]} if exported else {}
     same_calls = [p for p in manifest["pages"] if p["file"] in exported_sha]
-    assert {p["path"] for p in same_calls} >= {"/api/events/list", "/api/runs/list"}
+    assert not exported or {p["path"] for p in same_calls} >= {"/api/events/list", "/api/runs/list"}
     for page in same_calls:
         if page["sha256"] != exported_sha[page["file"]]:
             ours, theirs = (json.loads((f / page["file"]).read_text()) for f in (folder, export))
@@ -484,3 +485,23 @@ def test_dstack_cli_configuration(servers, tmp_path, monkeypatch):
     assert json.loads((tmp_path / "c" / "manifest.json").read_text())["projects"] == ["acme"]
     line = one_line_error(runner.invoke(main, ["audit", "dstack:nope"]))
     assert "no project 'nope' (configured: main, acme)" in line
+
+
+def test_stop_reaching_a_running_victim_through_the_api(copy_db, tmp_path):
+    """The stop-after-kill variant whose stop reaches the RUNNING victim (TERMINATED_BY_USER),
+    served by dstack itself and collected: the same finding as from its database."""
+    from test_moments import _check_stopped_during_cascade, _stop_reaches_victim_db
+
+    capture = tmp_path / "capture"
+    capture.mkdir()
+    (capture / "server.db").write_bytes(_stop_reaches_victim_db(copy_db).read_bytes())
+    server = DstackServer(capture, tmp_path / "dstack")
+    try:
+        server.wait()
+        collect(server.url, tmp_path / "collected", server.token)
+    finally:
+        server.stop()
+    report = open_sources([tmp_path / "collected"]).report
+    _check_stopped_during_cascade(
+        report, False, victim_label="got TERMINATED_BY_USER", final="stopped_by_user"
+    )

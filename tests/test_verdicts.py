@@ -156,7 +156,9 @@ CRASH_NEW = "ca8425e60d1b453f861e7430adf44908"  # svc-0-3, deployment 1
 def _old_replica_crashes_during_rollout(copy_db, *, siblings_scaled_down: bool) -> Path:
     """multi-replica-crash with the roles swapped: during the rollout the deployment-0 replica
     svc-0-0 exits 2 on its own; the run fails; the healthy deployment-1 replica svc-0-3 (ready,
-    probe passing) is stopped by the cascade. Events are re-targeted alike."""
+    probe passing) is stopped by the cascade. Events are re-targeted alike, and svc-0-3 gets
+    the readiness event dstack writes when it sets jobs.ready (svc-0-0's, re-dated 10 s
+    before the crash, as in the log case)."""
     db = copy_db("v0.22.5/multi-replica-crash")
     old_events = (
         "SELECT e.id FROM events e JOIN event_targets t ON t.event_id = e.id "
@@ -191,6 +193,20 @@ def _old_replica_crashes_during_rollout(copy_db, *, siblings_scaled_down: bool) 
             (CRASH_NEW,),
         )
         connection.execute("UPDATE probes SET success_streak = 38 WHERE job_id = ?", (CRASH_NEW,))
+        ready = "(SELECT event_id FROM event_targets WHERE entity_name = 'svc-0-0') AND " + (
+            "message LIKE 'Service replica ready%'"
+        )
+        connection.execute(
+            "INSERT INTO events SELECT 'eeeeeeeeeeee4eee8eeeeeeeeeeeeeee', message, "
+            f"'2026-11-04 10:39:04.000000', actor_user_id FROM events WHERE id IN {ready}"
+        )
+        connection.execute(
+            "INSERT INTO event_targets SELECT 'ffffffffffff4fff8fffffffffffffff', "
+            "'eeeeeeeeeeee4eee8eeeeeeeeeeeeeee', entity_project_id, entity_type, ?, 'svc-0-3', "
+            "entity_run_id, entity_fleet_id, entity_gateway_id FROM event_targets "
+            f"WHERE event_id IN (SELECT id FROM events WHERE id IN {ready})",
+            (CRASH_NEW,),
+        )
         if siblings_scaled_down:
             connection.execute(
                 "UPDATE jobs SET termination_reason = 'SCALED_DOWN', graceful_termination_attempts "

@@ -22,6 +22,7 @@ import polars as pl
 from analyzer.catalogue import IN_PLACE_FIELDS
 from analyzer.contract import (
     Culprit,
+    EarlierFailure,
     EvidenceItem,
     Finding,
     LimitationRecord,
@@ -29,7 +30,12 @@ from analyzer.contract import (
     RunVerdict,
     Victim,
 )
-from analyzer.model import FINISHED_RUN_STATUSES, RUN_FAILURE_REASONS
+from analyzer.model import (
+    FINISHED_RUN_STATUSES,
+    RUN_FAILURE_REASONS,
+    USER_STOP_JOB_REASONS,
+)
+from analyzer.pipeline.moments import dated_after, healthy_at, run_failures
 from analyzer.pipeline.rules import (
     CATEGORY_ORDER,
     Hit,
@@ -77,6 +83,7 @@ JOB_COLUMNS = (
     "health_proof",
     "event_reason",
     "event_message",
+    "as_of",
 )
 EVENT_COLUMNS = (
     "server",
@@ -196,11 +203,19 @@ def _culprit_created_in_its_deployment(ctx: _Context, culprit: Row) -> tuple[boo
 
 def _judge_candidate(ctx: _Context) -> RunJudgement:
     run = ctx.run
-    run_reason = run["termination_reason"]
+    run_reason = run["failure_reason"] or run["termination_reason"]
     terminating = ctx.run_event("run_status", new_status="terminating")
     run_terminating_at = terminating["time"] if terminating else None
 
     culprits = find_culprits(ctx.jobs, run_terminating_at)
+    if run["failure_basis"] == "culprit_before_stop":
+        culprits = [c for c in culprits if (_failed_at(c) or datetime.max) <= run["stop_at"]]
+        if not culprits:
+            return RunJudgement(
+                "no_incident",
+                f"run ended with {run['termination_reason']}: the user's stop came before any "
+                "job of the run failed by itself",
+            )
     if not culprits:
         return RunJudgement(
             "inconclusive",
@@ -216,6 +231,8 @@ def _judge_candidate(ctx: _Context) -> RunJudgement:
     # A copy taken mid-cascade (the run still TERMINATING): the jobs the cascade has not
     # reached yet are doomed, victims not yet stopped (rules.VICTIM_RULES say which are not).
     in_flight = run["status"] == "terminating"
+    if run["stopped_during_cascade"]:
+        ctx.jobs = [_doomed_by_failure(run, job) for job in ctx.jobs]
     for job in ctx.jobs:
         if job["job_id"] in culprit_ids:
             continue
@@ -253,6 +270,11 @@ def _judge_candidate(ctx: _Context) -> RunJudgement:
             why += "; also undecided: " + "; ".join(undecided)
             for finding in findings:
                 finding.notes.extend(undecided)
+        if run["stopped_during_cascade"]:
+            why += (
+                f"; then the user stopped the run during the cascade "
+                f"({run['stop_reason'] or 'its final status TERMINATED'})"
+            )
         return RunJudgement(category, why, findings)
     if undecided:
         return RunJudgement("inconclusive", "; ".join(undecided))
@@ -265,6 +287,25 @@ def _judge_candidate(ctx: _Context) -> RunJudgement:
             f"{o.job_name}: {o.why_not_victim}" for o in also
         )
     return RunJudgement("no_healthy_victim", why)
+
+
+def _doomed_by_failure(run: Row, job: Row) -> Row:
+    """A job the user's stop reached after the run had failed: dstack's terminating pass gave it
+    TERMINATED_BY_USER (ABORTED_BY_USER) only because stop_runs() had overwritten the run's
+    reason (services/runs/__init__.py; pipeline_tasks/runs/terminating.py,
+    process_terminating_run); the failure had doomed it already, so it is the cascade's stop."""
+    if job["cascade_stop"] or run["failed_at"] is None:
+        return job
+    stop = job["terminating_at"] or job["stopped_at"]
+    if (
+        job["termination_reason"] in USER_STOP_JOB_REASONS
+        and job["termination_reason_message"] is None
+        and job["status"] in ("terminated", "terminating", "aborted")
+        and stop is not None
+        and stop >= run["failed_at"]
+    ):
+        return {**job, "cascade_stop": True}
+    return job
 
 
 def _split_by_provable(
@@ -368,6 +409,14 @@ def _finding(
             "than RUNNING (the service has probes), so it may have been failing its probe at "
             "the kill; jobs.ready and the probes' streaks in a database decide",
         )
+    if run["stopped_during_cascade"]:
+        code, message = _stopped_during_cascade(ctx, victim_rows)
+        if run["failure_basis"] == "run_event":
+            limitations.append(
+                LimitationRecord(code=code, message=message, source=run["provenance"])
+            )
+        else:
+            limit(code, message)
     pending = [v for v in victim_rows if not v["cascade_stop"]]
     if pending:
         expected = _expected_stop_reason(run)
@@ -397,6 +446,8 @@ def _finding(
             )
         )
     for culprit in culprits:
+        for earlier in _earlier_failures(ctx, culprit):
+            evidence.extend(_culprit_evidence(ctx, earlier))
         evidence.extend(_culprit_evidence(ctx, culprit))
     if terminating_event:
         evidence.append(_evidence_from_event(terminating_event))
@@ -460,10 +511,23 @@ def _finding(
                 termination_reason_message=c["termination_reason_message"] or c["event_message"],
                 exit_status=c["exit_status"],
                 failed_at=ctx.when(_failed_at(c)),
+                earlier_failures=[
+                    EarlierFailure(
+                        job_id=e["job_id"],
+                        submission_num=e["submission_num"],
+                        termination_reason=e["termination_reason"] or e["event_reason"],
+                        termination_reason_message=e["termination_reason_message"]
+                        or e["event_message"],
+                        exit_status=e["exit_status"],
+                        failed_at=ctx.when(_failed_at(e)),
+                    )
+                    for e in _earlier_failures(ctx, c)
+                ],
             )
             for c in culprits
         ],
         run_termination_reason=run["termination_reason"],
+        run_failure_reason=run["failure_reason"],
         update_deployment_num=update_dep,
         changed_fields=update["changed_fields"] if update else None,
         updated_by=update["actor"].removeprefix("user ") if update else None,
@@ -476,8 +540,116 @@ def _finding(
 
 def _expected_stop_reason(run: Row) -> str:
     """RunTerminationReason.to_job_termination_reason (dstack core/models/runs.py): the run
-    failure reasons map to TERMINATED_BY_SERVER."""
-    return "terminated_by_server" if run["termination_reason"] in RUN_FAILURE_REASONS else "?"
+    failure reasons map to TERMINATED_BY_SERVER, a user's stop to TERMINATED_BY_USER and an
+    abort to ABORTED_BY_USER (the run's reason now, which a stop may have overwritten)."""
+    reason = run["termination_reason"]
+    if reason in RUN_FAILURE_REASONS:
+        return "terminated_by_server"
+    return {"stopped_by_user": "terminated_by_user", "aborted_by_user": "aborted_by_user"}.get(
+        reason, "?"
+    )
+
+
+def _earlier_failures(ctx: _Context, culprit: Row) -> list[Row]:
+    """The culprit's replica slot in its deployment, followed back: the earlier submissions
+    that failed by themselves, first first. dstack re-submits a failed replica whose failure is
+    in `retry.on_events` (services/runs/replicas.py; reference 6.7), so the first failure is
+    the root cause and the last the trigger; a slot refilled by a later deployment is another
+    story (its deployment differs)."""
+    return sorted(
+        (
+            j
+            for j in ctx.jobs
+            if j["job_id"] != culprit["job_id"]
+            and j["own_failure"]
+            and (j["replica_num"], j["job_num"]) == (culprit["replica_num"], culprit["job_num"])
+            and j["deployment_num"] == culprit["deployment_num"]
+            and (j["submission_num"] or 0) < (culprit["submission_num"] or 0)
+        ),
+        key=lambda j: j["submission_num"] or 0,
+    )
+
+
+def _stopped_during_cascade(ctx: _Context, victims: list[Row]) -> tuple[str, str]:
+    """The limitation that says a user stopped the run after its failure: what dstack wrote
+    over the failure, and when the stop came as far as the evidence dates it."""
+    run = ctx.run
+    final = (run["stop_reason"] or "").upper() or (
+        "status TERMINATED, which dstack gives a run only for a user's stop or abort "
+        "(RunTerminationReason.to_status)"
+    )
+    by_user = [v for v in victims if v["termination_reason"] in USER_STOP_JOB_REASONS]
+    by_server = [v for v in victims if v["termination_reason"] not in USER_STOP_JOB_REASONS]
+    finished = ctx.run_event("run_status", old_status="terminating")
+    basis = run["failure_basis"]
+    if basis == "culprit_before_stop":
+        actor = (run["stop_actor"] or "an unknown actor").removeprefix("user ")
+        failed = (
+            f"a replica had already failed by itself at {_at(ctx, run['failed_at'])} when "
+            f"{actor} stopped the run at {_at(ctx, run['stop_at'])} (the stop's event), before "
+            "dstack's run pass failed it (pipeline_tasks/runs/active.py): whether the run would "
+            "have failed depends on the replica's retry policy"
+        )
+    elif basis == "cascade_label":
+        failed = (
+            f"no event dates the run's failure, but its final reason {final} is a user's and "
+            + ", ".join(v["job_name"] for v in by_server)
+            + " carries the cascade's TERMINATED_BY_SERVER without a message, which dstack "
+            "gives only for a server reason (RunTerminationReason.to_job_termination_reason): "
+            "the run had failed before the user's stop, with a reason the evidence does not name"
+        )
+    else:
+        lower = max(
+            [run["failed_at"], *(v["terminating_at"] for v in by_server if v["terminating_at"])]
+        )
+        upper = min(
+            [
+                t
+                for t in (
+                    *(v["terminating_at"] for v in by_user),
+                    finished["time"] if finished else None,
+                )
+                if t is not None
+            ],
+            default=None,
+        )
+        window = f"at or after {_at(ctx, lower)}" + (
+            f" and before {_at(ctx, upper)}" if upper else ""
+        )
+        failed = (
+            f"the run went TERMINATING with {run['failure_reason'].upper()} at "
+            f"{_at(ctx, run['failed_at'])} (its status-change event) and ends with {final}: "
+            "dstack's stop_runs() (services/runs/__init__.py) writes the user's reason over "
+            "the failure and emits no event when the run is already TERMINATING "
+            f"(switch_run_status), so the stop's time is known only as {window} and its actor "
+            "is not in the evidence"
+        )
+    labels = []
+    if by_server:
+        labels.append(
+            ", ".join(v["job_name"] for v in by_server) + " kept TERMINATED_BY_SERVER "
+            "(already TERMINATING at the stop)"
+        )
+    if by_user:
+        labels.append(
+            ", ".join(v["job_name"] for v in by_user)
+            + f" got {by_user[0]['termination_reason'].upper()} (the terminating pass reached "
+            "it after the stop)"
+        )
+    return "run_stopped_during_cascade", (
+        f"run {run['run_name']}: the user stopped the run during the cascade: {failed}; "
+        + "; ".join(labels)
+        + " (pipeline_tasks/runs/terminating.py, process_terminating_run): the failure had "
+        "already doomed them, so they are its victims whichever label the stop gave them"
+    )
+
+
+def _at(ctx: _Context, moment: datetime | None) -> str:
+    if moment is None:
+        return "an unknown time"
+    if ctx.dateless:
+        return moment.strftime("%H:%M:%S.%f")[:-3] + " (time of day)"
+    return moment.isoformat()
 
 
 READY_AT_RUNNING_SECONDS = 1.0
@@ -537,8 +709,13 @@ def _victim_evidence(ctx: _Context, victim: Row) -> list[EvidenceItem]:
         or (e["kind"] == "job_status" and e["new_status"] in ("terminating", "terminated"))
     ]
     proof = HEALTH_PROOFS.get(victim["health_proof"], victim["health_proof"])
+    by_user = (
+        " (the user's stop reached it after the run had failed)"
+        if victim["termination_reason"] in USER_STOP_JOB_REASONS
+        else ""
+    )
     state = (
-        f"{victim['status']}, {victim['termination_reason']} with no message"
+        f"{victim['status']}, {victim['termination_reason']} with no message{by_user}"
         if victim["cascade_stop"]
         else f"still {victim['status']} when the evidence ends, not yet stopped (the run's "
         f"terminating pass stops it with {_expected_stop_reason(ctx.run)})"
@@ -560,12 +737,13 @@ def _known(column: pl.Expr) -> pl.Expr:
 
 def _plain_verdicts(runs: pl.DataFrame) -> pl.DataFrame:
     """Verdicts that need no look inside the run, in columns: `why` is null for candidate
-    runs (a service failing or failed with JOB_FAILED / RETRY_LIMIT_EXCEEDED)."""
+    runs (a service a job failure failed or is failing: moments.run_failures, whatever a later
+    user stop wrote over the run's reason)."""
     run_type, reason, status = pl.col("run_type"), pl.col("termination_reason"), pl.col("status")
     why = (
         pl.when(run_type.is_not_null() & (run_type != "service"))
         .then(pl.format("a {} run: rolling deployments exist for services only", run_type))
-        .when(reason.is_in(RUN_FAILURE_REASONS) & status.is_in(["failed", "terminating"]))
+        .when(pl.col("failure_basis").is_not_null())
         .then(pl.lit(None, pl.String))
         .when(status.is_in(["pending", "submitted", "provisioning", "running"]))
         .then(pl.format("run still {} at the end of the evidence", status))
@@ -586,10 +764,12 @@ def detect(
     subs: pl.DataFrame,
     events: pl.DataFrame,
     disputed: dict[tuple[str, str], str] | None = None,
+    ends: dict[str, datetime] | None = None,
 ) -> tuple[list[RunVerdict], list[Finding]]:
     """Every run's verdict and the findings. ``disputed`` names runs whose rows disagree
-    (evidence.disputed_runs): they are inconclusive whatever the rules say."""
-    verdicts, findings = _detect(runs, subs, events)
+    (evidence.disputed_runs): they are inconclusive whatever the rules say. ``ends``: per
+    server, the end of its evidence (Evidence.ends_by_server), when the final rows speak."""
+    verdicts, findings = _detect(runs, subs, events, ends or {})
     if not disputed:
         return verdicts, findings
     return _undecided_where_disputed(verdicts, findings, disputed)
@@ -616,8 +796,14 @@ def _undecided_where_disputed(
 
 
 def _detect(
-    runs: pl.DataFrame, subs: pl.DataFrame, events: pl.DataFrame
+    runs: pl.DataFrame, subs: pl.DataFrame, events: pl.DataFrame, ends: dict[str, datetime]
 ) -> tuple[list[RunVerdict], list[Finding]]:
+    subs = subs.with_columns(
+        own_failure().alias("own_failure"), cascade_stop().alias("cascade_stop")
+    )
+    runs = runs.join(
+        run_failures(runs, subs, events), on=["server", "run_id"], how="left", maintain_order="left"
+    )
     judged = _plain_verdicts(runs)
     plain = judged.filter(pl.col("_why").is_not_null())
     verdicts = [
@@ -636,6 +822,8 @@ def _detect(
         return verdicts, findings
     candidates = list(candidate_runs.iter_rows(named=True))
     keys = candidate_runs.select("server", "run_id")
+    # each job's health at the run's failure, from what the evidence dates by then
+    failure_moments = candidate_runs.select("server", "run_id", pl.col("failed_at").alias("as_of"))
     with_status = (
         events.filter((pl.col("kind") == "job_status") & (pl.col("entity_type") == "job"))
         .select(
@@ -643,14 +831,21 @@ def _detect(
         )
         .unique(["server", "run_id", "job_id"])
     )
+    at_failure = pl.col("as_of").is_not_null()
     jobs_by_run = (
-        subs.join(keys, on=["server", "run_id"], maintain_order="left")
+        subs.join(failure_moments, on=["server", "run_id"], maintain_order="left")
         .join(with_status, on=["server", "run_id", "job_id"], how="left", maintain_order="left")
         .select(
             *JOB_COLUMNS,
-            own_failure().alias("own_failure"),
-            cascade_stop().alias("cascade_stop"),
+            "own_failure",
+            "cascade_stop",
             pl.col("_status").fill_null(False).alias("has_status_event"),
+            pl.when(at_failure)
+            .then(healthy_at(ends))
+            .otherwise(pl.col("health") == "healthy")
+            .fill_null(False)
+            .alias("healthy_then"),
+            (at_failure & dated_after(pl.col("as_of"))).fill_null(False).alias("served_later"),
         )
         .rows_by_key(["server", "run_id"], named=True)
     )

@@ -36,6 +36,7 @@ import polars as pl
 from pydantic import BaseModel, ConfigDict, Field
 
 from analyzer.contract import CapacityForesight, Finding, LimitationRecord
+from analyzer.pipeline.moments import healthy_at
 
 Exposed = Literal["yes", "no", "unknown"]
 Surge = Literal["none", "available", "unknown"]
@@ -288,34 +289,6 @@ def running_services(
         .join(alive.unique(), on=["server", "run_id"], how="semi")
         .select("server", "run_id", pl.lit(as_of).cast(pl.Datetime("us", "UTC")).alias("as_of"))
     )
-
-
-def healthy_at(evidence_ends: dict[str, datetime]) -> pl.Expr:
-    """Whether a submission alive at `as_of` was healthy then, from what the evidence dates at
-    or before `as_of` only (never the final rows' verdict about a later moment).
-
-    dstack marks a replica ready once (`jobs_running.py::_maybe_register_replica`: every probe
-    `success_streak >= ready_after`, `services/probes.py::is_probe_ready`; without probes on its
-    first RUNNING pass) and never resets `jobs.ready`. So: a ready/registered event dated at or
-    before T proves it; a probe-less job RUNNING by T (and `ready` not 0) is ready; the final
-    probe streaks and `ready` flag are undated, they speak of T only when T is at or after the
-    end of the server's evidence (a streak left by a later crash says nothing of T)."""
-    as_of = pl.col("as_of")
-    end = pl.col("server").replace_strict(
-        evidence_ends, default=None, return_dtype=pl.Datetime("us", "UTC")
-    )
-    final_speaks = end.is_not_null() & (as_of >= end)
-    running_by = pl.coalesce("running_event_at", "running_at") <= as_of
-    dated_ready = (pl.col("ready_at") <= as_of).fill_null(False)
-    probe_less = (
-        (pl.col("probe_count") == 0)
-        & pl.col("ready").is_null().or_(pl.col("ready"))
-        & running_by
-        & (pl.col("health") == "healthy")
-    ).fill_null(False)
-    failing = (pl.col("probes_below_ready_after").fill_null(0) > 0) & final_speaks
-    final = (final_speaks & (pl.col("health") == "healthy") & running_by).fill_null(False)
-    return ~failing & (dated_ready | probe_less | final)
 
 
 @dataclass

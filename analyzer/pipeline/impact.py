@@ -14,6 +14,8 @@ from datetime import datetime
 import polars as pl
 
 from analyzer.contract import (
+    Culprit,
+    EarlierFailure,
     Finding,
     GroupSummary,
     Impact,
@@ -68,22 +70,48 @@ def serving_capacity(subs: pl.DataFrame, end_of_evidence: datetime | None) -> pl
     )
 
 
-def _failure_class(finding: Finding) -> tuple[str, str]:
-    culprit = finding.culprits[0]
-    reason = culprit.termination_reason or "unknown"
-    message = culprit.termination_reason_message or ""
+def _classify(failure: Culprit | EarlierFailure) -> tuple[str, str]:
+    """A failure's class and its words, from its own reason (dstack JobTerminationReason)."""
+    reason = failure.termination_reason or "unknown"
+    message = failure.termination_reason_message or ""
     suffix = f" ({message})" if message else ""
-    if finding.run_termination_reason == "retry_limit_exceeded":
-        return "retry_limit", f"retry duration exceeded; last failure {reason}"
     if reason == "failed_to_start_due_to_no_capacity":
         at_capacity = "at capacity" in message.lower()
         return ("fleet_at_capacity" if at_capacity else "no_capacity"), reason + suffix
     if reason == "container_exited_with_error":
-        code = culprit.exit_status
+        code = failure.exit_status
         return "container_exit", f"container exited with code {code if code is not None else '?'}"
     if reason == "waiting_runner_limit_exceeded" or "probe" in message.lower():
         return "probe_never_ready", reason + suffix
     return "other", reason + suffix
+
+
+def _root_cause(finding: Finding) -> RootCause:
+    """The first failure of the culprit's replica slot in its deployment is the root cause, the
+    last (the culprit's own) the trigger: a crashed replica re-submitted by `retry.on_events`
+    whose re-submission found no room failed the run because it crashed (issue 22)."""
+    culprit = finding.culprits[0]
+    first = culprit.earlier_failures[0] if culprit.earlier_failures else culprit
+    failure_class, detail = _classify(first)
+    trigger_class, trigger = _classify(culprit) if first is not culprit else (None, None)
+    if first is not culprit:
+        detail = (
+            f"{detail}: {culprit.job_name} submission {first.submission_num}, re-submitted by "
+            f"dstack (retry); submission {culprit.submission_num} then failed: {trigger}"
+        )
+    if (finding.run_failure_reason or finding.run_termination_reason) == "retry_limit_exceeded":
+        failure_class = "retry_limit"
+        detail = f"retry duration exceeded; last failure {culprit.termination_reason or 'unknown'}"
+        if first is not culprit:
+            detail += f"; first failure {first.termination_reason or 'unknown'}"
+    return RootCause(
+        failure_class=failure_class,
+        detail=detail,
+        changed_fields=finding.changed_fields,
+        fleets=[],
+        trigger_class=trigger_class,
+        trigger=trigger,
+    )
 
 
 def _run_outage_starts(findings: list[Finding]) -> dict[tuple[str, str], datetime | None]:
@@ -233,13 +261,7 @@ def assess(
             victims=len(finding.victims),
             lost_replica_seconds=lost_total,
         )
-        failure_class, detail = _failure_class(finding)
-        root_cause = RootCause(
-            failure_class=failure_class,
-            detail=detail,
-            changed_fields=finding.changed_fields,
-            fleets=fleets.get(i, []),
-        )
+        root_cause = _root_cause(finding).model_copy(update={"fleets": fleets.get(i, [])})
         assessed.append(
             finding.model_copy(
                 update={

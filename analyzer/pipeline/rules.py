@@ -237,6 +237,32 @@ VICTIM_RULES: tuple[Rule, ...] = (
         "pipeline/timeline.py)",
     ),
     Rule(
+        "not_serving_at_failure",
+        lambda h: h.job["served_later"],
+        "not_victim",
+        lambda h: (
+            "not yet serving when the run failed: the evidence dates its "
+            + ("readiness" if h.job["ready_at"] is not None else "RUNNING")
+            + " after the failure"
+        ),
+        "the cascade began when the run failed (its TERMINATING transition): a replica dstack "
+        "marked ready only later (jobs_running.py, _maybe_register_replica) had never served "
+        "when the failure doomed it (moments.dated_after)",
+    ),
+    Rule(
+        "health_not_dated",
+        lambda h: h.job["health"] == "healthy" and not h.job["healthy_then"],
+        "undecided",
+        lambda h: (
+            f"{job_label(h.job)} was stopped by the cascade; its health proof "
+            f"({h.job['health_proof']}) is not dated at or before the run's failure"
+        ),
+        "health at the failure, not at the end: a probe streak or ready flag read from the "
+        "final rows proves health at T only where the evidence dates it at or before T "
+        "(services/probes.py, is_probe_ready; jobs_running.py, _maybe_register_replica; "
+        "moments.healthy_at, the same test as `exposure --as-of`)",
+    ),
+    Rule(
         "health_undecided",
         lambda h: h.job["health"] != "healthy",
         "undecided",

@@ -157,6 +157,10 @@ def submissions(evidence: Evidence) -> pl.DataFrame:
         .then(pl.lit("registered_event_and_probes"))
         .when(pl.col("ready_kind") == "job_registered")
         .then(pl.lit("registered_event"))
+        # dstack sets jobs.ready (never reset) in the running pass the streaks pass
+        # (_maybe_register_replica): a final streak of a job it never marked ready grew later
+        .when(probes_ok & (pl.col("ready") == False))  # noqa: E712
+        .then(pl.lit("not_ready"))
         .when(probes_ok)
         .then(pl.lit("probe_streaks"))
         .when(~ever_running)

@@ -563,7 +563,9 @@ def _finding(
         rc = f.root_cause
         out.append(
             "<h4>root cause</h4>"
-            f"<p><code>{_e(rc.failure_class)}</code>: {_e(rc.detail)}; changed fields "
+            f"<p><code>{_e(rc.failure_class)}</code>: {_e(rc.detail)}; "
+            + (f"trigger <code>{_e(rc.trigger_class)}</code>; " if rc.trigger_class else "")
+            + "changed fields "
             f"<code>{_e(rc.changed_fields)}</code>; fleets "
             f"{_e(', '.join(rc.fleets) or 'unknown')}</p>"
         )

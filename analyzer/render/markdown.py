@@ -149,7 +149,9 @@ def render_markdown(report: Report) -> str:
         if f.root_cause:
             rc = f.root_cause
             out += [
-                f"- root cause: {md_code(rc.failure_class)}: {md_text(rc.detail)}; changed fields "
+                f"- root cause: {md_code(rc.failure_class)}: {md_text(rc.detail)}; "
+                + (f"trigger {md_code(rc.trigger_class)}; " if rc.trigger_class else "")
+                + "changed fields "
                 f"{md_code(rc.changed_fields)}; fleets {md_text(', '.join(rc.fleets) or 'unknown')}"
             ]
         if f.capacity_foresight:

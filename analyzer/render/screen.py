@@ -99,6 +99,12 @@ def _finding_cell(finding: Finding, tz: tzinfo | None) -> Text:
     culprits = ", ".join(
         f"{c.job_name} (dep {c.deployment_num}): {c.termination_reason}"
         + (f" '{c.termination_reason_message}'" if c.termination_reason_message else "")
+        + (
+            f", re-submitted after submission {c.earlier_failures[0].submission_num}: "
+            f"{c.earlier_failures[0].termination_reason} (the root cause)"
+            if c.earlier_failures
+            else ""
+        )
         for c in finding.culprits
     )
     cell.append("\nvictims: ", "dim")
