@@ -10,7 +10,6 @@ import shutil
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -60,3 +59,138 @@ def test_synth_refuses_a_file_or_the_working_directory(tmp_path, monkeypatch):
     result = CliRunner().invoke(main, ["synth", ".", "--runs", "2", "--force"])
     assert result.exit_code == 2 and "working directory" in result.output
     assert (tmp_path / "here" / "keep").read_text() == "k"
+
+
+def wal_evidence(tmp_path: Path) -> Path:
+    """A WAL-mode database whose last commit ('late-run') lives only in its -wal file."""
+    live = tmp_path / "live"
+    live.mkdir()
+    shutil.copyfile(SEED / "server.db", live / "server.db")
+    writer = sqlite3.connect(live / "server.db")
+    writer.execute("PRAGMA journal_mode=WAL")
+    writer.execute("PRAGMA wal_autocheckpoint=0")
+    writer.execute("UPDATE runs SET run_name = 'late-run'")
+    writer.commit()
+    evidence = tmp_path / "evidence"
+    evidence.mkdir()
+    for name in ("server.db", "server.db-wal"):
+        shutil.copyfile(live / name, evidence / name)
+    writer.close()
+    return evidence / "server.db"
+
+
+def run_names(*args: str) -> set[str]:
+    result = CliRunner().invoke(main, ["audit", *args, "--format", "json", "--all-runs"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert "sqlite-wal" in {i["kind"] for i in report["inputs"]}, report["inputs"]
+    return {run["run_name"] for run in report["runs"]}
+
+
+def test_a_wal_database_given_through_a_symlink_keeps_its_wal(tmp_path):
+    db = wal_evidence(tmp_path)
+    link = tmp_path / "link.db"
+    link.symlink_to(db)
+    assert run_names(str(link)) == {"late-run"}
+
+
+def test_a_wal_database_through_a_chain_of_relative_links_in_a_folder(tmp_path):
+    """Not in the issue: two relative links in other folders, the second inside a folder
+    that is audited whole (the folder walk reaches the database through its link)."""
+    db = wal_evidence(tmp_path)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "hop.db").symlink_to(os.path.relpath(db, tmp_path / "a"))
+    (tmp_path / "b" / "server.db").symlink_to("../a/hop.db")
+    assert run_names(str(tmp_path / "b")) == {"late-run"}
+    assert not (tmp_path / "b" / "server.db-wal").exists()  # nothing made beside the link
+
+
+def big_log(path: Path) -> None:
+    """A real log made long (20 MB of lines no rule reads) so that reading it takes a while."""
+    filler = (
+        b"INFO 2026-11-02T09:00:00.000 uvicorn.access 127.0.0.1:5000 - "
+        b'"GET /api/server/get_info HTTP/1.1" 200\n'
+    )
+    with path.open("wb") as out:
+        out.write((SEED / "logs" / "server-info.standard.log").read_bytes())
+        out.write(filler * (20 * 2**20 // len(filler)))
+
+
+WHILE_READ = """
+import json, os, sys, threading, time
+from pathlib import Path
+from analyzer import open_sources
+
+path = Path(sys.argv[1]).resolve()
+action = sys.argv[2]
+
+
+def read_past(offset):
+    # the audit's own descriptor of the log, once it has read past `offset` (past any sniff)
+    while True:
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                if os.readlink(f"/proc/self/fd/{fd}") != str(path):
+                    continue
+                pos = int(open(f"/proc/self/fdinfo/{fd}").readline().split()[1])
+            except OSError:
+                continue
+            if pos > offset:
+                return
+        time.sleep(0.0005)
+
+
+def change():
+    read_past(4 * 2**20)
+    if action == "grow":
+        with path.open("ab") as log:
+            log.write(b"INFO 2026-11-02T09:30:00.000 dstack._internal.server later line\\n" * 1000)
+    else:
+        os.rename(path, path.with_name(path.name + ".1"))
+        path.write_bytes(b"")
+
+
+threading.Thread(target=change, daemon=True).start()
+report = open_sources([path]).report
+print(report.model_dump_json())
+"""
+
+
+@pytest.mark.parametrize("action", ["grow", "rotate"])
+def test_a_log_that_changes_while_read_is_hashed_as_read_and_said(tmp_path, action):
+    """The log grows (or, not in the issue, is rotated away) while the audit reads it: the
+    SHA-256 and size recorded are of exactly the bytes read, and the report says it changed."""
+    log = tmp_path / "server.log"
+    big_log(log)
+    before = log.read_bytes()
+    done = subprocess.run(
+        [sys.executable, "-c", WHILE_READ, str(log), action],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    (info,) = report["inputs"]
+    kept = log.read_bytes() if action == "grow" else log.with_name("server.log.1").read_bytes()
+    assert kept.startswith(before)
+    if action == "grow":  # read on to the end, the growth too: what is recorded is what was read
+        assert info["size"] == len(kept) > len(before)
+    read = kept[: info["size"]]
+    assert info["sha256"] == hashlib.sha256(read).hexdigest()
+    codes = {lim["code"]: lim["message"] for lim in report["limitations"]}
+    assert "input_changed_while_read" in codes
+    expected = "changed while it was read" if action == "grow" else "replaced or removed"
+    assert expected in codes["input_changed_while_read"]
+
+
+def test_a_log_left_alone_says_nothing_changed(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_bytes((SEED / "logs" / "server-info.standard.log").read_bytes())
+    result = CliRunner().invoke(main, ["audit", str(log), "--format", "json"])
+    report = json.loads(result.output)
+    assert report["inputs"][0]["sha256"] == hashlib.sha256(log.read_bytes()).hexdigest()
+    assert "input_changed_while_read" not in {lim["code"] for lim in report["limitations"]}
