@@ -37,7 +37,7 @@ from analyzer.pipeline.servers import assign_servers
 from analyzer.pipeline.timeline import deployments, evidence_gaps, submissions
 from analyzer.progress import stage
 from analyzer.redact import without_controls
-from analyzer.sources import load_path
+from analyzer.sources import load_path, shown
 from analyzer.sources.base import LoadContext, ReadOptions, WholeInputFacts
 from analyzer.times import parse_time
 
@@ -342,7 +342,7 @@ def open_sources(
             loaded.append((data, labels.get(str(path))))
             read = [i for part in data for i in part.inputs]
             step(
-                f"read {path} in {time.perf_counter() - started:.2f}s: "
+                f"read {shown(path)} in {time.perf_counter() - started:.2f}s: "
                 + ", ".join(f"{i.path} ({i.kind}, {i.records} records)" for i in read[:20])
                 + (f" and {len(read) - 20} more" if len(read) > 20 else "")
             )

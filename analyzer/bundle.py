@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,10 @@ from analyzer._version import __version__
 from analyzer.api import open_sources
 from analyzer.contract import Report
 from analyzer.errors import AuditInputError
+from analyzer.outputs import local_path
 from analyzer.redact import Redactor
+from analyzer.sources import network_or_stdin, shown
 from analyzer.sources.base import Verification, file_facts
-from analyzer.sources.postgres import DATABASE_URL, url_without_password
 
 MANIFEST = "manifest.json"
 REPORT = "report.json"
@@ -72,8 +74,16 @@ class Manifest(BaseModel):
     schema_version: int
 
 
-def _shown(source: str) -> str:
-    return url_without_password(source) if DATABASE_URL.match(source) else source
+def unverifiable(source: str) -> str | None:
+    """Why a source cannot go into a bundle: `verify` reads only local files, so a bundle never
+    names a server, a database, a cloud bucket or standard input (None: it can)."""
+    what = network_or_stdin(source)
+    if what is None:
+        return None
+    return (
+        f"{shown(source)} is {what}, and `verify` reads only local files, never a network "
+        "source or standard input"
+    )
 
 
 def write_bundle(
@@ -111,16 +121,16 @@ def write_bundle(
     manifest = Manifest(
         tool=f"dstack-audit {__version__}",
         created_at=datetime.now(UTC).isoformat(),
-        sources=[_shown(s) if "://" in s else str(Path(s).resolve()) for s in sources],
-        given_sources=[_shown(s) for s in sources],
+        sources=[shown(s) if "://" in s else str(Path(s).resolve()) for s in sources],
+        given_sources=[shown(s) for s in sources],
         cwd=str(cwd),
         cwd_from_bundle=from_bundle(cwd),
         options=ManifestOptions.model_validate(options),
         inputs=inputs,
         schema_version=report.schema_version,
     )
-    shown = Redactor().apply_data(manifest.model_dump(mode="json"))  # secret shapes too
-    (folder / MANIFEST).write_text(json.dumps(shown, indent=2) + "\n", encoding="utf-8")
+    masked = Redactor().apply_data(manifest.model_dump(mode="json"))  # secret shapes too
+    (folder / MANIFEST).write_text(json.dumps(masked, indent=2) + "\n", encoding="utf-8")
     (folder / REPORT).write_text(report.model_dump_json(indent=2) + "\n", encoding="utf-8")
     (folder / "report.md").write_text(markdown, encoding="utf-8")
 
@@ -179,6 +189,7 @@ def verify_bundle(folder: Path) -> Verification:
             f"note: bundle made by {manifest.tool}, verified with dstack-audit {__version__}"
         )
     base = _base(manifest, folder)
+    _refuse_foreign_sources(manifest, folder, base)
     for item in manifest.inputs:
         if item.sha256 is None:
             continue
@@ -226,6 +237,44 @@ def verify_bundle(folder: Path) -> Verification:
     if result.same:
         result.differ("the report differs in its summary")
     return result
+
+
+def _refuse_foreign_sources(manifest: Manifest, folder: Path, base: Path | None) -> None:
+    """A bundle's manifest is read as untrusted (it may have been altered): its sources must be
+    local files or folders that are, or hold, the inputs it recorded. Never a network source
+    (a URL would be sent DSTACK_TOKEN or PGPASSWORD), never standard input, a device or a pipe,
+    never a file such as /etc/passwd or a `../../` that is none of the recorded inputs."""
+    where = str(folder / MANIFEST)
+    for source in [*manifest.sources, *(manifest.given_sources or [])]:
+        if (why := unverifiable(source)) is not None:
+            raise AuditInputError(
+                where, f"names a source it cannot hold: {why} (an altered bundle?)"
+            )
+    recorded = [
+        Path(os.path.realpath(path))
+        for item in manifest.inputs
+        if item.sha256 is not None and (path := _input_path(item, base, folder)) is not None
+    ]
+    opened = manifest.sources if base is None else (manifest.given_sources or manifest.sources)
+    for source in opened:
+        path = Path(local_path(source) or source)
+        real = Path(os.path.realpath(base / path if base is not None else path))
+        try:
+            mode = real.stat().st_mode
+        except OSError:
+            continue  # missing: the re-run says so, reading nothing
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise AuditInputError(
+                where,
+                f"names {shown(source)} as a source, which is no file or folder (a device, a "
+                "pipe or a socket): verify never reads one (an altered bundle?)",
+            )
+        if not any(r == real or (stat.S_ISDIR(mode) and r.is_relative_to(real)) for r in recorded):
+            raise AuditInputError(
+                where,
+                f"names {shown(source)} as a source, which is none of the inputs it recorded "
+                "nor a folder holding one: verify reads only those (an altered bundle?)",
+            )
 
 
 def _input_path(item: ManifestInput, base: Path | None, folder: Path) -> Path | None:

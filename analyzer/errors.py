@@ -16,3 +16,12 @@ class AuditInputError(Exception):
     def __reduce__(self):
         """Pickled by its parts, so an error raised on a Dask worker reaches the CLI intact."""
         return type(self), (self.source, self.problem, self.hint)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where the program is (as Ctrl-C raises KeyboardInterrupt), so
+    every `finally` runs: temporary folders and partial outputs are removed on the way out."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(signum)

@@ -101,6 +101,7 @@ LimitationCode = Literal[
     "end_of_evidence_lower_bound",
     "fleet_spec_as_last_recorded",
     "health_not_provable_from_logs",
+    "input_changed_while_read",
     "log_capacity_hint",
     "log_clock_went_back",
     "log_events_missing_from_database",

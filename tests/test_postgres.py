@@ -631,3 +631,19 @@ def test_project_since_and_partitions_are_pushed_down(loaded):
     assert late.runs == []
     merged = audit_in_partitions([url], 3)
     assert merged.model_dump(exclude={"inputs"}) == whole.model_dump(exclude={"inputs"})
+
+
+def test_verbose_lines_never_show_the_password(pg, loaded):
+    """`-v` names the database as the reader shows it (issue 23): the password in no form,
+    whether or not it looks like a secret (a plain word is no secret shape)."""
+    from click.testing import CliRunner
+
+    from analyzer.cli import main
+
+    user, password = _need_password_user(pg)
+    database = urlsplit(loaded["seed"]).path.lstrip("/")
+    url = pg.url(database, userinfo=f"{user}:{quote(password, safe='')}")
+    result = CliRunner().invoke(main, ["audit", "-v", url])
+    assert result.exit_code == 0 and "collateral_termination" in result.output, result.output
+    assert "dstack-audit: read postgresql://" in result.output
+    assert password not in result.output and quote(password, safe="") not in result.output

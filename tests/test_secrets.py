@@ -208,8 +208,7 @@ def test_password_in_a_database_url_never_appears_in_errors(password, tmp_path):
     parts = [p for p in re.split(r"[/#?@]", password) if len(p) >= 2]
     for part in parts:
         assert part not in result.output, part
-    from analyzer.bundle import url_without_password
-    from analyzer.sources.postgres import parse_url
+    from analyzer.sources.postgres import parse_url, url_without_password
 
     target = parse_url(url)
     for shown in (target.shown, target.anonymous, url_without_password(url), Redactor().apply(url)):

@@ -176,6 +176,17 @@ def audit(
             "a live server's answers cannot be checked again later",
             "collect them first (dstack-audit collect URL --to DIR), then audit DIR --bundle",
         )
+    if bundle is not None:
+        from analyzer.bundle import unverifiable
+
+        for source in sources:
+            if (why := unverifiable(source)) is not None:
+                hint = (
+                    "save it to a file and audit the file"
+                    if source == "-"
+                    else "ingest it first (dstack-audit ingest SOURCE --to DIR), then audit DIR"
+                )
+                raise AuditInputError("--bundle", why, hint)
     fmt = inferred_format(fmt, output, "table", FORMAT_BY_SUFFIX)
     zone = time_zone(tz)
 

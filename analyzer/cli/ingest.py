@@ -59,10 +59,20 @@ def ingest(
 @click.argument("url")
 @target_option("New folder to write the server's answers to (it appears only once complete).")
 @click.option("--project", help="Only this project (default: every project the token sees).")
+@click.option(
+    "--time-limit",
+    type=click.FloatRange(min=1),
+    default=3600,
+    show_default=True,
+    metavar="SECONDS",
+    help="Stop (writing nothing) when the collection takes longer than this.",
+)
 @token_option
 @ui_options
 @clean_errors
-def collect(url: str, target: Path, project: str | None, token: str | None) -> None:
+def collect(
+    url: str, target: Path, project: str | None, time_limit: float, token: str | None
+) -> None:
     """Collect a running dstack server's API (URL, or dstack:[PROJECT]) into a folder.
 
     Read-only list/get calls; every page byte for byte with its SHA-256 in a manifest (never
@@ -79,13 +89,21 @@ def collect(url: str, target: Path, project: str | None, token: str | None) -> N
     found = target_of(url)
     if not found.token:
         raise AuditInputError(url, "no token given", "set DSTACK_TOKEN or give --token")
-    result = collect_server(found.url, target, found.token, project=project or found.project)
+    result = collect_server(
+        found.url, target, found.token, project=project or found.project, time_limit=time_limit
+    )
     pages = len(result.pages)
     click.echo(
         f"collected {pages} pages ({result.bytes} bytes) of {len(result.projects)} project(s) "
         f"from {result.url} (dstack {result.server_version}) in {result.seconds:.2f}s "
         f"({pages / max(result.seconds, 1e-9):.0f} pages/s) to {target}"
     )
+    if result.echoed:
+        click.echo(
+            f"dstack-audit: the server put the token back in its answers to "
+            f"{', '.join(result.echoed)}: masked as *** in those pages (see the manifest)",
+            err=True,
+        )
 
 
 def register(cli: click.Group) -> None:

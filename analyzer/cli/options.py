@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from analyzer.errors import AuditInputError
+from analyzer.errors import AuditInputError, Terminated
 from analyzer.terminal import SETTINGS, reporting
 from analyzer.times import EXAMPLES, parse_time
 
@@ -40,17 +40,36 @@ class IsoTime(click.ParamType):
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it; 1 means findings
 
 
+def _terminated(signum: int, frame: Any) -> None:
+    raise Terminated(signum)
+
+
 class AuditGroup(click.Group):
     """The `dstack-audit` group: Ctrl-C exits 130 on every command (click's own handling says
-    "Aborted!" and exits 1, which a CI gate would read as findings). Outputs are written under
-    a temporary name (analyzer.outputs), so an interrupted command leaves no partial file."""
+    "Aborted!" and exits 1, which a CI gate would read as findings), SIGTERM and SIGHUP 128 +
+    the signal. Outputs are written under a temporary name (analyzer.outputs) and every signal
+    is raised as an exception, so an interrupted or killed command leaves no partial file and
+    no temporary folder (`kill -9` excepted)."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        import signal
+        import threading
+
+        main_thread = threading.current_thread() is threading.main_thread()
+        signals = (signal.SIGTERM, signal.SIGHUP) if main_thread else ()
+        before = {signum: signal.signal(signum, _terminated) for signum in signals}
         try:
             return super().invoke(ctx)
+        except Terminated as stopped:
+            name = signal.Signals(stopped.signum).name
+            click.echo(f"dstack-audit: stopped by {name}", err=True)
+            sys.exit(128 + stopped.signum)
         except KeyboardInterrupt:
             click.echo("dstack-audit: interrupted", err=True)
             sys.exit(INTERRUPTED)
+        finally:
+            for signum, handler in before.items():
+                signal.signal(signum, handler)
 
 
 def ui_options(command: Command) -> Command:

@@ -22,9 +22,10 @@ from analyzer.cli.options import clean_errors, ui_options
     help="Local zone the generated logs are written in.",
 )
 @click.option("--rich-width", default=80, show_default=True, help="Console width of the rich log.")
+@click.option("--force", is_flag=True, help="Replace a non-empty OUT whole.")
 @ui_options
 @clean_errors
-def synth(out: Path, runs: int, seed: int, log_tz: str, rich_width: int) -> None:
+def synth(out: Path, runs: int, seed: int, log_tz: str, rich_width: int, force: bool) -> None:
     """Generate a synthetic dstack server in OUT: server.db (dstack 0.22.5's schema), its logs in
     the three formats, and the truth.json of every run (for benchmarks and fleet-scale tests).
     Needs the 'synth' extra: pip install 'dstack-audit[synth]'.
@@ -34,6 +35,7 @@ def synth(out: Path, runs: int, seed: int, log_tz: str, rich_width: int) -> None
     """
     try:
         from analyzer.synth import synthesize
+        from analyzer.synth.templates import Templates
     except ModuleNotFoundError as missing:
         if missing.name != "numpy":
             raise
@@ -43,7 +45,14 @@ def synth(out: Path, runs: int, seed: int, log_tz: str, rich_width: int) -> None
             err=True,
         )
         sys.exit(2)
-    summary = synthesize(out, runs=runs, seed=seed, log_tz=log_tz, rich_width=rich_width)
+    from analyzer.outputs import plan
+
+    templates = Templates()
+    outputs = plan([templates.root], folders=(out,), force=force)  # never over a folder kept
+    with outputs.build(out) as folder:  # written beside OUT, which it replaces once complete
+        summary = synthesize(
+            folder, runs=runs, seed=seed, log_tz=log_tz, rich_width=rich_width, templates=templates
+        )
     click.echo(
         f"wrote {summary.runs} runs, {summary.rows.get('jobs', 0)} jobs, "
         f"{summary.rows.get('events', 0)} events and {summary.log_records} log records per "

@@ -31,6 +31,44 @@ def sources() -> tuple[Source, ...]:
     return (*others, api_export, logs.SOURCE)
 
 
+def shown(given: str | Path) -> str:
+    """A source as it may be printed or kept: a PostgreSQL URL without its password, any other
+    URL without user, password or query (a dataset's signed URL); a path as it is."""
+    text = str(given)
+    if "://" not in text:
+        return text
+    from analyzer.sources.postgres import DATABASE_URL, url_without_password
+
+    if DATABASE_URL.match(text):
+        try:
+            return url_without_password(text)
+        except AuditInputError:
+            return text.split("://", 1)[0] + "://(a URL that cannot be parsed)"
+    from analyzer.sources.collect import display_url
+
+    try:
+        return display_url(text)
+    except ValueError:
+        return text.split("://", 1)[0] + "://(a URL that cannot be parsed)"
+
+
+def network_or_stdin(given: str) -> str | None:
+    """What reading `given` would reach beyond this machine's files (a server, a database, a
+    cloud bucket, the dstack CLI's configured server) or standard input; None for a path or
+    a `file://` URL."""
+    from analyzer.outputs import local_path
+
+    if given == "-":
+        return "standard input"
+    source = claimed(given)
+    if source is None:
+        return None
+    if given.startswith("dstack:") or local_path(given) is None:
+        names = {"postgresql": "a PostgreSQL database", "dataset": "a dataset on a server"}
+        return names.get(source.kind, "a dstack server")
+    return None
+
+
 def of_kind(kind: str) -> Source:
     return next(source for source in sources() if source.kind == kind)
 

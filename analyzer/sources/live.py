@@ -133,6 +133,11 @@ def load_server(given: str, ctx: LoadContext) -> SourceData:
                 f"asked live: {pages} pages ({result.bytes} bytes) in {result.seconds:.2f} s "
                 f"({pages / max(result.seconds, 1e-9):.0f} pages/s), {result.requests} requests"
             )
+            if result.echoed:
+                info.notes.append(
+                    f"the server put the token back in its answers to {', '.join(result.echoed)}"
+                    ": masked before they were read"
+                )
     return data
 
 

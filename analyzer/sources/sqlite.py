@@ -9,6 +9,7 @@ temporary folder and the copy is read, so nothing is ever written beside the evi
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sqlite3
 import tempfile
@@ -297,13 +298,15 @@ def _is_wal(path: Path) -> bool:
 def _load(given: str, ctx: LoadContext) -> SourceData:
     path = Path(given)
     info = file_facts(path, "sqlite", ctx.options.shared)
-    wal = path.with_name(path.name + "-wal")
+    # The write-ahead log lies beside the database itself, not beside a symlink to it.
+    real = Path(os.path.realpath(path))
+    wal = real.with_name(real.name + "-wal")
     if _is_wal(path) or wal.exists():
         with tempfile.TemporaryDirectory(prefix="dstack-audit-") as folder:
             copy = Path(folder) / path.name
             shutil.copyfile(path, copy)
             if wal.exists():
-                shutil.copyfile(wal, Path(folder) / wal.name)
+                shutil.copyfile(wal, copy.with_name(copy.name + "-wal"))
                 wal_info = file_facts(wal, "sqlite-wal")
                 wal_info.notes.append("write-ahead log read together with its database (on a copy)")
                 info.notes.append(f"read with its write-ahead log {wal.name} (on a private copy)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import os
 import sys
 from collections.abc import Iterable, Iterator
 from functools import lru_cache
@@ -18,7 +19,6 @@ from analyzer.sources.base import (
     Limitation,
     LoadContext,
     SourceData,
-    file_facts,
 )
 from analyzer.sources.logs.messages import ADMIN_TOKEN, EventCollector, may_matter
 from analyzer.sources.logs.reader import SNIFF_BYTES, LogStream, file_blocks, sniff_log
@@ -70,9 +70,52 @@ def _load(given: str, ctx: LoadContext) -> SourceData:
 
 
 def _load_file(path: Path, server: str) -> SourceData:
-    info = file_facts(path, "log")
+    """The file read once: its SHA-256 and size are of exactly the bytes read (a log still
+    being written grows meanwhile), and a file that changed while it was read says so."""
     with path.open("rb") as handle:
-        return _stream(info, file_blocks(handle), server)
+        before = os.fstat(handle.fileno())
+        info = InputInfo(path=str(path), kind="log", sha256=None, size=0, mtime=before.st_mtime)
+        digest = hashlib.sha256()
+        data = _stream(info, _hashed(file_blocks(handle), digest, info), server)
+        after = os.fstat(handle.fileno())
+    info.sha256 = digest.hexdigest()
+    change = _changed(path, before, after, info.size or 0)
+    if change is not None:
+        info.notes.append(change)
+        data.limitations.append(
+            Limitation(
+                "input_changed_while_read",
+                f"{change}: the audit and the SHA-256 recorded are of the bytes read, which "
+                "a later copy of the file will not match",
+                str(path),
+            )
+        )
+    return data
+
+
+def _hashed(blocks: Iterable[bytes], digest, info: InputInfo) -> Iterator[bytes]:
+    for block in blocks:
+        digest.update(block)
+        info.size = (info.size or 0) + len(block)
+        yield block
+
+
+def _changed(path: Path, before: os.stat_result, after: os.stat_result, read: int) -> str | None:
+    """How the file changed while it was read (None: it did not)."""
+    try:
+        now = path.stat()
+    except OSError:
+        now = None
+    if now is None or (now.st_dev, now.st_ino) != (before.st_dev, before.st_ino):
+        return f"the file was replaced or removed while it was read ({read} bytes were read)"
+    if after.st_size != read or after.st_size != before.st_size:
+        return (
+            f"the file changed while it was read: {before.st_size} bytes when opened, "
+            f"{read} read, {after.st_size} now"
+        )
+    if after.st_mtime_ns != before.st_mtime_ns:
+        return f"the file was written to while it was read ({read} bytes were read)"
+    return None
 
 
 def load_stdin(server: str) -> SourceData:
@@ -80,13 +123,7 @@ def load_stdin(server: str) -> SourceData:
     info = InputInfo(path="-", kind="log", sha256=None, size=0, mtime=None)
     digest = hashlib.sha256()
 
-    def hashed(blocks: Iterable[bytes]) -> Iterator[bytes]:
-        for block in blocks:
-            digest.update(block)
-            info.size = (info.size or 0) + len(block)
-            yield block
-
-    data = _stream(info, hashed(file_blocks(sys.stdin.buffer)), server)
+    data = _stream(info, _hashed(file_blocks(sys.stdin.buffer), digest, info), server)
     info.sha256 = digest.hexdigest()
     return data
 

@@ -1,0 +1,293 @@
+"""A hostile live server (docs/threat-model.md, "live servers"): bounded in requests, bytes and
+time, one clear line for every malformed answer, and nothing left behind when the run is killed.
+
+The server is tests/fake_dstack.py on 127.0.0.1; the client is the real collector (httpx), run
+as the CLI a user runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from fake_dstack import FakeDstack, run
+
+from analyzer.cli import main
+from analyzer.errors import AuditInputError
+from analyzer.sources.collect import MAX_ANSWER_BYTES, collect
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKEN = "5f0c3f6e-8d7a-4c1b-9e2f-0a1b2c3d4e5f"
+GIB = 1024**3
+
+
+def one_line(result) -> str:
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dstack-audit: "), result.output
+    assert "Traceback" not in result.output and "internal error" not in result.output
+    return lines[0]
+
+
+def collect_cli(url: str, target: Path, *extra: str) -> str:
+    result = CliRunner().invoke(
+        main, ["collect", url, "--to", str(target), *extra, "--token", TOKEN]
+    )
+    return one_line(result)
+
+
+def nothing_left(folder: Path) -> None:
+    assert [p.name for p in folder.iterdir()] == []
+
+
+def test_endless_pagination_stops_at_the_page_limit(tmp_path):
+    numbers = iter(range(1, 10**9))
+
+    def endless(request):
+        request.json([run(next(numbers)) for _ in range(request.body["limit"])])
+
+    with FakeDstack({"/api/runs/list": endless}) as server:
+        with pytest.raises(AuditInputError) as raised:
+            collect(server.url, tmp_path / "c", TOKEN, max_pages=25)
+        assert server.paths().count("/api/runs/list") == 25
+    assert "/api/runs/list has more than 25 pages: stopped" in str(raised.value)
+    nothing_left(tmp_path)
+
+
+@pytest.mark.parametrize("endpoint", ["/api/runs/list", "/api/events/list"])
+def test_a_server_that_repeats_its_pages_is_not_followed(tmp_path, endpoint):
+    """The same full page whatever the cursor: stopped at the second page, one line."""
+    page = (
+        [run(n) for n in range(100)]
+        if endpoint == "/api/runs/list"
+        else [{"id": f"e{n}", "recorded_at": "2026-01-01T00:00:00+00:00"} for n in range(100)]
+    )
+    with FakeDstack({endpoint: lambda request: request.json(page)}) as server:
+        line = collect_cli(server.url, tmp_path / "c")
+        assert server.paths().count(endpoint) == 2
+    assert f"POST {endpoint} page 2 ends where an earlier page ended" in line
+    nothing_left(tmp_path)
+
+
+MEASURE = """
+import json, resource, sys
+from pathlib import Path
+from analyzer.errors import AuditInputError
+from analyzer.sources.collect import collect
+try:
+    collect(sys.argv[1], Path(sys.argv[2]), "t0ken-for-tests")
+    error = None
+except AuditInputError as failed:
+    error = str(failed)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({"error": error, "peak_mib": peak}))
+"""
+
+
+def measured(url: str, target: Path) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", MEASURE, url, str(target)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_a_1_gib_page_is_never_held_whole(tmp_path):
+    """Chunked, no length announced: read until the cap, then refused (not held, not read on)."""
+    sent = []
+
+    def huge(request):
+        piece = b"[" + b" " * (1024 * 1024 - 1)
+        sent.append(0)
+        request.stream(piece if i == 0 else b" " * len(piece) for i in range(1024))
+
+    with FakeDstack({"/api/runs/list": huge}) as server:
+        got = measured(server.url, tmp_path / "c")
+    assert "POST /api/runs/list sent more than the 64 MiB an answer may hold" in got["error"]
+    assert got["peak_mib"] < 2 * MAX_ANSWER_BYTES / 2**20 + 120, got  # 2 GiB before the cap
+    nothing_left(tmp_path)
+
+
+def test_an_announced_1_gib_page_is_refused_before_reading(tmp_path):
+    def announced(request):
+        request.stream([b"[]"], {"Content-Length": str(GIB)})
+
+    with FakeDstack({"/api/events/list": announced}) as server:
+        line = collect_cli(server.url, tmp_path / "c")
+    assert f"POST /api/events/list announced an answer of {GIB} bytes, more than the 64 MiB" in line
+    nothing_left(tmp_path)
+
+
+def test_a_gzip_bomb_is_capped_on_its_decoded_bytes(tmp_path):
+    """Not in the issue: 80 KiB on the wire that inflate to 80 MiB (a page's cap is on what is
+    held, not what was sent)."""
+    squeeze = zlib.compressobj(9, zlib.DEFLATED, 31)
+    bomb = squeeze.compress(b"[" + b" " * (80 * 2**20)) + squeeze.flush()
+    assert len(bomb) < 200 * 1024
+
+    def inflating(request):
+        request.raw(bomb, headers={"Content-Encoding": "gzip", "Content-Length": str(len(bomb))})
+
+    with FakeDstack({"/api/projects/list": inflating}) as server:
+        line = collect_cli(server.url, tmp_path / "c")
+    assert "POST /api/projects/list sent more than the 64 MiB" in line
+    nothing_left(tmp_path)
+
+
+def test_one_byte_every_five_seconds_meets_the_time_limit(tmp_path):
+    def drip(request):
+        request.stream((b"[" if i == 0 else b" " for i in range(100)), pause=5)
+
+    with FakeDstack({"/api/runs/list": drip}) as server:
+        started = time.monotonic()
+        line = collect_cli(server.url, tmp_path / "c", "--time-limit", "3")
+        elapsed = time.monotonic() - started
+    assert "the collection did not finish within its time limit of 3 s" in line
+    assert elapsed < 8, elapsed
+    nothing_left(tmp_path)
+
+
+def test_a_slow_answer_does_not_outlive_the_time_limit_through_retries(tmp_path):
+    """Not in the issue: an answer that never comes (HTTP 503 after a wait, retried) still ends
+    at the time limit, not after every retry's backoff and wait."""
+
+    def unavailable(request):
+        time.sleep(1.5)
+        request.json({"detail": "busy"}, status=503)
+
+    with FakeDstack({"/api/projects/list": unavailable}) as server:
+        started = time.monotonic()
+        line = collect_cli(server.url, tmp_path / "c", "--time-limit", "2")
+        elapsed = time.monotonic() - started
+    assert (
+        "POST /api/projects/list: the collection did not finish within its time limit of 2 s"
+        in line
+    )
+    assert elapsed < 6, elapsed
+
+
+def dripping(request):
+    """An answer that is always on its way: a byte every 0.2 s for an hour."""
+    request.stream((b"[" if i == 0 else b" " for i in range(18000)), pause=0.2)
+
+
+def wait_for(found, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not found():
+        assert time.monotonic() < deadline, "never appeared"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("command", ["collect", "audit"])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_killed_run_leaves_no_folder_behind(tmp_path, command, signum):
+    """SIGTERM (and, not in the issue, SIGHUP: the terminal closed) while a page is on its
+    way: the temporary folder and the hidden staging folder are gone, exit 128 + signal."""
+    temporary, out = tmp_path / "tmp", tmp_path / "out"
+    temporary.mkdir()
+    out.mkdir()
+    with FakeDstack({"/api/runs/list": dripping}) as server:
+        args = ["audit", server.url] if command == "audit" else ["collect", server.url]
+        args += ["--to", str(out / "c")] if command == "collect" else []
+        process = subprocess.Popen(
+            [sys.executable, "-m", "analyzer", *args],
+            cwd=ROOT,
+            env={
+                **os.environ,
+                "PYTHONPATH": str(ROOT),
+                "TMPDIR": str(temporary),
+                "DSTACK_TOKEN": TOKEN,
+            },
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            wait_for(lambda: "/api/runs/list" in server.paths())
+            made = temporary if command == "audit" else out
+            assert any(made.iterdir())  # dstack-audit-live-* or .c.partial-*
+            process.send_signal(signum)
+            _, stderr = process.communicate(timeout=30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+    assert process.returncode == 128 + signum, stderr
+    assert stderr.strip() == f"dstack-audit: stopped by {signal.Signals(signum).name}"
+    nothing_left(temporary)
+    nothing_left(out)
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "page", "expected"),
+    [
+        ("/api/runs/list", [1, 2, 3], "POST /api/runs/list page 1: item 1 is not an object"),
+        ("/api/runs/list", [{"id": 7}], "item 1 has no text 'id'"),
+        ("/api/events/list", ["x"], "POST /api/events/list page 1: item 1 is not an object"),
+        ("/api/projects/list", [None], "POST /api/projects/list page 1: item 1 is not an object"),
+        ("/api/projects/list", {"a": 1}, "POST /api/projects/list did not answer a list"),
+    ],
+)
+def test_a_page_of_non_objects_is_one_line(tmp_path, endpoint, page, expected):
+    with FakeDstack({endpoint: lambda request: request.json(page)}) as server:
+        line = collect_cli(server.url, tmp_path / "c")
+    assert expected in line
+    nothing_left(tmp_path)
+
+
+def test_200k_deep_json_is_one_line(tmp_path):
+    deep = b"[" * 200_000 + b"]" * 200_000
+    with FakeDstack({"/api/runs/list": lambda request: request.raw(deep)}) as server:
+        line = collect_cli(server.url, tmp_path / "c")
+        assert "POST /api/runs/list answered JSON nested too deep to read" in line
+        audited = one_line(CliRunner().invoke(main, ["audit", server.url, "--token", TOKEN]))
+        assert "nested too deep" in audited
+    nothing_left(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (b"\xff\xfe[]", "POST /api/runs/list did not answer JSON"),
+        (b"[" * 200_000, "did not answer JSON"),  # cut short and deep
+    ],
+)
+def test_bytes_that_are_no_json_are_one_line(tmp_path, content, expected):
+    """Not in the issue: invalid UTF-8 and a deep, unfinished document."""
+    with FakeDstack({"/api/runs/list": lambda request: request.raw(content)}) as server:
+        line = collect_cli(server.url, tmp_path / "c")
+    assert expected in line or "nested too deep" in line
+
+
+@pytest.mark.parametrize("token", ["tökén-5f0c3f6e", "5f0c3f6e\u202e8d7a", "5f0c 3f6e"])
+def test_a_token_that_cannot_be_a_header_is_one_line(tmp_path, token):
+    with FakeDstack() as server:
+        for args in (["audit", server.url], ["collect", server.url, "--to", str(tmp_path / "c")]):
+            line = one_line(CliRunner().invoke(main, [*args, "--token", token]))
+            assert "a dstack token is one line of visible ASCII" in line
+            assert "5f0c" not in line and "8d7a" not in line and "3f6e" not in line
+        assert all("authorization" not in {h.lower() for h in r.headers} for r in server.requests)
+    nothing_left(tmp_path)
+
+
+def test_a_project_name_dstack_never_gives_is_not_followed(tmp_path):
+    """Not in the issue: a project named `../../x` would send the token to another path of the
+    server (`/api/project/../../x/runs/get`): dstack's own rule for names refuses it."""
+    projects = [{"project_name": "../../admin", "project_id": "p"}]
+    with FakeDstack({"/api/projects/list": lambda request: request.json(projects)}) as server:
+        line = collect_cli(server.url, tmp_path / "c")
+        assert server.paths() == ["/api/server/get_info", "/api/projects/list"]
+    assert "answered a project name dstack never gives" in line
+    nothing_left(tmp_path)
