@@ -31,8 +31,12 @@ class FailedReplica:
 class RolloutFacts:
     """The run's sequence, measured by the detector and impact stages."""
 
-    update_deployment: int | None  # the deployment the update started (None: no update)
+    # The deployment the last update started (None, or 0: the run's first submission, no update).
+    update_deployment: int | None
     update_at: datetime | None  # when the update was applied (None: not recorded)
+    # Replicas of an older deployment were still running when the first culprit failed: the
+    # update's rollout was in progress (else it had completed before the failure).
+    older_running: bool = False
     # The update reached the running replicas in place (dstack bumped their deployment_num:
     # the same job spec), so there is no new version to roll out, only replicas to add.
     in_place: bool = False
@@ -44,9 +48,13 @@ class RolloutFacts:
     lost_is_lower_bound: bool = False
 
     @property
+    def updated(self) -> bool:
+        return bool(self.update_deployment)
+
+    @property
     def rollout(self) -> bool:
-        """A new version was being rolled out."""
-        return self.update_deployment is not None and not self.in_place
+        """A new version was being rolled out when the failure came."""
+        return self.updated and not self.in_place and self.older_running
 
     @property
     def new_failed(self) -> bool:
@@ -78,6 +86,13 @@ def _pod_state(culprit: FailedReplica) -> str:
     return f"never becomes available ({reason or 'reason not recorded'})"
 
 
+def _completed(facts: RolloutFacts) -> str:
+    return (
+        f"the update to deployment {facts.update_deployment} had completed before the failure "
+        "(no replica of an older deployment was still running)"
+    )
+
+
 def _kept(facts: RolloutFacts) -> str:
     return f"the {facts.victims} replica(s) dstack stopped keep serving"
 
@@ -106,7 +121,7 @@ class KubernetesRollingUpdate:
     def evaluate(self, facts: RolloutFacts) -> Counterfactual:
         applies, declared = True, None
         culprit = facts.culprits[0] if facts.culprits else FailedReplica(None, None, None)
-        if facts.update_deployment is None:
+        if not facts.updated:
             applies = False
             story = (
                 f"no update: there is no rollout, so maxSurge, maxUnavailable and "
@@ -121,6 +136,13 @@ class KubernetesRollingUpdate:
                 "replicas in place (same job spec): for a Deployment that is a scale of the same "
                 "ReplicaSet, not a rollout; the added replica "
                 f"{_pod_state(culprit)} and {_kept(facts)}"
+            )
+        elif not facts.rollout:
+            applies = False
+            story = (
+                f"{_completed(facts)}: no rollout is in progress; the failed replica "
+                f"{_pod_state(culprit)}, and a Deployment never stops healthy pods because "
+                f"another failed: {_kept(facts)}"
             )
         elif not facts.new_failed:
             story = (
@@ -189,7 +211,7 @@ class CircuitBreakerRollback:
 
     def evaluate(self, facts: RolloutFacts) -> Counterfactual:
         applies, declared, rolled_back = True, None, False
-        if facts.update_deployment is None:
+        if not facts.updated:
             applies = False
             story = (
                 "no update: no deployment is in progress, so the breaker has nothing to watch "
@@ -203,6 +225,12 @@ class CircuitBreakerRollback:
                 "replicas in place (same job spec): a desired-count change, no new task "
                 "definition, so no deployment for the breaker to watch; the scheduler keeps "
                 f"trying to place the added task and {_kept(facts)}"
+            )
+        elif not facts.rollout:
+            applies = False
+            story = (
+                f"{_completed(facts)}: no deployment is in progress for the breaker to watch; "
+                f"the service scheduler replaces the failed task and {_kept(facts)}"
             )
         elif not facts.new_failed:
             story = (

@@ -169,6 +169,7 @@ class _Lookups:
     update_times: dict[int, datetime]
     fleets: dict[int, list[str]]
     in_place: set[int]  # the update reached the running replicas in place (bumped)
+    older_running: set[int]  # older-deployment replicas still running at the first failure
     new_available: dict[int, list[datetime]]  # new-deployment replicas healthy before the failure
 
 
@@ -251,8 +252,17 @@ def _lookups(
             "created_deployment",
             "health",
             "healthy_since",
+            "stopped_at",
         ),
         on=["server", "run_id"],
+    )
+    older = of_update.filter(
+        (pl.col("deployment_num") < pl.col("dep"))
+        & (
+            pl.col("stopped_at").is_null()
+            | pl.col("failed").is_null()
+            | (pl.col("stopped_at") >= pl.col("failed"))
+        )
     )
     bumped = of_update.filter(
         (pl.col("deployment_num") == pl.col("dep")) & (pl.col("created_deployment") < pl.col("dep"))
@@ -275,6 +285,7 @@ def _lookups(
         update_times=dict(update_at.select("i", "update_at").iter_rows()),
         fleets=dict(fleets.iter_rows()),
         in_place=set(bumped["i"].to_list()),
+        older_running=set(older["i"].to_list()),
         new_available=dict(available.iter_rows()),
     )
 
@@ -291,6 +302,7 @@ def _facts(
     return RolloutFacts(
         update_deployment=finding.update_deployment_num,
         update_at=found.update_times.get(i),
+        older_running=i in found.older_running,
         in_place=i in found.in_place,
         culprits=[
             FailedReplica(c.deployment_num, c.failed_at, c.termination_reason, c.exit_status)
