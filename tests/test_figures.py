@@ -111,7 +111,7 @@ def test_each_source_prints_its_outage_as_a_lower_bound_everywhere(seed_from):
         assert shown.startswith("≥ ") and f"outage {shown} (not recovered)" in table, name
         assert f"IMPACT: 1 healthy replica(s) killed in 1 incident(s), outage {shown}," in table
         assert f"for {shown}, not recovered" in markdown
-        assert f"| default | 1 | 1 | 1 | {shown} |" in markdown
+        assert f"| default | 1 | 1 | {shown} |" in markdown
         story = narrative(audit, finding)
         assert "the end of the evidence): an outage of at least " in story, name
         lane = _texts(plot_run(audit, finding.run_id))
@@ -201,7 +201,7 @@ def test_a_run_with_findings_of_two_categories_is_one_incident(copy_db):
     impact = f"IMPACT: 3 healthy replica(s) killed in 1 incident(s), outage {outage_text(summary)}"
     assert impact in table
     assert f"replica-time lost {replica_time_text(summary)}" in table
-    row = f"| default | 1 | 2 | 3 | {outage_text(summary)} | {replica_time_text(summary)} |"
+    row = f"| default | 1 | 3 | {outage_text(summary)} | {replica_time_text(summary)} |"
     assert row in render_markdown(report)
     assert '<div class="kpi"><b>1</b>incidents</div>' in render_html(audit)
     fleet = plot_fleet(report)

@@ -191,7 +191,7 @@ def _groups_table(groups: Sequence[GroupSummary]) -> str:
     return _table(
         GROUP_HEADERS,
         group_rows(groups),
-        classes={1: "num", 2: "num", 3: "num", 4: "num", 5: "num", 6: "num"},
+        classes={1: "num", 2: "num", 3: "num", 4: "num", 5: "num"},
         css="compact",
     )
 
