@@ -3,7 +3,14 @@ changes meaning; adding fields keeps the version).
 
 Version 2: the category `newer_deployment_collateral`; victims not yet stopped (a copy taken
 mid-cascade); per-finding limitations; `summary.outage_seconds` counts each run's outage once
-and is null when no outage is known."""
+and is null when no outage is known.
+
+Version 3: every figure is known, a lower bound or unknown. A total is the sum of its known
+parts (null when no part is known, never 0.0 for unknown), with `*_is_lower_bound` when a part
+ran to the end of the evidence or was measured from a time rounded to its precision, and the
+count of its unknown parts; an impact says why its outage is a lower bound
+(`lower_bound_reasons`). `incidents` counts runs (a run with findings of two categories is one
+incident). A counterfactual says whether its model applies to the run's sequence."""
 
 from __future__ import annotations
 
@@ -14,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from analyzer.vocabulary import Category, Confidence, Verdict
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 class _Record(BaseModel):
@@ -102,6 +109,8 @@ class VictimImpact(_Record):
     price_per_hour: float | None  # $/h of the victim's instance; None when unknown
     lost_seconds: float | None
     lost_cost: float | None  # None when the price (or the window) is unknown
+    # The window ran to the end of the evidence, or began at a stop rounded up to its precision.
+    lost_is_lower_bound: bool = False
 
 
 class Impact(_Record):
@@ -112,24 +121,34 @@ class Impact(_Record):
     recovered_by_run_id: str | None = None
     recovered: bool
     outage_seconds: float | None  # the run's outage: until recovery, or the end of the evidence
-    outage_is_lower_bound: bool = False  # not recovered: the server may have stayed down longer
+    # Not recovered (the server may have stayed down longer), or measured from a stop time the
+    # evidence gives in whole seconds or milliseconds (rounded up): `lower_bound_reasons` says.
+    outage_is_lower_bound: bool = False
+    lower_bound_reasons: list[str] = Field(default_factory=list)
     replicas_lost: int
-    healthy_replica_seconds_lost: float | None
-    lost_cost: float | None  # sum over victims; None if any victim's price is unknown
-    cost_known_for: int  # victims whose price is known
+    healthy_replica_seconds_lost: float | None  # sum of the known victims' losses; None: none
+    healthy_replica_seconds_lost_is_lower_bound: bool = False
+    replica_time_unknown_victims: int = 0  # victims whose loss is unknown (not in the sum)
+    lost_cost: float | None  # sum of the known victims' costs; None when no cost is known
+    lost_cost_is_lower_bound: bool = False
+    cost_known_for: int  # victims whose cost is known (the others are not in the sum)
     per_victim: list[VictimImpact]
     end_of_evidence: datetime | None
 
 
 class Counterfactual(_Record):
-    """What a well-behaved rollout would have done with the same timeline."""
+    """What a well-behaved rollout would have done with the same timeline. `applies` is false
+    when the model's rollout mechanism has nothing to act on (no update: no rollout to stall or
+    roll back); the platform's behaviour is then still told, and what it would have kept."""
 
     model: str
     parameters: dict[str, float | int | str]
+    applies: bool = True
     declared_failed_at: datetime | None
     rolled_back: bool
-    old_replicas_kept: int
+    old_replicas_kept: int  # the victims the platform would have left serving
     serving_seconds_kept: float | None  # healthy replica-seconds the model would have kept
+    serving_seconds_kept_is_lower_bound: bool = False
     explanation: str
 
 
@@ -206,29 +225,34 @@ class RunVerdict(_Record):
     gaps: list[str] = Field(default_factory=list)  # what the evidence is missing for this run
 
 
-class GroupSummary(_Record):
+class Totals(_Record):
+    """Figures summed over findings: each the sum of its known parts (null when no part is
+    known), a lower bound when a part is, with the count of its unknown parts."""
+
+    incidents: int = 0  # runs with findings: a run with findings of two categories is one
+    findings: int
+    victims: int
+    outage_seconds: float | None = 0.0  # each run's outage once
+    outage_is_lower_bound: bool = False
+    outage_unknown_runs: int = 0  # runs with findings whose outage is unknown (not in the sum)
+    healthy_replica_seconds_lost: float | None = 0.0
+    healthy_replica_seconds_lost_is_lower_bound: bool = False
+    replica_time_unknown_victims: int = 0
+    lost_cost: float | None = 0.0
+    lost_cost_is_lower_bound: bool = False
+    cost_unknown_victims: int = 0
+
+
+class GroupSummary(Totals):
     """Findings of one project, fleet, user or day."""
 
     key: str
-    findings: int
-    victims: int
-    outage_seconds: float
-    healthy_replica_seconds_lost: float
-    lost_cost: float
-    cost_unknown_victims: int
 
 
-class Summary(_Record):
+class Summary(Totals):
     runs: int
-    findings: int
-    victims: int
     by_verdict: dict[str, int]
     runs_in_progress: int = 0
-    outage_seconds: float | None = 0.0  # each run's outage once; null when none is known
-    outage_unknown_runs: int = 0  # runs with findings whose outage is unknown (not in the sum)
-    healthy_replica_seconds_lost: float | None = 0.0  # null when no victim's loss is known
-    lost_cost: float = 0.0
-    cost_unknown_victims: int = 0
     by_server: list[GroupSummary] = Field(default_factory=list)
     by_project: list[GroupSummary] = Field(default_factory=list)
     by_fleet: list[GroupSummary] = Field(default_factory=list)

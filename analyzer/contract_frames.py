@@ -43,6 +43,7 @@ FINDINGS = {
     "recovered_at": T,
     "recovered": pl.Boolean,
     "outage_seconds": pl.Float64,
+    "outage_is_lower_bound": pl.Boolean,
     "healthy_replica_seconds_lost": pl.Float64,
     "lost_cost": pl.Float64,
 }
@@ -126,6 +127,7 @@ def findings(report: Report) -> pl.DataFrame:
                 "recovered_at": impact.recovered_at if impact else None,
                 "recovered": impact.recovered if impact else None,
                 "outage_seconds": impact.outage_seconds if impact else None,
+                "outage_is_lower_bound": impact.outage_is_lower_bound if impact else None,
                 "healthy_replica_seconds_lost": impact.healthy_replica_seconds_lost
                 if impact
                 else None,

@@ -129,7 +129,11 @@ def test_seed_narrative_tells_the_story(seed, seed_html):
         "at 09:09:20 stopped the healthy replica web-0-0 of deployment 0, which had served "
         "since 09:01:50" in story
     )
-    assert "The service has not served since (as of 09:12:18, the end of the evidence)." in story
+    assert (
+        "The service has not served since (as of 09:12:18, the end of the evidence): an outage "
+        "of at least 2m57s. 1 healthy replica lost at least 2m57s of serving time, at least "
+        "$0.0052 at the instances' prices." in story
+    )
     assert "updated <code>commands</code> of acme/web" in seed_html
 
 
@@ -523,15 +527,18 @@ def test_summary_figures_match_the_json(fleet, fleet_html):
     summary = fleet.report.summary
     kpis = re.findall(r'<div class="kpi"><b>([^<]*)</b>([^<]*)</div>', fleet_html)
     figures = {name: value for value, name in kpis}
+    assert figures["incidents"] == str(summary.incidents)
     assert figures["findings"] == str(summary.findings)
     assert figures["healthy replicas killed"] == str(summary.victims)
     assert figures["runs audited"] == str(summary.runs)
-    from analyzer.render.format import fmt_cost, fmt_duration
+    from analyzer.render.format import cost_text, outage_text, replica_time_text
 
-    assert figures["outage, summed"] == fmt_duration(summary.outage_seconds)
-    assert figures["cost lost"] == html.escape(
-        fmt_cost(summary.lost_cost, summary.cost_unknown_victims)
-    )
+    # every run of the fleet ran to the end of the evidence: each total is a lower bound
+    assert summary.outage_is_lower_bound and summary.lost_cost_is_lower_bound
+    assert figures["outage, summed"] == html.escape(outage_text(summary))
+    assert figures["outage, summed"].startswith("≥ ")
+    assert figures["replica-time lost"] == html.escape(replica_time_text(summary))
+    assert figures["cost lost"] == html.escape(cost_text(summary))
 
 
 def test_one_run_gets_no_fleet_charts(seed_html):

@@ -478,9 +478,12 @@ def test_end_of_evidence_reaches_the_last_log_line(tmp_path):
     assert report.end_of_evidence == datetime(2026, 11, 2, 9, 12, 17, tzinfo=UTC)
     (finding,) = report.findings
     assert finding.impact.end_of_evidence == report.end_of_evidence
+    # the log writes milliseconds: the outage is counted from the end of the stop's millisecond
+    counted_from = finding.impact.outage_start + timedelta(milliseconds=1)
     assert finding.impact.outage_seconds == pytest.approx(
-        (report.end_of_evidence - finding.impact.outage_start).total_seconds()
+        (report.end_of_evidence - counted_from).total_seconds()
     )
+    assert "recorded to the millisecond only" in finding.impact.lower_bound_reasons[1]
 
 
 def test_last_log_line_is_aligned_like_the_rest_of_its_log(copy_db, tmp_path):

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 import polars as pl
 
@@ -25,7 +26,8 @@ from analyzer.contract import (
     VictimImpact,
 )
 from analyzer.model import UTC_TIME
-from analyzer.pipeline.counterfactual import RolloutFacts, evaluate_all
+from analyzer.pipeline.counterfactual import FailedReplica, RolloutFacts, evaluate_all
+from analyzer.pipeline.story import is_pseudo_date
 
 # A replica with unknown start of health (table-only evidence) counts from its submission.
 CAPACITY_COLUMNS = ["server", "run_id", "time", "healthy_replicas"]
@@ -114,16 +116,89 @@ def _root_cause(finding: Finding) -> RootCause:
     )
 
 
-def _run_outage_starts(findings: list[Finding]) -> dict[tuple[str, str], datetime | None]:
+# A time's precision: a database time is exact as stored; a log line or a `dstack event` line
+# writes whole seconds or milliseconds (the rest dropped), so the moment lies within that unit.
+_CLOCK_TEXT = r"\d{2}:\d{2}:\d{2}(?:[.,](\d+))?"
+
+
+def _precision_us() -> pl.Expr:
+    """Microseconds a recorded time may be early by: 0 for a database time (or a text with
+    microseconds), else one unit of its last written digit (1 s, 1 ms)."""
+    digits = pl.col("time_text").str.extract(_CLOCK_TEXT, 1).str.len_chars().fill_null(0)
+    written = pl.col("time_text").str.contains(_CLOCK_TEXT).fill_null(False)
+    return (
+        pl.when((pl.col("time_basis") == "db_utc") | ~written | (digits >= 6))
+        .then(pl.lit(0, pl.Int64))
+        .otherwise(pl.lit(10, pl.Int64).pow(6 - digits).cast(pl.Int64))
+    )
+
+
+def _stop_precisions(findings: list[Finding], events: pl.DataFrame) -> dict[tuple[int, str], int]:
+    """(finding index, victim job id) -> the precision of its recorded stop, from the most
+    precise sighting of that moment among the job's events (none: a table time, exact)."""
+    stops = pl.DataFrame(
+        [
+            {"i": i, "server": f.server, "job_id": v.job_id, "stop": v.terminated_at}
+            for i, f in enumerate(findings)
+            for v in f.victims
+            if v.terminated_at is not None
+        ],
+        schema={"i": pl.Int64, "server": pl.String, "job_id": pl.String, "stop": UTC_TIME},
+    )
+    if stops.height == 0 or "time_text" not in events.columns:
+        return {}
+    sightings = events.filter(pl.col("entity_type") == "job").select(
+        "server",
+        pl.col("entity_id").alias("job_id"),
+        pl.col("time").alias("stop"),
+        _precision_us().alias("precision"),
+    )
+    found = (
+        stops.join(sightings, on=["server", "job_id", "stop"])
+        .group_by("i", "job_id")
+        .agg(pl.col("precision").min())
+    )
+    return {(i, job): p for i, job, p in found.iter_rows()}
+
+
+@dataclass(frozen=True)
+class _Start:
+    """When a run's outage began: its last victim's recorded stop (`at`), and the moment the
+    outage is counted from (`counted_from`, that stop rounded up by its precision)."""
+
+    at: datetime | None = None
+    counted_from: datetime | None = None
+    precision_us: int = 0
+
+
+def _run_outage_starts(
+    findings: list[Finding], precisions: dict[tuple[int, str], int]
+) -> dict[tuple[str, str], _Start]:
     """Per run: its outage began when the last of its victims stopped, whatever the category
     of the finding that holds the victim (one incident per run); unknown if any stop is."""
-    stops: dict[tuple[str, str], list[datetime | None]] = defaultdict(list)
-    for finding in findings:
-        stops[(finding.server, finding.run_id)].extend(v.terminated_at for v in finding.victims)
-    return {
-        key: max(values) if values and all(v is not None for v in values) else None  # type: ignore[type-var]
-        for key, values in stops.items()
-    }
+    stops: dict[tuple[str, str], list[tuple[datetime | None, int]]] = defaultdict(list)
+    for i, finding in enumerate(findings):
+        listed = stops[(finding.server, finding.run_id)]
+        listed += [(v.terminated_at, precisions.get((i, v.job_id), 0)) for v in finding.victims]
+    starts = {}
+    for key, values in stops.items():
+        dated = [(t, p) for t, p in values if t is not None]
+        if not values or len(dated) < len(values):
+            starts[key] = _Start()
+            continue
+        counted, precision = max((t + timedelta(microseconds=p), p) for t, p in dated)
+        starts[key] = _Start(max(t for t, _ in dated), counted, precision)
+    return starts
+
+
+@dataclass
+class _Lookups:
+    recoveries: dict[int, tuple[datetime, str]]
+    update_times: dict[int, datetime]
+    fleets: dict[int, list[str]]
+    in_place: set[int]  # the update reached the running replicas in place (bumped)
+    older_running: set[int]  # older-deployment replicas still running at the first failure
+    new_available: dict[int, list[datetime]]  # new-deployment replicas healthy before the failure
 
 
 def _lookups(
@@ -131,9 +206,10 @@ def _lookups(
     subs: pl.DataFrame,
     runs: pl.DataFrame,
     events: pl.DataFrame,
-    starts: dict[tuple[str, str], datetime | None],
-) -> tuple[dict, dict, dict]:
-    """One join each, for all findings at once: recovery, update time, fleets."""
+    starts: dict[tuple[str, str], _Start],
+) -> _Lookups:
+    """One join each, for all findings at once: recovery, update time, fleets, and what the
+    update's deployment did (bumped in place; replicas available before the first failure)."""
     keys = pl.DataFrame(
         [
             {
@@ -142,8 +218,9 @@ def _lookups(
                 "run_id": f.run_id,
                 "run_name": f.run_name,
                 "project": f.project,
-                "start": starts[(f.server, f.run_id)],
+                "start": starts[(f.server, f.run_id)].at,
                 "dep": f.update_deployment_num,
+                "failed": min((c.failed_at for c in f.culprits if c.failed_at), default=None),
                 "jobs": [v.job_id for v in f.victims] + [c.job_id for c in f.culprits],
             }
             for i, f in enumerate(findings)
@@ -156,6 +233,7 @@ def _lookups(
             "project": pl.String,
             "start": UTC_TIME,
             "dep": pl.Int64,
+            "failed": UTC_TIME,
             "jobs": pl.List(pl.String),
         },
     )
@@ -194,11 +272,81 @@ def _lookups(
         .group_by("i")
         .agg(pl.col("fleet_name").unique().sort())
     )
-    return (
-        {row["i"]: (row["since"], row["by_run"]) for row in recovered.iter_rows(named=True)},
-        dict(update_at.select("i", "update_at").iter_rows()),
-        dict(fleets.iter_rows()),
+    of_update = keys.drop_nulls("dep").join(
+        subs.select(
+            "server",
+            "run_id",
+            "deployment_num",
+            "created_deployment",
+            "health",
+            "healthy_since",
+            "stopped_at",
+        ),
+        on=["server", "run_id"],
     )
+    older = of_update.filter(
+        (pl.col("deployment_num") < pl.col("dep"))
+        & (
+            pl.col("stopped_at").is_null()
+            | pl.col("failed").is_null()
+            | (pl.col("stopped_at") >= pl.col("failed"))
+        )
+    )
+    bumped = of_update.filter(
+        (pl.col("deployment_num") == pl.col("dep")) & (pl.col("created_deployment") < pl.col("dep"))
+    )
+    available = (
+        of_update.filter(
+            (pl.col("deployment_num") == pl.col("dep"))
+            & (pl.col("created_deployment").fill_null(pl.col("dep")) >= pl.col("dep"))
+            & (pl.col("health") == "healthy")
+            & pl.col("healthy_since").is_not_null()
+            & (pl.col("failed").is_null() | (pl.col("healthy_since") <= pl.col("failed")))
+        )
+        .group_by("i")
+        .agg(pl.col("healthy_since").sort())
+    )
+    return _Lookups(
+        recoveries={
+            row["i"]: (row["since"], row["by_run"]) for row in recovered.iter_rows(named=True)
+        },
+        update_times=dict(update_at.select("i", "update_at").iter_rows()),
+        fleets=dict(fleets.iter_rows()),
+        in_place=set(bumped["i"].to_list()),
+        older_running=set(older["i"].to_list()),
+        new_available=dict(available.iter_rows()),
+    )
+
+
+def _precision_words(precision_us: int) -> str:
+    if precision_us >= 1_000_000:
+        return "the second"
+    return "the millisecond" if precision_us >= 1000 else f"{precision_us} µs"
+
+
+def _facts(
+    i: int, finding: Finding, found: _Lookups, impact: Impact, lost_is_lower_bound: bool
+) -> RolloutFacts:
+    return RolloutFacts(
+        update_deployment=finding.update_deployment_num,
+        update_at=found.update_times.get(i),
+        older_running=i in found.older_running,
+        in_place=i in found.in_place,
+        culprits=[
+            FailedReplica(c.deployment_num, c.failed_at, c.termination_reason, c.exit_status)
+            for c in finding.culprits
+        ],
+        new_available=found.new_available.get(i, []),
+        victims=len(finding.victims),
+        lost_replica_seconds=impact.healthy_replica_seconds_lost,
+        lost_is_lower_bound=lost_is_lower_bound,
+    )
+
+
+def _known_total(values: list[float | None]) -> float | None:
+    """The sum of the known parts; None when there are parts and none is known."""
+    known = [v for v in values if v is not None]
+    return sum(known) if known or not values else None
 
 
 def assess(
@@ -212,19 +360,27 @@ def assess(
     if not findings:
         return []
     prices = dict(subs.select("job_id", "price").filter(pl.col("price").is_not_null()).iter_rows())
-    starts = _run_outage_starts(findings)
-    recoveries, update_times, fleets = _lookups(findings, subs, runs, events, starts)
+    precisions = _stop_precisions(findings, events)
+    starts = _run_outage_starts(findings, precisions)
+    found = _lookups(findings, subs, runs, events, starts)
     assessed = []
     for i, finding in enumerate(findings):
         end_of_evidence = ends.get(finding.server)
         start = starts[(finding.server, finding.run_id)]
-        recovered_at, by_run = recoveries.get(i, (None, None))
+        recovered_at, by_run = found.recoveries.get(i, (None, None))
         window_end = recovered_at or end_of_evidence
+        to_the_end = recovered_at is None
         per_victim = []
         for victim in finding.victims:
             price = prices.get(victim.job_id)
+            precision = precisions.get((i, victim.job_id), 0)
             lost = (
-                max((window_end - victim.terminated_at).total_seconds(), 0.0)
+                max(
+                    (
+                        window_end - victim.terminated_at - timedelta(microseconds=precision)
+                    ).total_seconds(),
+                    0.0,
+                )
                 if window_end and victim.terminated_at
                 else None
             )
@@ -236,37 +392,55 @@ def assess(
                     lost_cost=price * lost / 3600
                     if price is not None and lost is not None
                     else None,
+                    lost_is_lower_bound=lost is not None and (to_the_end or precision > 0),
                 )
             )
+        outage = (
+            max((window_end - start.counted_from).total_seconds(), 0.0)
+            if start.counted_from and window_end
+            else None
+        )
+        reasons = []
+        if outage is not None and to_the_end and end_of_evidence:
+            reasons.append(
+                f"not recovered as of the end of the evidence, {end_of_evidence.isoformat()}: "
+                "the service may have stayed down longer"
+            )
+        if outage is not None and start.precision_us and start.counted_from:
+            reasons.append(
+                f"the last victim's stop is recorded to {_precision_words(start.precision_us)} "
+                f"only: the outage is counted from {start.counted_from.isoformat()}, the latest "
+                "moment that record allows"
+            )
         lost_values = [v.lost_seconds for v in per_victim]
-        lost_total = sum(lost_values) if all(v is not None for v in lost_values) else None
         costs = [v.lost_cost for v in per_victim]
+        lost_bound = any(v.lost_is_lower_bound for v in per_victim if v.lost_seconds is not None)
         impact = Impact(
-            outage_start=start,
+            outage_start=start.at,
             recovered_at=recovered_at,
             recovered_by_run_id=by_run,
             recovered=recovered_at is not None,
-            outage_seconds=(window_end - start).total_seconds() if start and window_end else None,
-            outage_is_lower_bound=recovered_at is None and start is not None,
+            outage_seconds=outage,
+            outage_is_lower_bound=bool(reasons),
+            lower_bound_reasons=reasons,
             replicas_lost=len(finding.victims),
-            healthy_replica_seconds_lost=lost_total,
-            lost_cost=sum(costs) if costs and all(c is not None for c in costs) else None,
+            healthy_replica_seconds_lost=_known_total(lost_values),
+            healthy_replica_seconds_lost_is_lower_bound=lost_bound,
+            replica_time_unknown_victims=sum(v is None for v in lost_values),
+            lost_cost=_known_total(costs),
+            lost_cost_is_lower_bound=any(
+                v.lost_is_lower_bound for v in per_victim if v.lost_cost is not None
+            ),
             cost_known_for=sum(c is not None for c in costs),
             per_victim=per_victim,
             end_of_evidence=end_of_evidence,
         )
-        facts = RolloutFacts(
-            update_at=update_times.get(i),
-            culprit_failures=sorted(c.failed_at for c in finding.culprits if c.failed_at),
-            victims=len(finding.victims),
-            lost_replica_seconds=lost_total,
-        )
-        root_cause = _root_cause(finding).model_copy(update={"fleets": fleets.get(i, [])})
+        root_cause = _root_cause(finding).model_copy(update={"fleets": found.fleets.get(i, [])})
         assessed.append(
             finding.model_copy(
                 update={
                     "impact": impact,
-                    "counterfactuals": evaluate_all(facts),
+                    "counterfactuals": evaluate_all(_facts(i, finding, found, impact, lost_bound)),
                     "root_cause": root_cause,
                 }
             )
@@ -293,18 +467,48 @@ def impact_rank(finding: Finding) -> tuple:
     )
 
 
-def _run_outages(findings: Iterable[Finding]) -> dict[tuple[str, str], float | None]:
-    """Each run's outage once, however many findings (categories) the run has."""
-    outages: dict[tuple[str, str], float | None] = {}
+def _run_outages(findings: Iterable[Finding]) -> dict[tuple[str, str], tuple[float | None, bool]]:
+    """Each run's outage once, however many findings (categories) the run has: its seconds
+    and whether they are a lower bound."""
+    outages: dict[tuple[str, str], tuple[float | None, bool]] = {}
     for finding in findings:
-        seconds = finding.impact.outage_seconds if finding.impact else None
+        impact = finding.impact
+        seconds = impact.outage_seconds if impact else None
         key = (finding.server, finding.run_id)
-        outages[key] = seconds if outages.get(key) is None else outages[key]
+        if outages.get(key, (None, False))[0] is None:
+            outages[key] = (seconds, bool(impact and impact.outage_is_lower_bound))
     return outages
 
 
-def _known_sum(values: Iterable[float | None]) -> float:
-    return sum(v for v in values if v is not None)
+def totals(findings: list[Finding]) -> dict[str, object]:
+    """The Totals fields of `findings`: each figure the sum of its known parts (None when no
+    part is known), a lower bound when a known part is, with its unknown parts counted."""
+    outages = list(_run_outages(findings).values())
+    known_outages = [seconds for seconds, _ in outages if seconds is not None]
+    # (lost seconds, lost cost, lower bound) per victim; a finding with no impact: unknown
+    parts = [
+        (v.lost_seconds, v.lost_cost, v.lost_is_lower_bound)
+        for f in findings
+        for v in (f.impact.per_victim if f.impact else [])
+    ] + [(None, None, False) for f in findings if not f.impact for _ in f.victims]
+    lost = [seconds for seconds, _, _ in parts]
+    costs = [cost for _, cost, _ in parts]
+    return {
+        "incidents": len({(f.server, f.run_id) for f in findings}),
+        "findings": len(findings),
+        "victims": sum(len(f.victims) for f in findings),
+        "outage_seconds": sum(known_outages) if known_outages or not outages else None,
+        "outage_is_lower_bound": any(bound for seconds, bound in outages if seconds is not None),
+        "outage_unknown_runs": len(outages) - len(known_outages),
+        "healthy_replica_seconds_lost": _known_total(lost),
+        "healthy_replica_seconds_lost_is_lower_bound": any(
+            bound for seconds, _, bound in parts if seconds is not None
+        ),
+        "replica_time_unknown_victims": sum(seconds is None for seconds in lost),
+        "lost_cost": _known_total(costs),
+        "lost_cost_is_lower_bound": any(bound for _, cost, bound in parts if cost is not None),
+        "cost_unknown_victims": sum(cost is None for cost in costs),
+    }
 
 
 def _group(findings: Iterable[Finding], key: Callable[[Finding], list[str]]) -> list[GroupSummary]:
@@ -312,53 +516,29 @@ def _group(findings: Iterable[Finding], key: Callable[[Finding], list[str]]) -> 
     for finding in findings:
         for name in key(finding) or ["(unknown)"]:
             groups[name].append(finding)
-    summaries = [
-        GroupSummary(
-            key=name,
-            findings=len(members),
-            victims=sum(len(f.victims) for f in members),
-            outage_seconds=_known_sum(_run_outages(members).values()),
-            healthy_replica_seconds_lost=sum(
-                f.impact.healthy_replica_seconds_lost or 0.0 for f in members if f.impact
-            ),
-            lost_cost=sum(
-                v.lost_cost or 0.0 for f in members if f.impact for v in f.impact.per_victim
-            ),
-            cost_unknown_victims=sum(
-                1 for f in members if f.impact for v in f.impact.per_victim if v.lost_cost is None
-            ),
-        )
-        for name, members in groups.items()
-    ]
-    return sorted(summaries, key=lambda g: (-g.healthy_replica_seconds_lost, -g.findings, g.key))
+    summaries = [GroupSummary(key=name, **totals(members)) for name, members in groups.items()]
+    return sorted(
+        summaries,
+        key=lambda g: (-(g.healthy_replica_seconds_lost or 0.0), -g.incidents, -g.findings, g.key),
+    )
 
 
 def _day(finding: Finding) -> list[str]:
+    """The UTC day the incident began: its outage's start, else the earliest dated moment the
+    finding records (a culprit's failure, a victim's stop); unknown only when none is dated
+    (a rich log alone gives times of day)."""
     start = finding.impact.outage_start if finding.impact else None
-    return [start.strftime("%Y-%m-%d")] if start else ["(date unknown)"]
+    moments = [c.failed_at for c in finding.culprits] + [v.terminated_at for v in finding.victims]
+    dated = [m for m in (start, min(filter(None, moments), default=None)) if m]
+    dated = [m for m in dated if not is_pseudo_date(m)]
+    return [dated[0].strftime("%Y-%m-%d")] if dated else ["(date unknown)"]
 
 
 def summarise(findings: list[Finding], verdicts: list[RunVerdict], base: Summary) -> Summary:
-    outages = _run_outages(findings)
-    known = [v for v in outages.values() if v is not None]
-    lost = [
-        f.impact.healthy_replica_seconds_lost
-        for f in findings
-        if f.impact and f.impact.healthy_replica_seconds_lost is not None
-    ]
     return base.model_copy(
         update={
             "runs_in_progress": sum(v.in_progress for v in verdicts),
-            # An outage that is not known is not zero: null when no run's outage is known.
-            "outage_seconds": sum(known) if known or not outages else None,
-            "outage_unknown_runs": len(outages) - len(known),
-            "healthy_replica_seconds_lost": sum(lost) if lost or not findings else None,
-            "lost_cost": sum(
-                v.lost_cost or 0.0 for f in findings if f.impact for v in f.impact.per_victim
-            ),
-            "cost_unknown_victims": sum(
-                1 for f in findings if f.impact for v in f.impact.per_victim if v.lost_cost is None
-            ),
+            **totals(findings),
             "by_server": _group(findings, lambda f: [f.server]),
             "by_project": _group(findings, lambda f: [f.project or "(unknown)"]),
             "by_fleet": _group(findings, lambda f: f.root_cause.fleets if f.root_cause else []),

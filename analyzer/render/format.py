@@ -8,13 +8,14 @@ date is never shown.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, tzinfo
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from analyzer.contract import Culprit
+from analyzer.contract import Culprit, GroupSummary, Impact, Totals
 from analyzer.errors import AuditInputError
 from analyzer.pipeline.story import as_utc, is_pseudo_date
 
@@ -167,35 +168,98 @@ def fmt_seconds(seconds: float | None) -> str:
     return fmt_duration(seconds)
 
 
-def fmt_cost(value: float | None, unknown: int = 0, *, lower_bound: bool = False) -> str:
-    """A cost; "unknown" when no part is known, "≥" when it runs to the end of the evidence."""
+def fmt_money(value: float) -> str:
+    return f"${value:,.4f}" if value < 1 else f"${value:,.2f}"
+
+
+# A lower bound is printed rounded down to the digits shown: "≥ 2m57s" for 177.99 s, never a
+# figure above what the evidence proves.
+_EPSILON = 1e-9
+
+
+def floor_duration(seconds: float) -> float:
+    """`seconds` rounded down to what fmt_duration shows (0.1 s below a minute, else 1 s)."""
+    if seconds < 60:
+        return math.floor(seconds * 10 + _EPSILON) / 10
+    return float(math.floor(seconds + _EPSILON))
+
+
+def floor_money(value: float) -> float:
+    """`value` rounded down to what fmt_money shows."""
+    digits = 10_000 if value < 1 else 100
+    return math.floor(value * digits + _EPSILON) / digits
+
+
+def fmt_figure(
+    value: float | None,
+    *,
+    lower_bound: bool = False,
+    unknown: int = 0,
+    unit: Callable[[float], str] = fmt_duration,
+    floor: Callable[[float], float] = floor_duration,
+) -> str:
+    """A figure as exactly as the evidence knows it: "unknown" when no part of it is known,
+    "≥ " before a lower bound (ran to the end of the evidence, or counted from a time rounded
+    to its precision), " (+N unknown)" after a total with N parts unknown (not in the sum)."""
     if value is None:
         return "unknown"
-    text = f"${value:,.4f}" if value < 1 else f"${value:,.2f}"
-    return ("≥ " if lower_bound else "") + text + (f" (+{unknown} unpriced)" if unknown else "")
+    shown = unit(floor(value)) if lower_bound else unit(value)
+    return ("≥ " if lower_bound else "") + shown + (f" (+{unknown} unknown)" if unknown else "")
+
+
+def fmt_cost(value: float | None, unknown: int = 0, *, lower_bound: bool = False) -> str:
+    """A cost; "unknown" when no part is known, "≥" when it runs to the end of the evidence."""
+    return fmt_figure(
+        value, lower_bound=lower_bound, unknown=unknown, unit=fmt_money, floor=floor_money
+    )
 
 
 def fmt_bound(seconds: float | None, lower_bound: bool) -> str:
     """A duration that may be a lower bound (not recovered by the end of the evidence):
     "≥ 2m58s", never a bare number that claims to be the whole outage."""
-    if seconds is None:
-        return "unknown"
-    return ("≥ " if lower_bound else "") + fmt_duration(seconds)
+    return fmt_figure(seconds, lower_bound=lower_bound)
 
 
-GROUP_HEADERS = ["key", "findings", "victims", "outage", "replica-time lost", "cost lost"]
+def outage_text(item: Totals | Impact) -> str:
+    """The outage of a finding (Impact) or a total (Summary, GroupSummary), as known."""
+    unknown = item.outage_unknown_runs if isinstance(item, Totals) else 0
+    return fmt_figure(item.outage_seconds, lower_bound=item.outage_is_lower_bound, unknown=unknown)
 
 
-def group_rows(groups) -> list[list[object]]:
+def replica_time_text(item: Totals | Impact) -> str:
+    """The healthy replica-time lost, as known."""
+    return fmt_figure(
+        item.healthy_replica_seconds_lost,
+        lower_bound=item.healthy_replica_seconds_lost_is_lower_bound,
+        unknown=item.replica_time_unknown_victims,
+    )
+
+
+def cost_text(item: Totals | Impact) -> str:
+    """The cost lost, as known: the victims whose cost is unknown counted, not summed."""
+    unknown = (
+        item.cost_unknown_victims
+        if isinstance(item, Totals)
+        else len(item.per_victim) - item.cost_known_for
+    )
+    return fmt_cost(item.lost_cost, unknown, lower_bound=item.lost_cost_is_lower_bound)
+
+
+# Incidents, not findings: a run with findings of two categories is one incident (the JSON
+# keeps both counts).
+GROUP_HEADERS = ["key", "incidents", "victims", "outage", "replica-time lost", "cost lost"]
+
+
+def group_rows(groups: Sequence[GroupSummary]) -> list[list[object]]:
     """The rows of a fleet summary table (same figures in every output format)."""
     return [
         [
             g.key,
-            g.findings,
+            g.incidents,
             g.victims,
-            fmt_duration(g.outage_seconds),
-            fmt_duration(g.healthy_replica_seconds_lost),
-            fmt_cost(g.lost_cost, g.cost_unknown_victims),
+            outage_text(g),
+            replica_time_text(g),
+            cost_text(g),
         ]
         for g in groups
     ]

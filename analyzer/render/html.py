@@ -27,10 +27,12 @@ from analyzer.progress import stage
 from analyzer.render.format import (
     GROUP_HEADERS,
     Clock,
+    cost_text,
     fmt_bound,
     fmt_cost,
-    fmt_duration,
     group_rows,
+    outage_text,
+    replica_time_text,
     resolve_zone,
 )
 from analyzer.render.markdown import md_code, md_text, render_markdown
@@ -275,11 +277,12 @@ replica(s) killed, {report.summary.runs} run(s) audited.</p>
 def _summary(report: Report, images: _Images) -> str:
     s = report.summary
     kpis = [
+        ("incidents", s.incidents),
         ("findings", s.findings),
         ("healthy replicas killed", s.victims),
-        ("outage, summed", fmt_duration(s.outage_seconds)),
-        ("replica-time lost", fmt_duration(s.healthy_replica_seconds_lost)),
-        ("cost lost", fmt_cost(s.lost_cost, s.cost_unknown_victims)),
+        ("outage, summed", outage_text(s)),
+        ("replica-time lost", replica_time_text(s)),
+        ("cost lost", cost_text(s)),
         ("runs audited", s.runs),
     ]
     out = ['<section id="summary"><h2>Summary</h2><div class="kpis">']
@@ -307,7 +310,7 @@ def _summary(report: Report, images: _Images) -> str:
                 f'<li><a href="#finding-{n}">{_e(run_label(f))} (run {_e(f.run_id[:8])})</a>: '
                 f'<span class="badge {_e(f.category)}">{_e(f.category)}</span> '
                 f"{_e(len(f.victims))} victim(s), outage "
-                f"{_e(fmt_duration(f.impact.outage_seconds) if f.impact else '?')}</li>"
+                f"{_e(outage_text(f.impact) if f.impact else 'unknown')}</li>"
             )
         out.append("</ol></nav>")
         runs = {(f.server, f.run_id) for f in report.findings}
@@ -489,8 +492,7 @@ def _finding(
     if f.impact:
         i = f.impact
         outage = (
-            f"from {_e(_time_cell(clock, i.outage_start))} for "
-            f"{_e(fmt_bound(i.outage_seconds, i.outage_is_lower_bound))}, "
+            f"from {_e(_time_cell(clock, i.outage_start))} for {_e(outage_text(i))}, "
             + (
                 f"served again at {_e(_time_cell(clock, i.recovered_at))} "
                 f"(run <code>{_e(i.recovered_by_run_id)}</code>)"
@@ -503,10 +505,10 @@ def _finding(
         )
         out.append("<h4>impact</h4><ul>")
         out.append(f"<li>outage: {outage}</li>")
+        out += [f"<li>a lower bound: {_e(reason)}</li>" for reason in i.lower_bound_reasons]
         out.append(
             f"<li>{_e(i.replicas_lost)} healthy replica(s) lost, replica-time lost "
-            f"{_e(fmt_bound(i.healthy_replica_seconds_lost, i.outage_is_lower_bound))}, cost "
-            f"{_e(fmt_cost(i.lost_cost, lower_bound=i.outage_is_lower_bound))}"
+            f"{_e(replica_time_text(i))}, cost {_e(cost_text(i))}"
             + (
                 f" (price known for {_e(i.cost_known_for)} of {_e(i.replicas_lost)})"
                 if i.cost_known_for < i.replicas_lost
@@ -521,9 +523,9 @@ def _finding(
                 [
                     [
                         names.get(p.job_id, p.job_id),
-                        fmt_cost(p.price_per_hour) if p.price_per_hour is not None else "unknown",
-                        fmt_duration(p.lost_seconds),
-                        fmt_cost(p.lost_cost),
+                        fmt_cost(p.price_per_hour),
+                        fmt_bound(p.lost_seconds, p.lost_is_lower_bound),
+                        fmt_cost(p.lost_cost, lower_bound=p.lost_is_lower_bound),
                     ]
                     for p in i.per_victim
                 ],
@@ -548,10 +550,10 @@ def _finding(
                     [
                         _Raw(f"<code>{_e(c.model)}</code>"),
                         ", ".join(f"{k}={v}" for k, v in c.parameters.items()),
-                        _time_cell(clock, c.declared_failed_at),
+                        _time_cell(clock, c.declared_failed_at) if c.applies else "does not apply",
                         "yes" if c.rolled_back else "no",
                         c.old_replicas_kept,
-                        fmt_duration(c.serving_seconds_kept),
+                        fmt_bound(c.serving_seconds_kept, c.serving_seconds_kept_is_lower_bound),
                         c.explanation,
                     ]
                     for c in f.counterfactuals

@@ -7,11 +7,12 @@ import re
 from analyzer.contract import Report
 from analyzer.render.format import (
     GROUP_HEADERS,
+    cost_text,
     fmt_bound,
-    fmt_cost,
-    fmt_duration,
     fmt_time,
     group_rows,
+    outage_text,
+    replica_time_text,
 )
 
 # Markdown's active characters: data (a termination message is the workload's free text) must
@@ -54,7 +55,8 @@ def render_markdown(report: Report) -> str:
         "# dstack-audit report",
         "",
         f"{report.generated_by}, report schema {report.schema_version}: {s.runs} run(s), "
-        f"{s.findings} finding(s), {s.victims} healthy replica(s) killed.",
+        f"{s.findings} finding(s) in {s.incidents} incident(s), {s.victims} healthy replica(s) "
+        "killed.",
         "",
         "## Findings",
         "",
@@ -127,8 +129,7 @@ def render_markdown(report: Report) -> str:
                 "",
                 "Impact:",
                 "",
-                f"- outage from {fmt_time(i.outage_start)} for "
-                f"{md_text(fmt_bound(i.outage_seconds, i.outage_is_lower_bound))}"
+                f"- outage from {fmt_time(i.outage_start)} for {md_text(outage_text(i))}"
                 + (
                     f", recovered at {fmt_time(i.recovered_at)} "
                     f"(run {md_code(i.recovered_by_run_id)})"
@@ -136,10 +137,9 @@ def render_markdown(report: Report) -> str:
                     else ", not recovered as of the end of the evidence "
                     + fmt_time(i.end_of_evidence)
                 ),
+                *(f"  - a lower bound: {md_text(reason)}" for reason in i.lower_bound_reasons),
                 f"- {i.replicas_lost} healthy replica(s) lost, replica-time lost "
-                f"{md_text(fmt_bound(i.healthy_replica_seconds_lost, i.outage_is_lower_bound))}"
-                ", cost "
-                f"{md_text(fmt_cost(i.lost_cost, lower_bound=i.outage_is_lower_bound))}"
+                f"{md_text(replica_time_text(i))}, cost {md_text(cost_text(i))}"
                 + (
                     f" (price known for {i.cost_known_for} of {i.replicas_lost})"
                     if i.cost_known_for < i.replicas_lost
@@ -167,10 +167,14 @@ def render_markdown(report: Report) -> str:
             out += [
                 f"- {md_code(c.model)} "
                 f"({md_text(', '.join(f'{k}={v}' for k, v in c.parameters.items()))}): "
-                f"declared failed at {fmt_time(c.declared_failed_at)}; keeps "
-                f"{c.old_replicas_kept} old replica(s) serving "
-                f"({fmt_duration(c.serving_seconds_kept)} of replica-time); "
-                f"{md_text(c.explanation)}"
+                + (
+                    f"declared failed at {fmt_time(c.declared_failed_at)}; "
+                    if c.applies
+                    else "does not apply to this sequence; "
+                )
+                + f"keeps {c.old_replicas_kept} replica(s) serving ("
+                + md_text(fmt_bound(c.serving_seconds_kept, c.serving_seconds_kept_is_lower_bound))
+                + f" of replica-time); {md_text(c.explanation, keep_code=True)}"
                 for c in f.counterfactuals
             ]
         if f.notes:

@@ -17,7 +17,9 @@ from analyzer.render.format import (
     actor_name,
     describe_failure,
     field_names,
-    fmt_cost,
+    floor_duration,
+    floor_money,
+    fmt_money,
     fmt_seconds,
     resolve_zone,
 )
@@ -293,12 +295,14 @@ def narrative(
         sentences.append(
             f"The service served again {at(impact.recovered_at)}"
             + ("" if same else f" (run {(impact.recovered_by_run_id or '?')[:8]})")
-            + f", after an outage of {fmt_seconds(impact.outage_seconds)}."
+            + f", after an outage of "
+            f"{_prose(impact.outage_seconds, impact.outage_is_lower_bound)}."
         )
     elif impact and impact.outage_start is not None:
         sentences.append(
             "The service has not served since (as of "
-            f"{clock.near(impact.end_of_evidence, first_time)}, the end of the evidence)."
+            f"{clock.near(impact.end_of_evidence, first_time)}, the end of the evidence): an "
+            f"outage of {_prose(impact.outage_seconds, impact.outage_is_lower_bound)}."
         )
     elif f.outage_end_seen:
         sentences.append(
@@ -307,14 +311,38 @@ def narrative(
         )
     elif impact is not None:
         sentences.append("How long the service was down is not known from the evidence.")
-    if impact and impact.healthy_replica_seconds_lost:
+    if impact and impact.healthy_replica_seconds_lost is not None:
+        unknown = impact.replica_time_unknown_victims
+        cost_unknown = len(impact.per_victim) - impact.cost_known_for
         sentences.append(
             f"{_plural(impact.replicas_lost, 'healthy replica')} lost "
-            f"{fmt_seconds(impact.healthy_replica_seconds_lost)} of serving time"
+            + _prose(
+                impact.healthy_replica_seconds_lost,
+                impact.healthy_replica_seconds_lost_is_lower_bound,
+            )
+            + " of serving time"
+            + (f" (and {unknown} an unknown time)" if unknown else "")
             + (
-                f", {fmt_cost(impact.lost_cost)} at the instances' prices."
+                ", "
+                + (
+                    "at least " + fmt_money(floor_money(impact.lost_cost))
+                    if impact.lost_cost_is_lower_bound
+                    else fmt_money(impact.lost_cost)
+                )
+                + " at the instances' prices"
+                + (f" (+{cost_unknown} at a price not known)" if cost_unknown else "")
+                + "."
                 if impact.lost_cost is not None
                 else " (price unknown)."
             )
         )
     return " ".join(sentences)
+
+
+def _prose(seconds: float | None, lower_bound: bool) -> str:
+    """A duration in a sentence: 'at least 2m58s' for a lower bound, 'an unknown time'."""
+    if seconds is None:
+        return "an unknown time"
+    return (
+        "at least " + fmt_seconds(floor_duration(seconds)) if lower_bound else fmt_seconds(seconds)
+    )

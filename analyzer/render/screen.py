@@ -22,11 +22,11 @@ from rich.text import Text
 from analyzer.contract import Finding, InputRecord, Report, RunVerdict
 from analyzer.render.format import (
     GROUP_HEADERS,
-    fmt_bound,
-    fmt_cost,
-    fmt_duration,
+    cost_text,
     fmt_time,
     group_rows,
+    outage_text,
+    replica_time_text,
 )
 from analyzer.terminal import console as terminal_console
 
@@ -124,18 +124,14 @@ def _impact_cell(finding: Finding, tz: tzinfo | None) -> Text:
     cell.append("killed ", "dim")
     cell.append(fmt_time(killed, tz=tz))
     cell.append("\noutage ", "dim")
-    if impact is None or impact.outage_seconds is None:
-        cell.append("?")
-    else:
-        cell.append(fmt_bound(impact.outage_seconds, impact.outage_is_lower_bound))
-        if not impact.recovered:
-            cell.append(" (not recovered)", "red")
-    bound = bool(impact and impact.outage_is_lower_bound)
+    cell.append(outage_text(impact) if impact else "unknown")
+    if impact and impact.outage_seconds is not None and not impact.recovered:
+        cell.append(" (not recovered)", "red")
     cell.append("\nlost ", "dim")
-    cell.append(fmt_bound(impact.healthy_replica_seconds_lost if impact else None, bound))
+    cell.append(replica_time_text(impact) if impact else "unknown")
     cell.append(" replica-time")
     cell.append("\ncost ", "dim")
-    cell.append(fmt_cost(impact.lost_cost if impact else None, lower_bound=bound))
+    cell.append(cost_text(impact) if impact else "unknown")
     return cell
 
 
@@ -159,10 +155,9 @@ def _findings(report: Report, tz: tzinfo | None, width: int) -> list:
         ),
         table,
         Text(
-            f"IMPACT: {summary.victims} healthy replica(s) killed, outage "
-            f"{fmt_duration(summary.outage_seconds)}, replica-time lost "
-            f"{fmt_duration(summary.healthy_replica_seconds_lost)}, cost "
-            f"{fmt_cost(summary.lost_cost, summary.cost_unknown_victims)} (until recovery, or "
+            f"IMPACT: {summary.victims} healthy replica(s) killed in {summary.incidents} "
+            f"incident(s), outage {outage_text(summary)}, replica-time lost "
+            f"{replica_time_text(summary)}, cost {cost_text(summary)} (until recovery, or "
             f"until the end of the evidence {fmt_time(report.end_of_evidence, tz=tz)})"
         ),
     ]

@@ -12,8 +12,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from analyzer.contract import Report
-from analyzer.render.format import Clock, fmt_cost, fmt_duration
+from analyzer.contract import Report, Totals
+from analyzer.render.format import Clock, cost_text, outage_text, replica_time_text
 
 
 def _seconds_unit(values: Iterable[float]) -> tuple[float, str]:
@@ -28,14 +28,21 @@ def _seconds_unit(values: Iterable[float]) -> tuple[float, str]:
 
 
 def _top(
-    groups: Sequence[Any], limit: int, metric: Callable[[Any], float]
+    groups: Sequence[Any], limit: int, metric: Callable[[Any], float | None]
 ) -> list[tuple[str, float, Any]]:
-    rows = sorted(((g.key, metric(g), g) for g in groups), key=lambda r: (-r[1], r[0]))
+    """The `limit` largest groups by `metric` (an unknown figure draws no bar), the rest as one
+    row whose third item is the list of its groups."""
+    rows = sorted(((g.key, metric(g) or 0.0, g) for g in groups), key=lambda r: (-r[1], r[0]))
     if len(rows) <= limit:
         return rows
     rest = rows[limit - 1 :]
-    other = (f"{len(rest)} others", sum(r[1] for r in rest), None)
+    other = (f"{len(rest)} others", sum(r[1] for r in rest), [r[2] for r in rest])
     return [*rows[: limit - 1], other]
+
+
+def _label(group: Any, figure: Callable[[Any], str], merged: Callable[[list], str]) -> str:
+    """A bar's figure as known: one group's, or the merged figure of the 'others' row."""
+    return merged(group) if isinstance(group, list) else figure(group)
 
 
 def _hbars(
@@ -90,7 +97,7 @@ def plot_fleet(report: Report, *, limit: int = 12) -> Figure:
     FigureCanvasAgg(fig)
     grid = fig.add_gridspec(4, 2, height_ratios=[1.0, 1.15, 1.15, 1.0])
     fig.suptitle(
-        f"Healthy replicas killed by a failed rollout: {s.findings} incident(s), "
+        f"Healthy replicas killed by a failed rollout: {s.incidents} incident(s), "
         f"{s.victims} replica(s), {s.runs} run(s) audited",
         fontsize=12,
         fontweight="bold",
@@ -105,9 +112,9 @@ def plot_fleet(report: Report, *, limit: int = 12) -> Figure:
     undated = 0
     for group in s.by_day:
         try:
-            dated.append((datetime.strptime(group.key, "%Y-%m-%d"), group.findings, group))
+            dated.append((datetime.strptime(group.key, "%Y-%m-%d"), group.incidents, group))
         except ValueError:
-            undated += group.findings
+            undated += group.incidents
     if dated:
         days = [d for d, _, _ in dated]
         counts = [c for _, c, _ in dated]
@@ -153,19 +160,31 @@ def plot_fleet(report: Report, *, limit: int = 12) -> Figure:
         day_ax.spines[spine].set_visible(False)
 
     def outage_rows(groups: Sequence[Any]) -> tuple[list[tuple[str, float, Any]], str]:
-        factor, unit = _seconds_unit(g.outage_seconds for g in groups)
+        factor, unit = _seconds_unit(g.outage_seconds or 0.0 for g in groups)
         rows = [(k, v / factor, g) for k, v, g in _top(groups, limit, lambda g: g.outage_seconds)]
         return rows, unit
 
-    def outage_label(value: float, group: Any, factor: float = 1.0) -> str:
-        if group is None:
-            return ""
-        return f"{fmt_duration(group.outage_seconds)} · {group.findings} incident(s)"
+    def merged_totals(groups: list) -> Totals:
+        return Totals(
+            incidents=sum(g.incidents for g in groups),
+            findings=sum(g.findings for g in groups),
+            victims=sum(g.victims for g in groups),
+            outage_seconds=sum(g.outage_seconds or 0.0 for g in groups),
+            outage_is_lower_bound=any(g.outage_is_lower_bound for g in groups),
+            outage_unknown_runs=sum(g.outage_unknown_runs for g in groups),
+            lost_cost=sum(g.lost_cost or 0.0 for g in groups),
+            lost_cost_is_lower_bound=any(g.lost_cost_is_lower_bound for g in groups),
+            cost_unknown_victims=sum(g.cost_unknown_victims for g in groups),
+        )
+
+    def outage_label(value: float, group: Any) -> str:
+        def text(g: Any) -> str:
+            return f"{outage_text(g)} · {g.incidents} incident(s)"
+
+        return _label(group, text, lambda groups: text(merged_totals(groups)))
 
     def cost_label(value: float, group: Any) -> str:
-        if group is None:
-            return fmt_cost(value)
-        return fmt_cost(group.lost_cost, group.cost_unknown_victims)
+        return _label(group, cost_text, lambda groups: cost_text(merged_totals(groups)))
 
     for row, (name, groups) in enumerate((("project", s.by_project), ("fleet", s.by_fleet)), 1):
         rows, unit = outage_rows(groups)
@@ -188,7 +207,7 @@ def plot_fleet(report: Report, *, limit: int = 12) -> Figure:
             gid=f"cost-by-{name}",
         )
 
-    classes = [(g.key, float(g.findings), g) for g in s.by_failure_class]
+    classes = [(g.key, float(g.incidents), g) for g in s.by_failure_class]
     classes.sort(key=lambda r: (-r[1], r[0]))
     _hbars(
         fig.add_subplot(grid[3, 0]),
@@ -204,11 +223,11 @@ def plot_fleet(report: Report, *, limit: int = 12) -> Figure:
     totals.set_gid("totals")
     lines = [
         f"runs audited: {s.runs} ({s.runs_in_progress} still active)",
-        f"incidents: {s.findings}",
+        f"incidents: {s.incidents} ({s.findings} finding(s))",
         f"healthy replicas killed: {s.victims}",
-        f"outage, summed: {fmt_duration(s.outage_seconds)}",
-        f"healthy replica-time lost: {fmt_duration(s.healthy_replica_seconds_lost)}",
-        f"lost cost: {fmt_cost(s.lost_cost, s.cost_unknown_victims)}",
+        f"outage, summed: {outage_text(s)}",
+        f"healthy replica-time lost: {replica_time_text(s)}",
+        f"lost cost: {cost_text(s)}",
         f"end of the evidence: {Clock().full(report.end_of_evidence)}"
         if report.end_of_evidence
         else "end of the evidence: unknown",

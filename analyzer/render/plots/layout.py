@@ -19,7 +19,9 @@ from analyzer.render.format import (
     actor_name,
     describe_failure,
     field_names,
+    floor_duration,
     fmt_seconds,
+    outage_text,
     resolve_zone,
 )
 from analyzer.render.plots.style import FINAL, KEEP_PER_SLOT, MARKER_STYLE, STATUS_COLORS
@@ -440,13 +442,22 @@ def _outage(
     outage = story.outage(finding)
     if outage is None:
         return None
-    seconds = fmt_seconds((outage.stop - outage.start).total_seconds())
+    impact = finding.impact
+    if impact is not None and impact.outage_seconds is not None:
+        seconds = outage_text(impact)  # the finding's figure, as exactly as it is known
+    else:
+        measured = (outage.stop - outage.start).total_seconds()
+        seconds = (
+            fmt_seconds(measured)
+            if outage.recovered
+            else "≥ " + fmt_seconds(floor_duration(measured))
+        )
     if outage.recovered:
         return outage.start, outage.stop, f"outage {seconds}, until served again"
     return (
         outage.start,
         outage.stop,
-        f"outage ≥ {seconds}: not recovered as of the end of the evidence "
+        f"outage {seconds}: not recovered as of the end of the evidence "
         f"({clock.near(outage.stop, outage.start)})",
     )
 
