@@ -142,7 +142,7 @@ def _with_fleets(
 ) -> None:
     """The set's fleets and instances, and each job's instance (see api.fleets)."""
     data.fleets, instances, limitations = fleet_frames(files, server, label)
-    data.instances = instances.select(INSTANCES_SCHEMA)
+    data.instances = instances.select(list(INSTANCES_SCHEMA))
     data.has_fleet_tables = True
     data.limitations.extend(limitations)
     data.secrets |= fleet_secret_values(files)
@@ -153,7 +153,7 @@ def _with_fleets(
         .join(tied, on="job_id", how="left", maintain_order="left")
         .join(names, on="fleet_id", how="left", maintain_order="left")
         .rename({"_fleet_name": "fleet_name"})
-        .select(JOBS_SCHEMA)
+        .select(list(JOBS_SCHEMA))
     )
     if untied:
         data.limitations.append(

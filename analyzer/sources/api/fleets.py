@@ -157,7 +157,11 @@ def fleet_frames(
         for instance, _raw, pointer in found.instances:
             place = f"{found.info.path}#{pointer}"
             instances[str(instance.id)] = _instance_row(instance, server, place, started, ended)
-    rows = list((embedded | instances).values())
+    # in the order the tables hold them (rows inserted as created), not the pages' order
+    rows = sorted(
+        (embedded | instances).values(), key=lambda r: (r["created_at"], r["instance_id"])
+    )
+    fleet_rows = sorted(fleets.values(), key=lambda r: (r["created_at"], r["fleet_id"]))
     limitations = []
     undated = [r["instance_name"] for r in rows if r["started_at"] and not r["_started_by_event"]]
     if undated:
@@ -171,7 +175,7 @@ def fleet_frames(
                 label,
             )
         )
-    gone = [f["fleet_name"] for f in fleets.values() if f["_undated_deletion"]]
+    gone = [f["fleet_name"] for f in fleet_rows if f["_undated_deletion"]]
     if gone:
         limitations.append(
             Limitation(
@@ -193,7 +197,7 @@ def fleet_frames(
     links = {**INSTANCES_SCHEMA, **dict.fromkeys(LINK_KEYS, pl.String())}
     instance_frame = rows_frame([r | {"_backend": r["backend"]} for r in rows], links)
     return (
-        rows_frame(list(fleets.values()), FLEETS_SCHEMA),
+        rows_frame(fleet_rows, FLEETS_SCHEMA),
         instance_frame,
         limitations,
     )
