@@ -196,7 +196,9 @@ def _limitations(
                 "api_fields_not_exposed",
                 "the runs API (and `dstack ps --json`, `dstack run get --json`) does not expose "
                 "the job fields ready, registered, graceful_termination_attempts, remove_at, "
-                "running_at, nor instance or fleet ids: a replica's health is proven instead "
+                "running_at, nor the job's instance id (with the fleets and instances lists, a "
+                "job is tied to its instance by its provisioning data): a replica's health is "
+                "proven instead "
                 "from its probe streaks (probes[].success_streak against the spec's ready_after, "
                 "default 1) or from the event 'Service replica ready to receive requests'; "
                 "without probes and without events a healthy replica cannot be told from one "
