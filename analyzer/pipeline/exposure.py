@@ -28,7 +28,7 @@ import json
 import re
 from bisect import bisect_right
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from functools import cache, lru_cache
 from typing import Literal
 
@@ -447,7 +447,7 @@ def assess_probes(
     # fits is the first instance that fits
     key = ["server", "fleet_id", "as_of"]
     shapes = instances_at.group_by([*key, "provisioning", *_SHAPE], maintain_order=True).agg(
-        pl.col("instance_name").first()
+        pl.col("instance_name").first(), pl.col("instance_name").alias("names")
     )
     alive = instances_at.group_by(key).agg(
         pl.len().alias("count"), (pl.col("backend") == "remote").any().alias("remote")
@@ -485,6 +485,7 @@ def assess_probes(
         provisioned={k: (v, [i["created_at"] for i in v]) for k, v in provisioned.items()},
         refusals={k: (v, [j["stopped_at"] for j in v]) for k, v in refusals.items()},
         incidents=_incidents(findings),
+        queued=_queued_at(frames, probes),
     )
     fleets_of = _group(fleets_at, ("server", "run_id", "as_of"))
     results = []
@@ -492,6 +493,68 @@ def assess_probes(
         key = (row["server"], row["run_id"], row["as_of"])
         results.append(_assess_one(row, counts.get(key, {}), fleets_of.get(key, []), context))
     return results
+
+
+def _queued_at(frames: Frames, probes: pl.DataFrame) -> dict[tuple, list[Queued]]:
+    """Per (server, project, as_of) of the probes: the jobs of the project waiting in dstack's
+    queue then: created by T, and SUBMITTED at T (they left it after T, or are still in it
+    at the end of the evidence), not stopped by T."""
+    moments = (
+        probes.join(
+            frames.runs.select("server", "run_id", "project"), on=["server", "run_id"], how="left"
+        )
+        .select("server", "project", "as_of")
+        .unique()
+    )
+    as_of = pl.col("as_of")
+    waiting = (
+        frames.submissions.select(
+            "server",
+            "run_id",
+            "job_name",
+            "replica_group",
+            "status",
+            "created_at",
+            "stopped_at",
+            "left_queue_at",
+        )
+        .join(
+            frames.runs.select(
+                "server", "run_id", "project", "run_name", "fleet_id", "placement_spec"
+            ),
+            on=["server", "run_id"],
+        )
+        .join(moments, on=["server", "project"])
+        .filter(
+            (pl.col("created_at") <= as_of)
+            & (pl.col("stopped_at").is_null() | (pl.col("stopped_at") > as_of))
+            & pl.when(pl.col("left_queue_at").is_not_null())
+            .then(pl.col("left_queue_at") > as_of)
+            .otherwise(pl.col("status") == "submitted")
+        )
+    )
+    queued: dict[tuple, list[Queued]] = {}
+    for job in waiting.iter_rows(named=True):
+        spec = _parse(job["placement_spec"]) or {}
+        groups = {group: req for group, _, req in _groups(spec)} if spec else {}
+        names = spec.get("fleets")
+        priority = spec.get("priority")
+        queued.setdefault((job["server"], job["project"], job["as_of"]), []).append(
+            Queued(
+                run_id=job["run_id"],
+                run_name=job["run_name"],
+                job_name=job["job_name"],
+                fleet_id=job["fleet_id"],
+                fleet_names=frozenset(str(n).split("/")[-1] for n in names)
+                if isinstance(names, list)
+                else None,
+                priority=priority if isinstance(priority, int) else 0,
+                requirement=groups.get(job["replica_group"] or "0")
+                or next(iter(groups.values()), None),
+                since=job["created_at"],
+            )
+        )
+    return queued
 
 
 def _group(frame: pl.DataFrame, key: tuple[str, ...]) -> dict[tuple, list[dict]]:
@@ -515,6 +578,7 @@ class _Context:
     # (server, project) -> provider refusals, by stop time, and their stop times
     refusals: dict[tuple, tuple[list[dict], list[datetime]]]
     incidents: dict[tuple, list[datetime]]  # (server, project, run_name) -> incident times
+    queued: dict[tuple, list[Queued]]  # (server, project, as_of) -> jobs queued then
     fleet_cache: dict[tuple, FleetAtT] = field(default_factory=dict)
 
 
@@ -695,38 +759,58 @@ def _group_surge(
     context: _Context,
     row: dict,
 ) -> tuple[Surge, str]:
-    """One replica group: an idle instance that fits, a fleet that can grow, or neither."""
+    """One replica group: an idle instance that fits, a fleet that can grow, or neither,
+    once the other runs' queued jobs that dstack places first have taken theirs."""
     as_of = row["as_of"]
+    names = {f["fleet_id"]: f["fleet_name"] for f in fleets}
+    queue = queued_first(
+        context.queued.get((row["server"], row.get("project"), as_of), []),
+        row["run_id"],
+        names,
+        _priority(row),
+    )
+    # one entry per distinct instance shape, or, when queued jobs take some, per instance
+    idle = [
+        {**inst, "fleet_name": fleet["fleet_name"], "fleet_id": fleet["fleet_id"]}
+        | ({"instance_name": each} if queue else {})
+        for fleet in fleets
+        for inst in context.shapes.get((fleet["server"], fleet["fleet_id"], as_of), [])
+        if not inst["provisioning"]
+        for each in (inst["names"] if queue else inst["names"][:1])
+    ]
+    growth = {
+        r.fleet_id: _headroom(r, fleet["nodes_max"])
+        for r, fleet in zip(fleet_records, fleets, strict=True)
+    }
+    taken = _place_queue(queue, idle, growth, names)
+    before = f" ({'; '.join(taken)})" if taken else ""
     fits_unknown = False
-    for fleet in fleets:
-        for inst in context.shapes.get((fleet["server"], fleet["fleet_id"], as_of), []):
-            if inst["provisioning"]:
-                continue
-            fit = _fits(req, inst)
-            if fit and context.frames.narrowed:
-                return "unknown", (
-                    f"group {name}: instance {inst['instance_name']} of fleet "
-                    f"{fleet['fleet_name']} looks idle, but this audit read the jobs of some "
-                    "runs only (--partition, --project or --since): others may hold it"
-                )
-            if fit:
-                return "available", (
-                    f"group {name}: instance {inst['instance_name']} of fleet "
-                    f"{fleet['fleet_name']} has idle blocks that fit one more replica"
-                )
-            fits_unknown = fits_unknown or fit is None
+    for inst in idle:
+        fit = _fits(req, inst)
+        if fit and context.frames.narrowed:
+            return "unknown", (
+                f"group {name}: instance {inst['instance_name']} of fleet "
+                f"{inst['fleet_name']} looks idle, but this audit read the jobs of some "
+                "runs only (--partition, --project or --since): others may hold it"
+            )
+        if fit:
+            return "available", (
+                f"group {name}: instance {inst['instance_name']} of fleet "
+                f"{inst['fleet_name']} has idle blocks that fit one more replica{before}"
+            )
+        fits_unknown = fits_unknown or fit is None
     unknown = None
-    for record in (r for r in fleet_records if r.can_add_node):
+    for record in (r for r in fleet_records if r.can_add_node and growth[r.fleet_id] > 0):
         verdict, text = _provider_room(name, req, record, context, row)
         if verdict == "available":
-            return verdict, text
-        unknown = unknown or (verdict, text)
+            return verdict, text + before
+        unknown = unknown or (verdict, text + before)
     if unknown is not None:
         return unknown
     if fits_unknown:
         return (
             "unknown",
-            f"group {name}: idle instances exist but the service's resources are unknown",
+            f"group {name}: idle instances exist but the service's resources are unknown" + before,
         )
     full = "; ".join(
         f"fleet {r.fleet_name}: "
@@ -737,10 +821,103 @@ def _group_surge(
         )
         for r in fleet_records
     )
+    if taken:
+        return "none", (
+            f"group {name}: the room left goes to other runs' queued replicas first "
+            f"({'; '.join(taken)}; {full}): the surge replica would fail with 'Fleet is at "
+            "capacity'"
+        )
     return "none", (
         f"group {name}: no idle instance fits one more replica and no fleet can add a node "
         f"({full}): the surge replica would fail with 'Fleet is at capacity'"
     )
+
+
+@dataclass(frozen=True)
+class Queued:
+    """A job waiting in dstack's queue at T: SUBMITTED, not yet placed on an instance."""
+
+    run_id: str
+    run_name: str | None
+    job_name: str | None
+    fleet_id: str | None  # its run's fleet (`runs.fleet_id`), None while the run has none
+    fleet_names: frozenset[str] | None  # the run spec's `fleets` (None: any fleet)
+    priority: int
+    requirement: Requirement | None
+    since: datetime | None
+
+
+def queued_first(
+    queued: list[Queued], run_id: str, fleets: dict[str, str | None], priority: int
+) -> list[Queued]:
+    """The other runs' queued jobs that dstack places before a replica submitted at T, in the
+    order it places them, among those that can go to one of `fleets` (id -> name).
+
+    `JobSubmittedFetcher.fetch` (`pipeline_tasks/jobs_submitted.py`) takes SUBMITTED jobs by
+    run priority, highest first, then by `last_processed_at`, oldest first: a job queued
+    before T of a run with the same or a higher priority goes first. It can use its run's
+    fleet, or, while its run has none, the project's fleets its `fleets` names allow
+    (`services/runs/plan.py::get_run_candidate_fleet_models_filters`)."""
+
+    def can_use(job: Queued) -> bool:
+        if job.fleet_id is not None:
+            return job.fleet_id in fleets
+        return job.fleet_names is None or any(n in job.fleet_names for n in fleets.values())
+
+    chosen = [q for q in queued if q.run_id != run_id and q.priority >= priority and can_use(q)]
+    return sorted(chosen, key=lambda q: (-q.priority, q.since or datetime.min.replace(tzinfo=UTC)))
+
+
+def _priority(row: dict) -> int:
+    value = (_parse(row.get("placement_spec")) or {}).get("priority")
+    return value if isinstance(value, int) else 0  # RunModel.priority's default
+
+
+def _headroom(record: FleetAtT, nodes_max: int | None) -> float:
+    """New nodes the fleet can still take (`can_create_new_cloud_instance_in_fleet`)."""
+    if not record.can_add_node:
+        return 0
+    return float("inf") if nodes_max is None else nodes_max - record.active_instances
+
+
+def _blocks_needed(req: Requirement | None, inst: dict) -> int:
+    """The blocks of `inst` one job of `req` takes (the smallest share that matches; one
+    when its resources are unknown)."""
+    total = max(inst["total_blocks"] or 1, 1)
+    if req is None or inst["cpus"] is None or inst["memory_mib"] is None:
+        return 1
+    share = (inst["cpus"] // total, inst["memory_mib"] // total, (inst["gpus"] or 0) // total)
+    for blocks in range(1, total + 1):
+        parts = (part * blocks for part in share)
+        if req.matches(*parts, inst["gpu_name"], inst["gpu_memory_mib"], inst["disk_mib"]):
+            return blocks
+    return total + 1
+
+
+def _place_queue(
+    queue: list[Queued], idle: list[dict], growth: dict[str, float], names: dict[str, str | None]
+) -> list[str]:
+    """Place each queued job as dstack would, before the surge replica: the first idle
+    instance it fits (`get_shared_instances_with_offers`), else a new node in a fleet that
+    can grow. `idle` and `growth` are updated; one text per job that took something."""
+    taken = []
+    for job in queue:
+        mine = [i for i in idle if job.fleet_id in (None, i["fleet_id"])]
+        where = next((i for i in mine if _fits(job.requirement, i) is not False), None)
+        who = f"run {job.run_name}'s queued {job.job_name or 'job'}"
+        if job.since is not None:
+            who += f" (SUBMITTED since {job.since:%Y-%m-%d %H:%M:%S})"
+        if where is not None:
+            where["busy_blocks"] += _blocks_needed(job.requirement, where)
+            if where["busy_blocks"] >= max(where["total_blocks"] or 1, 1):
+                idle.remove(where)
+            taken.append(f"{who} takes instance {where['instance_name']} first")
+            continue
+        grows = [f for f in growth if growth[f] > 0 and job.fleet_id in (None, f)]
+        if grows:
+            growth[grows[0]] -= 1
+            taken.append(f"{who} takes a new node of fleet {names.get(grows[0])} first")
+    return taken
 
 
 def _provider_room(

@@ -165,7 +165,10 @@ JSON_PATHS: dict[str, dict[str, tuple[str, ...]]] = {
             "$.configuration.type",
             "$.configuration.env",
             "$.configuration.registry_auth",
-            *(f"$.configuration.{name}" for name in ("replicas", "groups", *PLACEMENT_PARAMS)),
+            *(
+                f"$.configuration.{name}"
+                for name in ("replicas", "groups", "priority", *PLACEMENT_PARAMS)
+            ),
             *(f"$.profile.{name}" for name in PLACEMENT_PARAMS),
         ),
     },
@@ -463,6 +466,7 @@ def _placement_spec(spec: pl.Expr) -> pl.Expr:
     parts = [
         part("replicas", spec.str.json_path_match("$.configuration.replicas")),
         part("groups", groups),
+        part("priority", spec.str.json_path_match("$.configuration.priority")),
     ] + [
         part(
             name,

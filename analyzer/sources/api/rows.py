@@ -205,7 +205,11 @@ def placement_spec(run_spec: dict | None) -> str | None:
         if isinstance(groups, list)
         else None
     )
-    parts = {"replicas": configuration.get("replicas"), "groups": slim}
+    parts = {
+        "replicas": configuration.get("replicas"),
+        "groups": slim,
+        "priority": configuration.get("priority"),
+    }
     for name in PLACEMENT_PARAMS:
         value = configuration.get(name)
         parts[name] = value if value is not None else profile.get(name)
