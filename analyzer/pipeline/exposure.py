@@ -967,7 +967,8 @@ def _recommend(
     if healthy == 0:
         return "no healthy replica at stake at T"
     if surge == "none":
-        full = next((f for f in fleets if not f.can_add_node), None)
+        # a fleet at its limit, else one whose room other runs' queued jobs take first
+        full = next((f for f in fleets if not f.can_add_node), None) or next(iter(fleets), None)
         if full is not None and full.ssh:
             return f"add a host to SSH fleet {full.fleet_name} (or free one) before the next apply"
         if full is not None:
