@@ -33,14 +33,8 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 
-from analyzer.pipeline.exposure import (
-    Queued,
-    Requirement,
-    judge_release,
-    queued_first,
-    requirement,
-    retry_for_no_capacity,
-)
+from analyzer.pipeline.exposure import judge_release, retry_for_no_capacity
+from analyzer.pipeline.placement import Queued, Requirement, queued_first, requirement
 from analyzer.redact import Redactor
 
 Decision = Literal["approve", "reject", "warn", "unknown"]
@@ -256,7 +250,7 @@ def _pending(
     others: list[dict], fleets: dict[str, str | None], run_id: str, priority: int
 ) -> tuple[int, list[str]]:
     """Other runs' queued replicas (SUBMITTED, not provisioned) that dstack places first in
-    these fleets (id -> name), by `analyzer.pipeline.exposure.queued_first` (issue 22,
+    these fleets (id -> name), by `analyzer.pipeline.placement.queued_first` (issue 22,
     "exposure sees the other runs' queued surge replicas")."""
     queued = []
     for run in others:
