@@ -649,3 +649,19 @@ def test_a_job_that_left_the_queue_before_t_is_not_queued(copy_db):
         f"entity_id = '{WEB2_JOB}', entity_name = 'web2-0-0', entity_run_id = '{WEB2_RUN}'",
     )
     assert _before_update(db, API_RUN, 1).surge_capacity == "available"
+
+
+def test_creation_policy_reuse_is_read_from_the_database(copy_db):
+    """`creation_policy` is a bare string in the run spec: read as such, `reuse` forbids a new
+    node (`jobs_submitted.py`: "Could not reuse any instance"), so the fleet's room is gone."""
+    db = copy_db("v0.22.5/rolling-ok")
+    with sqlite3.connect(db) as connection:
+        connection.execute(
+            "UPDATE runs SET run_spec = replace(run_spec, '\"creation_policy\":null', "
+            f"'\"creation_policy\":\"reuse\"') WHERE id = '{ROLLING_API}'"
+        )
+    service = _before_update(db, API_RUN, 1)
+    assert service.retry.startswith("no retry on no-capacity")  # the spec was parsed
+    (fleet,) = service.fleets
+    assert fleet.can_add_node is False
+    assert service.surge_capacity == "none"
