@@ -548,14 +548,17 @@ API_RUN = "945358ba-a150-48c8-9481-0567cd70e5dc"
 WEB2_RUN, WEB2_JOB = "0b0b0b0b00004000800000000000000a", "0b0b0b0b00004000800000000000000b"
 
 
-def _queued_run(db: Path, spec_changes: tuple[tuple[str, str], ...] = ()) -> None:
+def _queued_run(
+    db: Path,
+    spec_changes: tuple[tuple[str, str], ...] = (),
+    queued_at: str = "2026-11-03 14:07:40.000000",
+) -> None:
     """A second service `web2` of the same project, copied from `api`'s real rows, whose one
     job is queued in dstack's way (`jobs_submitted.py`: SUBMITTED, no instance, no
     provisioning data; its run has no fleet yet), submitted seconds before `api`'s update."""
     spec = 'replace(run_spec, \'"run_name":"api"\', \'"run_name":"web2"\')'
     for old, new in spec_changes:
         spec = f"replace({spec}, '{old}', '{new}')"
-    queued_at = "2026-11-03 14:07:40.000000"
     _copy_row(
         db,
         "runs",
@@ -665,3 +668,21 @@ def test_creation_policy_reuse_is_read_from_the_database(copy_db):
     (fleet,) = service.fleets
     assert fleet.can_add_node is False
     assert service.surge_capacity == "none"
+
+
+def test_another_runs_queued_job_takes_the_idle_instance_first(copy_db):
+    """At 14:12 rolling-ok's old instance cpu-fleet-0 is IDLE (until its idle timeout) and
+    the fleet is at its 2 nodes: `api` could use it, unless `web2`, queued at 14:11, takes it."""
+    moment = datetime.fromisoformat("2026-11-03T14:12:00+00:00")
+    db = copy_db("v0.22.5/rolling-ok")
+    alone = _service(exposure_report(open_sources([db]), moment), API_RUN)
+    assert alone.surge_capacity == "available"
+    assert any("instance cpu-fleet-0" in r for r in alone.reasons)
+    _queued_run(db, queued_at="2026-11-03 14:11:00.000000")
+    service = _service(exposure_report(open_sources([db]), moment), API_RUN)
+    assert service.surge_capacity == "none"
+    assert any(
+        "run web2's queued web2-0-0 (SUBMITTED since 2026-11-03 14:11:00) takes instance "
+        "cpu-fleet-0 first" in r
+        for r in service.reasons
+    )
