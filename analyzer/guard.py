@@ -34,12 +34,8 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 
-from analyzer.pipeline.exposure import (
-    Requirement,
-    judge_release,
-    requirement,
-    retry_for_no_capacity,
-)
+from analyzer.pipeline.exposure import judge_release, retry_for_no_capacity
+from analyzer.pipeline.placement import Queued, Requirement, queued_first, requirement
 from analyzer.redact import Redactor
 
 Decision = Literal["approve", "reject", "warn", "unknown"]
@@ -262,26 +258,41 @@ def room(
     return total - pending, told, unknown
 
 
-def _pending(others: list[dict], fleet_ids: set[str], run_id: str) -> tuple[int, list[str]]:
-    """Other runs' queued replicas (SUBMITTED, not provisioned) that can take the same fleets:
-    they are placed before a replica created later (issue 22, "exposure sees the other runs'
-    queued surge replicas")."""
-    count, names = 0, []
+def _pending(
+    others: list[dict], fleets: dict[str, str | None], run_id: str, priority: int
+) -> tuple[int, list[str]]:
+    """Other runs' queued replicas (SUBMITTED, not provisioned) that dstack places first in
+    these fleets (id -> name), by `analyzer.pipeline.placement.queued_first` (issue 22,
+    "exposure sees the other runs' queued surge replicas")."""
+    queued = []
     for run in others:
-        if run.get("id") == run_id:
-            continue
-        fleet = (run.get("fleet") or {}).get("id")
-        if fleet is not None and fleet not in fleet_ids:
-            continue
-        queued = sum(
-            1
-            for j in _latest(run)
-            if j["sub"].get("status") == "submitted" and not j["sub"].get("job_provisioning_data")
-        )
-        if queued:
-            count += queued
-            names.append(f"{(run.get('run_spec') or {}).get('run_name')} ({queued})")
-    return count, names
+        spec = run.get("run_spec") or {}
+        conf = spec.get("configuration") or {}
+        names = conf.get("fleets") or (spec.get("profile") or {}).get("fleets")
+        priority_of = conf.get("priority")
+        for job in _latest(run):
+            sub = job["sub"]
+            if sub.get("status") != "submitted" or sub.get("job_provisioning_data"):
+                continue
+            queued.append(
+                Queued(
+                    run_id=str(run.get("id")),
+                    run_name=spec.get("run_name"),
+                    job_name=job["spec"].get("job_name"),
+                    fleet_id=(run.get("fleet") or {}).get("id"),
+                    fleet_names=frozenset(str(n).split("/")[-1] for n in names)
+                    if isinstance(names, list)
+                    else None,
+                    priority=priority_of if isinstance(priority_of, int) else 0,
+                    requirement=None,
+                    since=_time(sub.get("submitted_at")),
+                )
+            )
+    first = queued_first(queued, run_id, fleets, priority)
+    counts: dict[str, int] = {}
+    for job in first:
+        counts[str(job.run_name)] = counts.get(str(job.run_name), 0) + 1
+    return len(first), [f"{name} ({count})" for name, count in counts.items()]
 
 
 def decide(
@@ -333,7 +344,10 @@ def decide(
         wanted_names = {str(n).split("/")[-1] for n in names}
         candidates = [f for f in candidates if f.get("name") in wanted_names]
     creation = str(conf.get("creation_policy") or "reuse-or-create")
-    pending, queued_by = _pending(others, {str(f.get("id")) for f in candidates}, current["id"])
+    priority = conf.get("priority") if isinstance(conf.get("priority"), int) else 0
+    pending, queued_by = _pending(
+        others, {str(f.get("id")): f.get("name") for f in candidates}, current["id"], priority
+    )
     places, told, unsure = room(candidates, req, creation, pending)
     submitted = _time(current.get("submitted_at"))
     age = (now - submitted).total_seconds() if submitted else None

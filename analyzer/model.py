@@ -37,7 +37,8 @@ RUNS_SCHEMA: dict[str, pl.DataType] = {
     "fleet_id": pl.String(),  # runs.fleet_id: the fleet the run is placed in (NULL while pending)
     "desired_replica_count": pl.Int64(),
     # The run spec's parts that decide how many replicas a service wants and where one can go,
-    # as JSON text: {"replicas", "groups", "resources", "retry", "fleets", "creation_policy"}.
+    # as JSON text: {"replicas", "groups", "priority", "resources", "retry", "fleets",
+    # "creation_policy"}.
     "placement_spec": pl.String(),
     "provenance": pl.String(),
 }

@@ -20,11 +20,20 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import CAPTURES, capture_id, expected_victims, found_victims, load_truth, truth_files
+from conftest import (
+    CAPTURES,
+    DATA,
+    capture_id,
+    expected_victims,
+    found_victims,
+    load_truth,
+    truth_files,
+)
 
 from analyzer import AuditInputError, open_sources
 from analyzer.sources import load_path, of_kind
 from analyzer.sources.api import EVENT_TEXT, KIND, classify
+from analyzer.sources.api.recognise import FLEETS_PAGE, INSTANCES_PAGE
 from analyzer.sources.base import LoadContext
 
 SOURCE = of_kind(KIND)
@@ -200,10 +209,13 @@ def test_api_rows_equal_database_rows():
         .sort("job_id")
         .equals(db.jobs.select(job_columns).sort("job_id"))
     )
-    # Placement facts (issue 18) come from the tables only; the API source does not fill them.
-    placement = ("provenance", "fleet_id", "desired_replica_count", "placement_spec")
-    run_columns = [c for c in api.runs.columns if c not in placement]
+    # The placement spec is the same JSON, not the same text (the database's is assembled
+    # from JSON path matches)
+    run_columns = [c for c in api.runs.columns if c not in ("provenance", "placement_spec")]
     assert api.runs.select(run_columns).equals(db.runs.select(run_columns))
+    assert [json.loads(s) for s in api.runs["placement_spec"]] == [
+        json.loads(s) for s in db.runs["placement_spec"]
+    ]
     event_columns = ["entity_type", "entity_id", "run_id", "time", "message", "actor", "kind"]
     assert (
         api.events.select(event_columns)
@@ -433,3 +445,119 @@ def test_ps_json_says_when_earlier_submissions_are_missing(tmp_path):
         lim.message for lim in report.limitations if lim.code == "ps_json_latest_submission_only"
     )
     assert "1 job(s) there have earlier submissions not exported" in message
+
+
+# --- fleets and instances (issue 25) -------------------------------------------------------
+
+FLEET_PAGES = DATA / "api_fleets" / "rolling-ok"
+
+
+def _with_fleet_pages(tmp_path: Path, capture: str = "rolling-ok") -> Path:
+    """The capture's API export and the real fleets/instances pages, as one set."""
+    folder = tmp_path / "api"
+    shutil.copytree(CAPTURES / "v0.22.5" / capture / "api", folder)
+    shutil.copytree(FLEET_PAGES, folder, dirs_exist_ok=True)
+    return folder
+
+
+def _instances_page(folder: Path) -> Path:
+    return folder / "instances_list" / "globex" / "page-001.json"
+
+
+def test_fleet_and_instance_pages_are_recognised():
+    assert classify(FLEET_PAGES / "fleets_list" / "globex" / "page-001.json") == FLEETS_PAGE
+    assert classify(_instances_page(FLEET_PAGES)) == INSTANCES_PAGE
+
+
+def test_fleets_instances_and_job_links_equal_database_rows(tmp_path):
+    """The mapping of the real pages gives the rows the database gives: fleets, instances
+    (started_at dated by the instance's events), each job's instance and blocks, each run's
+    fleet and placement."""
+    (api,) = load_path(_with_fleet_pages(tmp_path), LoadContext("s"))
+    (db,) = load_path(CAPTURES / "v0.22.5" / "rolling-ok" / "server.db", LoadContext("s"))
+    assert api.has_fleet_tables and db.has_fleet_tables
+    for frame in ("fleets", "instances"):
+        mine, theirs = (getattr(d, frame).drop("provenance") for d in (api, db))
+        assert mine.height == theirs.height > 0
+        assert mine.equals(theirs), frame
+    linked = ["job_id", "instance_id", "instance_name", "blocks", "fleet_id", "fleet_name"]
+    assert api.jobs.select(linked).sort("job_id").equals(db.jobs.select(linked).sort("job_id"))
+    assert api.jobs["instance_id"].is_not_null().all()
+    placement = ["run_id", "fleet_id", "desired_replica_count"]
+    assert api.runs.select(placement).equals(db.runs.select(placement))
+    assert [json.loads(s) for s in api.runs["placement_spec"]] == [
+        json.loads(s) for s in db.runs["placement_spec"]
+    ]
+    codes = {lim.code for lim in api.limitations}
+    assert not codes & {"api_instance_start_undated", "api_job_instance_unknown"}
+
+
+def test_an_instance_without_events_starts_at_its_creation_with_a_limitation(tmp_path):
+    folder = _with_fleet_pages(tmp_path)
+    shutil.rmtree(folder / "events_list")
+    (api,) = load_path(folder, LoadContext("s"))
+    started = dict(api.instances.select("instance_name", "started_at").iter_rows())
+    created = dict(api.instances.select("instance_name", "created_at").iter_rows())
+    assert started == created
+    message = next(m.message for m in api.limitations if m.code == "api_instance_start_undated")
+    assert message.startswith("2 instance(s)")
+
+
+def test_a_reused_hostname_ties_each_job_to_the_instance_alive_then(tmp_path):
+    """The provider gives the terminated cpu-fleet-0's address to a new instance later: the
+    job that ran on cpu-fleet-0 still ties to it (the new one was created after the job
+    ended); one created while the job ran makes the tie ambiguous: none, and a limitation."""
+    folder = _with_fleet_pages(tmp_path)
+    page = _instances_page(folder)
+    instances = json.loads(page.read_text())
+    old = next(i for i in instances if i["name"] == "cpu-fleet-0")
+    later = old | {
+        "id": "0b0b0b0b-0000-4000-8000-000000000002",
+        "name": "cpu-fleet-2",
+        "instance_num": 2,
+        "status": "idle",
+        "created": "2026-11-03T14:16:00.000000Z",
+        "finished_at": None,
+        "termination_reason": None,
+    }
+    page.write_text(json.dumps([*instances, later]))
+    (api,) = load_path(folder, LoadContext("s"))
+    names = dict(api.jobs.select("job_name", "instance_name").iter_rows())
+    assert names == {"api-0-0": "cpu-fleet-0", "api-0-1": "cpu-fleet-1"}
+
+    during = later | {"created": "2026-11-03T14:05:00.000000Z"}
+    page.write_text(json.dumps([*instances, during]))
+    (api,) = load_path(folder, LoadContext("s"))
+    names = dict(api.jobs.select("job_name", "instance_name").iter_rows())
+    assert names == {"api-0-0": None, "api-0-1": "cpu-fleet-1"}
+    message = next(m.message for m in api.limitations if m.code == "api_job_instance_unknown")
+    assert message.startswith("1 provisioned job submission(s)")
+
+
+def test_a_fleet_spec_secret_is_never_shown(tmp_path):
+    folder = _with_fleet_pages(tmp_path)
+    page = folder / "fleets_list" / "globex" / "page-001.json"
+    fleets = json.loads(page.read_text())
+    planted = "fleet-env-Zq8sWx31"
+    fleets[0]["spec"]["configuration"]["env"] = {"HF_TOKEN": planted}
+    page.write_text(json.dumps(fleets))
+    audit = open_sources([folder])
+    assert planted in audit.evidence.redactor.values
+    assert planted not in audit.evidence.redactor.apply(f"env {planted}")
+
+
+def test_wrong_type_in_an_instance_names_the_file_and_the_field(tmp_path):
+    doc = json.loads(_instances_page(FLEET_PAGES).read_text())
+    doc[1]["total_blocks"] = "many"
+    path = tmp_path / "instances.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(AuditInputError, match=r"\[1\]\.total_blocks") as error:
+        open_sources([path])
+    assert str(path) in str(error.value) and "many" not in str(error.value)
+
+
+def test_api_export_without_fleet_pages_keeps_saying_so():
+    from analyzer.pipeline.exposure import exposure_report
+
+    report = exposure_report(open_sources([CAPTURES / "v0.22.5" / "rolling-ok" / "api"]))
+    assert "no_fleet_tables" in {lim.code for lim in report.limitations}

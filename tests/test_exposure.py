@@ -551,3 +551,148 @@ def test_healthy_at_t_is_read_from_what_is_dated_then(copy_db):
     )
     later = exposure_report(open_sources([db]), datetime.fromisoformat("2026-11-04T10:37:00+00:00"))
     assert _service(later, run_id).healthy_replicas == 2
+
+
+ROLLING_API = "945358baa15048c894810567cd70e5dc"  # rolling-ok's service `api`, as stored
+API_RUN = "945358ba-a150-48c8-9481-0567cd70e5dc"
+WEB2_RUN, WEB2_JOB = "0b0b0b0b00004000800000000000000a", "0b0b0b0b00004000800000000000000b"
+
+
+def _queued_run(
+    db: Path,
+    spec_changes: tuple[tuple[str, str], ...] = (),
+    queued_at: str = "2026-11-03 14:07:40.000000",
+) -> None:
+    """A second service `web2` of the same project, copied from `api`'s real rows, whose one
+    job is queued in dstack's way (`jobs_submitted.py`: SUBMITTED, no instance, no
+    provisioning data; its run has no fleet yet), submitted seconds before `api`'s update."""
+    spec = 'replace(run_spec, \'"run_name":"api"\', \'"run_name":"web2"\')'
+    for old, new in spec_changes:
+        spec = f"replace({spec}, '{old}', '{new}')"
+    _copy_row(
+        db,
+        "runs",
+        f"id = '{ROLLING_API}'",
+        f"id = '{WEB2_RUN}', run_name = 'web2', status = 'SUBMITTED', fleet_id = NULL, "
+        f"submitted_at = '{queued_at}', last_processed_at = '{queued_at}', deployment_num = 0, "
+        f"termination_reason = NULL, run_spec = {spec}",
+    )
+    _copy_row(
+        db,
+        "jobs",
+        "job_name = 'api-0-0'",
+        f"id = '{WEB2_JOB}', run_id = '{WEB2_RUN}', run_name = 'web2', job_name = 'web2-0-0', "
+        f"status = 'SUBMITTED', submitted_at = '{queued_at}', last_processed_at = '{queued_at}', "
+        "termination_reason = NULL, termination_reason_message = NULL, exit_status = NULL, "
+        "job_provisioning_data = NULL, job_runtime_data = NULL, used_instance_id = NULL, "
+        "instance_id = NULL, instance_assigned = 0, fleet_id = NULL, remove_at = NULL, "
+        "running_at = NULL, ready = 0, registered = 0, graceful_termination_attempts = NULL, "
+        'job_spec_data = replace(job_spec_data, \'"job_name":"api-0-0"\', '
+        '\'"job_name":"web2-0-0"\')',
+    )
+
+
+def test_another_runs_queued_job_takes_the_last_node_first(copy_db):
+    """Issue 22 §1: rolling-ok's fleet (nodes 0..2, one busy instance) has one node left
+    before `api`'s update; `web2`'s job, queued before it with the same priority, is placed
+    first (`JobSubmittedFetcher.fetch`: priority, then oldest) and takes it."""
+    db = copy_db("v0.22.5/rolling-ok")
+    assert _before_update(db, API_RUN, 1).surge_capacity == "available"
+    _queued_run(db)
+    service = _before_update(db, API_RUN, 1)
+    assert service.surge_capacity == "none"
+    (reason,) = [r for r in service.reasons if r.startswith("group 0:")]
+    assert (
+        "run web2's queued web2-0-0 (SUBMITTED since 2026-11-03 14:07:40) takes a new node "
+        "of fleet cpu-fleet first" in reason
+    )
+    assert "'Fleet is at capacity'" in reason
+    assert service.recommendation.startswith("raise fleet cpu-fleet's nodes maximum to 3")
+    # a run's own queued job is its replica, not a rival
+    web2 = next(s for s in exposure_report(open_sources([db])).services if s.run_name == "web2")
+    assert not any("queued" in r for r in web2.reasons)
+
+
+def test_a_queued_job_that_may_use_another_fleet_only_is_not_counted(copy_db):
+    db = copy_db("v0.22.5/rolling-ok")
+    _queued_run(db, (('"fleets":null,"instances"', '"fleets":["gpu-fleet"],"instances"'),))
+    assert _before_update(db, API_RUN, 1).surge_capacity == "available"
+
+
+def test_a_lower_priority_queued_job_waits(copy_db):
+    """`api` outranks `web2`: a replica of `api` is placed first (`RunModel.priority.desc()`)."""
+    db = copy_db("v0.22.5/rolling-ok")
+    _queued_run(db)
+    with sqlite3.connect(db) as connection:
+        connection.execute(
+            "UPDATE runs SET priority = 50, run_spec = replace(run_spec, '\"priority\":0', "
+            f"'\"priority\":50') WHERE id = '{ROLLING_API}'"
+        )
+    service = _before_update(db, API_RUN, 1)
+    assert service.surge_capacity == "available"
+    assert not any("web2" in r for r in service.reasons)
+
+
+def test_a_job_that_left_the_queue_before_t_is_not_queued(copy_db):
+    """Its 'SUBMITTED -> ...' event dates when it left the queue: after it, it holds an
+    instance (counted as busy) or failed; it is no longer waiting."""
+    db = copy_db("v0.22.5/rolling-ok")
+    _queued_run(db)
+    _copy_row(
+        db,
+        "events",
+        "message = 'Job status changed SUBMITTED -> PROVISIONING' AND recorded_at < "
+        "'2026-11-03 14:01:00'",
+        "id = '0b0b0b0b00004000800000000000000c', recorded_at = '2026-11-03 14:07:45.000000', "
+        "message = 'Job status changed SUBMITTED -> TERMINATING. Termination reason: "
+        "FAILED_TO_START_DUE_TO_NO_CAPACITY (Fleet is at capacity)'",
+    )
+    with sqlite3.connect(db) as connection:
+        (event,) = connection.execute(
+            "SELECT id FROM events WHERE id = '0b0b0b0b00004000800000000000000c'"
+        ).fetchone()
+        target = connection.execute(
+            "SELECT id FROM event_targets WHERE entity_type = 'JOB' LIMIT 1"
+        ).fetchone()[0]
+    _copy_row(
+        db,
+        "event_targets",
+        f"id = '{target}'",
+        f"id = '0b0b0b0b00004000800000000000000d', event_id = '{event}', "
+        f"entity_id = '{WEB2_JOB}', entity_name = 'web2-0-0', entity_run_id = '{WEB2_RUN}'",
+    )
+    assert _before_update(db, API_RUN, 1).surge_capacity == "available"
+
+
+def test_creation_policy_reuse_is_read_from_the_database(copy_db):
+    """`creation_policy` is a bare string in the run spec: read as such, `reuse` forbids a new
+    node (`jobs_submitted.py`: "Could not reuse any instance"), so the fleet's room is gone."""
+    db = copy_db("v0.22.5/rolling-ok")
+    with sqlite3.connect(db) as connection:
+        connection.execute(
+            "UPDATE runs SET run_spec = replace(run_spec, '\"creation_policy\":null', "
+            f"'\"creation_policy\":\"reuse\"') WHERE id = '{ROLLING_API}'"
+        )
+    service = _before_update(db, API_RUN, 1)
+    assert service.retry.startswith("no retry on no-capacity")  # the spec was parsed
+    (fleet,) = service.fleets
+    assert fleet.can_add_node is False
+    assert service.surge_capacity == "none"
+
+
+def test_another_runs_queued_job_takes_the_idle_instance_first(copy_db):
+    """At 14:12 rolling-ok's old instance cpu-fleet-0 is IDLE (until its idle timeout) and
+    the fleet is at its 2 nodes: `api` could use it, unless `web2`, queued at 14:11, takes it."""
+    moment = datetime.fromisoformat("2026-11-03T14:12:00+00:00")
+    db = copy_db("v0.22.5/rolling-ok")
+    alone = _service(exposure_report(open_sources([db]), moment), API_RUN)
+    assert alone.surge_capacity == "available"
+    assert any("instance cpu-fleet-0" in r for r in alone.reasons)
+    _queued_run(db, queued_at="2026-11-03 14:11:00.000000")
+    service = _service(exposure_report(open_sources([db]), moment), API_RUN)
+    assert service.surge_capacity == "none"
+    assert any(
+        "run web2's queued web2-0-0 (SUBMITTED since 2026-11-03 14:11:00) takes instance "
+        "cpu-fleet-0 first" in r
+        for r in service.reasons
+    )

@@ -505,3 +505,58 @@ def test_stop_reaching_a_running_victim_through_the_api(copy_db, tmp_path):
     _check_stopped_during_cascade(
         report, False, victim_label="got TERMINATED_BY_USER", final="stopped_by_user"
     )
+
+
+RELEASE = re.compile(r"^release [^:]+:")
+
+
+def exposure_of(source: str, *options: str, env: dict[str, str] | None = None) -> dict:
+    """`dstack-audit exposure SOURCE --format json`, with what only names the source made
+    alike: the pages' and rows' provenance, and the release (a database knows it from its
+    alembic head, `0.22.1-0.22.5`; a server says `0.22.5`)."""
+    result = CliRunner().invoke(main, ["exposure", source, "--format", "json", *options], env=env)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    for service in report["services"]:
+        service["dstack_release"] = None
+        service["reasons"] = [RELEASE.sub("release:", reason) for reason in service["reasons"]]
+        for fleet in service["fleets"]:
+            fleet["provenance"] = None
+            for instance in fleet["instances"]:
+                instance["provenance"] = None
+    return report
+
+
+@pytest.mark.parametrize("truth_path", TRUTHS, ids=capture_id)
+def test_exposure_of_a_live_server_and_its_collection_equal_the_database(
+    servers, truth_path, tmp_path
+):
+    """Issue 25: the fleets and instances read through the API give the offline answer. The
+    default moment may differ: a database also dates the fleets' and instances' processing
+    (last_processed_at), which the API does not show; at one moment everything is the same."""
+    server = servers[capture_id(truth_path)]
+    env = {"DSTACK_TOKEN": server.token}
+    folder = tmp_path / "collected"
+    collect(server.url, folder, server.token)
+    db = str(truth_path.parent / "server.db")
+    offline = exposure_of(db)
+    assert "no_fleet_tables" not in {lim["code"] for lim in offline["limitations"]}
+    moments = [offline["as_of"].removesuffix("Z")]
+    updates = sqlite3.connect(f"file:{db}?mode=ro", uri=True).execute(
+        "SELECT max(recorded_at) FROM events WHERE message LIKE 'Run updated.%'"
+    )
+    (update,) = updates.fetchone()
+    if update:  # just before the last rollout, when its surge replica was placed
+        moments.append(update[:19])
+    for moment in moments:
+        expected = exposure_of(db, "--as-of", moment)
+        assert exposure_of(server.url, "--as-of", moment, env=env) == expected
+        assert exposure_of(str(folder), "--as-of", moment) == expected
+    live = exposure_of(server.url, env=env)
+    assert live["as_of"] <= offline["as_of"]
+    for report in (live, offline):
+        report.pop("as_of")
+        for service in report["services"]:
+            service.pop("as_of")
+    assert live == offline
+    assert server.token not in json.dumps(live)

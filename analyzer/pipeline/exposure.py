@@ -17,6 +17,7 @@ and `services/fleets.py` at the mirror HEAD 511c318c8, unchanged in the 0.22.5 w
   holds: not an SSH fleet and fewer active (not TERMINATING/TERMINATED) instances than
   `nodes.max`; else the job fails FAILED_TO_START_DUE_TO_NO_CAPACITY "Fleet is at capacity".
   With `creation_policy: reuse` no instance is created ("Could not reuse any instance").
+- other runs' jobs queued at T are placed first (`placement.queued_first`: priority, then age).
 Whether the cloud provider then has an offer is not in the evidence: a fleet with room says
 `available` only when the provider placed a fitting instance in it before T and refused
 nothing since; otherwise `unknown`, with the reason.
@@ -24,12 +25,11 @@ nothing since; otherwise `unknown`, with the reason.
 
 from __future__ import annotations
 
-import json
 import re
 from bisect import bisect_right
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from functools import cache, lru_cache
+from functools import cache
 from typing import Literal
 
 import polars as pl
@@ -37,6 +37,17 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from analyzer.contract import CapacityForesight, Finding, LimitationRecord
 from analyzer.pipeline.moments import healthy_at
+from analyzer.pipeline.placement import (
+    SHAPE,
+    Queued,
+    Requirement,
+    fits,
+    groups_of,
+    parse_spec,
+    place_queue,
+    queued_at,
+    queued_first,
+)
 
 Exposed = Literal["yes", "no", "unknown"]
 Surge = Literal["none", "available", "unknown"]
@@ -130,112 +141,6 @@ def judge_release(version: str | None) -> tuple[Exposed, str]:
     return "unknown", f"release {version} is newer than 0.22.5, the last release checked"
 
 
-@dataclass(frozen=True)
-class Requirement:
-    """One replica group's resources (dstack's ResourcesSpec: ranges with min/max)."""
-
-    group: str
-    cpu: tuple[float | None, float | None]
-    memory_gb: tuple[float | None, float | None]
-    gpus: tuple[float | None, float | None]
-    gpu_names: tuple[str, ...]
-    gpu_memory_gb: tuple[float | None, float | None]
-    disk_gb: tuple[float | None, float | None]
-
-    def text(self) -> str:
-        def rng(name: str, pair: tuple[float | None, float | None], unit: str = "") -> str:
-            low, high = pair
-            if low is None and high is None:
-                return ""
-            show = [f"{v:g}{unit}" if v is not None else "" for v in (low, high)]
-            return f"{name} {show[0]}..{show[1]}"
-
-        names = f" {'/'.join(self.gpu_names)}" if self.gpu_names else ""
-        parts = [
-            rng("cpu", self.cpu),
-            rng("memory", self.memory_gb, "GB"),
-            rng("gpu" + names, self.gpus) if self.gpus != (0, None) else "",
-            rng("gpu memory", self.gpu_memory_gb, "GB"),
-            rng("disk", self.disk_gb, "GB"),
-        ]
-        return f"{self.group}: " + (", ".join(p for p in parts if p) or "any")
-
-    def matches(self, cpus: int, memory_mib: int, gpus: int, gpu_name, gpu_mib, disk_mib) -> bool:
-        def inside(value: float, pair: tuple[float | None, float | None]) -> bool:
-            low, high = pair
-            return (low is None or value >= low) and (high is None or value <= high)
-
-        if not (inside(cpus, self.cpu) and inside(memory_mib / 1024, self.memory_gb)):
-            return False
-        if not inside(gpus, self.gpus):
-            return False
-        if disk_mib is not None and not inside(disk_mib / 1024, self.disk_gb):
-            return False
-        if gpus and self.gpu_names and (gpu_name or "").lower() not in self.gpu_names:
-            return False
-        return not gpus or gpu_mib is None or inside(gpu_mib / 1024, self.gpu_memory_gb)
-
-
-def _range(value) -> tuple[float | None, float | None]:
-    if value is None:
-        return (None, None)
-    if isinstance(value, int | float):
-        return (float(value), float(value))
-    if isinstance(value, dict):
-        if "count" in value or "size" in value:
-            return _range(value.get("count", value.get("size")))
-        low, high = value.get("min"), value.get("max")
-        return (
-            float(low) if isinstance(low, int | float) else None,
-            float(high) if isinstance(high, int | float) else None,
-        )
-    return (None, None)
-
-
-def requirement(group: str, resources: dict | None) -> Requirement | None:
-    if not isinstance(resources, dict):
-        return None
-    gpu = resources.get("gpu") if isinstance(resources.get("gpu"), dict) else {}
-    names = gpu.get("name") or ()
-    if isinstance(names, str):
-        names = (names,)
-    gpus = _range(gpu.get("count")) if gpu else (0.0, None)
-    return Requirement(
-        group=group,
-        cpu=_range(resources.get("cpu")),
-        memory_gb=_range(resources.get("memory")),
-        gpus=gpus,
-        gpu_names=tuple(str(n).lower() for n in names),
-        gpu_memory_gb=_range(gpu.get("memory")),
-        disk_gb=_range(resources.get("disk")),
-    )
-
-
-def _groups(spec: dict) -> list[tuple[str, int | None, Requirement | None]]:
-    """(group name, replicas wanted, resources) per replica group (reference 6.6): `groups`
-    (0.22.x), a list under `replicas` (0.20.7-0.21.x), else the one implicit group "0"."""
-    listed = spec.get("groups")
-    if not isinstance(listed, list) and isinstance(spec.get("replicas"), list):
-        listed = spec["replicas"]
-    base = spec.get("resources")
-    if isinstance(listed, list) and listed:
-        found = []
-        for index, item in enumerate(g for g in listed if isinstance(g, dict)):
-            name = str(item.get("name") or index)
-            wanted = _range(item.get("replicas") if "replicas" in item else item.get("count"))[0]
-            found.append(
-                (
-                    name,
-                    int(wanted) if wanted is not None else None,
-                    requirement(name, item.get("resources") or base),
-                )
-            )
-        return found
-    replicas = spec.get("replicas")
-    wanted = _range(replicas)[0] if replicas is not None else 1.0
-    return [("0", int(wanted) if wanted is not None else None, requirement("0", base))]
-
-
 def retry_for_no_capacity(retry, run_age: float | None) -> tuple[str, bool]:
     """The no-capacity retry as it applies at T, and whether a placement failure would fail
     the run at once. For a slot never provisioned the window runs from the run's submission
@@ -260,16 +165,6 @@ def retry_for_no_capacity(retry, run_age: float | None) -> tuple[str, bool]:
         )
     left = f", {duration - run_age:.0f} s left at T" if run_age is not None else ""
     return f"retry on no-capacity for {duration:g} s from the run's submission{left}", False
-
-
-def _parse(text: str | None) -> dict | None:
-    if not text:
-        return None
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def running_services(
@@ -304,19 +199,6 @@ class Frames:
     narrowed: bool = False  # jobs of some runs not read: an idle-looking instance may be busy
     # per server, the end of its evidence: the final rows (probe streaks, ready) speak of it
     evidence_ends: dict[str, datetime] = field(default_factory=dict)
-
-
-# What decides whether an instance takes one more replica at T (`_fits`, `_provisioning`).
-_SHAPE = (
-    "cpus",
-    "memory_mib",
-    "gpus",
-    "gpu_name",
-    "gpu_memory_mib",
-    "disk_mib",
-    "total_blocks",
-    "busy_blocks",
-)
 
 
 def assess_probes(
@@ -382,7 +264,7 @@ def assess_probes(
                 "instance_name",
                 "started_at",
                 "backend",
-                *(name for name in _SHAPE if name != "busy_blocks"),
+                *(name for name in SHAPE if name != "busy_blocks"),
                 pl.col("provenance").alias("i_provenance"),
             ),
             on="_row",
@@ -419,8 +301,8 @@ def assess_probes(
     # the instances that place a replica alike, in order of their first one: the first that
     # fits is the first instance that fits
     key = ["server", "fleet_id", "as_of"]
-    shapes = instances_at.group_by([*key, "provisioning", *_SHAPE], maintain_order=True).agg(
-        pl.col("instance_name").first()
+    shapes = instances_at.group_by([*key, "provisioning", *SHAPE], maintain_order=True).agg(
+        pl.col("instance_name").first(), pl.col("instance_name").alias("names")
     )
     alive = instances_at.group_by(key).agg(
         pl.len().alias("count"), (pl.col("backend") == "remote").any().alias("remote")
@@ -458,6 +340,7 @@ def assess_probes(
         provisioned={k: (v, [i["created_at"] for i in v]) for k, v in provisioned.items()},
         refusals={k: (v, [j["stopped_at"] for j in v]) for k, v in refusals.items()},
         incidents=_incidents(findings),
+        queued=queued_at(frames.runs, frames.submissions, probes),
     )
     fleets_of = _group(fleets_at, ("server", "run_id", "as_of"))
     results = []
@@ -481,51 +364,22 @@ class _Context:
     frames: Frames
     # (server, fleet_id, as_of) -> instances alive then (empty unless `detail`)
     instances: dict[tuple, list[dict]]
-    shapes: dict[tuple, list[dict]]  # (server, fleet_id, as_of) -> their distinct _SHAPEs
+    shapes: dict[tuple, list[dict]]  # (server, fleet_id, as_of) -> their distinct SHAPEs
     alive: dict[tuple, tuple[int, bool]]  # (server, fleet_id, as_of) -> (count, any remote)
     # (server, fleet_id) -> instances provisioned, by creation, and their creation times
     provisioned: dict[tuple, tuple[list[dict], list[datetime]]]
     # (server, project) -> provider refusals, by stop time, and their stop times
     refusals: dict[tuple, tuple[list[dict], list[datetime]]]
     incidents: dict[tuple, list[datetime]]  # (server, project, run_name) -> incident times
+    queued: dict[tuple, list[Queued]]  # (server, project, as_of) -> jobs queued then
     fleet_cache: dict[tuple, FleetAtT] = field(default_factory=dict)
-
-
-def _fits(req: Requirement | None, inst: dict) -> bool | None:
-    """Whether the instance's idle blocks hold one replica of `req` (dstack takes the smallest
-    share of blocks that matches, and uses it when that many blocks are idle)."""
-    if req is None or inst["cpus"] is None or inst["memory_mib"] is None:
-        return None
-    return _fits_shape(req, *(inst[name] for name in _SHAPE))
-
-
-@lru_cache(maxsize=4096)
-def _fits_shape(
-    req: Requirement,
-    cpus: int,
-    memory_mib: int,
-    gpus: int | None,
-    gpu_name: str | None,
-    gpu_memory_mib: int | None,
-    disk_mib: int | None,
-    total_blocks: int | None,
-    busy_blocks: int,
-) -> bool:
-    """`_fits` of one instance shape: a fleet's instances are mostly alike."""
-    total = max(total_blocks or 1, 1)
-    idle = total - busy_blocks
-    for blocks in range(1, total + 1):
-        share = (cpus // total, memory_mib // total, (gpus or 0) // total)
-        if req.matches(*(part * blocks for part in share), gpu_name, gpu_memory_mib, disk_mib):
-            return blocks <= idle
-    return False
 
 
 def _assess_one(row: dict, counts: dict, fleets: list[dict], context: _Context) -> ServiceExposure:
     as_of: datetime = row["as_of"]
     server = row["server"]
-    spec = _parse(row.get("placement_spec")) or {}
-    groups = _groups(spec) if spec else []
+    spec = parse_spec(row.get("placement_spec")) or {}
+    groups = groups_of(spec) if spec else []
     frames = context.frames
     version = frames.server_versions.get(server)
     exposed, exposed_why = judge_release(version)
@@ -630,7 +484,7 @@ def _fleet_at(
                 if _provisioning(i, as_of)
                 else ("busy" if i["busy_blocks"] >= (i["total_blocks"] or 1) else "idle"),
                 blocks=f"{i['busy_blocks']}/{i['total_blocks'] or 1}",
-                fits=False if _provisioning(i, as_of) else _fits(req, i),
+                fits=False if _provisioning(i, as_of) else fits(req, i),
                 provenance=i["i_provenance"],
             )
             for i in mine
@@ -668,38 +522,58 @@ def _group_surge(
     context: _Context,
     row: dict,
 ) -> tuple[Surge, str]:
-    """One replica group: an idle instance that fits, a fleet that can grow, or neither."""
+    """One replica group: an idle instance that fits, a fleet that can grow, or neither,
+    once the other runs' queued jobs that dstack places first have taken theirs."""
     as_of = row["as_of"]
+    names = {f["fleet_id"]: f["fleet_name"] for f in fleets}
+    queue = queued_first(
+        context.queued.get((row["server"], row.get("project"), as_of), []),
+        row["run_id"],
+        names,
+        _priority(row),
+    )
+    # one entry per distinct instance shape, or, when queued jobs take some, per instance
+    idle = [
+        {**inst, "fleet_name": fleet["fleet_name"], "fleet_id": fleet["fleet_id"]}
+        | ({"instance_name": each} if queue else {})
+        for fleet in fleets
+        for inst in context.shapes.get((fleet["server"], fleet["fleet_id"], as_of), [])
+        if not inst["provisioning"]
+        for each in (inst["names"] if queue else inst["names"][:1])
+    ]
+    growth = {
+        r.fleet_id: _headroom(r, fleet["nodes_max"])
+        for r, fleet in zip(fleet_records, fleets, strict=True)
+    }
+    taken = place_queue(queue, idle, growth, names)
+    before = f" ({'; '.join(taken)})" if taken else ""
     fits_unknown = False
-    for fleet in fleets:
-        for inst in context.shapes.get((fleet["server"], fleet["fleet_id"], as_of), []):
-            if inst["provisioning"]:
-                continue
-            fit = _fits(req, inst)
-            if fit and context.frames.narrowed:
-                return "unknown", (
-                    f"group {name}: instance {inst['instance_name']} of fleet "
-                    f"{fleet['fleet_name']} looks idle, but this audit read the jobs of some "
-                    "runs only (--partition, --project or --since): others may hold it"
-                )
-            if fit:
-                return "available", (
-                    f"group {name}: instance {inst['instance_name']} of fleet "
-                    f"{fleet['fleet_name']} has idle blocks that fit one more replica"
-                )
-            fits_unknown = fits_unknown or fit is None
+    for inst in idle:
+        fit = fits(req, inst)
+        if fit and context.frames.narrowed:
+            return "unknown", (
+                f"group {name}: instance {inst['instance_name']} of fleet "
+                f"{inst['fleet_name']} looks idle, but this audit read the jobs of some "
+                "runs only (--partition, --project or --since): others may hold it"
+            )
+        if fit:
+            return "available", (
+                f"group {name}: instance {inst['instance_name']} of fleet "
+                f"{inst['fleet_name']} has idle blocks that fit one more replica{before}"
+            )
+        fits_unknown = fits_unknown or fit is None
     unknown = None
-    for record in (r for r in fleet_records if r.can_add_node):
+    for record in (r for r in fleet_records if r.can_add_node and growth[r.fleet_id] > 0):
         verdict, text = _provider_room(name, req, record, context, row)
         if verdict == "available":
-            return verdict, text
-        unknown = unknown or (verdict, text)
+            return verdict, text + before
+        unknown = unknown or (verdict, text + before)
     if unknown is not None:
         return unknown
     if fits_unknown:
         return (
             "unknown",
-            f"group {name}: idle instances exist but the service's resources are unknown",
+            f"group {name}: idle instances exist but the service's resources are unknown" + before,
         )
     full = "; ".join(
         f"fleet {r.fleet_name}: "
@@ -710,10 +584,28 @@ def _group_surge(
         )
         for r in fleet_records
     )
+    if taken:
+        return "none", (
+            f"group {name}: the room left goes to other runs' queued replicas first "
+            f"({'; '.join(taken)}; {full}): the surge replica would fail with 'Fleet is at "
+            "capacity'"
+        )
     return "none", (
         f"group {name}: no idle instance fits one more replica and no fleet can add a node "
         f"({full}): the surge replica would fail with 'Fleet is at capacity'"
     )
+
+
+def _priority(row: dict) -> int:
+    value = (parse_spec(row.get("placement_spec")) or {}).get("priority")
+    return value if isinstance(value, int) else 0  # RunModel.priority's default
+
+
+def _headroom(record: FleetAtT, nodes_max: int | None) -> float:
+    """New nodes the fleet can still take (`can_create_new_cloud_instance_in_fleet`)."""
+    if not record.can_add_node:
+        return 0
+    return float("inf") if nodes_max is None else nodes_max - record.active_instances
 
 
 def _provider_room(
@@ -730,7 +622,7 @@ def _provider_room(
     placed, created = context.provisioned.get((row["server"], record.fleet_id), ([], []))
     latest = None
     for inst in reversed(placed[: bisect_right(created, as_of)]):
-        if req is not None and _fits(req, {**inst, "busy_blocks": 0}):
+        if req is not None and fits(req, {**inst, "busy_blocks": 0}):
             latest = inst
             break
     since = latest["created_at"] if latest else None
@@ -763,7 +655,8 @@ def _recommend(
     if healthy == 0:
         return "no healthy replica at stake at T"
     if surge == "none":
-        full = next((f for f in fleets if not f.can_add_node), None)
+        # a fleet at its limit, else one whose room other runs' queued jobs take first
+        full = next((f for f in fleets if not f.can_add_node), None) or next(iter(fleets), None)
         if full is not None and full.ssh:
             return f"add a host to SSH fleet {full.fleet_name} (or free one) before the next apply"
         if full is not None:

@@ -56,6 +56,9 @@ def _job_event_facts(events: pl.DataFrame) -> pl.DataFrame:
         t.filter(pl.col("kind") == "job_created").min().alias("created_event_at"),
         pl.col("seq").filter(pl.col("kind") == "job_created").min().alias("created_seq"),
         t.filter(new == "running").min().alias("running_event_at"),
+        # the job left the queue (placed, or failed to be): `jobs_submitted.py` only moves a
+        # SUBMITTED job on
+        t.filter(pl.col("old_status") == "submitted").min().alias("left_queue_at"),
         t.filter(pl.col("kind").is_in(["job_ready", "job_registered"])).min().alias("ready_at"),
         pl.col("kind")
         .filter(pl.col("kind").is_in(["job_ready", "job_registered"]))

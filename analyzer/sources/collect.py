@@ -2,10 +2,11 @@
 
 Only read-only calls (reference sections 8.3 and 10): `server/get_info`, `projects/list`, the
 runs list (every page, deleted runs included: `only_active` false), `runs/get` by id for every
-listed run (all submissions, deleted runs too), and the events list within each project (every
-page). Every answer is written byte for byte as the server sent it, one file per page, in the
-layout of the bundled API exports (`samples/v0.22.5/seed/api/`), with a manifest: the server,
-its version, when, every request and the SHA-256 of every page. Never the token.
+listed run (all submissions, deleted runs too), the events list within each project (every
+page), and each project's fleets and instances lists (every page, deleted ones included).
+Every answer is written byte for byte as the server sent it, one file per page, in the layout
+of the bundled API exports (`samples/v0.22.5/seed/api/`), with a manifest: the server, its
+version, when, every request and the SHA-256 of every page. Never the token.
 
 The folder appears only when the collection is complete: pages go to a hidden sibling first,
 which is renamed at the end and removed on any failure (the CLI turns SIGTERM and SIGHUP into an
@@ -361,6 +362,8 @@ class Server:
 
 
 SERVER_INFO_FILE = "server_get_info.json"
+FLEETS_PATH = "/api/fleets/list"
+INSTANCES_PATH = "/api/instances/list"
 
 
 @dataclass
@@ -551,6 +554,42 @@ class _Collector:
             last = doc[-1]
             pages.advance(number, (last["recorded_at"], last["id"]))
 
+    def paged(self, folder: str, path: str, body: dict[str, Any], project: str) -> None:
+        """Every page of a list ordered by (created_at, id), oldest first: `/api/fleets/list`
+        (deleted fleets too: `only_active` false) and `/api/instances/list` (deleted instances
+        too), whose `prev_created_at`/`prev_id` continue after the last item. The instance
+        field is `created`, the fleet's `created_at`; a short page is the last."""
+        last = None
+        for number in range(1, 1_000_000):
+            file = f"{folder}/{_SAFE.sub('_', project)}/page-{number:03d}.json"
+            cursor = {
+                "prev_created_at": (last.get("created_at") or last.get("created"))
+                if last
+                else None,
+                "prev_id": last["id"] if last else None,
+            }
+            page = {**body, **cursor, "limit": self.limit, "ascending": True}
+            doc = _list_of(self.server, path, self.fetch(file, path, page))
+            if len(doc) < self.limit:
+                break
+            last = doc[-1]
+
+    def fleets(self, project: str) -> None:
+        """The project's fleets (spec without SSH keys, instances not deleted) and every
+        instance, for the fleets' room at T (exposure)."""
+        self.paged(
+            "fleets_list",
+            FLEETS_PATH,
+            {"project_name": project, "only_active": False, "include_imported": False},
+            project,
+        )
+        self.paged(
+            "instances_list",
+            INSTANCES_PATH,
+            {"project_names": [project], "only_active": False, "include_imported": False},
+            project,
+        )
+
     def run(self, project: str, run_id: str, name: str) -> None:
         """runs/get by id: every submission of every job, deleted runs included."""
         file = f"runs_get/{self.name(project)}/{self.name(name)}-{self.name(run_id[:6])}.json"
@@ -632,6 +671,7 @@ def collect_into(
             waits = [
                 pool.submit(collector.events, p["project_name"], p["project_id"]) for p in chosen
             ]
+            waits.extend(pool.submit(collector.fleets, p["project_name"]) for p in chosen)
             for name, future in listed.items():
                 waits.extend(pool.submit(collector.run, name, *run) for run in future.result())
             for future in waits:

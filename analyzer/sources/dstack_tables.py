@@ -165,7 +165,10 @@ JSON_PATHS: dict[str, dict[str, tuple[str, ...]]] = {
             "$.configuration.type",
             "$.configuration.env",
             "$.configuration.registry_auth",
-            *(f"$.configuration.{name}" for name in ("replicas", "groups", *PLACEMENT_PARAMS)),
+            *(
+                f"$.configuration.{name}"
+                for name in ("replicas", "groups", "priority", *PLACEMENT_PARAMS)
+            ),
             *(f"$.profile.{name}" for name in PLACEMENT_PARAMS),
         ),
     },
@@ -463,18 +466,28 @@ def _placement_spec(spec: pl.Expr) -> pl.Expr:
     parts = [
         part("replicas", spec.str.json_path_match("$.configuration.replicas")),
         part("groups", groups),
+        part("priority", spec.str.json_path_match("$.configuration.priority")),
     ] + [
         part(
             name,
             pl.coalesce(
                 spec.str.json_path_match(f"$.configuration.{name}"),
                 spec.str.json_path_match(f"$.profile.{name}"),
-            ),
+            ).pipe(lambda value, name=name: _quoted(value) if name in BARE_STRINGS else value),
         )
         for name in PLACEMENT_PARAMS
     ]
     text = pl.concat_str([pl.lit("{"), pl.concat_str(parts, separator=","), pl.lit("}")])
     return pl.when(spec.is_null()).then(pl.lit(None, pl.String)).otherwise(text)
+
+
+# Placement parameters whose value is a string: json_path_match gives it without its quotes.
+BARE_STRINGS = ("creation_policy",)
+
+
+def _quoted(value: pl.Expr) -> pl.Expr:
+    """A JSON string again (dstack's enum values hold no quote or backslash)."""
+    return pl.concat_str([pl.lit('"'), value, pl.lit('"')])
 
 
 def _slim_groups(text: str) -> str | None:

@@ -35,7 +35,15 @@ from analyzer.sources.base import (
     Verification,
     file_facts,
 )
-from analyzer.sources.collect import GENERATED_BY, MANIFEST, Server, collect_into, display_url
+from analyzer.sources.collect import (
+    FLEETS_PATH,
+    GENERATED_BY,
+    INSTANCES_PATH,
+    MANIFEST,
+    Server,
+    collect_into,
+    display_url,
+)
 
 KIND = "dstack-api-collection"
 LIVE_URL = re.compile(r"^(?:https?://|dstack:)")
@@ -235,6 +243,12 @@ def load_collection(folder: Path, server: str) -> SourceData:
                 f"{data.server_version}) at {manifest.get('collected_at')}: "
                 f"{len(manifest['pages'])} pages, every page's SHA-256 in this manifest"
             ]
+    listed = {page.get("path") for page in manifest["pages"]}
+    if {FLEETS_PATH, INSTANCES_PATH} <= listed:  # asked, even if every page came back empty
+        data.has_fleet_tables = True
+        data.limitations = [
+            lim for lim in data.limitations if lim.code != "api_instances_list_missing"
+        ]
     problems = check_pages(folder, manifest)
     if problems:
         data.limitations.append(

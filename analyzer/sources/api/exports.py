@@ -11,11 +11,13 @@ import polars as pl
 
 import analyzer.catalogue as catalogue
 from analyzer.errors import AuditInputError
-from analyzer.model import EVENTS_SCHEMA, JOBS_SCHEMA, RUNS_SCHEMA, conform
+from analyzer.model import EVENTS_SCHEMA, INSTANCES_SCHEMA, JOBS_SCHEMA, RUNS_SCHEMA, conform
 from analyzer.sources.api.event_text import text_event_rows
+from analyzer.sources.api.fleets import fleet_frames, fleet_secret_values, link_instances
 from analyzer.sources.api.recognise import (
     EMPTY_LIST,
     EVENT_TEXT,
+    FLEETS_PAGE,
     KIND,
     PS_JSON,
     RUNS_PAGE,
@@ -83,7 +85,7 @@ def load_set(paths: list[Path], server: str, label: str, *, tolerant: bool) -> S
             data.server_version = version
         for run, raw, pointer in found.runs:
             raws.append(raw)
-            row = run_row(run, server, f"{found.info.path}#{pointer}")
+            row = run_row(run, raw, server, f"{found.info.path}#{pointer}")
             keep_best(runs, row["run_id"], row, rank_of(row, found.shape), found.shape)
             for job_row, spec in job_rows(run, raw, server, found.info.path, pointer):
                 rank = rank_of(job_row, found.shape)
@@ -102,6 +104,8 @@ def load_set(paths: list[Path], server: str, label: str, *, tolerant: bool) -> S
     ]
     data.runs = rows_frame(run_list, RUNS_SCHEMA)
     data.jobs = rows_frame(job_list, JOBS_SCHEMA)
+    if any(f.shape == FLEETS_PAGE for f in files):
+        _with_fleets(data, files, job_list, server, label)
 
     job_runs = {row["job_id"]: row["run_id"] for row in job_list}
     json_rows = json_event_rows(files, server, job_runs)
@@ -133,6 +137,37 @@ EVENT_ROW_SCHEMA = {
 }
 
 
+def _with_fleets(
+    data: SourceData, files: list[ExportFile], jobs: list[dict], server: str, label: str
+) -> None:
+    """The set's fleets and instances, and each job's instance (see api.fleets)."""
+    data.fleets, instances, limitations = fleet_frames(files, server, label)
+    data.instances = instances.select(list(INSTANCES_SCHEMA))
+    data.has_fleet_tables = True
+    data.limitations.extend(limitations)
+    data.secrets |= fleet_secret_values(files)
+    tied, untied = link_instances(jobs, instances)
+    names = data.fleets.select("fleet_id", pl.col("fleet_name").alias("_fleet_name"))
+    data.jobs = (
+        data.jobs.drop("instance_id", "instance_name", "fleet_id", "fleet_name")
+        .join(tied, on="job_id", how="left", maintain_order="left")
+        .join(names, on="fleet_id", how="left", maintain_order="left")
+        .rename({"_fleet_name": "fleet_name"})
+        .select(list(JOBS_SCHEMA))
+    )
+    if untied:
+        data.limitations.append(
+            Limitation(
+                "api_job_instance_unknown",
+                f"{untied} provisioned job submission(s) could not be tied to one instance (the "
+                "API has no jobs.used_instance_id; a job's hostname, backend, region and "
+                "instance type matched no instance alive then, or several): the blocks they "
+                "held are not counted on any instance",
+                label,
+            )
+        )
+
+
 def _events_frame(rows: list[dict[str, Any]], runs: list[dict]) -> pl.DataFrame:
     if not rows:
         return pl.DataFrame(schema=EVENTS_SCHEMA)
@@ -161,7 +196,9 @@ def _limitations(
                 "api_fields_not_exposed",
                 "the runs API (and `dstack ps --json`, `dstack run get --json`) does not expose "
                 "the job fields ready, registered, graceful_termination_attempts, remove_at, "
-                "running_at, nor instance or fleet ids: a replica's health is proven instead "
+                "running_at, nor the job's instance id (with the fleets and instances lists, a "
+                "job is tied to its instance by its provisioning data): a replica's health is "
+                "proven instead "
                 "from its probe streaks (probes[].success_streak against the spec's ready_after, "
                 "default 1) or from the event 'Service replica ready to receive requests'; "
                 "without probes and without events a healthy replica cannot be told from one "

@@ -43,6 +43,7 @@ class SubmissionModel(_Model):
     termination_reason_message: str | None = None
     exit_status: int | None = None
     job_provisioning_data: dict[str, Any] | None = None
+    job_runtime_data: dict[str, Any] | None = None
     probes: list[ProbeModel] | None = None  # absent before 0.19.22
 
 
@@ -65,6 +66,7 @@ class RunModel(_Model):
     status: str
     termination_reason: str | None = None
     run_spec: RunSpecModel
+    fleet: dict[str, Any] | None = None  # {id, name} once the run is placed (0.20+)
     jobs: list[JobModel] = []
     deployment_num: int = 0
     deleted: bool | None = None
@@ -92,6 +94,46 @@ class EventModel(_Model):
     targets: list[TargetModel]
 
 
+class InstanceTypeModel(_Model):
+    name: str | None = None
+    resources: dict[str, Any] | None = None
+
+
+class InstanceModel(_Model):
+    """`core/models/instances.py::Instance` as `services/instances.py::instance_model_to_instance`
+    fills it: no start, deletion or processing time, and no provider instance id."""
+
+    id: UUID
+    project_name: str | None = None
+    backend: str | None = None
+    instance_type: InstanceTypeModel | None = None
+    name: str
+    fleet_id: UUID | None = None
+    fleet_name: str | None = None
+    hostname: str | None = None
+    status: str
+    termination_reason: str | None = None
+    created: datetime
+    finished_at: datetime | None = None
+    region: str | None = None
+    price: float | None = None
+    total_blocks: int | None = None
+    busy_blocks: int = 0
+
+
+class FleetModel(_Model):
+    """`core/models/fleets.py::Fleet` (`services/fleets.py::fleet_model_to_fleet`: the spec
+    without SSH keys, only the instances not deleted)."""
+
+    id: UUID
+    name: str
+    project_name: str | None = None
+    spec: dict[str, Any]
+    created_at: datetime
+    status: str
+    instances: list[InstanceModel] = []
+
+
 class ServerInfoModel(_Model):
     server_version: str | None = None
 
@@ -100,3 +142,9 @@ RUNS_LIST = TypeAdapter(list[RunModel])
 
 
 EVENTS_LIST = TypeAdapter(list[EventModel])
+
+
+FLEETS_LIST = TypeAdapter(list[FleetModel])
+
+
+INSTANCES_LIST = TypeAdapter(list[InstanceModel])

@@ -33,13 +33,29 @@ EVENT_TEXT = "dstack event text"
 SERVER_INFO = "server info"
 
 
+FLEETS_PAGE = "fleets list page"
+
+
+INSTANCES_PAGE = "instances list page"
+
+
 EMPTY_LIST = "empty JSON list"
 
 
 DAMAGED = "damaged export"
 
 
-EXPORT_SHAPES = (RUNS_PAGE, RUN, PS_JSON, EVENTS_PAGE, EVENT_TEXT, SERVER_INFO, DAMAGED)
+EXPORT_SHAPES = (
+    RUNS_PAGE,
+    RUN,
+    PS_JSON,
+    EVENTS_PAGE,
+    EVENT_TEXT,
+    SERVER_INFO,
+    FLEETS_PAGE,
+    INSTANCES_PAGE,
+    DAMAGED,
+)
 
 
 AUDITED_SHAPES = (RUNS_PAGE, RUN, PS_JSON, EVENTS_PAGE, EVENT_TEXT, DAMAGED)
@@ -103,6 +119,14 @@ def _is_event(item: Any) -> bool:
     return isinstance(item, dict) and {"id", "message", "recorded_at", "targets"} <= item.keys()
 
 
+def _is_fleet(item: Any) -> bool:
+    return isinstance(item, dict) and {"id", "spec", "created_at", "instances"} <= item.keys()
+
+
+def _is_instance(item: Any) -> bool:
+    return isinstance(item, dict) and {"id", "instance_num", "status", "created"} <= item.keys()
+
+
 def shape_of(doc: Any) -> str | None:
     """The export a parsed JSON document is, or None."""
     if isinstance(doc, list):
@@ -112,6 +136,10 @@ def shape_of(doc: Any) -> str | None:
             return EVENTS_PAGE
         if all(_is_run(item) for item in doc):
             return RUNS_PAGE
+        if all(_is_fleet(item) for item in doc):
+            return FLEETS_PAGE
+        if all(_is_instance(item) for item in doc):
+            return INSTANCES_PAGE
         return None
     if isinstance(doc, dict):
         if _is_run(doc):

@@ -20,8 +20,12 @@ from analyzer.model import UTC_TIME
 from analyzer.redact import Redactor, json_secret_values
 from analyzer.sources.api.models import (
     EVENTS_LIST,
+    FLEETS_LIST,
+    INSTANCES_LIST,
     RUNS_LIST,
     EventModel,
+    FleetModel,
+    InstanceModel,
     PsModel,
     RunModel,
     ServerInfoModel,
@@ -31,6 +35,8 @@ from analyzer.sources.api.recognise import (
     EVENT_LINE,
     EVENT_TEXT,
     EVENTS_PAGE,
+    FLEETS_PAGE,
+    INSTANCES_PAGE,
     KIND,
     PS_JSON,
     RUN,
@@ -43,7 +49,7 @@ from analyzer.sources.base import (
     InputInfo,
     file_facts,
 )
-from analyzer.sources.dstack_tables import ROLLING_SPEC_PATHS
+from analyzer.sources.dstack_tables import PLACEMENT_PARAMS, ROLLING_SPEC_PATHS
 
 # Which copy of a run or job a set keeps when several files hold it at the same moment.
 RUN_SOURCE_RANK = {RUN: 2, RUNS_PAGE: 1, PS_JSON: 0}
@@ -64,6 +70,8 @@ class ExportFile:
     runs: list[tuple[RunModel, dict, str]] = field(default_factory=list)  # model, raw, pointer
     events: list[tuple[EventModel, dict, str]] = field(default_factory=list)
     lines: list[tuple[int, re.Match[str]]] = field(default_factory=list)  # line number, parts
+    fleets: list[tuple[FleetModel, dict, str]] = field(default_factory=list)
+    instances: list[tuple[InstanceModel, dict, str]] = field(default_factory=list)
     server_version: str | None = None
 
 
@@ -143,12 +151,22 @@ def read_export(path: Path) -> ExportFile:
             found.events = [
                 (m, r, f"/{i}") for i, (m, r) in enumerate(zip(models, doc, strict=True))
             ]
+        elif actual == FLEETS_PAGE:
+            models = FLEETS_LIST.validate_python(doc)
+            found.fleets = [
+                (m, r, f"/{i}") for i, (m, r) in enumerate(zip(models, doc, strict=True))
+            ]
+        elif actual == INSTANCES_PAGE:
+            models = INSTANCES_LIST.validate_python(doc)
+            found.instances = [
+                (m, r, f"/{i}") for i, (m, r) in enumerate(zip(models, doc, strict=True))
+            ]
         elif actual == SERVER_INFO:
             found.server_version = ServerInfoModel.model_validate(doc).server_version
             info.server_version = found.server_version
     except ValidationError as error:
         raise _invalid(path, actual, error) from None
-    info.records = len(found.runs) or len(found.events)
+    info.records = len(found.runs) or len(found.events) or len(found.fleets) or len(found.instances)
     return found
 
 
@@ -170,11 +188,67 @@ def _enum(value: str | None) -> str | None:
     return text.lower() or None
 
 
-def run_row(run: RunModel, server: str, provenance: str) -> dict[str, Any]:
+def placement_spec(run_spec: dict | None) -> str | None:
+    """The run spec's placement parts as one JSON text, as `dstack_tables._placement_spec`
+    reads them from `runs.run_spec`: the configuration's value over the profile's."""
+    if not isinstance(run_spec, dict):
+        return None
+    configuration = run_spec.get("configuration") or {}
+    profile = run_spec.get("profile") or {}
+    groups = configuration.get("groups")
+    slim = (
+        [
+            {k: g.get(k) for k in ("name", "replicas", "resources")}
+            for g in groups
+            if isinstance(g, dict)
+        ]
+        if isinstance(groups, list)
+        else None
+    )
+    parts = {
+        "replicas": configuration.get("replicas"),
+        "groups": slim,
+        "priority": configuration.get("priority"),
+    }
+    for name in PLACEMENT_PARAMS:
+        value = configuration.get(name)
+        parts[name] = value if value is not None else profile.get(name)
+    return json.dumps(parts, separators=(",", ":"))
+
+
+def _fixed(replicas: Any) -> int | None:
+    """A replica count dstack never moves: a number, or a range whose min is its max
+    (`ManualScaler.get_desired_count` clips the desired count into [min, max])."""
+    if replicas is None:
+        return 1  # ServiceConfiguration's default
+    if isinstance(replicas, int):
+        return replicas
+    if isinstance(replicas, dict) and replicas.get("min") == replicas.get("max"):
+        low = replicas.get("min")
+        return low if isinstance(low, int) else None
+    return None
+
+
+def desired_replicas(configuration: dict) -> int | None:
+    """`runs.desired_replica_count` where the spec fixes it (`compute_desired_replica_counts`:
+    the sum over replica groups); None where an autoscaler or a range decides (not in the API)."""
+    if configuration.get("type") != "service":
+        return None
+    groups = configuration.get("groups")
+    if isinstance(groups, list) and groups:
+        counts = [_fixed(g.get("replicas")) if isinstance(g, dict) else None for g in groups]
+        return None if None in counts else sum(c for c in counts if c is not None)
+    if configuration.get("scaling") is not None:
+        return None
+    return _fixed(configuration.get("replicas"))
+
+
+def run_row(run: RunModel, raw: dict, server: str, provenance: str) -> dict[str, Any]:
     configuration = run.run_spec.configuration or {}
     run_type = configuration.get("type") if isinstance(configuration.get("type"), str) else None
     if run_type is None and run.service:
         run_type = "service"
+    fleet = (run.fleet or {}).get("id")
     return {
         "server": server,
         "run_id": str(run.id),
@@ -188,6 +262,9 @@ def run_row(run: RunModel, server: str, provenance: str) -> dict[str, Any]:
         "last_processed_at": _utc(run.last_processed_at),
         "deleted": run.deleted,
         "user": run.user,
+        "fleet_id": str(fleet).lower() if fleet else None,
+        "desired_replica_count": desired_replicas(configuration),
+        "placement_spec": placement_spec(raw.get("run_spec")),
         "provenance": provenance,
     }
 
@@ -205,7 +282,10 @@ def job_rows(
         for s, sub in enumerate(job.job_submissions):
             streaks = [p.success_streak for p in sub.probes] if sub.probes is not None else None
             known = [x for x in streaks or [] if x is not None]
-            price = (sub.job_provisioning_data or {}).get("price")
+            provisioning = sub.job_provisioning_data or {}
+            price = provisioning.get("price")
+            offer = (sub.job_runtime_data or {}).get("offer") or {}
+            blocks = offer.get("blocks")
             message = sub.termination_reason_message
             row = {
                 "server": server,
@@ -224,6 +304,12 @@ def job_rows(
                 "last_processed_at": _utc(sub.last_processed_at or sub.finished_at),
                 "has_provisioning_data": sub.job_provisioning_data is not None,
                 "price": float(price) if isinstance(price, int | float) else None,
+                "blocks": blocks if isinstance(blocks, int) else None,
+                # what ties the job to its instance (the API has no jobs.used_instance_id)
+                "_host": provisioning.get("hostname"),
+                "_backend": _enum(provisioning.get("backend")),
+                "_region": provisioning.get("region"),
+                "_type": (provisioning.get("instance_type") or {}).get("name"),
                 "replica_group": spec.replica_group,
                 "probe_count": len(ready_after),
                 "probe_rows": None if streaks is None else len(streaks),

@@ -1,0 +1,307 @@
+"""Where a replica fits, and who is placed before it: the part of dstack's placement
+(`background/pipeline_tasks/jobs_submitted.py`, `services/offers.py`) that both the exposure
+forecast and the guard decide with.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import lru_cache
+
+import polars as pl
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """One replica group's resources (dstack's ResourcesSpec: ranges with min/max)."""
+
+    group: str
+    cpu: tuple[float | None, float | None]
+    memory_gb: tuple[float | None, float | None]
+    gpus: tuple[float | None, float | None]
+    gpu_names: tuple[str, ...]
+    gpu_memory_gb: tuple[float | None, float | None]
+    disk_gb: tuple[float | None, float | None]
+
+    def text(self) -> str:
+        def rng(name: str, pair: tuple[float | None, float | None], unit: str = "") -> str:
+            low, high = pair
+            if low is None and high is None:
+                return ""
+            show = [f"{v:g}{unit}" if v is not None else "" for v in (low, high)]
+            return f"{name} {show[0]}..{show[1]}"
+
+        names = f" {'/'.join(self.gpu_names)}" if self.gpu_names else ""
+        parts = [
+            rng("cpu", self.cpu),
+            rng("memory", self.memory_gb, "GB"),
+            rng("gpu" + names, self.gpus) if self.gpus != (0, None) else "",
+            rng("gpu memory", self.gpu_memory_gb, "GB"),
+            rng("disk", self.disk_gb, "GB"),
+        ]
+        return f"{self.group}: " + (", ".join(p for p in parts if p) or "any")
+
+    def matches(self, cpus: int, memory_mib: int, gpus: int, gpu_name, gpu_mib, disk_mib) -> bool:
+        def inside(value: float, pair: tuple[float | None, float | None]) -> bool:
+            low, high = pair
+            return (low is None or value >= low) and (high is None or value <= high)
+
+        if not (inside(cpus, self.cpu) and inside(memory_mib / 1024, self.memory_gb)):
+            return False
+        if not inside(gpus, self.gpus):
+            return False
+        if disk_mib is not None and not inside(disk_mib / 1024, self.disk_gb):
+            return False
+        if gpus and self.gpu_names and (gpu_name or "").lower() not in self.gpu_names:
+            return False
+        return not gpus or gpu_mib is None or inside(gpu_mib / 1024, self.gpu_memory_gb)
+
+
+def _range(value) -> tuple[float | None, float | None]:
+    if value is None:
+        return (None, None)
+    if isinstance(value, int | float):
+        return (float(value), float(value))
+    if isinstance(value, dict):
+        if "count" in value or "size" in value:
+            return _range(value.get("count", value.get("size")))
+        low, high = value.get("min"), value.get("max")
+        return (
+            float(low) if isinstance(low, int | float) else None,
+            float(high) if isinstance(high, int | float) else None,
+        )
+    return (None, None)
+
+
+def requirement(group: str, resources: dict | None) -> Requirement | None:
+    if not isinstance(resources, dict):
+        return None
+    gpu = resources.get("gpu") if isinstance(resources.get("gpu"), dict) else {}
+    names = gpu.get("name") or ()
+    if isinstance(names, str):
+        names = (names,)
+    gpus = _range(gpu.get("count")) if gpu else (0.0, None)
+    return Requirement(
+        group=group,
+        cpu=_range(resources.get("cpu")),
+        memory_gb=_range(resources.get("memory")),
+        gpus=gpus,
+        gpu_names=tuple(str(n).lower() for n in names),
+        gpu_memory_gb=_range(gpu.get("memory")),
+        disk_gb=_range(resources.get("disk")),
+    )
+
+
+def groups_of(spec: dict) -> list[tuple[str, int | None, Requirement | None]]:
+    """(group name, replicas wanted, resources) per replica group (reference 6.6): `groups`
+    (0.22.x), a list under `replicas` (0.20.7-0.21.x), else the one implicit group "0"."""
+    listed = spec.get("groups")
+    if not isinstance(listed, list) and isinstance(spec.get("replicas"), list):
+        listed = spec["replicas"]
+    base = spec.get("resources")
+    if isinstance(listed, list) and listed:
+        found = []
+        for index, item in enumerate(g for g in listed if isinstance(g, dict)):
+            name = str(item.get("name") or index)
+            wanted = _range(item.get("replicas") if "replicas" in item else item.get("count"))[0]
+            found.append(
+                (
+                    name,
+                    int(wanted) if wanted is not None else None,
+                    requirement(name, item.get("resources") or base),
+                )
+            )
+        return found
+    replicas = spec.get("replicas")
+    wanted = _range(replicas)[0] if replicas is not None else 1.0
+    return [("0", int(wanted) if wanted is not None else None, requirement("0", base))]
+
+
+def parse_spec(text: str | None) -> dict | None:
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+# What decides whether an instance takes one more replica at T (`_fits`, `_provisioning`).
+SHAPE = (
+    "cpus",
+    "memory_mib",
+    "gpus",
+    "gpu_name",
+    "gpu_memory_mib",
+    "disk_mib",
+    "total_blocks",
+    "busy_blocks",
+)
+
+
+def queued_at(
+    runs: pl.DataFrame, submissions: pl.DataFrame, probes: pl.DataFrame
+) -> dict[tuple, list[Queued]]:
+    """Per (server, project, as_of) of the probes: the jobs of the project waiting in dstack's
+    queue then: created by T, and SUBMITTED at T (they left it after T, or are still in it
+    at the end of the evidence), not stopped by T."""
+    moments = (
+        probes.join(runs.select("server", "run_id", "project"), on=["server", "run_id"], how="left")
+        .select("server", "project", "as_of")
+        .unique()
+    )
+    as_of = pl.col("as_of")
+    waiting = (
+        submissions.select(
+            "server",
+            "run_id",
+            "job_name",
+            "replica_group",
+            "status",
+            "created_at",
+            "stopped_at",
+            "left_queue_at",
+        )
+        .join(
+            runs.select("server", "run_id", "project", "run_name", "fleet_id", "placement_spec"),
+            on=["server", "run_id"],
+        )
+        .join(moments, on=["server", "project"])
+        .filter(
+            (pl.col("created_at") <= as_of)
+            & (pl.col("stopped_at").is_null() | (pl.col("stopped_at") > as_of))
+            & pl.when(pl.col("left_queue_at").is_not_null())
+            .then(pl.col("left_queue_at") > as_of)
+            .otherwise(pl.col("status") == "submitted")
+        )
+    )
+    queued: dict[tuple, list[Queued]] = {}
+    for job in waiting.iter_rows(named=True):
+        spec = parse_spec(job["placement_spec"]) or {}
+        groups = {group: req for group, _, req in groups_of(spec)} if spec else {}
+        names = spec.get("fleets")
+        priority = spec.get("priority")
+        queued.setdefault((job["server"], job["project"], job["as_of"]), []).append(
+            Queued(
+                run_id=job["run_id"],
+                run_name=job["run_name"],
+                job_name=job["job_name"],
+                fleet_id=job["fleet_id"],
+                fleet_names=frozenset(str(n).split("/")[-1] for n in names)
+                if isinstance(names, list)
+                else None,
+                priority=priority if isinstance(priority, int) else 0,
+                requirement=groups.get(job["replica_group"] or "0")
+                or next(iter(groups.values()), None),
+                since=job["created_at"],
+            )
+        )
+    return queued
+
+
+def fits(req: Requirement | None, inst: dict) -> bool | None:
+    """Whether the instance's idle blocks hold one replica of `req` (dstack takes the smallest
+    share of blocks that matches, and uses it when that many blocks are idle)."""
+    if req is None or inst["cpus"] is None or inst["memory_mib"] is None:
+        return None
+    return _fits_shape(req, *(inst[name] for name in SHAPE))
+
+
+@lru_cache(maxsize=4096)
+def _fits_shape(
+    req: Requirement,
+    cpus: int,
+    memory_mib: int,
+    gpus: int | None,
+    gpu_name: str | None,
+    gpu_memory_mib: int | None,
+    disk_mib: int | None,
+    total_blocks: int | None,
+    busy_blocks: int,
+) -> bool:
+    """`_fits` of one instance shape: a fleet's instances are mostly alike."""
+    total = max(total_blocks or 1, 1)
+    idle = total - busy_blocks
+    for blocks in range(1, total + 1):
+        share = (cpus // total, memory_mib // total, (gpus or 0) // total)
+        if req.matches(*(part * blocks for part in share), gpu_name, gpu_memory_mib, disk_mib):
+            return blocks <= idle
+    return False
+
+
+@dataclass(frozen=True)
+class Queued:
+    """A job waiting in dstack's queue at T: SUBMITTED, not yet placed on an instance."""
+
+    run_id: str
+    run_name: str | None
+    job_name: str | None
+    fleet_id: str | None  # its run's fleet (`runs.fleet_id`), None while the run has none
+    fleet_names: frozenset[str] | None  # the run spec's `fleets` (None: any fleet)
+    priority: int
+    requirement: Requirement | None
+    since: datetime | None
+
+
+def queued_first(
+    queued: list[Queued], run_id: str, fleets: dict[str, str | None], priority: int
+) -> list[Queued]:
+    """The other runs' queued jobs that dstack places before a replica submitted at T, in the
+    order it places them, among those that can go to one of `fleets` (id -> name).
+
+    `JobSubmittedFetcher.fetch` (`pipeline_tasks/jobs_submitted.py`) takes SUBMITTED jobs by
+    run priority, highest first, then by `last_processed_at`, oldest first: a job queued
+    before T of a run with the same or a higher priority goes first. It can use its run's
+    fleet, or, while its run has none, the project's fleets its `fleets` names allow
+    (`services/runs/plan.py::get_run_candidate_fleet_models_filters`)."""
+
+    def can_use(job: Queued) -> bool:
+        if job.fleet_id is not None:
+            return job.fleet_id in fleets
+        return job.fleet_names is None or any(n in job.fleet_names for n in fleets.values())
+
+    chosen = [q for q in queued if q.run_id != run_id and q.priority >= priority and can_use(q)]
+    return sorted(chosen, key=lambda q: (-q.priority, q.since or datetime.min.replace(tzinfo=UTC)))
+
+
+def blocks_needed(req: Requirement | None, inst: dict) -> int:
+    """The blocks of `inst` one job of `req` takes (the smallest share that matches; one
+    when its resources are unknown)."""
+    total = max(inst["total_blocks"] or 1, 1)
+    if req is None or inst["cpus"] is None or inst["memory_mib"] is None:
+        return 1
+    share = (inst["cpus"] // total, inst["memory_mib"] // total, (inst["gpus"] or 0) // total)
+    for blocks in range(1, total + 1):
+        parts = (part * blocks for part in share)
+        if req.matches(*parts, inst["gpu_name"], inst["gpu_memory_mib"], inst["disk_mib"]):
+            return blocks
+    return total + 1
+
+
+def place_queue(
+    queue: list[Queued], idle: list[dict], growth: dict[str, float], names: dict[str, str | None]
+) -> list[str]:
+    """Place each queued job as dstack would, before the surge replica: the first idle
+    instance it fits (`get_shared_instances_with_offers`), else a new node in a fleet that
+    can grow. `idle` and `growth` are updated; one text per job that took something."""
+    taken = []
+    for job in queue:
+        mine = [i for i in idle if job.fleet_id in (None, i["fleet_id"])]
+        where = next((i for i in mine if fits(job.requirement, i) is not False), None)
+        who = f"run {job.run_name}'s queued {job.job_name or 'job'}"
+        if job.since is not None:
+            who += f" (SUBMITTED since {job.since:%Y-%m-%d %H:%M:%S})"
+        if where is not None:
+            where["busy_blocks"] += blocks_needed(job.requirement, where)
+            if where["busy_blocks"] >= max(where["total_blocks"] or 1, 1):
+                idle.remove(where)
+            taken.append(f"{who} takes instance {where['instance_name']} first")
+            continue
+        grows = [f for f in growth if growth[f] > 0 and job.fleet_id in (None, f)]
+        if grows:
+            growth[grows[0]] -= 1
+            taken.append(f"{who} takes a new node of fleet {names.get(grows[0])} first")
+    return taken
