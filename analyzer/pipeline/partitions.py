@@ -15,10 +15,11 @@ import polars as pl
 
 from analyzer.contract import Finding, Report
 from analyzer.pipeline.assemble import merge_reports
-from analyzer.pipeline.exposure import NO_CAPACITY, Frames, foresight, wanted_findings
+from analyzer.pipeline.exposure import Frames, foresight, wanted_findings
 
 # What the foresight reads of the submissions of runs other than the probed ones: the
-# instances they hold (`held`) and the provider's refusals (`refused`), in timeline order.
+# instances they hold (`held`), the provider's refusals (`refused`) and the jobs waiting in
+# dstack's queue (analyzer.pipeline.placement.queued_at), in timeline order; and of their runs.
 _CROSS_RUN_COLUMNS = (
     "server",
     "run_id",
@@ -32,7 +33,11 @@ _CROSS_RUN_COLUMNS = (
     "blocks",
     "termination_reason",
     "termination_reason_message",
+    "replica_group",
+    "status",
+    "left_queue_at",
 )
+_CROSS_RUN_RUN_COLUMNS = ("server", "run_id", "project", "run_name", "fleet_id", "placement_spec")
 _TIMELINE_ORDER = ["server", "run_id", "replica_num", "job_num", "submission_num"]
 
 
@@ -41,8 +46,9 @@ class ForesightPiece:
     """One partition's share of the capacity foresight's facts. An instance is held, and a
     placement refused, by runs of every partition, so the foresight is worked out once, over
     every partition's findings, when they are merged (as in one process): each partition
-    sends the rows of its runs that can hold or be refused an instance, the whole rows of its
-    runs with a no-capacity culprit, and (the first one) the fleets and instances it read."""
+    sends the few columns of its other runs' jobs that tell what they held, were refused or
+    waited for (and of those runs), the whole rows of its runs with a no-capacity culprit, and
+    (the first one) the fleets and instances it read."""
 
     runs: pl.DataFrame
     submissions: pl.DataFrame
@@ -75,18 +81,15 @@ def foresight_piece(
         orient="row",
     )
     subs = frames.submissions
-    others = (
-        subs.join(key, on=["server", "run_id"], how="anti")
-        .filter(pl.col("instance_id").is_not_null() | (pl.col("termination_reason") == NO_CAPACITY))
-        .select(_CROSS_RUN_COLUMNS)
-    )
-    refusing = others.filter(pl.col("termination_reason") == NO_CAPACITY).select("server", "run_id")
+    # every job of another run may have held an instance, been refused one or waited in the
+    # queue at a moment a probe asks about: the moments are known only at the merge
+    others = subs.join(key, on=["server", "run_id"], how="anti").select(_CROSS_RUN_COLUMNS)
     runs = pl.concat(
         [
             frames.runs.join(key, on=["server", "run_id"], how="semi"),
-            frames.runs.join(refusing, on=["server", "run_id"], how="semi")
-            .join(key, on=["server", "run_id"], how="anti")
-            .select("server", "run_id", "project"),
+            frames.runs.join(key, on=["server", "run_id"], how="anti").select(
+                _CROSS_RUN_RUN_COLUMNS
+            ),
         ],
         how="diagonal_relaxed",
     )
