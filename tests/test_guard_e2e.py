@@ -186,6 +186,10 @@ def test_an_update_with_no_room_is_refused_with_the_reason(stacks):
     logged = stack.decisions()[-1]
     assert logged["decision"] == "reject" and logged["reason"] == reason
     assert (logged["user"], logged["project"], logged["run"]) == ("admin", "cyberdyne", "web")
+    for doc in ("README.md", "docs/guard.md"):  # the refusal the documents show is this one
+        shown = (Path(__file__).parents[1] / doc).read_text(encoding="utf-8")
+        example = shown.split("$ dstack apply -f .dstack.yml -y\n", 1)[1].split("```", 1)[0]
+        assert " ".join(example.split()) == " ".join((REJECTED + reason).split()), doc
 
 
 def test_with_room_no_new_replica_and_a_new_run_pass(stacks):
