@@ -13,9 +13,9 @@ import click
 
 from analyzer.cli.options import (
     clean_errors,
-    inferred_format,
     log_options,
     open_audit,
+    output_format,
     output_option,
     parse_partition,
     parse_server_labels,
@@ -176,7 +176,7 @@ def audit(
             "a live server's answers cannot be checked again later",
             "collect them first (dstack-audit collect URL --to DIR), then audit DIR --bundle",
         )
-    fmt = inferred_format(fmt, output, "table", FORMAT_BY_SUFFIX)
+    fmt = output_format(fmt, output, FORMAT_BY_SUFFIX, "table", "audit")
     zone = time_zone(tz)
 
     def render(report: Any) -> Iterable[str]:

@@ -9,9 +9,9 @@ import click
 
 from analyzer.cli.options import (
     clean_errors,
-    inferred_format,
     log_options,
     open_audit,
+    output_format,
     output_option,
     time_zone,
     tz_option,
@@ -70,7 +70,7 @@ def timeline(
     from analyzer.render.text import render_timeline
     from analyzer.render.timeline_view import export, merged_events, roles
 
-    fmt = inferred_format(fmt, output, "text", TIMELINE_BY_SUFFIX)
+    fmt = output_format(fmt, output, TIMELINE_BY_SUFFIX, "text", "timeline")
     zone = time_zone(tz)
     outputs = plan(sources, files=(output,))
     opened = open_audit(sources, log_tz, log_date, project=project, run=run)

@@ -1,0 +1,137 @@
+"""One set of conventions on every command (issue 24 §2): times, the common options, -o's
+extension, progress, undecided audits under --fail-on-findings, help at 80 columns, server
+names and the times' precision."""
+
+from __future__ import annotations
+
+import json
+
+import click
+import pytest
+from click.testing import CliRunner
+from conftest import CAPTURES
+
+from analyzer.cli import main
+from analyzer.cli.options import IsoTime
+
+SEED = CAPTURES / "v0.22.5" / "seed"
+SEED_DB = str(SEED / "server.db")
+ROLLING = str(CAPTURES / "v0.22.5" / "rolling-ok" / "server.db")
+
+
+def run(*args: str, **kwargs) -> click.testing.Result:
+    return CliRunner().invoke(main, list(args), **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Times: ISO 8601 with Z or an offset, through one parser
+
+
+def test_every_time_option_uses_the_one_iso_parser():
+    """A time option is an IsoTime; the only other dated option is --log-date, a day."""
+    timed = {
+        (name, param.name)
+        for name, command in main.commands.items()
+        for param in command.params
+        if isinstance(param.type, IsoTime)
+    }
+    assert {("exposure", "as_of"), ("audit", "since"), ("report", "until")} <= timed
+    others = {
+        param.name
+        for command in main.commands.values()
+        for param in command.params
+        if isinstance(param.type, click.DateTime)
+    }
+    assert others <= {"log_date"}
+
+
+@pytest.mark.parametrize(
+    "moment", ["2026-11-03T13:00:00Z", "2026-11-03T14:00:00+01:00", "2026-11-03 13:00:00"]
+)
+def test_exposure_as_of_takes_z_and_offsets(moment):
+    result = run("exposure", ROLLING, "--as-of", moment, "--format", "json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["as_of"].startswith("2026-11-03T13:00:00")
+
+
+def test_audit_since_takes_z_and_offsets():
+    whole = json.loads(run("audit", SEED_DB, "--format", "json").output)
+    assert whole["runs"]
+    for moment in ("2030-01-01T00:00:00Z", "2030-01-01T01:00:00+01:00"):
+        result = run("audit", SEED_DB, "--since", moment, "--format", "json")
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.output)["runs"] == []
+
+
+def test_a_time_that_is_not_iso_is_refused_naming_the_option():
+    result = run("exposure", ROLLING, "--as-of", "yesterday")
+    assert result.exit_code == 2
+    assert "'--as-of'" in result.output and "2026-11-02T09:00:00Z" in result.output
+
+
+# ---------------------------------------------------------------------------------------------
+# exposure: the options every reading command has
+
+
+def test_exposure_has_the_common_options():
+    params = {p.name for p in main.commands["exposure"].params}
+    assert {"quiet", "verbose", "no_color", "tz", "project", "log_tz", "log_date"} <= params
+
+
+def test_exposure_project_and_tz():
+    mine = run("exposure", ROLLING, "--project", "globex")
+    assert mine.exit_code == 0 and "1 running service(s)" in mine.output
+    other = run("exposure", ROLLING, "--project", "nobody")
+    assert other.exit_code == 0 and "0 running service(s)" in other.output
+    utc = run("exposure", ROLLING, "--as-of", "2026-11-03T13:00:00Z").output
+    berlin = run("exposure", ROLLING, "--as-of", "2026-11-03T13:00:00Z", "--tz", "Europe/Berlin")
+    assert "as of 2026-11-03 13:00:00" in utc and "+01:00" not in utc
+    assert "as of 2026-11-03 14:00:00" in berlin.output and "+01:00" in berlin.output
+    assert run("exposure", ROLLING, "--tz", "Mars/Olympus").exit_code == 2
+
+
+def test_exposure_verbose_says_what_it_read():
+    result = run("exposure", ROLLING, "-v")
+    assert result.exit_code == 0 and f"read {ROLLING}" in result.stderr
+
+
+@pytest.mark.parametrize("width", [60, 80])
+def test_exposure_table_fits_the_width(width):
+    result = run("exposure", ROLLING, env={"COLUMNS": str(width)})
+    assert result.exit_code == 0
+    wide = run("exposure", ROLLING, env={"COLUMNS": "1000"}).output
+    for line in result.output.splitlines():
+        assert len(line) <= width or " " not in line.strip(), line
+    assert result.output.split() == wide.split()  # only the line breaks moved
+
+
+# ---------------------------------------------------------------------------------------------
+# -o FILE: an extension the command cannot write is refused
+
+
+@pytest.mark.parametrize(
+    ("args", "name", "offered"),
+    [
+        (["audit", SEED_DB], "x.html", ".json, .md, .markdown or .txt"),
+        (["audit", SEED_DB], "x.csv", ".json, .md, .markdown or .txt"),
+        (["timeline", "web", SEED_DB], "x.html", ".json, .jsonl, .csv or .txt"),
+        (["exposure", SEED_DB], "x.csv", ".json, .md, .markdown or .txt"),
+        (["plot", "web", SEED_DB], "x.html", ".png, .svg or .pdf"),
+        (["report", SEED_DB], "x.csv", ".html, .htm, .md or .markdown"),
+    ],
+)
+def test_an_extension_without_a_renderer_is_refused(args, name, offered, tmp_path):
+    target = tmp_path / name
+    result = run(*args, "-o", str(target))
+    assert result.exit_code == 2
+    assert result.output.count("\n") == 1, result.output
+    assert offered in result.output and "Traceback" not in result.output
+    assert ("dstack-audit report" in result.output) == name.endswith(".html")
+    assert not target.exists()
+
+
+def test_format_given_or_no_extension_writes_as_told(tmp_path):
+    assert run("audit", SEED_DB, "-o", str(tmp_path / "x.csv"), "--format", "json").exit_code == 0
+    assert json.loads((tmp_path / "x.csv").read_text())["schema_version"]
+    assert run("audit", SEED_DB, "-o", str(tmp_path / "plain")).exit_code == 0
+    assert "FINDINGS" in (tmp_path / "plain").read_text()
