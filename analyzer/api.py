@@ -31,7 +31,7 @@ from analyzer.pipeline.servers import assign_servers
 from analyzer.pipeline.timeline import deployments, evidence_gaps, submissions
 from analyzer.progress import stage
 from analyzer.redact import without_controls
-from analyzer.sources import load_path
+from analyzer.sources import count_files, is_claimed, load_path
 from analyzer.sources.base import LoadContext, ReadOptions, WholeInputFacts
 from analyzer.times import parse_time
 
@@ -307,16 +307,18 @@ def open_sources(
     options = ReadOptions(partition=partition, since=since, project=project, shared=shared)
     labels = server_labels or {}
     loaded = []
-    with stage("reading", total=len(given)) as step:
+    unit = "inputs" if any(is_claimed(path) for path in given) else "files"
+    with stage("reading", total=sum(count_files(path) for path in given), unit=unit) as step:
         for path in given:
             started = time.perf_counter()
             data = load_path(path, LoadContext(labels.get(str(path), server), options))
             loaded.append((data, labels.get(str(path))))
             read = [i for part in data for i in part.inputs]
             step(
-                f"read {path} in {time.perf_counter() - started:.2f}s: "
+                count=0,
+                note=f"read {path} in {time.perf_counter() - started:.2f}s: "
                 + ", ".join(f"{i.path} ({i.kind}, {i.records} records)" for i in read[:20])
-                + (f" and {len(read) - 20} more" if len(read) > 20 else "")
+                + (f" and {len(read) - 20} more" if len(read) > 20 else ""),
             )
     with stage("combining and aligning clocks"):
         parts = assign_servers(loaded, server, partitioned=partition is not None)

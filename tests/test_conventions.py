@@ -5,11 +5,16 @@ names and the times' precision."""
 from __future__ import annotations
 
 import json
+import os
+import pty
+import re
+import subprocess
+import sys
 
 import click
 import pytest
 from click.testing import CliRunner
-from conftest import CAPTURES
+from conftest import CAPTURES, ROOT, read_terminal
 
 from analyzer.cli import main
 from analyzer.cli.options import IsoTime
@@ -135,3 +140,40 @@ def test_format_given_or_no_extension_writes_as_told(tmp_path):
     assert json.loads((tmp_path / "x.csv").read_text())["schema_version"]
     assert run("audit", SEED_DB, "-o", str(tmp_path / "plain")).exit_code == 0
     assert "FINDINGS" in (tmp_path / "plain").read_text()
+
+
+# ---------------------------------------------------------------------------------------------
+# Progress says what it counts
+
+
+def _screen(*args: str) -> str:
+    """The CLI typed in a terminal (stdin, stdout and stderr on a pseudo-terminal)."""
+    leader, follower = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "analyzer", *args],
+        stdin=follower,
+        stdout=follower,
+        stderr=follower,
+        cwd=ROOT,
+        env={**os.environ, "COLUMNS": "100", "LINES": "40", "TERM": "xterm"},
+    )
+    os.close(follower)
+    screen = read_terminal(leader, process)
+    process.wait(timeout=60)
+    os.close(leader)
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.decode("utf-8", "replace"))
+
+
+def test_reading_a_folder_counts_its_files():
+    files = sum(
+        1
+        for p in SEED.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(SEED).parts)
+    )
+    assert files > 1
+    screen = _screen("audit", str(SEED), "-o", os.devnull)
+    counts = re.findall(r"reading\b.*? (\d+)/(\d+) files", screen)
+    assert counts and {int(total) for _, total in counts} == {files}, screen
+    assert "/?" not in screen and "0/1 " not in screen
+    alone = _screen("audit", SEED_DB, "-o", os.devnull)
+    assert re.search(r"reading\b.*? [01]/1 file\b", alone), alone
