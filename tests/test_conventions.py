@@ -177,3 +177,47 @@ def test_reading_a_folder_counts_its_files():
     assert "/?" not in screen and "0/1 " not in screen
     alone = _screen("audit", SEED_DB, "-o", os.devnull)
     assert re.search(r"reading\b.*? [01]/1 file\b", alone), alone
+
+
+# ---------------------------------------------------------------------------------------------
+# --fail-on-findings: an audit that decided nothing is no all-clear
+
+WARNING_LOG = str(
+    CAPTURES / "v0.22.5" / "user-stop-mid-rollout" / "logs" / "server-warning.standard.log"
+)
+(PS_JSON,) = (SEED / "cli").glob("*/ps-a.json")  # health cannot be decided from it alone
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        ([WARNING_LOG], "FINDINGS: none, but no run evidence in the inputs"),
+        ([SEED_DB, "--project", "nobody"], "FINDINGS: none, but no run evidence in the inputs"),
+        ([str(PS_JSON)], "FINDINGS: none, but 1 run could not be decided (inconclusive)"),
+    ],
+    ids=["warning-log-alone", "project-matching-no-run", "inconclusive-run"],
+)
+def test_nothing_decided_fails_the_gate_unless_allowed(args, said):
+    table = run("audit", *args)
+    assert table.exit_code == 0 and said in table.output, table.output
+    gate = run("audit", *args, "--fail-on-findings", "--format", "json")
+    assert gate.exit_code == 1
+    assert "no findings, but" in gate.stderr and "--allow-undecided" in gate.stderr
+    assert json.loads(gate.stdout)["findings"] == []
+    allowed = run("audit", *args, "--fail-on-findings", "--allow-undecided", "-o", os.devnull)
+    assert allowed.exit_code == 0, allowed.output
+    markdown = run("audit", *args, "--format", "markdown").output
+    assert "None, but" in markdown
+
+
+def test_decided_audits_keep_their_exit_codes():
+    assert run("audit", ROLLING, "--fail-on-findings", "-o", os.devnull).exit_code == 0
+    assert run("audit", SEED_DB, "--fail-on-findings", "-o", os.devnull).exit_code == 1
+    assert "FINDINGS: none\n" in run("audit", ROLLING).output
+
+
+def test_the_exit_codes_are_documented_in_help():
+    top = run("--help").output
+    assert "130 interrupted" in top and "runs not decided" in top
+    audit = run("audit", "--help").output
+    assert "--allow-undecided" in audit and "or runs not decided" in " ".join(audit.split())

@@ -31,8 +31,9 @@ def main() -> None:
       an ingested dataset (a folder or a URL polars reads), or a folder of any of these.
 
     \b
-    Exit status: 0 done, 1 findings with --fail-on-findings (verify: a difference),
-    2 unusable input or wrong usage (one line on stderr, never a traceback).
+    Exit status: 0 done; 1 findings, or runs not decided, with --fail-on-findings
+    (exposure --fail-on-exposed: an exposed service; verify: a difference); 2 unusable
+    input or wrong usage (one line on stderr, never a traceback); 130 interrupted (Ctrl-C).
     -o FILE picks the format from FILE's extension; -o - is standard output.
     """
     # A command is one short process whose imports and expression trees make many objects and

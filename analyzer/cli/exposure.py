@@ -169,9 +169,9 @@ def register(main: click.Group) -> None:
         from analyzer.outputs import plan
         from analyzer.pipeline.exposure import exposure_report
 
+        outputs = plan(sources, files=(output,))
         fmt = output_format(fmt, output, FORMAT_BY_SUFFIX, "table", "exposure")
         zone = time_zone(tz)
-        outputs = plan(sources, files=(output,))
         opened = open_audit(sources, log_tz, log_date, project=project)
         outputs.add_inputs(i.path for i in opened.evidence.inputs)
         report = exposure_report(opened, as_of)

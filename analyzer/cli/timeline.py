@@ -70,9 +70,9 @@ def timeline(
     from analyzer.render.text import render_timeline
     from analyzer.render.timeline_view import export, merged_events, roles
 
+    outputs = plan(sources, files=(output,))
     fmt = output_format(fmt, output, TIMELINE_BY_SUFFIX, "text", "timeline")
     zone = time_zone(tz)
-    outputs = plan(sources, files=(output,))
     opened = open_audit(sources, log_tz, log_date, project=project, run=run)
     outputs.add_inputs(i.path for i in opened.evidence.inputs)
     row = one_run(opened.runs, run)

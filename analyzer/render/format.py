@@ -32,6 +32,18 @@ REASON_PHRASES = {
 }
 
 
+def undecided(report: Any) -> str | None:
+    """Why an audit without findings is no all-clear, or None when every run was decided: no
+    run evidence at all (a WARNING-level log alone, --project matching no run), or runs whose
+    verdict is inconclusive. `--fail-on-findings` fails on it too (unless --allow-undecided)."""
+    if report.summary.runs == 0:
+        return "no run evidence in the inputs"
+    count = report.summary.by_verdict.get("inconclusive", 0)
+    if count:
+        return f"{count} run{'s' if count != 1 else ''} could not be decided (inconclusive)"
+    return None
+
+
 # ---------------------------------------------------------------------------------------------
 # Times
 

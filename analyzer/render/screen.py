@@ -27,6 +27,7 @@ from analyzer.render.format import (
     fmt_duration,
     fmt_time,
     group_rows,
+    undecided,
 )
 from analyzer.terminal import console as terminal_console
 
@@ -135,7 +136,12 @@ def _impact_cell(finding: Finding, tz: tzinfo | None) -> Text:
 
 def _findings(report: Report, tz: tzinfo | None, width: int) -> list:
     if not report.findings:
-        return [Text("FINDINGS: none", "bold green")]
+        why = undecided(report)
+        if why is None:
+            return [Text("FINDINGS: none", "bold green")]
+        if report.summary.runs == 0:
+            return [Text(f"FINDINGS: none, but {why}: nothing could be decided", "bold yellow")]
+        return [Text(f"FINDINGS: none, but {why}", "bold yellow")]
     table = _fill(
         _table("#", "finding", "impact"),
         (
