@@ -4,12 +4,15 @@ names and the times' precision."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pty
 import re
+import struct
 import subprocess
 import sys
+import termios
 
 import click
 import pytest
@@ -146,16 +149,20 @@ def test_format_given_or_no_extension_writes_as_told(tmp_path):
 # Progress says what it counts
 
 
-def _screen(*args: str) -> str:
-    """The CLI typed in a terminal (stdin, stdout and stderr on a pseudo-terminal)."""
+def _screen(*args: str, columns: int = 100) -> str:
+    """The CLI typed in a terminal `columns` wide (stdin, stdout and stderr on a
+    pseudo-terminal of that size; no COLUMNS to hint at it)."""
     leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+    env = {**os.environ, "TERM": "xterm"}
+    env.pop("COLUMNS", None)
     process = subprocess.Popen(
         [sys.executable, "-m", "analyzer", *args],
         stdin=follower,
         stdout=follower,
         stderr=follower,
         cwd=ROOT,
-        env={**os.environ, "COLUMNS": "100", "LINES": "40", "TERM": "xterm"},
+        env=env,
     )
     os.close(follower)
     screen = read_terminal(leader, process)
@@ -221,3 +228,36 @@ def test_the_exit_codes_are_documented_in_help():
     assert "130 interrupted" in top and "runs not decided" in top
     audit = run("audit", "--help").output
     assert "--allow-undecided" in audit and "or runs not decided" in " ".join(audit.split())
+
+
+# ---------------------------------------------------------------------------------------------
+# Help at 80 columns; the timeline fits the terminal
+
+
+def test_every_command_summary_fits_80_columns_whole():
+    result = run("--help", env={"COLUMNS": "80"})
+    listing = result.output[result.output.index("Commands:") :].splitlines()[1:]
+    summaries = dict(line.split(None, 1) for line in listing if line.strip())
+    assert set(summaries) == set(main.commands)
+    for name, summary in summaries.items():
+        assert summary.endswith(".") and not summary.endswith("..."), (name, summary)
+    assert all(len(line) <= 80 for line in listing)
+
+
+@pytest.mark.parametrize("command", ["", *sorted(main.commands)])
+def test_every_help_fits_80_columns(command):
+    result = run(*command.split(), "--help", env={"COLUMNS": "80"})
+    assert result.exit_code == 0
+    assert [line for line in result.output.splitlines() if len(line) > 80] == []
+
+
+def test_timeline_fits_the_terminal_it_is_typed_in():
+    columns = 72
+    wide = run("timeline", "web", SEED_DB, "--width", "200").output
+    assert max(len(line) for line in wide.splitlines()) > columns  # narrowing is needed
+    screen = _screen("timeline", "web", SEED_DB, "-q", "--no-color", columns=columns)
+    lines = screen.replace("\r", "").splitlines()
+    assert len(lines) > 10 and "EVENTS" in screen
+    too_wide = [line for line in lines if len(line) > columns and " " in line.strip()]
+    assert too_wide == []
+    assert screen.split() == wide.split()  # nothing lost, only the line breaks moved

@@ -51,7 +51,7 @@ RENDERERS: dict[str, Callable[[Any], Iterable[str]]] = {  # besides "table", the
 }
 
 
-@click.command()
+@click.command(short_help="Audit SOURCES and report every run's verdict and every finding.")
 @click.argument("sources", nargs=-1)
 @click.option(
     "--format",
@@ -172,8 +172,9 @@ def audit(
     json; plain, .gz, docker/kubectl --timestamps, journalctl -o json), or folders of these.
 
     \b
-    Exit status: 0 audit completed, 1 with --fail-on-findings and findings (or runs
-    not decided, unless --allow-undecided), 2 unusable input or wrong usage.
+    Exit status: 0 audit completed, 1 with --fail-on-findings and findings
+    (or runs not decided, unless --allow-undecided), 2 unusable input or wrong
+    usage.
     """
     from analyzer.api import audit_in_partitions
     from analyzer.outputs import plan
@@ -309,7 +310,7 @@ def _gate(report: Any, fail_on_findings: bool, allow_undecided: bool) -> None:
         sys.exit(1)
 
 
-@click.command()
+@click.command(short_help="Re-run a bundle's audit and confirm the same findings.")
 @click.argument("bundle", type=click.Path(path_type=Path))
 @ui_options
 @clean_errors
@@ -320,7 +321,8 @@ def verify(bundle: Path) -> None:
     the SHA-256 its manifest recorded.
 
     \b
-    Exit status: 0 same inputs and same findings, 1 something differs, 2 unusable bundle.
+    Exit status: 0 same inputs and same findings, 1 something differs,
+    2 unusable bundle.
     """
     from analyzer.bundle import verify_bundle
     from analyzer.sources.live import read_manifest, verify_collection

@@ -122,7 +122,7 @@ RENDERERS = {
 
 
 def register(main: click.Group) -> None:
-    @main.command()
+    @main.command(short_help="Find running services a failed rollout would take down.")
     @click.argument("sources", nargs=-1, required=True)
     @click.option(
         "--as-of",
@@ -163,8 +163,8 @@ def register(main: click.Group) -> None:
         down (by dstack release), and is there room for the surge replica?
 
         \b
-        Exit status: 0 done, 1 with --fail-on-exposed when a service is exposed, 2 unusable
-        input or wrong usage.
+        Exit status: 0 done, 1 with --fail-on-exposed when a service is exposed,
+        2 unusable input or wrong usage.
         """
         from analyzer.outputs import plan
         from analyzer.pipeline.exposure import exposure_report

@@ -41,7 +41,7 @@ def register(main: click.Group) -> None:
     if "plot" in main.commands and "report" in main.commands:
         return
 
-    @click.command("plot")
+    @click.command("plot", short_help="Draw a run's swimlane, or the fleet-wide charts.")
     @click.argument("args", nargs=-1, required=True, metavar="RUN SOURCE...")
     @click.option(
         "--output",
@@ -111,7 +111,9 @@ def register(main: click.Group) -> None:
         outputs.write_bytes(output, figure_bytes(fig, fmt, dpi=dpi))
         _wrote(output)
 
-    @click.command("report")
+    @click.command(
+        "report", short_help="Write the incident report of SOURCES, in HTML or markdown."
+    )
     @click.argument("sources", nargs=-1, required=True)
     @click.option(
         "--output",
