@@ -312,6 +312,8 @@ def open_sources(
         for path in given:
             started = time.perf_counter()
             data = load_path(path, LoadContext(labels.get(str(path), server), options))
+            for part in data if not is_claimed(path) else ():
+                part.given = str(path)
             loaded.append((data, labels.get(str(path))))
             read = [i for part in data for i in part.inputs]
             step(

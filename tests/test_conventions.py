@@ -261,3 +261,49 @@ def test_timeline_fits_the_terminal_it_is_typed_in():
     too_wide = [line for line in lines if len(line) > columns and " " in line.strip()]
     assert too_wide == []
     assert screen.split() == wide.split()  # nothing lost, only the line breaks moved
+
+
+# ---------------------------------------------------------------------------------------------
+# Server names are the sources given; times carry the evidence's precision
+
+
+def _servers(*sources: str) -> set[str]:
+    result = run("audit", *sources, "--format", "json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    named = {v["server"] for v in report["runs"]} | {f["server"] for f in report["findings"]}
+    assert {g["key"] for g in report["summary"]["by_server"]} <= named
+    return named
+
+
+def test_a_server_is_named_by_the_source_given():
+    crash = CAPTURES / "v0.22.5" / "multi-replica-crash"
+    assert _servers(str(SEED), str(crash)) == {"seed", "multi-replica-crash"}
+    assert _servers(str(SEED / "tables"), str(crash / "tables")) == {
+        "seed/tables",
+        "multi-replica-crash/tables",
+    }
+    assert _servers(SEED_DB, str(crash / "server.db")) == {
+        "seed/server.db",
+        "multi-replica-crash/server.db",
+    }
+
+
+def test_servers_inside_one_given_folder_are_named_by_their_database():
+    names = _servers(str(CAPTURES / "v0.22.5"))
+    assert len(names) == len(list((CAPTURES / "v0.22.5").glob("*/server.db")))
+    assert all(name.endswith("/server.db") and name.count("/") == 1 for name in names)
+
+
+def test_times_carry_the_precision_of_the_evidence():
+    """`dstack event` text is to the second, the database to the microsecond."""
+    seconds = run("timeline", "web", str(SEED / "cli")).output
+    events = seconds[seconds.index("EVENTS") :]
+    assert "2026-11-02 09:00:41Z  run web: Run submitted" in events
+    assert not re.search(r"\d\d:\d\d:\d\d\.000(Z|\b)", events)
+    precise = run("timeline", "web", SEED_DB).output
+    assert re.search(r"2026-11-02 09:09:29\.439Z", precise)
+    exposure = run("exposure", ROLLING, "--as-of", "2026-11-03T13:00:00Z").output
+    assert "as of 2026-11-03 13:00:00Z:" in exposure
+    berlin = run("exposure", ROLLING, "--as-of", "2026-11-03T13:00:00Z", "--tz", "Europe/Berlin")
+    assert "as of 2026-11-03 14:00:00+01:00:" in berlin.output
