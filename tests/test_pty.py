@@ -176,20 +176,34 @@ def test_ctrl_c_exits_130_and_leaves_no_partial_output(tmp_path):
 
 
 def test_sigint_while_writing_leaves_no_file(tmp_path):
-    """SIGINT however it comes (kill -INT): exit 130 and no file, not even a temporary one."""
+    """SIGINT however it comes (kill -INT), sent once the report is being drawn (the terminal
+    shows that stage): exit 130 and no file, not even a temporary one."""
     out = tmp_path / "report.html"
+    leader, follower = pty.openpty()
     process = subprocess.Popen(
-        [sys.executable, "-m", "analyzer", "report", SEED_DB, "-o", str(out)],
+        [sys.executable, "-m", "analyzer", "report", str(CAPTURES / "v0.22.5"), "-o", str(out)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=follower,
         cwd=ROOT,
         env=_env(),
     )
-    time.sleep(1.5)
+    os.close(follower)
+    screen = b""
+    deadline = time.monotonic() + 60
+    while b"drawing the report" not in screen and time.monotonic() < deadline:
+        ready, _, _ = select.select([leader], [], [], 1)
+        if ready:
+            try:
+                screen += os.read(leader, 65536)
+            except OSError:
+                break
     process.send_signal(signal.SIGINT)
-    _, err = process.communicate(timeout=60)
-    if process.returncode == 0 or b"wrote" in err:  # finished before the signal came
+    screen += read_terminal(leader, process, timeout=60)
+    status = process.wait(timeout=60)
+    os.close(leader)
+    if b"wrote" in screen:  # finished before the signal came
         pytest.skip("the report was written before the signal")
-    assert process.returncode == 130, err
+    assert b"drawing the report" in screen, screen
+    assert status == 130, screen
     assert list(tmp_path.iterdir()) == []
