@@ -29,7 +29,7 @@ from analyzer.pipeline.reconcile import TimeOptions, reconcile
 from analyzer.pipeline.selectors import one_run, run_filter
 from analyzer.pipeline.servers import assign_servers
 from analyzer.pipeline.timeline import deployments, evidence_gaps, submissions
-from analyzer.progress import stage
+from analyzer.progress import listening, stage
 from analyzer.redact import without_controls
 from analyzer.sources import count_files, is_claimed, load_path
 from analyzer.sources.base import LoadContext, ReadOptions, WholeInputFacts
@@ -308,7 +308,8 @@ def open_sources(
     labels = server_labels or {}
     loaded = []
     unit = "inputs" if any(is_claimed(path) for path in given) else "files"
-    with stage("reading", total=sum(count_files(path) for path in given), unit=unit) as step:
+    total = sum(count_files(path) for path in given) if listening() else None
+    with stage("reading", total=total, unit=unit) as step:
         for path in given:
             started = time.perf_counter()
             data = load_path(path, LoadContext(labels.get(str(path), server), options))

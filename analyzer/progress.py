@@ -22,6 +22,11 @@ class Listener(Protocol):
 LISTENER: ContextVar[Listener | None] = ContextVar("progress_listener", default=None)
 
 
+def listening() -> bool:
+    """Whether anyone shows the stages (a count that costs work is taken only then)."""
+    return LISTENER.get() is not None
+
+
 def current_step() -> Callable[..., None]:
     """The innermost stage's step function (a no-op outside any stage or without a listener):
     a reader deep in the library counts its files without being handed the step."""
