@@ -35,9 +35,9 @@ from analyzer.pipeline.reconcile import TimeOptions, reconcile
 from analyzer.pipeline.selectors import one_run, run_filter
 from analyzer.pipeline.servers import assign_servers
 from analyzer.pipeline.timeline import deployments, evidence_gaps, submissions
-from analyzer.progress import stage
+from analyzer.progress import listening, stage
 from analyzer.redact import without_controls
-from analyzer.sources import load_path, shown
+from analyzer.sources import count_files, is_claimed, load_path, shown
 from analyzer.sources.base import LoadContext, ReadOptions, WholeInputFacts
 from analyzer.times import parse_time
 
@@ -335,16 +335,21 @@ def open_sources(
     options = ReadOptions(partition=partition, since=since, project=project, shared=shared)
     labels = server_labels or {}
     loaded = []
-    with stage("reading", total=len(given)) as step:
+    unit = "inputs" if any(is_claimed(path) for path in given) else "files"
+    total = sum(count_files(path) for path in given) if listening() else None
+    with stage("reading", total=total, unit=unit) as step:
         for path in given:
             started = time.perf_counter()
             data = load_path(path, LoadContext(labels.get(str(path), server), options))
+            for part in data if not is_claimed(path) else ():
+                part.given = str(path)
             loaded.append((data, labels.get(str(path))))
             read = [i for part in data for i in part.inputs]
             step(
-                f"read {shown(path)} in {time.perf_counter() - started:.2f}s: "
+                count=0,
+                note=f"read {shown(path)} in {time.perf_counter() - started:.2f}s: "
                 + ", ".join(f"{i.path} ({i.kind}, {i.records} records)" for i in read[:20])
-                + (f" and {len(read) - 20} more" if len(read) > 20 else "")
+                + (f" and {len(read) - 20} more" if len(read) > 20 else ""),
             )
     with stage("combining and aligning clocks"):
         parts = assign_servers(loaded, server, partitioned=partition is not None)

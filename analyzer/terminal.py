@@ -67,6 +67,23 @@ def console(
     )
 
 
+def _counted_column() -> Any:
+    """'3/35 files': what a stage counts, with its unit; nothing for a stage that counts
+    nothing (rich's own column says '0/?')."""
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    class Counted(ProgressColumn):
+        def render(self, task: Any) -> Any:
+            if task.total is None:
+                return Text("")
+            unit = task.fields.get("unit", "")
+            unit = unit[:-1] if task.total == 1 and unit.endswith("s") else unit
+            return Text(f"{int(task.completed)}/{int(task.total)} {unit}".rstrip())
+
+    return Counted()
+
+
 class _Listener:
     """Progress bars for the library's stages on stderr, and with -v one line per stage."""
 
@@ -77,13 +94,12 @@ class _Listener:
         self.progress: Any = None
         self.tasks: list[tuple[Any, float]] = []
 
-    def begin(self, description: str, total: int | None) -> None:
+    def begin(self, description: str, total: int | None, unit: str = "") -> None:
         task = None
         if self.bars:
             if self.progress is None:
                 from rich.progress import (
                     BarColumn,
-                    MofNCompleteColumn,
                     Progress,
                     SpinnerColumn,
                     TextColumn,
@@ -94,7 +110,7 @@ class _Listener:
                     SpinnerColumn(),
                     TextColumn("{task.description}"),
                     BarColumn(),
-                    MofNCompleteColumn(),
+                    _counted_column(),
                     TimeElapsedColumn(),
                     console=self.err,
                     transient=True,
@@ -102,13 +118,16 @@ class _Listener:
                     redirect_stderr=False,
                 )
                 self.progress.start()
-            task = self.progress.add_task(description, total=total)
+            task = self.progress.add_task(description, total=total, unit=unit)
         self.tasks.append((task, time.perf_counter()))
 
-    def step(self, note: str | None = None) -> None:
+    def step(self, note: str | None = None, count: int = 1) -> None:
         task = self.tasks[-1][0] if self.tasks else None
-        if self.progress is not None and task is not None:
-            self.progress.advance(task)
+        if self.progress is not None and task is not None and count:
+            shown = next(t for t in self.progress.tasks if t.id == task)
+            done = shown.completed + count
+            # a symlinked folder inside a folder is read but not counted ahead: never past total
+            self.progress.update(task, completed=min(done, shown.total or done))
         if self.verbose and note:
             self._say(note)
 

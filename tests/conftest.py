@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import select
 import shutil
 import sqlite3
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +16,29 @@ import pytest
 DATA = Path(__file__).parent / "data"
 CAPTURES = DATA / "captures"
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def read_terminal(leader: int, process: subprocess.Popen, timeout: float = 120) -> bytes:
+    """What `process` showed on the pseudo-terminal whose leader side is `leader`: read until
+    the terminal closes or the process has exited and nothing is left (killed after
+    `timeout` seconds)."""
+    chunks = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([leader], [], [], 1)
+        if ready:
+            try:
+                data = os.read(leader, 65536)
+            except OSError:  # EIO: every follower side is closed
+                break
+            if not data:
+                break
+            chunks.append(data)
+        elif process.poll() is not None:
+            break
+    else:
+        process.kill()
+    return b"".join(chunks)
 
 
 def truth_files(pattern: str = "v*/*/truth.json") -> list[Path]:

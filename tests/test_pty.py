@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import CAPTURES, ROOT
+from conftest import CAPTURES, ROOT, read_terminal
 
 SEED = CAPTURES / "v0.22.5" / "seed"
 SEED_DB = str(SEED / "server.db")
@@ -27,24 +27,6 @@ def _env() -> dict[str, str]:
     env = {**os.environ, **ENV}
     env.pop("NO_COLOR", None)
     return env
-
-
-def _drain(leader: int, process: subprocess.Popen, timeout: float = 120) -> bytes:
-    chunks = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([leader], [], [], 1)
-        if ready:
-            try:
-                data = os.read(leader, 65536)
-            except OSError:
-                break
-            if not data:
-                break
-            chunks.append(data)
-        elif process.poll() is not None:
-            break
-    return b"".join(chunks)
 
 
 def _typed(args: list[str], stdout: int) -> tuple[int, bytes]:
@@ -60,7 +42,7 @@ def _typed(args: list[str], stdout: int) -> tuple[int, bytes]:
         env=_env(),
     )
     os.close(follower)
-    screen = _drain(leader, process)
+    screen = read_terminal(leader, process)
     status = process.wait(timeout=120)
     os.close(leader)
     return status, screen
@@ -194,20 +176,34 @@ def test_ctrl_c_exits_130_and_leaves_no_partial_output(tmp_path):
 
 
 def test_sigint_while_writing_leaves_no_file(tmp_path):
-    """SIGINT however it comes (kill -INT): exit 130 and no file, not even a temporary one."""
+    """SIGINT however it comes (kill -INT), sent once the report is being drawn (the terminal
+    shows that stage): exit 130 and no file, not even a temporary one."""
     out = tmp_path / "report.html"
+    leader, follower = pty.openpty()
     process = subprocess.Popen(
-        [sys.executable, "-m", "analyzer", "report", SEED_DB, "-o", str(out)],
+        [sys.executable, "-m", "analyzer", "report", str(CAPTURES / "v0.22.5"), "-o", str(out)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=follower,
         cwd=ROOT,
         env=_env(),
     )
-    time.sleep(1.5)
+    os.close(follower)
+    screen = b""
+    deadline = time.monotonic() + 60
+    while b"drawing the report" not in screen and time.monotonic() < deadline:
+        ready, _, _ = select.select([leader], [], [], 1)
+        if ready:
+            try:
+                screen += os.read(leader, 65536)
+            except OSError:
+                break
     process.send_signal(signal.SIGINT)
-    _, err = process.communicate(timeout=60)
-    if process.returncode == 0:  # finished before the signal came: nothing to check
+    screen += read_terminal(leader, process, timeout=60)
+    status = process.wait(timeout=60)
+    os.close(leader)
+    if b"wrote" in screen:  # finished before the signal came
         pytest.skip("the report was written before the signal")
-    assert process.returncode == 130, err
+    assert b"drawing the report" in screen, screen
+    assert status == 130, screen
     assert list(tmp_path.iterdir()) == []

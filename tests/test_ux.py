@@ -10,14 +10,13 @@ import json
 import os
 import pty
 import re
-import select
 import subprocess
 import sys
 from datetime import UTC, datetime
 
 import pytest
 from click.testing import CliRunner
-from conftest import CAPTURES, ROOT
+from conftest import CAPTURES, ROOT, read_terminal
 
 from analyzer import AuditInputError, open_sources
 from analyzer.cli import main
@@ -257,22 +256,10 @@ def _on_a_pty(*args: str, env: dict | None = None) -> str:
         env={**os.environ, "COLUMNS": "100", "LINES": "40", "TERM": "xterm", **(env or {})},
     )
     os.close(follower)
-    chunks = []
-    while True:
-        ready, _, _ = select.select([leader], [], [], 120)
-        if not ready:
-            process.kill()
-            break
-        try:
-            data = os.read(leader, 65536)
-        except OSError:
-            break
-        if not data:
-            break
-        chunks.append(data)
+    screen = read_terminal(leader, process)
     process.wait(timeout=60)
     os.close(leader)
-    return b"".join(chunks).decode("utf-8", "replace")
+    return screen.decode("utf-8", "replace")
 
 
 def test_progress_on_a_terminal_and_not_when_piped():

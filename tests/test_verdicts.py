@@ -565,7 +565,7 @@ def test_timeline_states_a_run_deleted_by_a_resubmission(copy_db):
     out = _timeline("web", str(db))
     deleted = _slot(out, "deleted:")
     assert "marked deleted" in deleted
-    assert "'Run deleted' 2026-11-02 09:10:00.000Z by user alice" in deleted
+    assert "'Run deleted' 2026-11-02 09:10:00Z by user alice" in deleted
 
 
 # 4. One server per database, one record per fact ----------------------------------------------

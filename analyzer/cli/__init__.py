@@ -25,14 +25,17 @@ def main() -> None:
     \b
     SOURCE, detected by content (any mix; every input opened read-only):
       a dstack SQLite database (server.db), a PostgreSQL URL (postgresql://...),
-      a folder of table exports (CSV or Parquet), API exports (/api/runs/list JSON,
-      `dstack ps --json`, `dstack event` text), server logs (rich, standard or json;
-      plain, .gz, rotated, docker/kubectl --timestamps, journalctl -o json; - for stdin),
-      an ingested dataset (a folder or a URL polars reads), or a folder of any of these.
+      a folder of table exports (CSV or Parquet), API exports (/api/runs/list
+      JSON, `dstack ps --json`, `dstack event` text), server logs (rich, standard
+      or json; plain, .gz, rotated, docker/kubectl --timestamps, journalctl -o
+      json; - for stdin), an ingested dataset (a folder or a URL polars reads),
+      or a folder of any of these.
 
     \b
-    Exit status: 0 done, 1 findings with --fail-on-findings (verify: a difference),
-    2 unusable input or wrong usage (one line on stderr, never a traceback).
+    Exit status: 0 done; 1 findings, or runs not decided, with --fail-on-findings
+    (exposure --fail-on-exposed: an exposed service; verify: a difference);
+    2 unusable input or wrong usage (one line on stderr, never a traceback);
+    130 interrupted (Ctrl-C).
     -o FILE picks the format from FILE's extension; -o - is standard output.
     """
     # A command is one short process whose imports and expression trees make many objects and

@@ -13,9 +13,9 @@ import click
 
 from analyzer.cli.options import (
     clean_errors,
-    inferred_format,
     log_options,
     open_audit,
+    output_format,
     output_option,
     parse_partition,
     parse_server_labels,
@@ -51,7 +51,7 @@ RENDERERS: dict[str, Callable[[Any], Iterable[str]]] = {  # besides "table", the
 }
 
 
-@click.command()
+@click.command(short_help="Audit SOURCES and report every run's verdict and every finding.")
 @click.argument("sources", nargs=-1)
 @click.option(
     "--format",
@@ -75,7 +75,18 @@ RENDERERS: dict[str, Callable[[Any], Iterable[str]]] = {  # besides "table", the
     + ".",
 )
 @tz_option
-@click.option("--fail-on-findings", is_flag=True, help="Exit 1 when there is any finding.")
+@click.option(
+    "--fail-on-findings",
+    is_flag=True,
+    help="Exit 1 when there is any finding, and when nothing could be decided (no run evidence "
+    "in the inputs, or inconclusive runs): no findings is no all-clear then.",
+)
+@click.option(
+    "--allow-undecided",
+    is_flag=True,
+    help="With --fail-on-findings: exit 0 when there is no finding even if runs could not be "
+    "decided.",
+)
 @click.option(
     "--quarantine",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -141,6 +152,7 @@ def audit(
     verdicts: tuple[str, ...],
     tz: str | None,
     fail_on_findings: bool,
+    allow_undecided: bool,
     quarantine: Path | None,
     server_labels: tuple[str, ...],
     partition: str | None,
@@ -160,8 +172,9 @@ def audit(
     json; plain, .gz, docker/kubectl --timestamps, journalctl -o json), or folders of these.
 
     \b
-    Exit status: 0 audit completed, 1 with --fail-on-findings and findings,
-    2 unusable input or wrong usage.
+    Exit status: 0 audit completed, 1 with --fail-on-findings and findings
+    (or runs not decided, unless --allow-undecided), 2 unusable input or wrong
+    usage.
     """
     from analyzer.api import audit_in_partitions
     from analyzer.outputs import plan
@@ -187,7 +200,6 @@ def audit(
                     else "ingest it first (dstack-audit ingest SOURCE --to DIR), then audit DIR"
                 )
                 raise AuditInputError("--bundle", why, hint)
-    fmt = inferred_format(fmt, output, "table", FORMAT_BY_SUFFIX)
     zone = time_zone(tz)
 
     def render(report: Any) -> Iterable[str]:
@@ -216,6 +228,7 @@ def audit(
     labels = parse_server_labels(server_labels)
     sources = tuple(dict.fromkeys([*sources, *labels]))
     outputs = plan(sources, files=(output, quarantine), folders=(bundle,), force=force)
+    fmt = output_format(fmt, output, FORMAT_BY_SUFFIX, "table", "audit")  # after: evidence first
     options = {
         "server_labels": labels,
         "project": project,
@@ -243,8 +256,7 @@ def audit(
         outputs.add_inputs(i.path for i in report.inputs)
         shapes = Redactor()  # each partition's report is redacted already: secret shapes only
         write(report, lambda text: shapes.apply(without_controls(text)))
-        if fail_on_findings and report.findings:
-            sys.exit(1)
+        _gate(report, fail_on_findings, allow_undecided)
         return
     opened = open_audit(sources, log_tz, log_date, partition=parse_partition(partition), **options)
     report = opened.report
@@ -285,11 +297,31 @@ def audit(
             for row in opened.evidence.unparsed.iter_rows(named=True)
         ]
         outputs.write_text(quarantine, opened.redact("".join(line + "\n" for line in lines)))
-    if fail_on_findings and report.findings:
+    _gate(report, fail_on_findings, allow_undecided)
+
+
+def _gate(report: Any, fail_on_findings: bool, allow_undecided: bool) -> None:
+    """--fail-on-findings: exit 1 on findings, and on an audit that decided nothing (a CI gate
+    must not read "no findings" from no evidence as safe) unless --allow-undecided."""
+    if not fail_on_findings:
+        return
+    if report.findings:
+        sys.exit(1)
+    from analyzer.render.format import undecided
+    from analyzer.terminal import SETTINGS
+
+    why = undecided(report)
+    if why and not allow_undecided:
+        if not SETTINGS.quiet:
+            click.echo(
+                f"dstack-audit: --fail-on-findings: no findings, but {why} "
+                "(--allow-undecided to pass)",
+                err=True,
+            )
         sys.exit(1)
 
 
-@click.command()
+@click.command(short_help="Re-run a bundle's audit and confirm the same findings.")
 @click.argument("bundle", type=click.Path(path_type=Path))
 @ui_options
 @clean_errors
@@ -300,7 +332,8 @@ def verify(bundle: Path) -> None:
     the SHA-256 its manifest recorded.
 
     \b
-    Exit status: 0 same inputs and same findings, 1 something differs, 2 unusable bundle.
+    Exit status: 0 same inputs and same findings, 1 something differs,
+    2 unusable bundle.
     """
     from analyzer.bundle import verify_bundle
     from analyzer.sources.live import read_manifest, verify_collection

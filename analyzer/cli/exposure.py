@@ -6,50 +6,91 @@
 from __future__ import annotations
 
 import sys
-from datetime import UTC, datetime
+import textwrap
+from datetime import datetime, tzinfo
 from pathlib import Path
+from typing import Any
 
 import click
 
-from analyzer.cli.options import clean_errors
+from analyzer.cli.options import (
+    IsoTime,
+    clean_errors,
+    log_options,
+    open_audit,
+    output_format,
+    output_option,
+    screen_width,
+    time_zone,
+    tz_option,
+    ui_options,
+)
 
-DATETIME_FORMATS = ["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S.%f"]
+FORMAT_BY_SUFFIX = {".json": "json", ".md": "markdown", ".markdown": "markdown", ".txt": "table"}
 
 
-def render_table(report) -> str:
-    """One block per service: the verdicts, then the facts behind them."""
-    when = f"{report.as_of:%Y-%m-%d %H:%M:%S} UTC" if report.as_of else "unknown (no evidence)"
-    lines = [f"Exposure as of {when}: {len(report.services)} running service(s)", ""]
+def _when(report, tz: tzinfo | None) -> str:
+    from analyzer.render.format import fmt_time
+
+    return fmt_time(report.as_of, tz=tz) if report.as_of else "unknown (no evidence)"
+
+
+def _fitted(line: str, width: int, indent: str) -> list[str]:
+    """`line` wrapped at words to `width` columns, its continuations under `indent` (a word
+    longer than the line, such as a path, stays whole)."""
+    return textwrap.wrap(
+        line,
+        width,
+        subsequent_indent=indent,
+        break_long_words=False,
+        break_on_hyphens=False,
+    ) or [line]
+
+
+def render_table(report, *, width: int = 100, tz: tzinfo | None = None) -> str:
+    """One block per service: the verdicts, then the facts behind them, fitted to `width`."""
+    blocks: list[tuple[str, str]] = [
+        (f"Exposure as of {_when(report, tz)}: {len(report.services)} running service(s)", ""),
+        ("", ""),
+    ]
     for s in report.services:
-        lines.append(
-            f"{s.project or '-'}/{s.run_name} ({s.run_id[:8]}): exposed {s.exposed}, "
-            f"surge capacity {s.surge_capacity}, {s.healthy_replicas} healthy replica(s) at "
-            f"stake, {s.past_incidents} past incident(s)"
+        blocks.append(
+            (
+                f"{s.project or '-'}/{s.run_name} ({s.run_id[:8]}): exposed {s.exposed}, "
+                f"surge capacity {s.surge_capacity}, {s.healthy_replicas} healthy replica(s) at "
+                f"stake, {s.past_incidents} past incident(s)",
+                "  ",
+            )
         )
-        lines.append(
-            f"  replicas: {s.active_replicas} active, {s.desired_replicas} desired; "
-            f"resources: {'; '.join(s.resources) or 'unknown'}"
+        blocks.append(
+            (
+                f"  replicas: {s.active_replicas} active, {s.desired_replicas} desired; "
+                f"resources: {'; '.join(s.resources) or 'unknown'}",
+                "    ",
+            )
         )
         for fleet in s.fleets:
             held = ", ".join(f"{i.instance_name} {i.state} {i.blocks}" for i in fleet.instances)
-            lines.append(
-                f"  fleet {fleet.fleet_name}: nodes {fleet.nodes}, {fleet.active_instances} "
-                f"instance(s) at T ({held or 'none'})"
+            blocks.append(
+                (
+                    f"  fleet {fleet.fleet_name}: nodes {fleet.nodes}, {fleet.active_instances} "
+                    f"instance(s) at T ({held or 'none'})",
+                    "    ",
+                )
             )
-        lines.extend(f"  - {reason}" for reason in s.reasons)
-        lines.append(f"  recommendation: {s.recommendation}")
-        lines.append("")
-    lines.extend(f"limitation: {lim.message} ({lim.source})" for lim in report.limitations)
-    return "\n".join(lines) + "\n"
+        blocks.extend((f"  - {reason}", "    ") for reason in s.reasons)
+        blocks.append((f"  recommendation: {s.recommendation}", "    "))
+        blocks.append(("", ""))
+    blocks.extend((f"limitation: {lim.message} ({lim.source})", "  ") for lim in report.limitations)
+    return "\n".join(out for line, indent in blocks for out in _fitted(line, width, indent)) + "\n"
 
 
-def render_markdown(report) -> str:
+def render_markdown(report, *, tz: tzinfo | None = None) -> str:
     """Every data value (names, reasons, limitations) inert markdown (md_text)."""
     from analyzer.render.markdown import md_text
 
-    when = f"{report.as_of:%Y-%m-%d %H:%M:%S} UTC" if report.as_of else "unknown"
     lines = [
-        f"# Exposure as of {when}",
+        f"# Exposure as of {_when(report, tz)}",
         "",
         "| service | exposed | surge capacity | healthy replicas | fleets | past incidents | "
         "recommendation |",
@@ -76,55 +117,68 @@ def render_markdown(report) -> str:
 RENDERERS = {
     "table": render_table,
     "markdown": render_markdown,
-    "json": lambda report: report.model_dump_json(indent=2) + "\n",
+    "json": lambda report, **_: report.model_dump_json(indent=2) + "\n",
 }
 
 
 def register(main: click.Group) -> None:
-    @main.command()
+    @main.command(short_help="Find running services a failed rollout would take down.")
     @click.argument("sources", nargs=-1, required=True)
     @click.option(
         "--as-of",
-        type=click.DateTime(formats=DATETIME_FORMATS),
-        help="The UTC moment to assess (default: the end of the evidence).",
+        type=IsoTime(),
+        help="The moment to assess (ISO 8601; UTC without a zone; default: the end of the "
+        "evidence).",
     )
+    @click.option("--project", help="Only services of this project.")
     @click.option(
         "--format",
         "fmt",
         type=click.Choice(sorted(RENDERERS)),
-        default="table",
-        show_default=True,
-        help="Output format.",
+        help="Output format: table (default), markdown or json; without it, -o FILE's "
+        "extension decides (.json, .md).",
     )
-    @click.option(
-        "--output", "-o", type=click.Path(dir_okay=False, path_type=Path), help="Write to FILE."
-    )
+    @output_option("Write to FILE (- is standard output).")
     @click.option(
         "--fail-on-exposed", is_flag=True, help="Exit 1 when any running service is exposed."
     )
+    @tz_option
+    @log_options
+    @ui_options
     @clean_errors
     def exposure(
         sources: tuple[str, ...],
         as_of: datetime | None,
-        fmt: str,
+        project: str | None,
+        fmt: str | None,
         output: Path | None,
         fail_on_exposed: bool,
+        tz: str | None,
+        log_tz: str | None,
+        log_date: Any,
     ) -> None:
-        """For every service running at --as-of: would a failed rollout take its healthy
-        replicas down (dstack #4186, by release), and is there room for the surge replica?
+        """Find running services a failed rollout would take down (dstack #4186).
 
-        Exit status: 0 done, 1 with --fail-on-exposed when a service is exposed, 2 unusable
-        input.
+        For every service running at --as-of: would a failed rollout take its healthy replicas
+        down (by dstack release), and is there room for the surge replica?
+
+        \b
+        Exit status: 0 done, 1 with --fail-on-exposed when a service is exposed,
+        2 unusable input or wrong usage.
         """
-        from analyzer.api import open_sources
+        from analyzer.outputs import plan
         from analyzer.pipeline.exposure import exposure_report
 
-        opened = open_sources(sources)
-        report = exposure_report(opened, as_of.replace(tzinfo=UTC) if as_of else None)
-        text = opened.redact(RENDERERS[fmt](report))
-        if output is None:
-            click.echo(text, nl=False)
+        outputs = plan(sources, files=(output,))
+        fmt = output_format(fmt, output, FORMAT_BY_SUFFIX, "table", "exposure")
+        zone = time_zone(tz)
+        opened = open_audit(sources, log_tz, log_date, project=project)
+        outputs.add_inputs(i.path for i in opened.evidence.inputs)
+        report = exposure_report(opened, as_of)
+        if fmt == "table":
+            text = render_table(report, width=screen_width(output), tz=zone)
         else:
-            output.write_text(text, encoding="utf-8")
+            text = RENDERERS[fmt](report, tz=zone)
+        outputs.write_text(output, opened.redact(text))
         if fail_on_exposed and any(s.exposed == "yes" for s in report.services):
             sys.exit(1)

@@ -19,7 +19,7 @@ from analyzer.cli.options import (
 from analyzer.errors import AuditInputError
 
 
-@click.command()
+@click.command(short_help="Write SOURCES as a Parquet dataset partitioned by run.")
 @click.argument("sources", nargs=-1, required=True)
 @target_option("Folder to write the dataset to (runs/, jobs/, events/ partitioned by bucket).")
 @click.option("--buckets", default=16, show_default=True, help="How many run buckets.")
@@ -55,7 +55,7 @@ def ingest(
     click.echo(f"wrote {rows} to {target} in {buckets} bucket(s)")
 
 
-@click.command()
+@click.command(short_help="Collect a running dstack server's API into a folder.")
 @click.argument("url")
 @target_option("New folder to write the server's answers to (it appears only once complete).")
 @click.option("--project", help="Only this project (default: every project the token sees).")
@@ -79,8 +79,9 @@ def collect(
     the token). `dstack-audit audit DIR` audits it offline, `dstack-audit verify DIR` checks it.
 
     \b
-    Exit status: 0 collected, 2 unreachable server, bad token, not a dstack server, a server
-    that failed mid-collection (nothing is left in DIR) or wrong usage.
+    Exit status: 0 collected, 2 unreachable server, bad token, not a dstack
+    server, a server that failed mid-collection (nothing is left in DIR) or
+    wrong usage.
     """
     from analyzer.sources.collect import collect as collect_server
     from analyzer.sources.live import target_of, use_token

@@ -223,13 +223,35 @@ def screen_width(output: Path | None) -> int:
     return 100
 
 
-def inferred_format(fmt: str | None, output: Path | None, default: str, known) -> str:
-    """--format when given, else the output file's extension, else `default`."""
+def output_format(
+    fmt: str | None,
+    output: Path | None,
+    by_suffix: dict[str, str],
+    default: str | None,
+    command: str,
+) -> str:
+    """--format when given, else -o FILE's extension, else `default` (standard output, or a
+    FILE without an extension). An extension none of `command`'s formats has is refused, one
+    line naming those it has: `audit -o x.html` once wrote the terminal table under that name."""
     if fmt:
         return fmt
-    if output is not None and str(output) != "-":
-        return known.get(output.suffix.lower(), default)
-    return default
+    if output is None or str(output) == "-":
+        return default or next(iter(by_suffix.values()))
+    if default is not None and not output.suffix:
+        return default
+    found = by_suffix.get(output.suffix.lower())
+    if found is not None:
+        return found
+    *most, last = by_suffix
+    wanted = f"{', '.join(most)} or {last}" if most else last
+    html = output.suffix.lower() in (".html", ".htm")
+    raise AuditInputError(
+        str(output),
+        f"{command} writes {wanted} files, not {output.suffix or 'a name without an extension'}",
+        f"the HTML report: dstack-audit report SOURCE... -o {output.name}"
+        if html
+        else "or give --format",
+    )
 
 
 def parse_server_labels(pairs: tuple[str, ...]) -> dict[str, str]:

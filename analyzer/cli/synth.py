@@ -11,7 +11,7 @@ import click
 from analyzer.cli.options import clean_errors, ui_options
 
 
-@click.command()
+@click.command(short_help="Generate a synthetic dstack server, for benchmarks and tests.")
 @click.argument("out", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--runs", default=1000, show_default=True, help="How many runs to generate.")
 @click.option("--seed", default=0, show_default=True, help="Random seed (same seed, same bytes).")

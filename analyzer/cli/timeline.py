@@ -9,10 +9,11 @@ import click
 
 from analyzer.cli.options import (
     clean_errors,
-    inferred_format,
     log_options,
     open_audit,
+    output_format,
     output_option,
+    screen_width,
     time_zone,
     tz_option,
     ui_options,
@@ -22,7 +23,7 @@ TIMELINE_FORMATS = ["text", "json", "jsonl", "csv", "timesketch"]
 TIMELINE_BY_SUFFIX = {".json": "json", ".jsonl": "jsonl", ".csv": "csv", ".txt": "text"}
 
 
-@click.command()
+@click.command(short_help="Print a run's timeline: deployments, replicas and events.")
 @click.argument("run")
 @click.argument("sources", nargs=-1, required=True)
 @click.option("--project", help="The run's project, when several projects have a run of that name.")
@@ -36,7 +37,9 @@ TIMELINE_BY_SUFFIX = {".json": "json", ".jsonl": "jsonl", ".csv": "csv", ".txt":
 )
 @click.option("--sources", "show_sources", is_flag=True, help="List each line's provenance.")
 @click.option(
-    "--width", type=click.IntRange(min=40), help="Text: fit this many columns (default 100)."
+    "--width",
+    type=click.IntRange(min=40),
+    help="Text: fit this many columns (default: the terminal's width, else COLUMNS or 100).",
 )
 @tz_option
 @log_options
@@ -70,9 +73,9 @@ def timeline(
     from analyzer.render.text import render_timeline
     from analyzer.render.timeline_view import export, merged_events, roles
 
-    fmt = inferred_format(fmt, output, "text", TIMELINE_BY_SUFFIX)
-    zone = time_zone(tz)
     outputs = plan(sources, files=(output,))
+    fmt = output_format(fmt, output, TIMELINE_BY_SUFFIX, "text", "timeline")
+    zone = time_zone(tz)
     opened = open_audit(sources, log_tz, log_date, project=project, run=run)
     outputs.add_inputs(i.path for i in opened.evidence.inputs)
     row = one_run(opened.runs, run)
@@ -88,7 +91,7 @@ def timeline(
             opened.deployments.filter(key),
             opened.submissions.filter(key),
             events,
-            width=width or 100,
+            width=width or max(screen_width(output), 40),
             sources=show_sources,
             roles=marked,
             findings=found,

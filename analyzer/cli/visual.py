@@ -16,6 +16,7 @@ from analyzer.cli.options import (
     clean_errors,
     log_options,
     open_audit,
+    output_format,
     run_selection_options,
     ui_options,
 )
@@ -23,23 +24,6 @@ from analyzer.cli.options import (
 PLOT_FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
 MAX_PLOTS = 20
 REPORT_FORMATS = {".html": "html", ".htm": "html", ".md": "markdown", ".markdown": "markdown"}
-
-
-def _format(output: Path, formats: dict[str, str], given: str | None = None) -> str:
-    """--format when given, else the output's extension (- needs --format or takes the
-    first format)."""
-    if given:
-        return given
-    if str(output) == "-":
-        return next(iter(formats.values()))
-    fmt = formats.get(output.suffix.lower())
-    if fmt is None:
-        raise click.BadParameter(
-            f"{output.name}: the file name must end with one of {', '.join(formats)} "
-            "(or give --format)",
-            param_hint="'--output'",
-        )
-    return fmt
 
 
 def _wrote(output: Path) -> None:
@@ -57,7 +41,7 @@ def register(main: click.Group) -> None:
     if "plot" in main.commands and "report" in main.commands:
         return
 
-    @click.command("plot")
+    @click.command("plot", short_help="Draw a run's swimlane, or the fleet-wide charts.")
     @click.argument("args", nargs=-1, required=True, metavar="RUN SOURCE...")
     @click.option(
         "--output",
@@ -109,7 +93,7 @@ def register(main: click.Group) -> None:
         from analyzer.render.format import resolve_zone
         from analyzer.render.plots import figure_bytes, plot_fleet, plot_run
 
-        fmt = _format(output, PLOT_FORMATS, fmt)
+        fmt = output_format(fmt, output, PLOT_FORMATS, None, "plot")
         resolve_zone(tz)
         if fleet:
             outputs = plan(args, files=(output,))
@@ -127,7 +111,9 @@ def register(main: click.Group) -> None:
         outputs.write_bytes(output, figure_bytes(fig, fmt, dpi=dpi))
         _wrote(output)
 
-    @click.command("report")
+    @click.command(
+        "report", short_help="Write the incident report of SOURCES, in HTML or markdown."
+    )
     @click.argument("sources", nargs=-1, required=True)
     @click.option(
         "--output",
@@ -184,7 +170,7 @@ def register(main: click.Group) -> None:
         from analyzer.render.format import resolve_zone
         from analyzer.render.html import render_html, render_report_markdown
 
-        fmt = _format(output, REPORT_FORMATS, fmt)
+        fmt = output_format(fmt, output, REPORT_FORMATS, None, "report")
         if fmt == "markdown" and str(output) == "-":
             raise click.BadParameter(
                 "a markdown report needs a file (its PNGs go beside it)", param_hint="'--output'"

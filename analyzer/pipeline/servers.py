@@ -9,6 +9,7 @@ never changed.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import PurePath
 
@@ -58,16 +59,45 @@ def _version(part: SourceData) -> str | None:
     return next((i.server_version for i in part.inputs if i.server_version), None)
 
 
+def _home(group: list[SourceData]) -> SourceData:
+    """The part that names a server: its database, else its table export, else its first
+    input."""
+
+    def rank(part: SourceData) -> int:
+        kind = part.inputs[0].kind if part.inputs else ""
+        return 0 if kind in ("sqlite", "postgresql") else 1 if kind == "table-export" else 2
+
+    return min(group, key=rank)
+
+
+def _place(part: SourceData) -> str:
+    """Where a server's evidence sits: its database file or URL, or its table-export folder
+    (never one of the tables, `.../tables/backends.csv`)."""
+    if not part.inputs:
+        return "?"
+    first = part.inputs[0]
+    return str(PurePath(first.path).parent) if first.kind == "table-export" else first.path
+
+
 def _labels(groups: list[list[SourceData]]) -> list[str]:
-    """The shortest trailing part of each group's first path that tells the groups apart."""
+    """Each server named by the source the user gave for it (a database file, a folder), or,
+    for several servers inside one given folder, by where each sits in it: the shortest
+    trailing part of those that tells the servers apart."""
+    homes = [_home(group) for group in groups]
+    given = [home.given for home in homes]
+    names = [
+        name if name is not None and given.count(name) == 1 else _place(home)
+        for name, home in zip(given, homes, strict=True)
+    ]
     paths = [
-        PurePath(group[0].inputs[0].path if group[0].inputs else "?").parts for group in groups
+        PurePath(name if "://" in name else os.path.abspath(name)).parts if name != "?" else ("?",)
+        for name in names
     ]
     for depth in range(1, max(len(p) for p in paths) + 1):
-        labels = ["/".join(p[-depth:]) for p in paths]
+        labels = ["/".join(p[-depth:]).replace("//", "/", 1) for p in paths]
         if len(set(labels)) == len(labels):
             return labels
-    return [f"{'/'.join(p)}#{i}" for i, p in enumerate(paths)]
+    return [f"{name}#{i}" for i, name in enumerate(names)]
 
 
 def _relabel(part: SourceData, loaded_as: str, server: str) -> None:

@@ -33,20 +33,41 @@ REASON_PHRASES = {
 }
 
 
+def undecided(report: Any) -> str | None:
+    """Why an audit without findings is no all-clear, or None when every run was decided: no
+    run evidence at all (a WARNING-level log alone, --project matching no run), or runs whose
+    verdict is inconclusive. `--fail-on-findings` fails on it too (unless --allow-undecided)."""
+    if report.summary.runs == 0:
+        return "no run evidence in the inputs"
+    count = report.summary.by_verdict.get("inconclusive", 0)
+    if count:
+        return f"{count} run{'s' if count != 1 else ''} could not be decided (inconclusive)"
+    return None
+
+
 # ---------------------------------------------------------------------------------------------
 # Times
+
+
+def clock_text(value: datetime, pattern: str) -> str:
+    """`value` as `pattern` (ending in %S) with milliseconds only when it has a fraction: a
+    whole-second time from whole-second evidence (a rich log, an export) gets no invented
+    `.000`."""
+    if value.microsecond:
+        return value.strftime(pattern + ".%f")[:-3]
+    return value.strftime(pattern)
 
 
 def fmt_time(value: datetime | None, *, date: bool = True, tz: tzinfo | None = None) -> str:
     """UTC with a Z (the default), or in zone `tz` with its offset (both ISO 8601)."""
     if value is None:
         return "?"
+    pattern = "%Y-%m-%d %H:%M:%S" if date else "%H:%M:%S"
     if tz is not None:
         local = (value if value.tzinfo else value.replace(tzinfo=UTC)).astimezone(tz)
-        text = local.strftime("%Y-%m-%d %H:%M:%S.%f" if date else "%H:%M:%S.%f")[:-3]
+        text = clock_text(local, pattern)
         return text + (local.strftime("%z")[:3] + ":" + local.strftime("%z")[3:] if date else "")
-    text = value.strftime("%Y-%m-%d %H:%M:%S.%f" if date else "%H:%M:%S.%f")[:-3]
-    return text + ("Z" if date else "")
+    return clock_text(value, pattern) + ("Z" if date else "")
 
 
 def fmt_time_of_day(value: datetime | None, *, date: bool = True) -> str:
@@ -105,8 +126,8 @@ class Clock:
         """The time of day only (for text that already said the date)."""
         if value is None:
             return "?"
-        text = self.local(value).strftime("%H:%M:%S.%f")
-        text = text[:-3] if ms else text[:-7]
+        local = self.local(value)
+        text = clock_text(local, "%H:%M:%S") if ms else local.strftime("%H:%M:%S")
         days = self._day_roll(value)
         return text + (f" (+{days} d)" if days else "")
 
@@ -131,8 +152,9 @@ class Clock:
             return "?"
         if self.dateless or is_pseudo_date(value):
             return f"{self.tod(value, ms=ms)} (time of day only, date unknown)"
-        text = self.local(value).strftime("%Y-%m-%d %H:%M:%S.%f")
-        text = text[:-3] if ms else text[:-7]
+        local = self.local(value)
+        pattern = "%Y-%m-%d %H:%M:%S"
+        text = clock_text(local, pattern) if ms else local.strftime(pattern)
         return text + self._suffix(value)
 
     def _day_roll(self, value: datetime) -> int:

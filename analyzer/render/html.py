@@ -654,7 +654,7 @@ def render_html(audit: Any, *, tz: str | None = None, max_plots: int | None = 20
             "<p>None: no healthy replica was terminated because another replica's failure "
             "failed its run.</p>"
         )
-    with stage("drawing the report", total=drawn) as step:
+    with stage("drawing the report", total=drawn, unit="swimlanes") as step:
         for n, finding in enumerate(report.findings, 1):
             body.append(_finding(n, finding, audit, tz, images, swimlanes, max_plots, step, frames))
     body.append("</section>")

@@ -13,6 +13,7 @@ from analyzer.render.format import (
     group_rows,
     outage_text,
     replica_time_text,
+    undecided,
 )
 
 # Markdown's active characters: data (a termination message is the workload's free text) must
@@ -62,7 +63,8 @@ def render_markdown(report: Report) -> str:
         "",
     ]
     if not report.findings:
-        out += ["None.", ""]
+        why = undecided(report)
+        out += ["None." if why is None else f"None, but {why}.", ""]
     for n, f in enumerate(report.findings, 1):
         out += [
             f"### {n}. {md_code(f.category)} in {md_text(f.project)}/{md_text(f.run_name)} "

@@ -27,6 +27,7 @@ from analyzer.render.format import (
     group_rows,
     outage_text,
     replica_time_text,
+    undecided,
 )
 from analyzer.terminal import console as terminal_console
 
@@ -137,7 +138,12 @@ def _impact_cell(finding: Finding, tz: tzinfo | None) -> Text:
 
 def _findings(report: Report, tz: tzinfo | None, width: int) -> list:
     if not report.findings:
-        return [Text("FINDINGS: none", "bold green")]
+        why = undecided(report)
+        if why is None:
+            return [Text("FINDINGS: none", "bold green")]
+        if report.summary.runs == 0:
+            return [Text(f"FINDINGS: none, but {why}: nothing could be decided", "bold yellow")]
+        return [Text(f"FINDINGS: none, but {why}", "bold yellow")]
     table = _fill(
         _table("#", "finding", "impact"),
         (

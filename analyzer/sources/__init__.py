@@ -14,6 +14,7 @@ from functools import cache
 from pathlib import Path
 
 from analyzer.errors import AuditInputError
+from analyzer.progress import current_step
 from analyzer.sources.base import InputInfo, LoadContext, Source, SourceData
 
 
@@ -114,13 +115,33 @@ def _broken_link(path: Path, folders: tuple[str, ...]) -> str | None:
     return None
 
 
+def is_claimed(given: str | Path) -> bool:
+    """Whether `given` is read as something other than a path (a URL, `-`)."""
+    text = str(given)
+    return (isinstance(given, str) or text == "-") and claimed(text) is not None
+
+
+def count_files(given: str | Path) -> int:
+    """How many files reading `given` goes through (a folder's, without hidden ones, as the
+    reading walks it; a URL or `-` is one): what the reading progress counts."""
+    path = Path(given)
+    if is_claimed(given) or not path.is_dir():
+        return 1
+    count = 0
+    for _, folders, files in os.walk(path):
+        folders[:] = [name for name in folders if not name.startswith(".")]
+        count += sum(not name.startswith(".") for name in files)
+    return count
+
+
 def load_path(given: str | Path, ctx: LoadContext) -> list[SourceData]:
     """Load one input as given: what a source claims (a URL, `-`), else a recognised file or
     folder, or a folder of recognisable things. A path given that is not recognised is an
     error."""
-    text = str(given)
-    if (isinstance(given, str) or text == "-") and (source := claimed(text)) is not None:
-        return [source.load(given, ctx).conformed()]
+    if is_claimed(given):
+        data = [claimed(str(given)).load(given, ctx).conformed()]
+        current_step()(count=1)
+        return data
     return _load_entry(Path(given), ctx, inside_folder=False, folders=())
 
 
@@ -132,6 +153,7 @@ def _load_entry(
     is skipped silently). ``folders`` are the real paths of the folders being walked (to see
     loops)."""
     if inside_folder and (why := _broken_link(path, folders)):
+        current_step()(count=1)
         return [_unreadable(path, why)]
     try:
         if not path.exists():
@@ -144,7 +166,9 @@ def _load_entry(
             os.listdir(path)
         source = sniff(path)
         if source is not None:
-            return [source.load(str(path), ctx).conformed()]
+            data = [source.load(str(path), ctx).conformed()]
+            current_step()(count=count_files(path))
+            return data
     except PermissionError:
         raise AuditInputError(
             str(path), "permission denied", "run with read access to it"
@@ -170,6 +194,7 @@ def _load_entry(
             "expected a dstack server.db, table exports (runs.csv, jobs.csv, ...) or server logs",
         )
     if inside_folder:
+        current_step()(count=1)
         return [_unrecognised(path)]
     raise AuditInputError(
         str(path),

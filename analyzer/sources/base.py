@@ -128,6 +128,7 @@ class SourceData:
     events_table_of: set[str] = field(default_factory=set)  # servers whose events table it holds
     # per server: the latest moment the whole input shows it alive (beyond a partition)
     latest_time: dict[str, datetime] = field(default_factory=dict)
+    given: str | None = None  # the local path the user named that led to it (None: a URL, -)
 
     def conformed(self) -> SourceData:
         self.runs = conform(self.runs, RUNS_SCHEMA).collect()
