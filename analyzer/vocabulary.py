@@ -88,6 +88,10 @@ CONFIDENCES: tuple[str, ...] = get_args(Confidence)
 LimitationCode = Literal[
     "api_deployment_is_current",
     "api_fields_not_exposed",
+    "api_fleet_deletion_undated",
+    "api_instance_start_undated",
+    "api_instances_list_missing",
+    "api_job_instance_unknown",
     "api_live_snapshot",
     "api_runs_without_events",
     "cli_event_latest_100",
