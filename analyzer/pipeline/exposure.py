@@ -36,7 +36,7 @@ import polars as pl
 from pydantic import BaseModel, ConfigDict, Field
 
 from analyzer.contract import CapacityForesight, Finding, LimitationRecord
-from analyzer.pipeline.moments import healthy_at
+from analyzer.pipeline.moments import healthy_at, probe_state_at
 from analyzer.pipeline.placement import (
     SHAPE,
     Queued,
@@ -210,7 +210,7 @@ def assess_probes(
     if probes.is_empty():
         return []
     runs = probes.join(frames.runs, on=["server", "run_id"], how="left", maintain_order="left")
-    subs = frames.submissions.join(probes, on=["server", "run_id"])
+    subs = probe_state_at(frames.submissions.join(probes, on=["server", "run_id"]))
     live = (pl.col("created_at") <= pl.col("as_of")) & (
         pl.col("stopped_at").is_null() | (pl.col("stopped_at") > pl.col("as_of"))
     )
