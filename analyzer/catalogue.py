@@ -281,9 +281,7 @@ LOG_LINE_IRRELEVANT: tuple[str, ...] = (
 # (success is httpx's `is_success`, a 2xx) or "probe failed: <repr(error)>" (SSHError,
 # httpx.RequestError), and `_process_probe_async` then adds one to `success_streak` or resets
 # it to 0. Its "processing probe" / "probe processing took Ns" lines say nothing of the result.
-PROBE_LINE = (
-    r"^probe\((?P<hex>[0-9a-f]{6})\)(?P<job>[A-Za-z0-9._-]+)-(?P<num>\d+): ?(?P<body>.*)$"
-)
+PROBE_LINE = r"^probe\((?P<hex>[0-9a-f]{6})\)(?P<job>[A-Za-z0-9._-]+)-(?P<num>\d+): ?(?P<body>.*)$"
 PROBE_STATUS_CODE = r"^probe status code: (?P<code>\d{3})$"
 PROBE_FAILED = r"^probe failed: "
 PROBE_IRRELEVANT = r"^(?:processing probe|probe processing took [0-9.e+-]+s)$"

@@ -708,6 +708,15 @@ def _victim_evidence(ctx: _Context, victim: Row) -> list[EvidenceItem]:
         if e["kind"] in ("job_ready", "job_registered")
         or (e["kind"] == "job_status" and e["new_status"] in ("terminating", "terminated"))
     ]
+    if victim["probe_passed_then"] and victim["probe_line"]:
+        items.append(
+            EvidenceItem(
+                time=victim["probe_line_at"],
+                source=victim["probe_line"],
+                text=f"job {victim['job_name']}: its probes' last results logged before the "
+                "run's failure passed, the streak at or above ready_after (DEBUG probe lines)",
+            )
+        )
     proof = HEALTH_PROOFS.get(victim["health_proof"], victim["health_proof"])
     by_user = (
         " (the user's stop reached it after the run had failed)"

@@ -144,8 +144,10 @@ def healthy_at(evidence_ends: dict[str, datetime]) -> pl.Expr:
     ).fill_null(False)
     failing = (pl.col("probes_below_ready_after").fill_null(0) > 0) & final_speaks
     final = (final_speaks & (pl.col("health") == "healthy") & running_by).fill_null(False)
-    return ~failing & ~pl.col("probe_failing_at") & (
-        dated_ready | probe_less | final | pl.col("probe_passing_at")
+    return (
+        ~failing
+        & ~pl.col("probe_failing_at")
+        & (dated_ready | probe_less | final | pl.col("probe_passing_at"))
     )
 
 
@@ -204,9 +206,7 @@ def probe_results(events: pl.DataFrame) -> pl.DataFrame:
             pl.col("provenance").list.first().alias("place"),
         )
         .group_by(["server", "entity_id"], maintain_order=True)
-        .agg(
-            pl.struct(list(PROBE_RESULT.to_schema())).sort_by("time").alias("probe_results")
-        )
+        .agg(pl.struct(list(PROBE_RESULT.to_schema())).sort_by("time").alias("probe_results"))
         .rename({"entity_id": "job_id"})
         .cast(schema)
     )
@@ -249,9 +249,7 @@ def probe_state_at(frame: pl.DataFrame) -> pl.DataFrame:
         ready_after.is_not_null() & pl.col("failed_before") & (streak < ready_after)
     ).fill_null(False)
     per_row = (
-        last.with_columns(
-            below.alias("_below"), (passed & (reaches | unbroken)).alias("_passing")
-        )
+        last.with_columns(below.alias("_below"), (passed & (reaches | unbroken)).alias("_passing"))
         .sort("time")
         .group_by("_row")
         .agg(

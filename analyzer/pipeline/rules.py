@@ -228,15 +228,6 @@ VICTIM_RULES: tuple[Rule, ...] = (
         "a job without job_provisioning_data never ran on an instance (reference 11.1 step 3)",
     ),
     Rule(
-        "not_healthy",
-        lambda h: h.job["health"] == "not_healthy",
-        "not_victim",
-        _not_healthy_reason,
-        "a replica serves only while RUNNING and ready: jobs.ready and every probe's "
-        "success_streak >= ready_after (reference 6.4, 11.1 step 4; the health ladder in "
-        "pipeline/timeline.py)",
-    ),
-    Rule(
         "probe_failing_at_failure",
         lambda h: h.job["probe_failed_then"],
         "not_victim",
@@ -249,6 +240,15 @@ VICTIM_RULES: tuple[Rule, ...] = (
         "(services/probes.py, is_probe_ready); a failed probe resets the streak to 0 "
         "(scheduled_tasks/probes.py, _process_probe_async), and the DEBUG probe lines date "
         "each result (moments.probe_state_at)",
+    ),
+    Rule(
+        "not_healthy",
+        lambda h: h.job["health"] == "not_healthy",
+        "not_victim",
+        _not_healthy_reason,
+        "a replica serves only while RUNNING and ready: jobs.ready and every probe's "
+        "success_streak >= ready_after (reference 6.4, 11.1 step 4; the health ladder in "
+        "pipeline/timeline.py)",
     ),
     Rule(
         "not_serving_at_failure",

@@ -497,18 +497,16 @@ def _attach_probe_results(events: pl.DataFrame) -> tuple[pl.DataFrame, int]:
     if results.height == 0:
         return events, 0
     jobs = events.filter((pl.col("entity_type") == "job") & ~is_result)
-    lines = jobs.select("entity_name", pl.col("seq").alias("_at"), pl.col("entity_id").alias("_job"))
-    running = jobs.filter(
-        (pl.col("kind") == "job_status") & (pl.col("new_status") == "running")
-    ).select("entity_name", pl.col("seq").alias("_at"), pl.col("entity_id").alias("_running"))
+    running = (pl.col("kind") == "job_status") & (pl.col("new_status") == "running")
+    lines = jobs.select("entity_name", pl.col("seq").alias("_at"), "entity_id")
     results = results.sort("seq").drop("entity_id")
     for right, strategy, alias in (
-        (running.rename({"_running": "_a"}), "backward", "_a"),
-        (lines.rename({"_job": "_b"}), "backward", "_b"),
-        (lines.rename({"_job": "_c"}), "forward", "_c"),
+        (lines.filter(jobs.select(running.fill_null(False)).to_series()), "backward", "_a"),
+        (lines, "backward", "_b"),
+        (lines, "forward", "_c"),
     ):
         results = results.join_asof(
-            right.sort("_at"),
+            right.rename({"entity_id": alias}).sort("_at"),
             left_on="seq",
             right_on="_at",
             by="entity_name",
