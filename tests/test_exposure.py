@@ -716,7 +716,7 @@ def test_a_findings_root_cause_names_the_run_whose_queued_replica_took_the_room(
         f"id = '{WEB2_RUN}', run_name = 'web2', status = 'SUBMITTED', fleet_id = NULL, "
         f"submitted_at = '{queued_at}', last_processed_at = '{queued_at}', deployment_num = 0, "
         "termination_reason = NULL, "
-        "run_spec = replace(run_spec, '\"run_name\":\"web\"', '\"run_name\":\"web2\"')",
+        'run_spec = replace(run_spec, \'"run_name":"web"\', \'"run_name":"web2"\')',
     )
     _copy_row(
         db,
