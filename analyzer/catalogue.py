@@ -276,6 +276,16 @@ LOG_LINE_IRRELEVANT: tuple[str, ...] = (
     r"^unexpected status ",
 )
 
+# DEBUG lines of scheduled_tasks/probes.py (0.19.22+), `fmt(probe)` = `probe(<6 hex>)<job_name>-
+# <probe_num>` (services/logging.py, fmt_entity): `_execute_probe` logs "probe status code: N"
+# (success is httpx's `is_success`, a 2xx) or "probe failed: <repr(error)>" (SSHError,
+# httpx.RequestError), and `_process_probe_async` then adds one to `success_streak` or resets
+# it to 0. Its "processing probe" / "probe processing took Ns" lines say nothing of the result.
+PROBE_LINE = r"^probe\((?P<hex>[0-9a-f]{6})\)(?P<job>[A-Za-z0-9._-]+)-(?P<num>\d+): ?(?P<body>.*)$"
+PROBE_STATUS_CODE = r"^probe status code: (?P<code>\d{3})$"
+PROBE_FAILED = r"^probe failed: "
+PROBE_IRRELEVANT = r"^(?:processing probe|probe processing took [0-9.e+-]+s)$"
+
 # dstack lines without an entity prefix that carry nothing the timeline needs.
 LOG_PLAIN_IRRELEVANT: tuple[str, ...] = (
     r"^Requesting instance offers from backends",

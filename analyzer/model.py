@@ -74,6 +74,7 @@ JOBS_SCHEMA: dict[str, pl.DataType] = {
     "probe_rows": pl.Int64(),  # probes rows found (null: the source has no probes table)
     "probes_below_ready_after": pl.Int64(),
     "min_probe_streak": pl.Int64(),
+    "probe_ready_after": pl.Int64(),  # the highest ready_after of its probes (null: unknown)
     "spec_fingerprint": pl.String(),  # hash of the JobSpec fields a rolling deployment changes
     "deployment_basis": pl.String(),  # see DEPLOYMENT_BASES
     "provenance": pl.String(),
@@ -142,6 +143,7 @@ EVENTS_SCHEMA: dict[str, pl.DataType] = {
     "changed_fields": pl.String(),
     "actor": pl.String(),
     "message": pl.String(),
+    "probe": pl.String(),  # a probe result's probe, `<job_name>-<probe_num>` (probes.name)
     "provenance": pl.List(pl.String()),
 }
 

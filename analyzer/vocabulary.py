@@ -25,6 +25,8 @@ EventKind = Literal[
     "graceful_stop",
     "job_exit_status",
     "job_provisioned",
+    "probe_passed",  # a DEBUG probe line: the replica answered 2xx (scheduled_tasks/probes.py)
+    "probe_failed",  # a DEBUG probe line: a non-2xx answer or no answer at all
     "other",  # a run/job message understood to carry nothing the timeline needs
     "unrecognised",  # matches no template: counted, never silently dropped
 ]
@@ -62,10 +64,13 @@ HealthyProof = Literal[
     "registered_event",
     "registered_event_and_probes",
     "probe_streaks",
+    "probe_lines",
     "running_no_probes",
     "still_running_no_probes",
 ]
-UnhealthyProof = Literal["probe_failing", "never_running", "not_ready", "probes_never_ran"]
+UnhealthyProof = Literal[
+    "probe_failing", "probe_failed_logged", "never_running", "not_ready", "probes_never_ran"
+]
 UndecidedProof = Literal["ready_flag_contradicts_running"]
 HealthProof = Literal[HealthyProof, UnhealthyProof, UndecidedProof]
 HEALTHY_PROOFS: tuple[str, ...] = get_args(HealthyProof)

@@ -309,6 +309,27 @@ RULE_CASES = {
         "no_healthy_victim",
         "svc-0-0: not healthy when stopped: a probe's last success_streak is below its ready_after",
     ),
+    "probe_failing_at_failure": (
+        # ready at 3, its probe failed at 20.5 (a log line), the run failed at 21
+        [old_replica(**WITH_PROBES | {"ready": True, "probe_ready_after": 1}), culprit()],
+        {},
+        "no_healthy_victim",
+        "svc-0-0: its probe was failing when the run failed: the last result logged before the "
+        "failure, at 2026-11-02T09:20:30+00:00 (server.log:7), left its streak below ready_after",
+        [
+            run_failed(21),
+            event("job_ready", old_replica(), 3),
+            event(
+                "probe_failed",
+                old_replica(),
+                20.5,
+                probe="svc-0-0-0",
+                origin="status_line",
+                time_basis="log_local_offset_inferred",
+                provenance=["server.log:7"],
+            ),
+        ],
+    ),
     "not_serving_at_failure": (
         [old_replica(**WITH_PROBES | {"ready": True}), culprit()],
         {},

@@ -696,3 +696,51 @@ def test_another_runs_queued_job_takes_the_idle_instance_first(copy_db):
         "cpu-fleet-0 first" in r
         for r in service.reasons
     )
+
+
+SEED_RUN = "6e42c9183c60472ebb0c51610650d517"
+
+
+def test_a_findings_root_cause_names_the_run_whose_queued_replica_took_the_room(copy_db):
+    """Issue 22 §1: seed's fleet given room for one more node (nodes 0..2), and `web2`, a copy
+    of `web` queued in dstack's way ten seconds before `web`'s update: dstack places it first
+    (priority, then age), so `web`'s surge replica fails 'Fleet is at capacity' as in the
+    capture. The root cause says which run took the room."""
+    db = copy_db("v0.22.5/seed")
+    queued_at = "2026-11-02 09:08:40.000000"
+    execute(db, "UPDATE fleets SET spec = replace(spec, '\"max\":1', '\"max\":2')")
+    _copy_row(
+        db,
+        "runs",
+        f"id = '{SEED_RUN}'",
+        f"id = '{WEB2_RUN}', run_name = 'web2', status = 'SUBMITTED', fleet_id = NULL, "
+        f"submitted_at = '{queued_at}', last_processed_at = '{queued_at}', deployment_num = 0, "
+        "termination_reason = NULL, "
+        'run_spec = replace(run_spec, \'"run_name":"web"\', \'"run_name":"web2"\')',
+    )
+    _copy_row(
+        db,
+        "jobs",
+        "job_name = 'web-0-0'",
+        f"id = '{WEB2_JOB}', run_id = '{WEB2_RUN}', run_name = 'web2', job_name = 'web2-0-0', "
+        f"status = 'SUBMITTED', submitted_at = '{queued_at}', last_processed_at = '{queued_at}', "
+        "termination_reason = NULL, termination_reason_message = NULL, exit_status = NULL, "
+        "job_provisioning_data = NULL, job_runtime_data = NULL, used_instance_id = NULL, "
+        "instance_id = NULL, instance_assigned = 0, fleet_id = NULL, remove_at = NULL, "
+        "running_at = NULL, ready = 0, registered = 0, graceful_termination_attempts = NULL, "
+        'job_spec_data = replace(job_spec_data, \'"job_name":"web-0-0"\', '
+        '\'"job_name":"web2-0-0"\')',
+    )
+    report = open_sources([db]).report
+    (finding,) = [f for f in report.findings if f.run_name == "web"]
+    assert finding.capacity_foresight.surge_capacity == "none"
+    assert any("run web2's queued web2-0-0" in r for r in finding.capacity_foresight.reasons)
+    root = finding.root_cause
+    assert root.failure_class == "fleet_at_capacity"
+    assert root.detail.endswith(
+        "; the room the surge replica needed went first to the queued replica of run web2 "
+        "(web2-0-0), which dstack places before it (priority, then age: jobs_submitted.py)"
+    )
+    # without the rival the root cause names none (the capture's own fleet, at its maximum)
+    plain = open_sources([copy_db("v0.22.5/seed", "plain.db")]).report.findings[0].root_cause
+    assert "queued" not in plain.detail

@@ -53,6 +53,8 @@ def event(kind: str) -> dict:
         "run_id": RUN_ID,
         "message": "Service replica ready to receive requests",
         "provenance": ["events:1"],
+        # a DEBUG probe line (log sources): its probe, named as probes.name
+        "probe": "svc-0-0-0" if kind.startswith("probe_") else None,
     }
 
 
@@ -77,12 +79,15 @@ CASES: dict[str, tuple[dict, list[str]]] = {
     "registered_event": ({}, ["job_registered"]),
     "registered_event_and_probes": (PROBES_OK, ["job_registered"]),
     "probe_streaks": (PROBES_OK, []),
+    # two passes logged before the stop reach ready_after 2 (no ready column: a log)
+    "probe_lines": ({"probe_count": 1, "probe_ready_after": 2}, ["probe_passed", "probe_passed"]),
     "running_no_probes": ({"graceful_termination_attempts": 1, "probe_count": 0}, []),
     "still_running_no_probes": (
         {"status": "running", "termination_reason": None, "probe_count": 0},
         [],
     ),
     "probe_failing": ({**PROBES_OK, "probes_below_ready_after": 1}, []),
+    "probe_failed_logged": ({"probe_count": 1}, ["job_ready", "probe_failed"]),
     "never_running": ({"has_provisioning_data": False}, []),
     "not_ready": ({"ready": False}, []),
     "probes_never_ran": ({"probe_count": 2, "probe_rows": 0}, []),
@@ -99,6 +104,14 @@ def test_proof(proof):
     fields, kinds = CASES[proof]
     expected = "healthy" if proof in HEALTH_PROOFS else "not_healthy"
     assert health([job(**fields)], [event(k) for k in kinds]) == (proof, expected)
+
+
+def test_one_logged_pass_below_ready_after_proves_nothing_by_itself():
+    """A pass after no failure, below ready_after: the log may have begun mid-streak."""
+    assert health([job(probe_count=1, probe_ready_after=2)], [event("probe_passed")]) == (
+        None,
+        "unknown",
+    )
 
 
 def test_ready_flag_contradicting_a_running_marker_is_undecided():

@@ -724,3 +724,48 @@ def test_newer_and_same_deployment_victims_from_a_log_alone(tmp_path, fmt):
         assert finding.confidence == "suspected"
         assert {lim.code for lim in finding.limitations} == {"health_not_provable_from_logs"}
     assert report.summary.outage_seconds == pytest.approx(newer.impact.outage_seconds)
+
+
+def test_a_copy_taken_mid_cascade_draws_no_stop_that_has_not_happened(copy_db, tmp_path_factory):
+    """Issue 22 §1: the victim still RUNNING is drawn running to the end of the evidence, its
+    stop only expected, in the swimlane, the narrative, the timeline and the HTML report."""
+    from analyzer.render.narrative import narrative
+    from analyzer.render.plots.layout import run_view
+
+    db = _seed_mid_cascade(copy_db)
+    audit = open_sources([db])
+    (finding,) = audit.report.findings
+    view = run_view(audit, finding.run_id, None)
+    kinds = {m.kind: m for m in view.markers}
+    assert "victim_stop" not in kinds
+    pending = kinds["victim_pending"]
+    assert pending.time == audit.end_of_evidence
+    assert pending.text == (
+        "healthy replica(s) web-0-0 still RUNNING when the evidence ends: not yet stopped, "
+        "dstack's terminating pass will stop them with TERMINATED_BY_SERVER (expected)"
+    )
+    assert not any("stopped: TERMINATED" in m.text for m in view.markers)
+    told = narrative(audit, finding)
+    assert "stopped the healthy replica" not in told
+    assert "doomed the healthy replica web-0-0, not yet stopped when the evidence ends" in told
+    timeline = " ".join(_timeline("web", str(db)).split())
+    assert "not yet stopped: expected terminated_by_server" in timeline
+    html = tmp_path_factory.mktemp("out") / "report.html"
+    result = CliRunner().invoke(main, ["report", str(db), "-o", str(html)])
+    assert result.exit_code in (0, 1), result.output
+    page = re.sub(r"<[^>]+>", " ", html.read_text())
+    assert "stopped: TERMINATED_BY_SERVER" not in page
+    assert "not yet stopped" in page
+
+
+def test_a_stopped_victims_marker_says_the_reason_it_was_stopped_with():
+    """stop-after-kill: the victim stopped by the cascade before the user's stop says
+    TERMINATED_BY_SERVER, as its row does."""
+    from analyzer.render.plots.layout import run_view
+
+    audit = open_sources([CAPTURES / "v0.22.5" / "stop-after-kill" / "server.db"])
+    (finding,) = audit.report.findings
+    (marker,) = [
+        m for m in run_view(audit, finding.run_id, None).markers if m.kind == "victim_stop"
+    ]
+    assert marker.text.endswith("stopped: TERMINATED_BY_SERVER")

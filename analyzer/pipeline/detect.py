@@ -35,7 +35,7 @@ from analyzer.model import (
     RUN_FAILURE_REASONS,
     USER_STOP_JOB_REASONS,
 )
-from analyzer.pipeline.moments import dated_after, healthy_at, run_failures
+from analyzer.pipeline.moments import dated_after, healthy_at, probe_state_at, run_failures
 from analyzer.pipeline.rules import (
     CATEGORY_ORDER,
     Hit,
@@ -708,6 +708,15 @@ def _victim_evidence(ctx: _Context, victim: Row) -> list[EvidenceItem]:
         if e["kind"] in ("job_ready", "job_registered")
         or (e["kind"] == "job_status" and e["new_status"] in ("terminating", "terminated"))
     ]
+    if victim["probe_passed_then"] and victim["probe_line"]:
+        items.append(
+            EvidenceItem(
+                time=victim["probe_line_at"],
+                source=victim["probe_line"],
+                text=f"job {victim['job_name']}: its probes' last results logged before the "
+                "run's failure passed, the streak at or above ready_after (DEBUG probe lines)",
+            )
+        )
     proof = HEALTH_PROOFS.get(victim["health_proof"], victim["health_proof"])
     by_user = (
         " (the user's stop reached it after the run had failed)"
@@ -832,13 +841,21 @@ def _detect(
         .unique(["server", "run_id", "job_id"])
     )
     at_failure = pl.col("as_of").is_not_null()
-    jobs_by_run = (
+    at_moment = probe_state_at(
         subs.join(failure_moments, on=["server", "run_id"], maintain_order="left")
-        .join(with_status, on=["server", "run_id", "job_id"], how="left", maintain_order="left")
+    )
+    jobs_by_run = (
+        at_moment.join(
+            with_status, on=["server", "run_id", "job_id"], how="left", maintain_order="left"
+        )
         .select(
             *JOB_COLUMNS,
             "own_failure",
             "cascade_stop",
+            (at_failure & pl.col("probe_failing_at")).alias("probe_failed_then"),
+            (at_failure & pl.col("probe_passing_at")).alias("probe_passed_then"),
+            "probe_line_at",
+            "probe_line",
             pl.col("_status").fill_null(False).alias("has_status_event"),
             pl.when(at_failure)
             .then(healthy_at(ends))

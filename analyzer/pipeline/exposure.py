@@ -36,7 +36,7 @@ import polars as pl
 from pydantic import BaseModel, ConfigDict, Field
 
 from analyzer.contract import CapacityForesight, Finding, LimitationRecord
-from analyzer.pipeline.moments import healthy_at
+from analyzer.pipeline.moments import healthy_at, probe_state_at
 from analyzer.pipeline.placement import (
     SHAPE,
     Queued,
@@ -210,7 +210,7 @@ def assess_probes(
     if probes.is_empty():
         return []
     runs = probes.join(frames.runs, on=["server", "run_id"], how="left", maintain_order="left")
-    subs = frames.submissions.join(probes, on=["server", "run_id"])
+    subs = probe_state_at(frames.submissions.join(probes, on=["server", "run_id"]))
     live = (pl.col("created_at") <= pl.col("as_of")) & (
         pl.col("stopped_at").is_null() | (pl.col("stopped_at") > pl.col("as_of"))
     )
@@ -777,16 +777,40 @@ def foresight(
         if state is None or not no_capacity:
             updated.append(finding)
             continue
-        updated.append(
-            finding.model_copy(
-                update={
-                    "capacity_foresight": CapacityForesight(
-                        as_of=state.as_of,
-                        surge_capacity=state.surge_capacity,
-                        foreseeable={"none": True, "available": False}.get(state.surge_capacity),
-                        reasons=state.reasons[1:],
-                    )
-                }
+        reasons = state.reasons[1:]
+        update: dict = {
+            "capacity_foresight": CapacityForesight(
+                as_of=state.as_of,
+                surge_capacity=state.surge_capacity,
+                foreseeable={"none": True, "available": False}.get(state.surge_capacity),
+                reasons=reasons,
             )
-        )
+        }
+        root = _root_cause_naming_the_queue(finding, state.surge_capacity, reasons)
+        if root is not None:
+            update["root_cause"] = root
+        updated.append(finding.model_copy(update=update))
     return updated
+
+
+_QUEUE_TOOK_IT = "the room left goes to other runs' queued replicas first"
+_QUEUED_RUN = r"run (\S+)'s queued (\S+)"
+
+
+def _root_cause_naming_the_queue(finding: Finding, surge: str, reasons: list[str]):
+    """The root cause of a no-capacity failure whose room another run's queued replica took:
+    that run named (placement.queued_first: dstack places the queue by priority, then age)."""
+    root = finding.root_cause
+    if root is None or surge != "none":
+        return None
+    taken = [found for r in reasons if _QUEUE_TOOK_IT in r for found in re.findall(_QUEUED_RUN, r)]
+    if not taken:
+        return None
+    runs = ", ".join(dict.fromkeys(f"run {run} ({job})" for run, job in taken))
+    return root.model_copy(
+        update={
+            "detail": f"{root.detail}; the room the surge replica needed went first to the "
+            f"queued replica of {runs}, which dstack places before it (priority, then age: "
+            "jobs_submitted.py)"
+        }
+    )

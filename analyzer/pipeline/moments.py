@@ -126,7 +126,9 @@ def healthy_at(evidence_ends: dict[str, datetime]) -> pl.Expr:
     first RUNNING pass) and never resets `jobs.ready`. So: a ready/registered event dated at or
     before T proves it; a probe-less job RUNNING by T (and `ready` not 0) is ready; the final
     probe streaks and `ready` flag are undated, they speak of T only when T is at or after the
-    end of the server's evidence (a streak left by a later crash says nothing of T)."""
+    end of the server's evidence (a streak left by a later crash says nothing of T). Dated
+    probe results (DEBUG probe lines; `probe_state_at` adds them first) prove it either way:
+    passing at T proves health, a probe failing at T its absence, whatever a readiness said."""
     as_of = pl.col("as_of")
     end = pl.col("server").replace_strict(
         evidence_ends, default=None, return_dtype=pl.Datetime("us", "UTC")
@@ -142,7 +144,11 @@ def healthy_at(evidence_ends: dict[str, datetime]) -> pl.Expr:
     ).fill_null(False)
     failing = (pl.col("probes_below_ready_after").fill_null(0) > 0) & final_speaks
     final = (final_speaks & (pl.col("health") == "healthy") & running_by).fill_null(False)
-    return ~failing & (dated_ready | probe_less | final)
+    return (
+        ~failing
+        & ~pl.col("probe_failing_at")
+        & (dated_ready | probe_less | final | pl.col("probe_passing_at"))
+    )
 
 
 def dated_after(as_of: pl.Expr) -> pl.Expr:
@@ -155,3 +161,123 @@ def dated_after(as_of: pl.Expr) -> pl.Expr:
         & pl.col("ready_at").is_null()
     ).fill_null(False)
     return ready_later | running_later
+
+
+PROBE_RESULT_KINDS = ("probe_passed", "probe_failed")
+PROBE_RESULT = pl.Struct(
+    {
+        "probe": pl.String(),
+        "time": UTC_TIME,
+        "passed": pl.Boolean(),
+        "streak": pl.Int64(),
+        "failed_before": pl.Boolean(),
+        "last_failed_at": UTC_TIME,
+        "place": pl.String(),
+    }
+)
+
+
+def probe_results(events: pl.DataFrame) -> pl.DataFrame:
+    """Per job, its dated probe results (DEBUG probe lines), in time order, each with the
+    streak it leaves: `_process_probe_async` (scheduled_tasks/probes.py) adds one to
+    `success_streak` on a pass and resets it to 0 on a failure. A streak counted from a log
+    that starts mid-streak is a lower bound (`failed_before` false)."""
+    rows = events.filter(
+        pl.col("kind").is_in(PROBE_RESULT_KINDS)
+        & (pl.col("entity_type") == "job")
+        & pl.col("time").is_not_null()
+    )
+    schema = {"server": pl.String(), "job_id": pl.String(), "probe_results": pl.List(PROBE_RESULT)}
+    if rows.is_empty():
+        return pl.DataFrame(schema=schema)
+    passed = pl.col("kind") == "probe_passed"
+    key = ["server", "entity_id", "probe"]
+    failures = (~passed).cast(pl.Int64).cum_sum().over(key)
+    return (
+        rows.sort([*key, "time", "seq"])
+        .with_columns(
+            passed.alias("passed"),
+            pl.when(passed)
+            .then(pl.int_range(1, pl.len() + 1).over([*key, failures]))
+            .otherwise(0)
+            .alias("streak"),
+            (failures > 0).alias("failed_before"),
+            pl.when(~passed).then(pl.col("time")).forward_fill().over(key).alias("last_failed_at"),
+            pl.col("provenance").list.first().alias("place"),
+        )
+        .group_by(["server", "entity_id"], maintain_order=True)
+        .agg(pl.struct(list(PROBE_RESULT.to_schema())).sort_by("time").alias("probe_results"))
+        .rename({"entity_id": "job_id"})
+        .cast(schema)
+    )
+
+
+def probe_state_at(frame: pl.DataFrame) -> pl.DataFrame:
+    """Each row's probes at its `as_of` (null: at the end), from its dated probe results
+    (`probe_results`): the last result of each probe at or before T.
+
+    dstack counts a replica ready while every probe's streak >= its `ready_after`
+    (services/probes.py, is_probe_ready). So a probe failed at T if its last result failed
+    (streak 0), or if `ready_after` is known and fewer passes than it followed a failure; it
+    passed at T if its last result passed and the passes since the last failure reach
+    `ready_after`, or none failed since a readiness dated at or before T (the streak was >=
+    `ready_after` then and only grew). `probe_failing_at`: some probe failed at T;
+    `probe_passing_at`: every probe seen passed and every declared probe was seen (or a
+    dated readiness covers the unseen); `probe_line_at` / `probe_line`: the deciding line."""
+    out = ("probe_passing_at", "probe_failing_at", "probe_line_at", "probe_line")
+    indexed = frame.drop(out, strict=False).with_row_index("_row")
+    as_of = pl.col("as_of")
+    ready_after = pl.col("probe_ready_after")
+    ready_at = pl.col("ready_at")
+    last = (
+        indexed.select("_row", "as_of", "ready_at", "probe_ready_after", "probe_results")
+        .explode("probe_results")
+        .drop_nulls("probe_results")
+        .unnest("probe_results")
+        .filter(as_of.is_null() | (pl.col("time") <= as_of))
+        .sort("time")
+        .group_by("_row", "probe")
+        .last()
+    )
+    passed, streak = pl.col("passed"), pl.col("streak")
+    reaches = (ready_after.is_not_null() & (streak >= ready_after)).fill_null(False)
+    unbroken = (
+        (as_of.is_null() | (ready_at <= as_of))
+        & (pl.col("last_failed_at").is_null() | (pl.col("last_failed_at") < ready_at))
+    ).fill_null(False)
+    below = ~passed | (
+        ready_after.is_not_null() & pl.col("failed_before") & (streak < ready_after)
+    ).fill_null(False)
+    per_row = (
+        last.with_columns(below.alias("_below"), (passed & (reaches | unbroken)).alias("_passing"))
+        .sort("time")
+        .group_by("_row")
+        .agg(
+            pl.col("_below").any().alias("probe_failing_at"),
+            pl.col("_passing").all().alias("_all_passing"),
+            pl.len().alias("_seen"),
+            pl.when(pl.col("_below").any())
+            .then(pl.col("time").filter(pl.col("_below")).last())
+            .otherwise(pl.col("time").last())
+            .alias("probe_line_at"),
+            pl.when(pl.col("_below").any())
+            .then(pl.col("place").filter(pl.col("_below")).last())
+            .otherwise(pl.col("place").last())
+            .alias("probe_line"),
+        )
+    )
+    covered = (
+        pl.col("probe_count").is_null()
+        | (pl.col("_seen") >= pl.col("probe_count"))
+        | (ready_at <= as_of).fill_null(False)
+    )
+    return (
+        indexed.join(per_row, on="_row", how="left", maintain_order="left")
+        .with_columns(
+            pl.col("probe_failing_at").fill_null(False),
+            (~pl.col("probe_failing_at").fill_null(False) & pl.col("_all_passing") & covered)
+            .fill_null(False)
+            .alias("probe_passing_at"),
+        )
+        .drop("_row", "_all_passing", "_seen")
+    )

@@ -228,6 +228,20 @@ VICTIM_RULES: tuple[Rule, ...] = (
         "a job without job_provisioning_data never ran on an instance (reference 11.1 step 3)",
     ),
     Rule(
+        "probe_failing_at_failure",
+        lambda h: h.job["probe_failed_then"],
+        "not_victim",
+        lambda h: (
+            "its probe was failing when the run failed: the last result logged before the "
+            f"failure, at {h.job['probe_line_at'].isoformat()} ({h.job['probe_line']}), left "
+            "its streak below ready_after"
+        ),
+        "a replica serves only while every probe's success_streak >= ready_after "
+        "(services/probes.py, is_probe_ready); a failed probe resets the streak to 0 "
+        "(scheduled_tasks/probes.py, _process_probe_async), and the DEBUG probe lines date "
+        "each result (moments.probe_state_at)",
+    ),
+    Rule(
         "not_healthy",
         lambda h: h.job["health"] == "not_healthy",
         "not_victim",

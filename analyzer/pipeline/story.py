@@ -12,6 +12,7 @@ from typing import Any
 import polars as pl
 
 from analyzer.contract import Finding, RunVerdict
+from analyzer.model import FINISHED_JOB_STATUSES
 
 # A rich log writes `[%X]`, a time of day without a date (dstack-data.md 9.2); the log reader
 # stores it on the 1970-01-01 pseudo date (sources/logs/messages.py), older than any dstack record.
@@ -218,8 +219,14 @@ def tell(
         for t, n in capacity.sort("time").select("time", "healthy_replicas").rows()
         if t is not None and is_pseudo_date(as_utc(t)) == dateless
     ]
+    # a job still active when the evidence ends has not stopped: its last processing is no stop
     stops = {
-        job["job_id"]: _first_time(job, "stopped_at", "finished_at", "last_processed_at")
+        job["job_id"]: _first_time(job, "stopped_at", "finished_at")
+        or (
+            as_utc(job.get("last_processed_at"))
+            if job.get("status") in FINISHED_JOB_STATUSES
+            else None
+        )
         for job in submissions.iter_rows(named=True)
     }
     healthy = {

@@ -10,6 +10,7 @@ import polars as pl
 
 from analyzer.model import FINISHED_JOB_STATUSES, UTC_TIME
 from analyzer.pipeline.evidence import Evidence
+from analyzer.pipeline.moments import probe_results, probe_state_at
 from analyzer.vocabulary import HEALTH_PROOFS as PROOF_NAMES
 from analyzer.vocabulary import HEALTH_STATES, HEALTHY_PROOFS
 from analyzer.vocabulary import UNHEALTHY_PROOFS as UNHEALTHY_PROOF_NAMES
@@ -29,6 +30,10 @@ HEALTH_PROOFS = {
         "success_streak >= ready_after"
     ),
     "probe_streaks": "every probe's last success_streak >= its ready_after",
+    "probe_lines": (
+        "every probe's last result logged before the stop passed, its passes since the last "
+        "failure reaching ready_after or unbroken since the readiness (DEBUG probe lines)"
+    ),
     "running_no_probes": (
         "RUNNING when the run was terminated (graceful stop requested: "
         "graceful_termination_attempts / remove_at set, or RUNNING -> TERMINATING) and the "
@@ -41,6 +46,9 @@ HEALTH_PROOFS = {
 }
 UNHEALTHY_PROOFS = {
     "probe_failing": "a probe's last success_streak is below its ready_after (failing at the stop)",
+    "probe_failed_logged": (
+        "a probe's last result logged before the stop failed (DEBUG probe lines)"
+    ),
     "never_running": "never reached RUNNING (no provisioning data or no RUNNING transition)",
     "not_ready": "jobs.ready = 0 and no other proof of serving",
     "probes_never_ran": "probes declared but no probe ever ran",
@@ -127,6 +135,28 @@ def submissions(evidence: Evidence) -> pl.DataFrame:
         maintain_order="left",
     )
     subs = _creation_deployments(subs, evidence.events)
+    subs = subs.join(
+        probe_results(evidence.events), on=["server", "job_id"], how="left", maintain_order="left"
+    )
+    # the logged probe results at the job's stop (at the end while it runs)
+    at_stop = probe_state_at(
+        subs.select(
+            pl.coalesce(
+                "terminating_at",
+                pl.when(pl.col("status").is_in(list(FINISHED_JOB_STATUSES))).then(
+                    pl.col("last_processed_at")
+                ),
+            ).alias("as_of"),
+            "ready_at",
+            "probe_ready_after",
+            "probe_count",
+            "probe_results",
+        )
+    )
+    subs = subs.with_columns(
+        at_stop["probe_passing_at"].alias("_probe_lines_ok"),
+        at_stop["probe_failing_at"].alias("_probe_lines_failed"),
+    )
 
     finished = pl.col("status").is_in(list(FINISHED_JOB_STATUSES))
     running_marker = (
@@ -148,10 +178,14 @@ def submissions(evidence: Evidence) -> pl.DataFrame:
     proof = (
         pl.when(probes_failing)
         .then(pl.lit("probe_failing"))
+        .when(pl.col("_probe_lines_failed"))
+        .then(pl.lit("probe_failed_logged"))
         .when(pl.col("ready").fill_null(False) & probes_ok)
         .then(pl.lit("ready_flag_and_probes"))
         .when(pl.col("ready").fill_null(False))
         .then(pl.lit("ready_flag"))
+        .when(pl.col("_probe_lines_ok") & pl.col("ready").is_null())
+        .then(pl.lit("probe_lines"))
         .when((pl.col("ready_kind") == "job_ready") & probes_ok)
         .then(pl.lit("ready_event_and_probes"))
         .when(pl.col("ready_kind") == "job_ready")
@@ -201,6 +235,7 @@ def submissions(evidence: Evidence) -> pl.DataFrame:
             .alias("finished_at"),
             pl.coalesce("ready_at", "running_event_at", "running_at").alias("healthy_since"),
         )
+        .drop("_probe_lines_ok", "_probe_lines_failed")
         .sort(["server", "run_id", "replica_num", "job_num", "submission_num"])
     )
 

@@ -271,7 +271,11 @@ def narrative(
     for i, victim in enumerate(finding.victims):
         by_dep.setdefault(victim.deployment_num, []).append(i)
     stop_parts = []
-    for vdep, idx in by_dep.items():
+    pending = [v for v in finding.victims if not v.stopped]
+    for vdep, every in by_dep.items():
+        idx = [i for i in every if finding.victims[i].stopped]
+        if not idx:
+            continue
         names = [finding.victims[i].job_name for i in idx]
         stops = [f.victim_stops[i] for i in idx]
         since = [f.victim_since[i] for i in idx if f.victim_since[i] is not None]
@@ -288,6 +292,17 @@ def narrative(
                 served += f"–{clock.near(last, first_time)}"
             part += f", which had served since {served}"
         stop_parts.append(part)
+    if pending:
+        # a copy taken mid-cascade: the stop has not happened, only dstack's next pass will
+        expected = " / ".join(sorted({v.expected_termination_reason or "?" for v in pending}))
+        noun = (
+            "the healthy replica" if len(pending) == 1 else f"the {len(pending)} healthy replicas"
+        )
+        stop_parts.append(
+            f"doomed {noun} {_names([v.job_name for v in pending])}, not yet stopped when the "
+            f"evidence ends (dstack's terminating pass is expected to stop "
+            f"{'it' if len(pending) == 1 else 'them'} with `{expected}`)"
+        )
     sentences.append(run_part + " and " + "; ".join(stop_parts) + ".")
     impact = finding.impact
     if impact and impact.recovered and impact.recovered_at:

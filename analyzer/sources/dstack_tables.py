@@ -798,6 +798,10 @@ def _jobs(
         "probe_rows",
         "probes_below_ready_after",
         "min_probe_streak",
+        pl.col("_probe_specs")
+        .list.eval(pl.element().struct.field("ready_after").fill_null(1))
+        .list.max()
+        .alias("probe_ready_after"),
         "spec_fingerprint",
         pl.concat_str([pl.lit("jobs:"), pl.col("id")]).alias("provenance"),
     ).collect()

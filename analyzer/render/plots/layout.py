@@ -389,6 +389,27 @@ def _markers(
             )
     # victims' stops, across the run's findings: one marker per moment (within a second)
     victims = {v.job_id: v for finding in findings for v in finding.victims}
+    reasons = dict(story.submissions.select("job_id", "termination_reason").iter_rows())
+    statuses = dict(story.submissions.select("job_id", "status").iter_rows())
+    # a copy taken mid-cascade: a victim the cascade has not reached is drawn running to the
+    # end of the evidence, its stop only expected (pipeline_tasks/runs/terminating.py)
+    pending = [v for v in victims.values() if not v.stopped]
+    end_of_evidence = story.end_of_evidence
+    if pending and end_of_evidence is not None:
+        expected = sorted({(v.expected_termination_reason or "?").upper() for v in pending})
+        still = sorted({(statuses.get(v.job_id) or "?").upper() for v in pending})
+        markers.append(
+            Marker(
+                as_utc(end_of_evidence),
+                "victim_pending",
+                redact(
+                    f"healthy replica(s) {', '.join(sorted(v.job_name for v in pending))} still "
+                    f"{'/'.join(still)} when the evidence ends: not yet stopped, dstack's "
+                    f"terminating pass will stop them with {' / '.join(expected)} (expected)"
+                ),
+                [lane_of[v.job_id] for v in pending if v.job_id in lane_of],
+            )
+        )
     timed = sorted(
         (
             (at, victim)
@@ -413,14 +434,14 @@ def _markers(
             if deps
             else "deployment ?"
         )
+        # the reason each one was stopped with (the cascade's, or a user's stop that reached
+        # it after the failure), as its row says
+        reason = " / ".join(sorted({(reasons.get(v.job_id) or "?").upper() for _, v in group}))
         if len(names) == 1:
-            text = f"healthy replica {names[0]} ({dep_text}) stopped: TERMINATED_BY_SERVER"
+            text = f"healthy replica {names[0]} ({dep_text}) stopped: {reason}"
         else:
             shown = ", ".join(names[:5]) + (f", … (+{len(names) - 5})" if len(names) > 5 else "")
-            text = (
-                f"{len(names)} healthy replicas of {dep_text} stopped: TERMINATED_BY_SERVER "
-                f"({shown})"
-            )
+            text = f"{len(names)} healthy replicas of {dep_text} stopped: {reason} ({shown})"
         markers.append(
             Marker(
                 group[0][0],

@@ -28,6 +28,7 @@ MARKER_STYLE = {
     "culprit_failure": ("#d7301f", "-", "culprit's failure"),
     "run_terminating": ("#e66101", (0, (6, 2, 1, 2)), "run TERMINATING"),
     "victim_stop": ("#7b3294", (0, (1, 1.5)), "healthy replica stopped"),
+    "victim_pending": ("#7b3294", (0, (1, 4)), "healthy replica not yet stopped"),
     "recovered": ("#1a9850", (0, (4, 2)), "served again"),
     "end_of_evidence": ("#7a7a7a", (0, (1, 3)), "end of the evidence"),
 }

@@ -322,6 +322,7 @@ def job_rows(
                     and streak < (ready_after[i] if i < len(ready_after) else 1)
                 ),
                 "min_probe_streak": min(known) if known else None,
+                "probe_ready_after": max(ready_after, default=None),
                 "deployment_basis": "table",
                 "provenance": f"{label}#{pointer}/jobs/{j}/job_submissions/{s}",
             }

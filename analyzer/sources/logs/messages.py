@@ -108,6 +108,7 @@ class LogFacts:
     ambiguous_jobs: int = 0  # jobs that more than one same-name run could own
     last_time: datetime | None = None  # the latest line's time, as written (any line, kept or not)
     repeated_records: int = 0  # identical to an earlier record: kept once (EventCollector)
+    probe_lines_unattributed: int = 0  # probe results naming a job no line of the log names
 
 
 def _shape(message: pl.Expr) -> pl.Expr:
@@ -201,7 +202,11 @@ class EventCollector:
             lines.filter(pl.col("line_etype").is_not_null()).drop("is_event", "logger"),
             self._lines,
         )
-        plain = lines.filter(pl.col("line_etype").is_null())
+        plain = lines.filter(pl.col("line_etype").is_null()).with_columns(
+            pl.col("text").str.extract_groups(catalogue.PROBE_LINE).alias("_probe")
+        )
+        probes = _probe_lines(plain.filter(pl.col("_probe").struct.field("hex").is_not_null()))
+        plain = plain.filter(pl.col("_probe").struct.field("hex").is_null()).drop("_probe")
 
         plain_known = plain.select(
             pl.any_horizontal(
@@ -218,6 +223,7 @@ class EventCollector:
                 events.filter(pl.col("kind") == "unrecognised").select(
                     pl.col("message").alias("text"), _PLACE
                 ),
+                probes.filter(pl.col("kind") == "unrecognised").select("text", _PLACE),
             ]
         )
         facts.unrecognised += unrecognised.height
@@ -238,7 +244,7 @@ class EventCollector:
             (pl.col("kind") == "other") & pl.col("message").str.starts_with(SERVICE_REGISTERED)
         )
         relevant = pl.concat(
-            [events, status.filter(kept_status)],
+            [events, status.filter(kept_status), probes.filter(pl.col("kind") != "other")],
             how="diagonal_relaxed",
         ).filter(pl.col("kind") != "unrecognised")
         lifecycle = relevant.filter(pl.col("kind") != "other")
@@ -327,6 +333,7 @@ class EventCollector:
             pl.lit(self.source).alias("source"),
             *_times(),
         )
+        out, facts.probe_lines_unattributed = _attach_probe_results(out)
         attached = _attach_job_runs(out)
         if "ambiguous_run" in attached.columns:
             ambiguous = attached.filter(pl.col("ambiguous_run").fill_null(False))
@@ -441,6 +448,78 @@ def _status_lines(frame: pl.DataFrame, known: catalogue.KnownMessages) -> pl.Dat
         body.alias("message"),
         pl.lit("system").alias("actor"),
         pl.lit("status_line").alias("origin"),
+    )
+
+
+PROBE_RESULTS = ("probe_passed", "probe_failed")
+
+
+def _probe_lines(frame: pl.DataFrame) -> pl.DataFrame:
+    """DEBUG probe lines (catalogue.PROBE_LINE): a 2xx status code passed, any other code or
+    a failure to connect failed (scheduled_tasks/probes.py, `_execute_probe`); the job is the
+    one named, told from the job lines later (``_attach_probe_results``)."""
+    parts = pl.col("_probe")
+    body = parts.struct.field("body")
+    code = body.str.extract(catalogue.PROBE_STATUS_CODE, 1).cast(pl.Int64)
+    kind = (
+        pl.when(code.is_between(200, 299))
+        .then(pl.lit("probe_passed"))
+        .when(code.is_not_null() | body.str.contains(catalogue.PROBE_FAILED))
+        .then(pl.lit("probe_failed"))
+        .when(body.str.contains(catalogue.PROBE_IRRELEVANT))
+        .then(pl.lit("other"))
+        .otherwise(pl.lit("unrecognised"))
+    )
+    return frame.select(
+        "seq",
+        *_PLACE_COLUMNS,
+        "text",
+        kind.alias("kind"),
+        pl.lit("job").alias("entity_type"),
+        pl.lit(None, pl.String).alias("entity_id"),
+        parts.struct.field("job").alias("entity_name"),
+        pl.format("{}-{}", parts.struct.field("job"), parts.struct.field("num")).alias("probe"),
+        body.alias("message"),
+        pl.lit("system").alias("actor"),
+        pl.lit("status_line").alias("origin"),
+    )
+
+
+def _attach_probe_results(events: pl.DataFrame) -> tuple[pl.DataFrame, int]:
+    """Each probe result given to its job: a probe line names its job by name only, and a
+    slot's name is reused by every submission. dstack probes only RUNNING jobs
+    (scheduled_tasks/probes.py, `process_probes`) and a run holds one active job of a name,
+    so the job is the one of that name whose RUNNING line came last before the result; where
+    the log writes no RUNNING line (0.19), the job of that name seen last before it, or first
+    after it (a log that starts late). Results naming no job of the log are counted, dropped."""
+    is_result = pl.col("kind").is_in(PROBE_RESULTS)
+    results = events.filter(is_result & pl.col("entity_id").is_null())
+    if results.height == 0:
+        return events, 0
+    jobs = events.filter((pl.col("entity_type") == "job") & ~is_result)
+    running = (pl.col("kind") == "job_status") & (pl.col("new_status") == "running")
+    lines = jobs.select("entity_name", pl.col("seq").alias("_at"), "entity_id")
+    results = results.sort("seq").drop("entity_id")
+    for right, strategy, alias in (
+        (lines.filter(jobs.select(running.fill_null(False)).to_series()), "backward", "_a"),
+        (lines, "backward", "_b"),
+        (lines, "forward", "_c"),
+    ):
+        results = results.join_asof(
+            right.rename({"entity_id": alias}).sort("_at"),
+            left_on="seq",
+            right_on="_at",
+            by="entity_name",
+            strategy=strategy,
+            check_sortedness=False,
+        ).drop("_at")
+    results = results.with_columns(pl.coalesce("_a", "_b", "_c").alias("entity_id")).drop(
+        "_a", "_b", "_c"
+    )
+    attached = results.filter(pl.col("entity_id").is_not_null())
+    return (
+        pl.concat([events.filter(~is_result), attached.select(events.columns)]).sort("seq"),
+        results.height - attached.height,
     )
 
 

@@ -174,6 +174,11 @@ def _from_read(info: InputInfo, read, facts, events: pl.DataFrame) -> SourceData
             "line again: an overlapping rotated file or a log written twice): each kept once, "
             "its places as provenance"
         )
+    if facts.probe_lines_unattributed:
+        info.notes.append(
+            f"{facts.probe_lines_unattributed} probe result line(s) name a job that no other "
+            "line of this log names: no job to give them to, not used"
+        )
     for shape, count in list(facts.unrecognised_shapes.items())[:20]:
         first = facts.unrecognised_first.get(shape)
         info.notes.append(
