@@ -75,7 +75,7 @@ def _default(request: Request) -> None:
         request.json(
             [{"project_name": "main", "project_id": "11111111-1111-4111-8111-111111111111"}]
         )
-    elif path in ("/api/runs/list", "/api/events/list"):
+    elif path in ("/api/runs/list", "/api/events/list", "/api/fleets/list", "/api/instances/list"):
         request.json([])
     else:
         request.json({"detail": [{"msg": "not found"}]}, status=404)

@@ -174,6 +174,8 @@ def test_a_server_that_echoes_the_token_never_gets_it_into_an_output(tmp_path, m
     monkeypatch.setenv("DSTACK_TOKEN", TOKEN)
     answers = {p: echoing for p in ("/api/projects/list", "/api/runs/list", "/api/events/list")}
     answers["/api/project/main/runs/get"] = echoing
+    for listed in ("/api/fleets/list", "/api/instances/list"):  # no fleet: nothing to echo
+        answers[listed] = lambda request: request.json([])
     runner = CliRunner()
     with FakeDstack(answers) as server:
         target = tmp_path / "c"

@@ -62,14 +62,18 @@ def test_endless_pagination_stops_at_the_page_limit(tmp_path):
     nothing_left(tmp_path)
 
 
-@pytest.mark.parametrize("endpoint", ["/api/runs/list", "/api/events/list"])
+@pytest.mark.parametrize(
+    "endpoint", ["/api/runs/list", "/api/events/list", "/api/fleets/list", "/api/instances/list"]
+)
 def test_a_server_that_repeats_its_pages_is_not_followed(tmp_path, endpoint):
     """The same full page whatever the cursor: stopped at the second page, one line."""
-    page = (
-        [run(n) for n in range(100)]
-        if endpoint == "/api/runs/list"
-        else [{"id": f"e{n}", "recorded_at": "2026-01-01T00:00:00+00:00"} for n in range(100)]
-    )
+    created = "2026-01-01T00:00:00+00:00"
+    page = {
+        "/api/runs/list": [run(n) for n in range(100)],
+        "/api/events/list": [{"id": f"e{n}", "recorded_at": created} for n in range(100)],
+        "/api/fleets/list": [{"id": f"f{n}", "created_at": created} for n in range(100)],
+        "/api/instances/list": [{"id": f"i{n}", "created": created} for n in range(100)],
+    }[endpoint]
     with FakeDstack({endpoint: lambda request: request.json(page)}) as server:
         line = collect_cli(server.url, tmp_path / "c")
         assert server.paths().count(endpoint) == 2
@@ -78,7 +82,7 @@ def test_a_server_that_repeats_its_pages_is_not_followed(tmp_path, endpoint):
 
 
 MEASURE = """
-import json, resource, sys
+import json, sys
 from pathlib import Path
 from analyzer.errors import AuditInputError
 from analyzer.sources.collect import collect
@@ -87,7 +91,10 @@ try:
     error = None
 except AuditInputError as failed:
     error = str(failed)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# VmHWM, not ru_maxrss: a child's ru_maxrss starts at its parent's size when forked (Linux keeps
+# it across exec), so under a large pytest process it would count the parent's pages
+status = Path("/proc/self/status").read_text()
+peak = int(next(l for l in status.splitlines() if l.startswith("VmHWM:")).split()[1]) / 1024
 print(json.dumps({"error": error, "peak_mib": peak}))
 """
 

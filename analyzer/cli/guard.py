@@ -44,7 +44,7 @@ def _listen(url: str, token: str | None, host: str, port: int, mode: str, on_unk
 
 
 def register(main: click.Group) -> None:
-    @main.command()
+    @main.command(short_help="Refuse in dstack apply a rollout that would take a service down.")
     @click.option(
         "--server",
         "server_url",
@@ -80,8 +80,9 @@ def register(main: click.Group) -> None:
         Turn it on in the dstack server:
           server/config.yml:   plugins: [rest_plugin]
           environment:         DSTACK_PLUGIN_SERVICE_URI=http://HOST:PORT
-        The token must read every project's runs and fleets (an admin's). One JSON line per
-        decision on stderr: time, user, project, run, decision, reason.
+        The token must read every project's runs and fleets (an admin's).
+        One JSON line per decision on stderr: time, user, project, run,
+        decision, reason.
 
         Exit status: 130 on Ctrl-C, 2 unusable options or server.
         """

@@ -560,7 +560,8 @@ class _Collector:
         too), whose `prev_created_at`/`prev_id` continue after the last item. The instance
         field is `created`, the fleet's `created_at`; a short page is the last."""
         last = None
-        for number in range(1, 1_000_000):
+        pages = _Pages(self.server, path, self.max_pages)
+        for number in pages.numbers():
             file = f"{folder}/{_SAFE.sub('_', project)}/page-{number:03d}.json"
             cursor = {
                 "prev_created_at": (last.get("created_at") or last.get("created"))
@@ -573,6 +574,13 @@ class _Collector:
             if len(doc) < self.limit:
                 break
             last = doc[-1]
+            if not isinstance(last, dict) or "id" not in last:
+                raise AuditInputError(
+                    self.server.label,
+                    f"POST {path} page {number}: its last item has no id to continue after",
+                )
+            created = last.get("created_at") or last.get("created")
+            pages.advance(number, (str(created), str(last["id"])))
 
     def fleets(self, project: str) -> None:
         """The project's fleets (spec without SSH keys, instances not deleted) and every
