@@ -40,6 +40,7 @@ from analyzer.sources.clock import majority_shift, quarter_hour
 AMBIGUOUS_FIELDS = frozenset({"configuration.replicas", "configuration.groups"})
 MATCH_TOLERANCE_US = 2_000_000  # log ms (or rich s) precision against the DB's microseconds
 UNALIGNED = ("log_local_unaligned", "time_of_day_only")
+DAY_US = 24 * 3600 * 1_000_000
 
 
 @dataclass
@@ -96,10 +97,10 @@ def _log_keys(log_events: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def infer_offsets(log_events: pl.DataFrame, anchors: pl.DataFrame) -> pl.DataFrame:
-    """Per log source: the shift (a whole number of quarter hours, date included for rich)
-    that most of its lines agree on with the database, and how many agree."""
-    pairs = (
+def _pairs(log_events: pl.DataFrame, anchors: pl.DataFrame) -> pl.DataFrame:
+    """Each log line (`voter`: its seq) with each database moment it may be: the same entity
+    (id prefix and name) saying the same thing; `diff` is the database's time minus the log's."""
+    return (
         _log_keys(log_events)
         .join(anchors, on=["server", "entity_type", "entity_name", "key"], suffix="_db")
         .filter(
@@ -111,11 +112,80 @@ def infer_offsets(log_events: pl.DataFrame, anchors: pl.DataFrame) -> pl.DataFra
             (pl.col("time_db") - pl.col("time")).dt.total_microseconds().alias("diff"),
         )
     )
+
+
+def _zone_part(diff: pl.Expr) -> pl.Expr:
+    """A rich log's difference without its whole days, in [-12 h, 12 h): the days are
+    anchored line by line (`_line_days`), the zone is the log's."""
+    half = DAY_US // 2
+    return (diff + half) % DAY_US - half
+
+
+def infer_offsets(log_events: pl.DataFrame, anchors: pl.DataFrame) -> pl.DataFrame:
+    """Per log source: the shift (a whole number of quarter hours; for rich, the zone only)
+    that most of its lines agree on with the database, and how many agree."""
+    rich = log_events.filter(pl.col("time_basis") == "time_of_day_only")["source"].unique()
+    pairs = _pairs(log_events, anchors).with_columns(
+        pl.when(pl.col("source").is_in(rich.implode()))
+        .then(_zone_part(pl.col("diff")))
+        .otherwise(pl.col("diff"))
+        .alias("diff")
+    )
     totals = log_events.group_by("source").agg(pl.col("seq").n_unique().alias("lines"))
     shifts = majority_shift(
         pairs, "source", early_us=MATCH_TOLERANCE_US, late_us=MATCH_TOLERANCE_US
     )
     return shifts.join(totals, on="source", how="left", maintain_order="left")
+
+
+def _line_days(
+    log_events: pl.DataFrame, anchors: pl.DataFrame, zones: pl.DataFrame
+) -> pl.DataFrame:
+    """A rich log's date, line by line: a line that pairs with one database moment in the
+    log's zone takes that moment's day; every other line the day of the nearest such line
+    (rollovers a quiet day hides, or a log written across restarts, cannot mislead it).
+    Returns `source`, `seq`, `_shift` (the line's whole shift) and `_anchored`."""
+    days = (
+        _pairs(log_events, anchors)
+        .join(zones.select("source", pl.col("shift").alias("_zone")), on="source")
+        .with_columns(
+            ((pl.col("diff") - pl.col("_zone")) / DAY_US).round().cast(pl.Int64).alias("_day")
+        )
+        .filter(
+            (pl.col("diff") - pl.col("_zone") - pl.col("_day") * DAY_US).abs() <= MATCH_TOLERANCE_US
+        )
+        .group_by("source", "voter")
+        .agg(pl.col("_day").unique())
+        .filter(pl.col("_day").list.len() == 1)
+        .select("source", pl.col("voter").alias("seq"), pl.col("_day").list.first())
+    )
+    lines = (
+        log_events.filter(pl.col("source").is_in(zones["source"].implode()))
+        .select("source", "seq", "time")
+        .unique(["source", "seq"], keep="first")
+        .join(days, on=["source", "seq"], how="left")
+        .sort("time")
+    )
+    nearest = lines.drop("_day").join_asof(
+        lines.filter(pl.col("_day").is_not_null()).select("source", "time", "_day"),
+        on="time",
+        by="source",
+        strategy="nearest",
+        check_sortedness=False,
+    )
+    return (
+        nearest.join(
+            lines.select("source", "seq", pl.col("_day").alias("_own")), on=["source", "seq"]
+        )
+        .join(zones.select("source", pl.col("shift").alias("_zone")), on="source")
+        .select(
+            "source",
+            "seq",
+            (pl.col("_zone") + pl.col("_day") * DAY_US).alias("_shift"),
+            pl.col("_own").is_not_null().alias("_anchored"),
+            "_day",
+        )
+    )
 
 
 def _shift_label(shift_us: int, basis: str) -> str:
@@ -177,26 +247,42 @@ def align_times(evidence: Evidence, options: TimeOptions) -> None:
     db_events = events.filter(pl.col("time_basis") == "db_utc")
     anchors = _anchors(evidence, db_events)
     offsets = infer_offsets(log_events, anchors) if anchors.height else pl.DataFrame()
-    shifts: dict[str, int] = {}
-    for row in offsets.iter_rows(named=True) if offsets.height else []:
-        shifts[row["source"]] = row["shift"]
-        basis = log_events.filter(pl.col("source") == row["source"])["time_basis"][0]
+    if offsets.height == 0:
+        evidence.events = _apply_options(events, options, evidence)
+        return
+    rich = log_events.filter(pl.col("time_basis") == "time_of_day_only")["source"].unique()
+    line_days = _line_days(
+        log_events.filter(pl.col("source").is_in(rich.implode())),
+        anchors,
+        offsets.filter(pl.col("source").is_in(rich.implode())),
+    )
+    for row in offsets.iter_rows(named=True):
         evidence.limitations.append(
             Limitation(
                 "log_time_aligned",
                 f"log times aligned with the database: of {row['lines']} lifecycle lines, "
                 f"{row['matched']} match a moment the database recorded and {row['agree']} of "
-                f"those agree on local time = {_shift_label(row['shift'], basis)}"
-                + (", date inferred" if basis == "time_of_day_only" else ""),
+                f"those agree on local time = "
+                f"{_shift_label(row['shift'], 'time_of_day_only' if row['source'] in rich else '')}"
+                + _dating(line_days.filter(pl.col("source") == row["source"])),
                 row["source"],
             )
         )
-    shift_frame = pl.DataFrame(
-        {"source": list(shifts), "_shift": list(shifts.values())},
-        schema={"source": pl.String, "_shift": pl.Int64},
-    )
+    per_source = offsets.select("source", pl.col("shift").alias("_source_shift"))
     adjusted = (
-        events.join(shift_frame, on="source", how="left", maintain_order="left")
+        events.join(per_source, on="source", how="left", maintain_order="left")
+        .join(
+            line_days.select("source", "seq", "_shift"),
+            on=["source", "seq"],
+            how="left",
+            maintain_order="left",
+        )
+        .with_columns(
+            pl.when(pl.col("source").is_in(rich.implode()))
+            .then(pl.col("_shift"))
+            .otherwise(pl.col("_source_shift"))
+            .alias("_shift")
+        )
         .with_columns(
             pl.when(log_mask & pl.col("_shift").is_not_null())
             .then(pl.col("time") + pl.duration(microseconds=pl.col("_shift")))
@@ -207,9 +293,22 @@ def align_times(evidence: Evidence, options: TimeOptions) -> None:
             .otherwise(pl.col("time_basis"))
             .alias("time_basis"),
         )
-        .drop("_shift")
+        .drop("_shift", "_source_shift")
     )
     evidence.events = _apply_options(adjusted, options, evidence)
+
+
+def _dating(line_days: pl.DataFrame) -> str:
+    """How a rich log's dates were found, for its alignment note."""
+    if line_days.height == 0:
+        return ""
+    anchored = int(line_days["_anchored"].sum())
+    missed = int(line_days["_day"].max() - line_days["_day"].min())
+    return (
+        f"; dates anchored line by line: {anchored} of {line_days.height} lines by their own "
+        "match, the others from the nearest matched line"
+        + (f" (its own day rollovers were {missed} day(s) off)" if missed else "")
+    )
 
 
 def _to_utc(local: pl.Expr, zone: str, *, after_jump: pl.Expr | None = None) -> pl.Expr:
