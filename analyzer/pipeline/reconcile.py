@@ -114,9 +114,9 @@ def _pairs(log_events: pl.DataFrame, anchors: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _zone_part(diff: pl.Expr) -> pl.Expr:
-    """A rich log's difference without its whole days, in [-12 h, 12 h): the days are
-    anchored line by line (`_line_days`), the zone is the log's."""
+def _zone_part(diff: pl.Expr | int) -> pl.Expr | int:
+    """A rich log's difference (an expression or a number) without its whole days, in
+    [-12 h, 12 h): the days are anchored line by line (`_line_shifts`), the zone is the log's."""
     half = DAY_US // 2
     return (diff + half) % DAY_US - half
 
@@ -138,52 +138,62 @@ def infer_offsets(log_events: pl.DataFrame, anchors: pl.DataFrame) -> pl.DataFra
     return shifts.join(totals, on="source", how="left", maintain_order="left")
 
 
-def _line_days(
-    log_events: pl.DataFrame, anchors: pl.DataFrame, zones: pl.DataFrame
-) -> pl.DataFrame:
-    """A rich log's date, line by line: a line that pairs with one database moment in the
-    log's zone takes that moment's day; every other line the day of the nearest such line
-    (rollovers a quiet day hides, or a log written across restarts, cannot mislead it).
-    Returns `source`, `seq`, `_shift` (the line's whole shift) and `_anchored`."""
-    days = (
+def _line_shifts(log_events: pl.DataFrame, anchors: pl.DataFrame, rich: pl.Series) -> pl.DataFrame:
+    """Each log line's shift, line by line: a line that pairs with exactly one database moment
+    at one of the log's offsets takes that moment's shift (for rich, its zone and its day);
+    every other line the shift of the nearest such line. So a rich log's quiet days (a line a
+    day later at a later time of day shows no rollover) and a clock that changed its offset
+    (daylight saving) cannot move a line away from the database's moment. An offset is the
+    log's when two lines or more agree on it, or no other has more: one pair at a whole
+    quarter hour is more likely two different moments. Returns `source`, `seq`, `_shift`,
+    `_zone` (the shift less whole days, for rich), `_day` and `_anchored`."""
+    is_rich = pl.col("source").is_in(rich.implode())
+    zone = pl.when(is_rich).then(_zone_part(pl.col("_shift"))).otherwise(pl.col("_shift"))
+    votes = (
         _pairs(log_events, anchors)
-        .join(zones.select("source", pl.col("shift").alias("_zone")), on="source")
-        .with_columns(
-            ((pl.col("diff") - pl.col("_zone")) / DAY_US).round().cast(pl.Int64).alias("_day")
-        )
+        .with_columns(quarter_hour(pl.col("diff")).alias("_shift"))
+        .filter((pl.col("diff") - pl.col("_shift")).abs() <= MATCH_TOLERANCE_US)
+        .with_columns(zone.alias("_zone"))
+    )
+    zones = (
+        votes.group_by("source", "_zone")
+        .agg(pl.col("voter").n_unique().alias("_agree"))
         .filter(
-            (pl.col("diff") - pl.col("_zone") - pl.col("_day") * DAY_US).abs() <= MATCH_TOLERANCE_US
+            (pl.col("_agree") >= 2) | (pl.col("_agree") == pl.col("_agree").max().over("source"))
         )
+        .select("source", "_zone")
+    )
+    own = (
+        votes.join(zones, on=["source", "_zone"])
         .group_by("source", "voter")
-        .agg(pl.col("_day").unique())
-        .filter(pl.col("_day").list.len() == 1)
-        .select("source", pl.col("voter").alias("seq"), pl.col("_day").list.first())
+        .agg(pl.col("_shift").unique())
+        .filter(pl.col("_shift").list.len() == 1)
+        .select("source", pl.col("voter").alias("seq"), pl.col("_shift").list.first())
     )
     lines = (
-        log_events.filter(pl.col("source").is_in(zones["source"].implode()))
+        log_events.filter(pl.col("source").is_in(own["source"].unique().implode()))
         .select("source", "seq", "time")
         .unique(["source", "seq"], keep="first")
-        .join(days, on=["source", "seq"], how="left")
+        .join(own, on=["source", "seq"], how="left")
         .sort("time")
     )
-    nearest = lines.drop("_day").join_asof(
-        lines.filter(pl.col("_day").is_not_null()).select("source", "time", "_day"),
-        on="time",
-        by="source",
-        strategy="nearest",
-        check_sortedness=False,
-    )
     return (
-        nearest.join(
-            lines.select("source", "seq", pl.col("_day").alias("_own")), on=["source", "seq"]
+        lines.select("source", "seq", "time", pl.col("_shift").is_not_null().alias("_anchored"))
+        .join_asof(
+            lines.filter(pl.col("_shift").is_not_null()).select("source", "time", "_shift"),
+            on="time",
+            by="source",
+            strategy="nearest",
+            check_sortedness=False,
         )
-        .join(zones.select("source", pl.col("shift").alias("_zone")), on="source")
+        .with_columns(zone.alias("_zone"))
         .select(
             "source",
             "seq",
-            (pl.col("_zone") + pl.col("_day") * DAY_US).alias("_shift"),
-            pl.col("_own").is_not_null().alias("_anchored"),
-            "_day",
+            "_shift",
+            "_zone",
+            ((pl.col("_shift") - pl.col("_zone")) // DAY_US).alias("_day"),
+            "_anchored",
         )
     )
 
@@ -251,38 +261,33 @@ def align_times(evidence: Evidence, options: TimeOptions) -> None:
         evidence.events = _apply_options(events, options, evidence)
         return
     rich = log_events.filter(pl.col("time_basis") == "time_of_day_only")["source"].unique()
-    line_days = _line_days(
-        log_events.filter(pl.col("source").is_in(rich.implode())),
-        anchors,
-        offsets.filter(pl.col("source").is_in(rich.implode())),
-    )
+    lines = _line_shifts(log_events, anchors, rich)
     for row in offsets.iter_rows(named=True):
+        basis = "time_of_day_only" if row["source"] in rich else ""
         evidence.limitations.append(
             Limitation(
                 "log_time_aligned",
                 f"log times aligned with the database: of {row['lines']} lifecycle lines, "
                 f"{row['matched']} match a moment the database recorded and {row['agree']} of "
-                f"those agree on local time = "
-                f"{_shift_label(row['shift'], 'time_of_day_only' if row['source'] in rich else '')}"
-                + _dating(line_days.filter(pl.col("source") == row["source"])),
+                f"those agree on local time = {_shift_label(row['shift'], basis)}"
+                + _line_by_line(lines.filter(pl.col("source") == row["source"]), row, basis),
                 row["source"],
             )
         )
-    per_source = offsets.select("source", pl.col("shift").alias("_source_shift"))
     adjusted = (
-        events.join(per_source, on="source", how="left", maintain_order="left")
+        events.join(
+            offsets.select("source", pl.col("shift").alias("_source_shift")),
+            on="source",
+            how="left",
+            maintain_order="left",
+        )
         .join(
-            line_days.select("source", "seq", "_shift"),
+            lines.select("source", "seq", "_shift"),
             on=["source", "seq"],
             how="left",
             maintain_order="left",
         )
-        .with_columns(
-            pl.when(pl.col("source").is_in(rich.implode()))
-            .then(pl.col("_shift"))
-            .otherwise(pl.col("_source_shift"))
-            .alias("_shift")
-        )
+        .with_columns(pl.coalesce("_shift", "_source_shift").alias("_shift"))
         .with_columns(
             pl.when(log_mask & pl.col("_shift").is_not_null())
             .then(pl.col("time") + pl.duration(microseconds=pl.col("_shift")))
@@ -298,14 +303,31 @@ def align_times(evidence: Evidence, options: TimeOptions) -> None:
     evidence.events = _apply_options(adjusted, options, evidence)
 
 
-def _dating(line_days: pl.DataFrame) -> str:
-    """How a rich log's dates were found, for its alignment note."""
-    if line_days.height == 0:
+def _line_by_line(lines: pl.DataFrame, majority: dict, basis: str) -> str:
+    """What the line-by-line alignment found beyond the majority offset, for its note: other
+    offsets the log's clock took (daylight saving?), and for rich how its dates were found."""
+    if lines.height == 0:
         return ""
-    anchored = int(line_days["_anchored"].sum())
-    missed = int(line_days["_day"].max() - line_days["_day"].min())
+    others = (
+        lines.filter(
+            pl.col("_anchored")
+            & (pl.col("_zone") != (_zone_part(majority["shift"]) if basis else majority["shift"]))
+        )
+        .group_by("_zone")
+        .len()
+        .sort("len", "_zone", descending=[True, False])
+    )
+    note = ", ".join(
+        f"{count} on {_shift_label(zone, basis)}" for zone, count in others.iter_rows()
+    )
+    if note:
+        note = f", {note} (the log's clock changed its offset: daylight saving?)"
+    if basis != "time_of_day_only":
+        return note
+    anchored = int(lines["_anchored"].sum())
+    missed = int(lines["_day"].max() - lines["_day"].min())
     return (
-        f"; dates anchored line by line: {anchored} of {line_days.height} lines by their own "
+        f"{note}; dates anchored line by line: {anchored} of {lines.height} lines by their own "
         "match, the others from the nearest matched line"
         + (f" (its own day rollovers were {missed} day(s) off)" if missed else "")
     )
