@@ -148,3 +148,23 @@ def test_a_captures_rich_log_from_a_server_started_the_evening_before(tmp_path):
     assert dated.findings[0].victims[0].terminated_at == alone.findings[0].victims[
         0
     ].terminated_at.replace(microsecond=0)
+
+
+@pytest.fixture(scope="module")
+def berlin_fleet(tmp_path_factory) -> Path:
+    """A fleet whose logs are written in Europe/Berlin: the clocks go back an hour on
+    2026-10-25 and no line of the logs steps back far enough to show it."""
+    out = tmp_path_factory.mktemp("berlin")
+    synthesize(out, 60, seed=2, log_tz="Europe/Berlin", log_formats=("rich", "standard"))
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["rich", "standard"])
+def test_a_log_across_a_daylight_saving_change_beside_its_database(berlin_fleet, fmt):
+    log = berlin_fleet / "logs" / f"server.{fmt}.log"
+    _assert_database_findings(berlin_fleet / "server.db", log)
+    report = open_sources([berlin_fleet / "server.db", log]).report
+    (aligned,) = [lim for lim in report.limitations if lim.code == "log_time_aligned"]
+    assert "= UTC+02:00" in aligned.message and "on UTC+01:00" in aligned.message
+    stops = [v.terminated_at for f in report.findings for v in f.victims if v.terminated_at]
+    assert any(stop.date() > date(2026, 10, 25) for stop in stops)
