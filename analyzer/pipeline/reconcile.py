@@ -121,11 +121,11 @@ def _zone_part(diff: pl.Expr | int) -> pl.Expr | int:
     return (diff + half) % DAY_US - half
 
 
-def infer_offsets(log_events: pl.DataFrame, anchors: pl.DataFrame) -> pl.DataFrame:
+def infer_offsets(log_events: pl.DataFrame, pairs: pl.DataFrame, rich: pl.Series) -> pl.DataFrame:
     """Per log source: the shift (a whole number of quarter hours; for rich, the zone only)
-    that most of its lines agree on with the database, and how many agree."""
-    rich = log_events.filter(pl.col("time_basis") == "time_of_day_only")["source"].unique()
-    pairs = _pairs(log_events, anchors).with_columns(
+    that most of its lines agree on with the database (`pairs`, from `_pairs`), and how many
+    agree."""
+    pairs = pairs.with_columns(
         pl.when(pl.col("source").is_in(rich.implode()))
         .then(_zone_part(pl.col("diff")))
         .otherwise(pl.col("diff"))
@@ -138,7 +138,7 @@ def infer_offsets(log_events: pl.DataFrame, anchors: pl.DataFrame) -> pl.DataFra
     return shifts.join(totals, on="source", how="left", maintain_order="left")
 
 
-def _line_shifts(log_events: pl.DataFrame, anchors: pl.DataFrame, rich: pl.Series) -> pl.DataFrame:
+def _line_shifts(log_events: pl.DataFrame, pairs: pl.DataFrame, rich: pl.Series) -> pl.DataFrame:
     """Each log line's shift, line by line: a line that pairs with exactly one database moment
     at one of the log's offsets takes that moment's shift (for rich, its zone and its day);
     every other line the shift of the nearest such line. So a rich log's quiet days (a line a
@@ -150,8 +150,7 @@ def _line_shifts(log_events: pl.DataFrame, anchors: pl.DataFrame, rich: pl.Serie
     is_rich = pl.col("source").is_in(rich.implode())
     zone = pl.when(is_rich).then(_zone_part(pl.col("_shift"))).otherwise(pl.col("_shift"))
     votes = (
-        _pairs(log_events, anchors)
-        .with_columns(quarter_hour(pl.col("diff")).alias("_shift"))
+        pairs.with_columns(quarter_hour(pl.col("diff")).alias("_shift"))
         .filter((pl.col("diff") - pl.col("_shift")).abs() <= MATCH_TOLERANCE_US)
         .with_columns(zone.alias("_zone"))
     )
@@ -256,12 +255,13 @@ def align_times(evidence: Evidence, options: TimeOptions) -> None:
         return
     db_events = events.filter(pl.col("time_basis") == "db_utc")
     anchors = _anchors(evidence, db_events)
-    offsets = infer_offsets(log_events, anchors) if anchors.height else pl.DataFrame()
+    rich = log_events.filter(pl.col("time_basis") == "time_of_day_only")["source"].unique()
+    pairs = _pairs(log_events, anchors)
+    offsets = infer_offsets(log_events, pairs, rich) if pairs.height else pl.DataFrame()
     if offsets.height == 0:
         evidence.events = _apply_options(events, options, evidence)
         return
-    rich = log_events.filter(pl.col("time_basis") == "time_of_day_only")["source"].unique()
-    lines = _line_shifts(log_events, anchors, rich)
+    lines = _line_shifts(log_events, pairs, rich)
     for row in offsets.iter_rows(named=True):
         basis = "time_of_day_only" if row["source"] in rich else ""
         evidence.limitations.append(
