@@ -40,6 +40,7 @@ from analyzer.sources.clock import majority_shift, quarter_hour
 AMBIGUOUS_FIELDS = frozenset({"configuration.replicas", "configuration.groups"})
 MATCH_TOLERANCE_US = 2_000_000  # log ms (or rich s) precision against the DB's microseconds
 UNALIGNED = ("log_local_unaligned", "time_of_day_only")
+DAY_US = 24 * 3600 * 1_000_000
 
 
 @dataclass
@@ -96,10 +97,10 @@ def _log_keys(log_events: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def infer_offsets(log_events: pl.DataFrame, anchors: pl.DataFrame) -> pl.DataFrame:
-    """Per log source: the shift (a whole number of quarter hours, date included for rich)
-    that most of its lines agree on with the database, and how many agree."""
-    pairs = (
+def _pairs(log_events: pl.DataFrame, anchors: pl.DataFrame) -> pl.DataFrame:
+    """Each log line (`voter`: its seq) with each database moment it may be: the same entity
+    (id prefix and name) saying the same thing; `diff` is the database's time minus the log's."""
+    return (
         _log_keys(log_events)
         .join(anchors, on=["server", "entity_type", "entity_name", "key"], suffix="_db")
         .filter(
@@ -111,11 +112,89 @@ def infer_offsets(log_events: pl.DataFrame, anchors: pl.DataFrame) -> pl.DataFra
             (pl.col("time_db") - pl.col("time")).dt.total_microseconds().alias("diff"),
         )
     )
+
+
+def _zone_part(diff: pl.Expr | int) -> pl.Expr | int:
+    """A rich log's difference (an expression or a number) without its whole days, in
+    [-12 h, 12 h): the days are anchored line by line (`_line_shifts`), the zone is the log's."""
+    half = DAY_US // 2
+    return (diff + half) % DAY_US - half
+
+
+def infer_offsets(log_events: pl.DataFrame, pairs: pl.DataFrame, rich: pl.Series) -> pl.DataFrame:
+    """Per log source: the shift (a whole number of quarter hours; for rich, the zone only)
+    that most of its lines agree on with the database (`pairs`, from `_pairs`), and how many
+    agree."""
+    pairs = pairs.with_columns(
+        pl.when(pl.col("source").is_in(rich.implode()))
+        .then(_zone_part(pl.col("diff")))
+        .otherwise(pl.col("diff"))
+        .alias("diff")
+    )
     totals = log_events.group_by("source").agg(pl.col("seq").n_unique().alias("lines"))
     shifts = majority_shift(
         pairs, "source", early_us=MATCH_TOLERANCE_US, late_us=MATCH_TOLERANCE_US
     )
     return shifts.join(totals, on="source", how="left", maintain_order="left")
+
+
+def _line_shifts(log_events: pl.DataFrame, pairs: pl.DataFrame, rich: pl.Series) -> pl.DataFrame:
+    """Each log line's shift, line by line: a line that pairs with exactly one database moment
+    at one of the log's offsets takes that moment's shift (for rich, its zone and its day);
+    every other line the shift of the nearest such line. So a rich log's quiet days (a line a
+    day later at a later time of day shows no rollover) and a clock that changed its offset
+    (daylight saving) cannot move a line away from the database's moment. An offset is the
+    log's when two lines or more agree on it, or no other has more: one pair at a whole
+    quarter hour is more likely two different moments. Returns `source`, `seq`, `_shift`,
+    `_zone` (the shift less whole days, for rich), `_day` and `_anchored`."""
+    is_rich = pl.col("source").is_in(rich.implode())
+    zone = pl.when(is_rich).then(_zone_part(pl.col("_shift"))).otherwise(pl.col("_shift"))
+    votes = (
+        pairs.with_columns(quarter_hour(pl.col("diff")).alias("_shift"))
+        .filter((pl.col("diff") - pl.col("_shift")).abs() <= MATCH_TOLERANCE_US)
+        .with_columns(zone.alias("_zone"))
+    )
+    zones = (
+        votes.group_by("source", "_zone")
+        .agg(pl.col("voter").n_unique().alias("_agree"))
+        .filter(
+            (pl.col("_agree") >= 2) | (pl.col("_agree") == pl.col("_agree").max().over("source"))
+        )
+        .select("source", "_zone")
+    )
+    own = (
+        votes.join(zones, on=["source", "_zone"])
+        .group_by("source", "voter")
+        .agg(pl.col("_shift").unique())
+        .filter(pl.col("_shift").list.len() == 1)
+        .select("source", pl.col("voter").alias("seq"), pl.col("_shift").list.first())
+    )
+    lines = (
+        log_events.filter(pl.col("source").is_in(own["source"].unique().implode()))
+        .select("source", "seq", "time")
+        .unique(["source", "seq"], keep="first")
+        .join(own, on=["source", "seq"], how="left")
+        .sort("time")
+    )
+    return (
+        lines.select("source", "seq", "time", pl.col("_shift").is_not_null().alias("_anchored"))
+        .join_asof(
+            lines.filter(pl.col("_shift").is_not_null()).select("source", "time", "_shift"),
+            on="time",
+            by="source",
+            strategy="nearest",
+            check_sortedness=False,
+        )
+        .with_columns(zone.alias("_zone"))
+        .select(
+            "source",
+            "seq",
+            "_shift",
+            "_zone",
+            ((pl.col("_shift") - pl.col("_zone")) // DAY_US).alias("_day"),
+            "_anchored",
+        )
+    )
 
 
 def _shift_label(shift_us: int, basis: str) -> str:
@@ -176,27 +255,39 @@ def align_times(evidence: Evidence, options: TimeOptions) -> None:
         return
     db_events = events.filter(pl.col("time_basis") == "db_utc")
     anchors = _anchors(evidence, db_events)
-    offsets = infer_offsets(log_events, anchors) if anchors.height else pl.DataFrame()
-    shifts: dict[str, int] = {}
-    for row in offsets.iter_rows(named=True) if offsets.height else []:
-        shifts[row["source"]] = row["shift"]
-        basis = log_events.filter(pl.col("source") == row["source"])["time_basis"][0]
+    rich = log_events.filter(pl.col("time_basis") == "time_of_day_only")["source"].unique()
+    pairs = _pairs(log_events, anchors)
+    offsets = infer_offsets(log_events, pairs, rich) if pairs.height else pl.DataFrame()
+    if offsets.height == 0:
+        evidence.events = _apply_options(events, options, evidence)
+        return
+    lines = _line_shifts(log_events, pairs, rich)
+    for row in offsets.iter_rows(named=True):
+        basis = "time_of_day_only" if row["source"] in rich else ""
         evidence.limitations.append(
             Limitation(
                 "log_time_aligned",
                 f"log times aligned with the database: of {row['lines']} lifecycle lines, "
                 f"{row['matched']} match a moment the database recorded and {row['agree']} of "
                 f"those agree on local time = {_shift_label(row['shift'], basis)}"
-                + (", date inferred" if basis == "time_of_day_only" else ""),
+                + _line_by_line(lines.filter(pl.col("source") == row["source"]), row, basis),
                 row["source"],
             )
         )
-    shift_frame = pl.DataFrame(
-        {"source": list(shifts), "_shift": list(shifts.values())},
-        schema={"source": pl.String, "_shift": pl.Int64},
-    )
     adjusted = (
-        events.join(shift_frame, on="source", how="left", maintain_order="left")
+        events.join(
+            offsets.select("source", pl.col("shift").alias("_source_shift")),
+            on="source",
+            how="left",
+            maintain_order="left",
+        )
+        .join(
+            lines.select("source", "seq", "_shift"),
+            on=["source", "seq"],
+            how="left",
+            maintain_order="left",
+        )
+        .with_columns(pl.coalesce("_shift", "_source_shift").alias("_shift"))
         .with_columns(
             pl.when(log_mask & pl.col("_shift").is_not_null())
             .then(pl.col("time") + pl.duration(microseconds=pl.col("_shift")))
@@ -207,9 +298,39 @@ def align_times(evidence: Evidence, options: TimeOptions) -> None:
             .otherwise(pl.col("time_basis"))
             .alias("time_basis"),
         )
-        .drop("_shift")
+        .drop("_shift", "_source_shift")
     )
     evidence.events = _apply_options(adjusted, options, evidence)
+
+
+def _line_by_line(lines: pl.DataFrame, majority: dict, basis: str) -> str:
+    """What the line-by-line alignment found beyond the majority offset, for its note: other
+    offsets the log's clock took (daylight saving?), and for rich how its dates were found."""
+    if lines.height == 0:
+        return ""
+    others = (
+        lines.filter(
+            pl.col("_anchored")
+            & (pl.col("_zone") != (_zone_part(majority["shift"]) if basis else majority["shift"]))
+        )
+        .group_by("_zone")
+        .len()
+        .sort("len", "_zone", descending=[True, False])
+    )
+    note = ", ".join(
+        f"{count} on {_shift_label(zone, basis)}" for zone, count in others.iter_rows()
+    )
+    if note:
+        note = f", {note} (the log's clock changed its offset: daylight saving?)"
+    if basis != "time_of_day_only":
+        return note
+    anchored = int(lines["_anchored"].sum())
+    missed = int(lines["_day"].max() - lines["_day"].min())
+    return (
+        f"{note}; dates anchored line by line: {anchored} of {lines.height} lines by their own "
+        "match, the others from the nearest matched line"
+        + (f" (its own day rollovers were {missed} day(s) off)" if missed else "")
+    )
 
 
 def _to_utc(local: pl.Expr, zone: str, *, after_jump: pl.Expr | None = None) -> pl.Expr:
