@@ -33,6 +33,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode
 import polars as pl
 
 from analyzer.errors import AuditInputError
+from analyzer.sources import cells
 from analyzer.sources.base import (
     NO_OPTIONS,
     InputInfo,
@@ -574,6 +575,7 @@ def load_url(
         f"REPEATABLE READ, READ ONLY transaction (PostgreSQL {reader.postgres_version}, "
         f"reader {reader.engine_name})"
     )
+    cells.apply_to(info, data)
     data.inputs.append(info)
     data.secrets.update(target.secrets)  # the password is a known value: masked wherever it shows
     return data
