@@ -150,7 +150,16 @@ def test_a_broken_table_inside_a_capture_folder_is_named_not_passed_over(tmp_pat
     _one_line_error(_audit(str(capture)), "jobs.csv: ';'-delimited")
 
 
-# --- times out of range -------------------------------------------------------------------------
+# --- times out of range: one rule for damaged times (issue 23) ----------------------------------
+
+
+def _damaged_time(result, *expected: str) -> None:
+    """The audit goes on; the time is read as unknown and the row named in a limitation."""
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    (limitation,) = [lim for lim in report["limitations"] if lim["code"] == "damaged_values"]
+    for text in expected:
+        assert text in limitation["message"], limitation["message"]
 
 
 @pytest.mark.parametrize("year", ["-001", "0000", "10000"])
@@ -161,12 +170,19 @@ def test_a_database_time_out_of_range_names_the_table_and_row(copy_db, year):
         f"UPDATE jobs SET submitted_at = '{year}-01-01 00:00:00.000000' "
         "WHERE id = '699fe818acc24e08b121d16ed8fd32f1'",
     )
-    _one_line_error(
-        _audit(str(db)),
-        f"{db}: table jobs",
+    _damaged_time(
+        _audit(str(db), "--format", "json"),
+        "table jobs",
         "id 699fe818acc24e08b121d16ed8fd32f1",
-        f"submitted_at '{year}-01-01",
+        f"submitted_at: '{year}-01-01",
         "years 1 and 9999",
+    )
+    _one_line_error(
+        _audit(str(db), "--strict"),
+        f"{db}: damaged input under --strict",
+        "table jobs",
+        "id 699fe818acc24e08b121d16ed8fd32f1",
+        "submitted_at",
     )
 
 
@@ -175,7 +191,10 @@ def test_a_csv_time_out_of_range_names_the_file_and_row(tmp_path):
     runs = folder / "runs.csv"
     frame = pl.read_csv(runs, infer_schema=False)
     frame.with_columns(pl.lit("-001-11-02 09:00:00.000000").alias("submitted_at")).write_csv(runs)
-    _one_line_error(_audit(str(folder)), f"{runs}: table runs, row 1", "submitted_at '-001-11-02")
+    _damaged_time(
+        _audit(str(folder), "--format", "json"), "table runs: row 1", "submitted_at: '-001-11-02"
+    )
+    _one_line_error(_audit(str(folder), "--strict"), f"{runs}: damaged input", "row 1")
 
 
 @pytest.mark.parametrize("fmt", ["standard", "json", "docker"])

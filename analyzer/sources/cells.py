@@ -118,7 +118,8 @@ def _said(rows: pl.DataFrame) -> str:
     parts = []
     for row in shown.iter_rows(named=True):
         if row["kind"] == "no_id":
-            parts.append(f"{row['place']} has no id and is left out")
+            why = "" if row["problem"] == "no id" else f" ({row['problem']})"
+            parts.append(f"{row['place']} has no id{why} and is left out")
         else:
             parts.append(f"{row['place']}, {row['column']}: {row['problem']}")
     more = f"; and {rows.height - shown.height} more" if rows.height > shown.height else ""
@@ -153,8 +154,17 @@ def checked(
             keep = None
     if parts:
         rows = pl.concat([p.select(DAMAGE_SCHEMA.keys()).cast(DAMAGE_SCHEMA) for p in parts])
-        ledger.add(where, table, _placed(rows, frame, columns.key))
+        ledger.add(where, table, _placed(_one_per_key(rows, columns.key), frame, columns.key))
     return frame if keep is None else frame.filter(keep)
+
+
+def _one_per_key(rows: pl.DataFrame, key: str | None) -> pl.DataFrame:
+    """A damaged id is the row left out, said once: `row 3 has no id (invalid UTF-8)`."""
+    if key is None:
+        return rows
+    on_key = pl.col("column") == key
+    ids = rows.filter(on_key).unique("row", keep="first", maintain_order=True)
+    return pl.concat([rows.filter(~on_key), ids.with_columns(pl.lit("no_id").alias("kind"))])
 
 
 def _placed(rows: pl.DataFrame, frame: pl.DataFrame, key: str | None) -> pl.DataFrame:
@@ -175,11 +185,14 @@ def _placed(rows: pl.DataFrame, frame: pl.DataFrame, key: str | None) -> pl.Data
 
 
 def decode(frame: pl.DataFrame) -> tuple[pl.DataFrame, list[pl.DataFrame]]:
-    """Binary columns as text; a value that is not UTF-8 becomes null (and is reported)."""
+    """Binary columns as text; a value that is not UTF-8 becomes null (and is reported).
+    Other columns (a reader's guess for an empty or all-null column) become text as well."""
     found = []
     replaced = []
     for name, dtype in frame.schema.items():
         if dtype != pl.Binary:
+            if dtype != pl.String:
+                replaced.append(frame[name].cast(pl.String))
             continue
         column = frame[name]
         try:

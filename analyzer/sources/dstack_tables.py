@@ -755,7 +755,13 @@ def _jobs(
         pl.lit(server).alias("server"),
         "run_id",
         "job_id",
-        "job_name",
+        pl.coalesce(
+            "job_name",
+            # a damaged name: dstack's own (JobConfigurator._job_spec, configurators/base.py)
+            pl.concat_str(
+                ["run_name", _int(pl.col("job_num")), _int(pl.col("replica_num"))], separator="-"
+            ),
+        ).alias("job_name"),
         _int(pl.col("replica_num")).alias("replica_num"),
         _int(pl.col("job_num")).alias("job_num"),
         _int(pl.col("submission_num")).alias("submission_num"),
