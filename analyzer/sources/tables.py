@@ -113,11 +113,12 @@ class ExportReader:
             )
             frame, found = cells.lossy(frame)
         if _ends_inside_quotes(path) and frame.height:
-            where = frame.columns[-1] if frame.width else "?"
+            last = frame.row(frame.height - 1)
+            cut = max((i for i, value in enumerate(last) if value is not None), default=0)
             found.append(
                 cells.damage(
                     [frame.height - 1],
-                    where,
+                    frame.columns[cut],
                     "truncated: the file ends inside a quoted field, so its last row is cut "
                     "(the values after the cut are unknown)",
                     "damaged",
