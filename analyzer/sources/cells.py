@@ -100,10 +100,9 @@ class Ledger:
             unparsed = rows.filter(pl.col("kind").is_in(UNPARSED_KINDS))
             if unparsed.height:
                 data.unparsed_values[where] = data.unparsed_values.get(where, 0) + unparsed.height
-                place = unparsed.row(0, named=True)
                 data.damage_notes.setdefault(where, []).append(
-                    f"{unparsed.height} damaged value(s) in table {table}, first "
-                    f"{place['place']}, {place['column']}: {place['problem']}"
+                    f"{unparsed.height} damaged value(s) in table {table}, first: "
+                    + _said(unparsed.head(1))
                 )
 
 
@@ -201,8 +200,7 @@ def decode(frame: pl.DataFrame) -> tuple[pl.DataFrame, list[pl.DataFrame]]:
         except pl.exceptions.PolarsError:
             pass
         bad = _not_utf8(column)
-        nulled = column.scatter(bad, None) if bad else column
-        replaced.append(nulled.cast(pl.String))
+        replaced.append(_text_without(column, bad))
         found.append(damage(bad, name, "invalid UTF-8", "damaged"))
     if replaced:
         frame = frame.with_columns(replaced)
@@ -226,6 +224,25 @@ def _not_utf8(column: pl.Series, offset: int = 0) -> list[int]:
         return _not_utf8(column.slice(0, half), offset) + _not_utf8(
             column.slice(half), offset + half
         )
+
+
+def _text_without(column: pl.Series, bad: list[int]) -> pl.Series:
+    """`column` as text with the values at `bad` null. Nulling them in place is not enough:
+    polars checks the bytes a null still points at, so the good runs are cast one by one."""
+    if len(bad) > 1000:
+        values = column.to_list()
+        for row in bad:
+            values[row] = None
+        return pl.Series(column.name, values, dtype=pl.Binary).cast(pl.String)
+    pieces, start = [], 0
+    for row in bad:
+        pieces += [
+            column.slice(start, row - start).cast(pl.String),
+            pl.Series([None], dtype=pl.String),
+        ]
+        start = row + 1
+    pieces.append(column.slice(start).cast(pl.String))
+    return pl.concat(pieces).alias(column.name)
 
 
 def _is_utf8(value: bytes) -> bool:
