@@ -310,3 +310,15 @@ def test_a_huge_csv_field_holds_little_of_itself(tmp_path):
     assert f"cut at 1024 of {field} bytes" in _limitation(report, "huge_values")
     growth_kib = int(grown.read_text()) - int(base.read_text())
     assert growth_kib * 1024 < 8 * field, f"{growth_kib // 1024} MiB more for a {field} B field"
+
+
+def test_a_huge_message_in_a_log_line_is_kept_cut_and_said(tmp_path):
+    """The same cap for a log (a line under the reader's 1 MiB limit, its message 900 KB)."""
+    log = tmp_path / "evidence" / "server.log"
+    log.parent.mkdir()
+    text = (SEED / "logs" / "server-info.standard.log").read_text()
+    log.write_text(text.replace("(Fleet is at capacity)", "(" + "x" * 900_000 + ")"))
+    report = _report(_cli(str(log), "--format", "json"))
+    message = _limitation(report, "huge_values")
+    assert "1 log message(s) over 16384 bytes" in message and f"{log}:21" in message
+    assert len(json.dumps(report)) < 100_000

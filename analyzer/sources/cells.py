@@ -281,10 +281,24 @@ def cut_text(raw: bytes) -> str:
     return f"{head}… [cut at {HEAD_BYTES} of {len(raw)} bytes; sha256 {digest}]"
 
 
-def _capped(frame: pl.DataFrame, json: tuple[str, ...]) -> tuple[pl.DataFrame, list[pl.DataFrame]]:
+def cut_long(frame: pl.DataFrame, columns: tuple[str, ...]) -> tuple[pl.DataFrame, pl.Series]:
+    """`frame` with each text value of `columns` over TEXT_LIMIT kept as `cut_text` does, and
+    the positions of the rows that had one (for sources that are not tables: a log's lines)."""
+    frame, found = _capped(frame, (), columns)
+    rows = (
+        pl.concat([f["row"] for f in found]).unique().sort()
+        if found
+        else pl.Series([], dtype=pl.Int64)
+    )
+    return frame, rows
+
+
+def _capped(
+    frame: pl.DataFrame, json: tuple[str, ...], only: tuple[str, ...] | None = None
+) -> tuple[pl.DataFrame, list[pl.DataFrame]]:
     found = []
     replaced = []
-    strings = [n for n, t in frame.schema.items() if t == pl.String]
+    strings = [n for n, t in frame.schema.items() if t == pl.String and (only is None or n in only)]
     if not strings:
         return frame, found
     sizes = frame.select(pl.col(n).str.len_bytes().max() for n in strings).row(0)

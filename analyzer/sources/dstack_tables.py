@@ -405,7 +405,7 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
         )
         .collect()
     )
-    data.runs = runs
+    data.runs = _named(runs, raw_jobs)
     del raw_runs, raw_users  # read once, mapped: the raw rows are not held while events load
     raw_fleets = {table: _read(reader, table, ledger) for table in ("fleets", "instances")}
     data.fleets, data.instances = _fleets(raw_fleets, server, projects)
@@ -453,6 +453,29 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
     if latest is not None:
         data.latest_time = {server: latest}
     return data
+
+
+UNKNOWN_NAME = "(unknown)"  # a name no row holds any more (damaged): said in damaged_values
+
+
+def _named(runs: pl.DataFrame, raw_jobs: pl.DataFrame) -> pl.DataFrame:
+    """Runs whose name is damaged take it from their jobs' `run_name` (dstack writes the run's
+    name there: services/runs/__init__.py create_job_model_for_new_submission), else
+    UNKNOWN_NAME."""
+    if runs["run_name"].null_count() == 0:
+        return runs
+    names = (
+        raw_jobs.select(
+            normalise_id(pl.col("run_id")).alias("run_id"), pl.col("run_name").alias("_name")
+        )
+        .drop_nulls()
+        .unique("run_id", keep="first", maintain_order=True)
+    )
+    return (
+        runs.join(names, on="run_id", how="left", maintain_order="left")
+        .with_columns(pl.coalesce("run_name", "_name", pl.lit(UNKNOWN_NAME)).alias("run_name"))
+        .drop("_name")
+    )
 
 
 def _placement_spec(spec: pl.Expr) -> pl.Expr:
@@ -761,6 +784,7 @@ def _jobs(
             pl.concat_str(
                 ["run_name", _int(pl.col("job_num")), _int(pl.col("replica_num"))], separator="-"
             ),
+            pl.lit(UNKNOWN_NAME),
         ).alias("job_name"),
         _int(pl.col("replica_num")).alias("replica_num"),
         _int(pl.col("job_num")).alias("job_num"),
