@@ -322,3 +322,15 @@ def test_a_huge_message_in_a_log_line_is_kept_cut_and_said(tmp_path):
     message = _limitation(report, "huge_values")
     assert "1 log message(s) over 16384 bytes" in message and f"{log}:21" in message
     assert len(json.dumps(report)) < 100_000
+
+
+def test_damage_in_a_table_every_partition_reads_is_counted_once(copy_db):
+    from analyzer import open_sources
+    from analyzer.api import audit_in_partitions
+
+    db = copy_db("v0.22.5/seed")
+    execute(db, "UPDATE instances SET status = X'ff00fe'", "UPDATE jobs SET job_num = 'NaN'")
+    whole = open_sources([db]).report
+    merged = audit_in_partitions([db], 3)
+    assert whole.inputs[0].unparsed == merged.inputs[0].unparsed == 3
+    assert merged.findings == whole.findings

@@ -78,10 +78,13 @@ class Ledger:
     """The damage found in the cells of one input, by the file (or database) it was read from."""
 
     found: dict[tuple[str, str], list[pl.DataFrame]] = field(default_factory=dict)
+    uncounted: set[tuple[str, str]] = field(default_factory=set)  # said, counted elsewhere
 
-    def add(self, where: str, table: str, rows: pl.DataFrame) -> None:
+    def add(self, where: str, table: str, rows: pl.DataFrame, counted: bool = True) -> None:
         if rows.height:
             self.found.setdefault((where, table), []).append(rows)
+            if not counted:
+                self.uncounted.add((where, table))
 
     def record(self, data: SourceData) -> None:
         """Limitations for `data`, one per table and kind of damage."""
@@ -98,7 +101,7 @@ class Ledger:
                     Limitation("huge_values", f"table {table}: {_said(huge)}", where)
                 )
             unparsed = rows.filter(pl.col("kind").is_in(UNPARSED_KINDS))
-            if unparsed.height:
+            if unparsed.height and (where, table) not in self.uncounted:
                 data.unparsed_values[where] = data.unparsed_values.get(where, 0) + unparsed.height
                 data.damage_notes.setdefault(where, []).append(
                     f"{unparsed.height} damaged value(s) in table {table}, first: "
@@ -132,10 +135,13 @@ def checked(
     columns: Columns,
     ledger: Ledger,
     found: pl.DataFrame | None = None,
+    *,
+    counted: bool = True,
 ) -> pl.DataFrame:
     """`frame` (a table as read, text or bytes) as text the mapping can trust: damaged values
     null, huge ones cut, rows without an id left out; what was found goes to `ledger`. `found`:
-    damage the reader itself found (at positions of `frame`)."""
+    damage the reader itself found (at positions of `frame`); `counted`: whether it counts as
+    unparsed here (a table each partition reads whole is counted once)."""
     parts = [found] if found is not None and found.height else []
     frame, decoded = decode(frame)
     parts += decoded
@@ -153,7 +159,8 @@ def checked(
             keep = None
     if parts:
         rows = pl.concat([p.select(DAMAGE_SCHEMA.keys()).cast(DAMAGE_SCHEMA) for p in parts])
-        ledger.add(where, table, _placed(_one_per_key(rows, columns.key), frame, columns.key))
+        placed = _placed(_one_per_key(rows, columns.key), frame, columns.key)
+        ledger.add(where, table, placed, counted)
     return frame if keep is None else frame.filter(keep)
 
 

@@ -299,7 +299,8 @@ def _read(reader: TableReader, table: str, ledger: cells.Ledger) -> pl.DataFrame
         frame = reader.read(table, TABLE_COLUMNS[table])
     where = getattr(reader, "source_of", lambda _table: reader.label)(table)
     found = getattr(reader, "found", {}).pop(table, None)
-    return cells.checked(frame, table, where, CELLS[table], ledger, found)
+    counted = getattr(reader, "counts_damage", lambda _table: True)(table)
+    return cells.checked(frame, table, where, CELLS[table], ledger, found, counted=counted)
 
 
 def _names(frame: pl.DataFrame | None, alias: str) -> pl.DataFrame:

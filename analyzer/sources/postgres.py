@@ -417,6 +417,7 @@ class PostgresReader:
         )
         self.snapshot_at, self.postgres_version = facts.row(0)
         self._filters = self._pushdown(options)
+        self._later_partition = bool(options.partition and options.partition[0])
 
     def _pushdown(self, options: ReadOptions) -> dict[str, str]:
         """WHERE clauses that read only the runs the audit keeps (--project, --since, a
@@ -512,6 +513,10 @@ class PostgresReader:
 
     def tables(self) -> set[str]:
         return set(self._columns)
+
+    def counts_damage(self, table: str) -> bool:
+        """A table every partition reads whole is counted by the first partition only."""
+        return table in self._filters or not self._later_partition
 
     def columns(self, table: str) -> set[str]:
         return self._columns.get(table, set())

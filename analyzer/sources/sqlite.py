@@ -95,6 +95,7 @@ class SqliteReader:
             ) from None
         self._columns: dict[str, set[str]] = {}
         self._filters: dict[str, str] = {}
+        self._later_partition = bool(options.partition and options.partition[0])
         self._arrow = _arrow_connection(uri)
         self.narrowed = narrowed and {"runs", "jobs"} <= self._tables
         self._kept_runs: str | None = None  # the kept run ids (JSON) once selected
@@ -206,6 +207,11 @@ class SqliteReader:
 
     def tables(self) -> set[str]:
         return self._tables
+
+    def counts_damage(self, table: str) -> bool:
+        """Whether this read counts the damage found in `table`: a table every partition
+        reads whole (instances, projects, ...) is counted by the first partition only."""
+        return table in self._filters or not self._later_partition
 
     def columns(self, table: str) -> set[str]:
         if table not in self._columns:
