@@ -20,6 +20,7 @@ from polars.testing import assert_frame_equal
 
 from analyzer import open_sources
 from analyzer.cli import main
+from analyzer.errors import AuditInputError
 from analyzer.sources.logs import lines, reader
 from analyzer.sources.logs.reader import read_log_bytes
 
@@ -150,7 +151,16 @@ def test_a_broken_table_inside_a_capture_folder_is_named_not_passed_over(tmp_pat
     _one_line_error(_audit(str(capture)), "jobs.csv: ';'-delimited")
 
 
-# --- times out of range -------------------------------------------------------------------------
+# --- times out of range: one rule for damaged times (issue 23) ----------------------------------
+
+
+def _damaged_time(result, *expected: str) -> None:
+    """The audit goes on; the time is read as unknown and the row named in a limitation."""
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    (limitation,) = [lim for lim in report["limitations"] if lim["code"] == "damaged_values"]
+    for text in expected:
+        assert text in limitation["message"], limitation["message"]
 
 
 @pytest.mark.parametrize("year", ["-001", "0000", "10000"])
@@ -161,12 +171,19 @@ def test_a_database_time_out_of_range_names_the_table_and_row(copy_db, year):
         f"UPDATE jobs SET submitted_at = '{year}-01-01 00:00:00.000000' "
         "WHERE id = '699fe818acc24e08b121d16ed8fd32f1'",
     )
-    _one_line_error(
-        _audit(str(db)),
-        f"{db}: table jobs",
+    _damaged_time(
+        _audit(str(db), "--format", "json"),
+        "table jobs",
         "id 699fe818acc24e08b121d16ed8fd32f1",
-        f"submitted_at '{year}-01-01",
+        f"submitted_at: '{year}-01-01",
         "years 1 and 9999",
+    )
+    _one_line_error(
+        _audit(str(db), "--strict"),
+        f"{db}: damaged input under --strict",
+        "table jobs",
+        "id 699fe818acc24e08b121d16ed8fd32f1",
+        "submitted_at",
     )
 
 
@@ -175,7 +192,10 @@ def test_a_csv_time_out_of_range_names_the_file_and_row(tmp_path):
     runs = folder / "runs.csv"
     frame = pl.read_csv(runs, infer_schema=False)
     frame.with_columns(pl.lit("-001-11-02 09:00:00.000000").alias("submitted_at")).write_csv(runs)
-    _one_line_error(_audit(str(folder)), f"{runs}: table runs, row 1", "submitted_at '-001-11-02")
+    _damaged_time(
+        _audit(str(folder), "--format", "json"), "table runs: row 1", "submitted_at: '-001-11-02"
+    )
+    _one_line_error(_audit(str(folder), "--strict"), f"{runs}: damaged input", "row 1")
 
 
 @pytest.mark.parametrize("fmt", ["standard", "json", "docker"])
@@ -388,3 +408,128 @@ def test_a_run_row_that_disagrees_makes_that_run_inconclusive(tmp_path):
         lim.code == "conflicting_duplicate_rows" and "runs" in lim.message
         for lim in report.limitations
     )
+
+
+# --- fuzz: any value in any column a reader reads (issue 23) -------------------------------------
+
+# Bytes that are not UTF-8 (a lone continuation, a cut sequence, a surrogate, an overlong form),
+# numeric and time edge values, empty and blank text, JSON fragments, a bidi override.
+HOSTILE_VALUES = [
+    b"\xff\x00\xfe",
+    b"\x80",
+    b"\xc3",
+    b"\xed\xa0\x80",
+    b"\xc0\xaf",
+    b"\x00",
+    "NaN",
+    "-inf",
+    "1e23",
+    "1e400",
+    "-1e400",
+    "9223372036854775808",
+    "-0",
+    "2.5",
+    "",
+    " ",
+    "2026-13-45",
+    "garbage-time",
+    "10000-01-01 00:00:00",
+    "-001-01-01",
+    "infinity",
+    "{",
+    "null",
+    "[]",
+    "\u202e",
+]
+
+
+def _read_columns(db: Path) -> list[tuple[str, str]]:
+    import sqlite3
+
+    from analyzer.sources.dstack_tables import TABLE_COLUMNS
+
+    with sqlite3.connect(db) as connection:
+        present = {
+            (table, name)
+            for table in TABLE_COLUMNS
+            for (name,) in connection.execute(f'SELECT name FROM pragma_table_info("{table}")')
+        }
+    return sorted(
+        (t, c) for t, columns in TABLE_COLUMNS.items() for c in columns if (t, c) in present
+    )
+
+
+SEED_COLUMNS = _read_columns(SEED / "server.db")
+
+
+def _rendered(report) -> None:
+    from analyzer.render.markdown import render_markdown
+    from analyzer.render.screen import render_table
+
+    assert render_table(report, width=100, all_runs=True)
+    assert render_markdown(report)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    target=st.sampled_from(SEED_COLUMNS),
+    value=st.one_of(st.sampled_from(HOSTILE_VALUES), st.binary(max_size=8)),
+    every_row=st.booleans(),
+)
+@example(target=("runs", "id"), value="", every_row=True)
+@example(target=("jobs", "ready"), value=b"\xff\x00\xfe", every_row=True)
+def test_fuzz_any_value_in_any_column_read_is_named_damage_never_a_crash(
+    tmp_path, target, value, every_row
+):
+    """The whole audit and its rendering, whatever a cell holds: never an exception (a value a
+    column cannot hold is a damaged_values limitation, counted as unparsed)."""
+    table, column = target
+    db = tmp_path / "fuzz.db"
+    shutil.copyfile(SEED / "server.db", db)
+    where = "" if every_row else f' WHERE rowid = (SELECT min(rowid) FROM "{table}")'
+    # OR IGNORE: a key given one value in every row keeps it in the first row only
+    execute(db, f'UPDATE OR IGNORE "{table}" SET "{column}" = ?{where}', params=(value,))
+    report = open_sources([db]).report
+    damaged = [lim for lim in report.limitations if lim.code == "damaged_values"]
+    assert bool(damaged) == bool(report.inputs[0].unparsed)
+    if damaged:
+        assert f"table {table}" in " ".join(lim.message for lim in damaged)
+    _rendered(report)
+
+
+CSV_TABLES = sorted(p.stem for p in (SEED / "tables").glob("*.csv") if p.stat().st_size)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    table=st.sampled_from(CSV_TABLES),
+    pick=st.integers(min_value=0, max_value=60),
+    value=st.one_of(st.sampled_from(HOSTILE_VALUES), st.binary(max_size=8)),
+)
+def test_fuzz_any_value_in_any_csv_field_is_named_damage_never_a_crash(
+    tmp_path, table, pick, value
+):
+    """The same in a real CSV export: the field written as raw bytes, quoted as CSV quotes."""
+    folder = tmp_path / "tables"
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.copytree(SEED / "tables", folder)
+    path = folder / f"{table}.csv"
+    frame = pl.read_csv(path, infer_schema=False)
+    column = frame.columns[pick % frame.width]
+    marker = "\x1ffuzz\x1f"
+    frame.with_columns(pl.lit(marker).alias(column)).write_csv(path)
+    raw = value if isinstance(value, bytes) else value.encode()
+    quoted = b'"' + raw.replace(b'"', b'""') + b'"'
+    path.write_bytes(path.read_bytes().replace(marker.encode(), quoted))
+    try:
+        report = open_sources([folder]).report
+    except AuditInputError as error:
+        assert str(path) in str(error)  # e.g. a NUL the CSV reader cannot take
+    else:
+        damaged = [lim for lim in report.limitations if lim.code == "damaged_values"]
+        assert bool(damaged) == any(i.unparsed for i in report.inputs)
+        _rendered(report)

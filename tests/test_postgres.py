@@ -647,3 +647,53 @@ def test_verbose_lines_never_show_the_password(pg, loaded):
     assert result.exit_code == 0 and "collateral_termination" in result.output, result.output
     assert "dstack-audit: read postgresql://" in result.output
     assert password not in result.output and quote(password, safe="") not in result.output
+
+
+# ------------------------------------------------------------------------------------------------
+# Bad bytes and damaged values (issue 23): only what a PostgreSQL database can hold
+
+
+def test_a_utf8_database_refuses_bytes_that_are_not_utf8(pg):
+    """Why the reader reads text as text in a UTF8 database: such bytes cannot get in."""
+    database = pg.load_dump(CAPTURES / "postgres" / "seed.sql", "utf8-refuses")
+    with pytest.raises(RuntimeError, match="invalid byte sequence"):
+        pg.sql(database, "UPDATE runs SET termination_reason = E'\\xff\\xfe'")
+
+
+@pytest.mark.parametrize("engine", postgres.ENGINES)
+def test_a_sql_ascii_database_holding_bytes_that_are_not_utf8(pg, engine):
+    """A SQL_ASCII database stores any bytes: read as bytea, such a value is read as unknown
+    and named (analyzer.sources.cells), and the rest is audited."""
+    if engine not in postgres.available_engines():
+        pytest.skip(f"{engine} is not installed")
+    database = f"dstack_audit_{pg.token}_sql_ascii_{engine}"
+    pg.sql(
+        "postgres",
+        f"CREATE DATABASE \"{database}\" ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' "
+        "TEMPLATE template0",
+    )
+    pg.databases[f"sql_ascii_{engine}"] = database
+    dump = (CAPTURES / "postgres" / "seed.sql").read_text()
+    pg.psql_run(
+        database, "-f", "-", stdin=dump if psql_knows_restrict(pg.psql) else without_restrict(dump)
+    )
+    pg.sql(database, "UPDATE instances SET status = E'\\xff\\xfe'")
+    data = postgres.load_url(pg.url(database), "default", engine=engine)
+    (limitation,) = [lim for lim in data.limitations if lim.code == "damaged_values"]
+    assert "table instances" in limitation.message and "status: invalid UTF-8" in limitation.message
+    assert data.inputs[0].unparsed == 1
+    report = open_sources([pg.url(database)]).report
+    assert found_victims(report) == expected_victims(
+        load_truth(CAPTURES / "postgres" / "seed" / "truth.json")
+    )
+
+
+def test_an_infinite_time_is_a_damaged_value(pg):
+    """`infinity` is a timestamp PostgreSQL holds and no audit can place: read as unknown and
+    named, and the audit goes on (one rule for damaged times)."""
+    database = pg.load_dump(CAPTURES / "postgres" / "seed.sql", "infinite-time")
+    pg.sql(database, "UPDATE jobs SET remove_at = 'infinity'")
+    report = open_sources([pg.url(database)]).report
+    (limitation,) = [lim for lim in report.limitations if lim.code == "damaged_values"]
+    assert "table jobs" in limitation.message and "remove_at: 'infinity'" in limitation.message
+    assert report.inputs[0].unparsed == limitation.message.count("remove_at")

@@ -265,10 +265,17 @@ def audit(
         damaged = [i for i in report.inputs if i.unparsed or any("truncated" in n for n in i.notes)]
         if damaged:
             first = damaged[0]
+            values = [n for n in first.notes if "damaged value(s)" in n]
+            more = f", and {len(damaged) - 1} more damaged input(s)" if len(damaged) > 1 else ""
+            if values:  # a table's values: the first place is named
+                raise AuditInputError(
+                    first.path,
+                    f"damaged input under --strict: {'; '.join(values)}{more}",
+                    "the damaged_values limitation lists them; drop --strict to audit leniently",
+                )
             raise AuditInputError(
                 first.path,
-                f"damaged input under --strict: {first.unparsed} unparsed line(s)"
-                + (f", and {len(damaged) - 1} more damaged input(s)" if len(damaged) > 1 else ""),
+                f"damaged input under --strict: {first.unparsed} unparsed line(s){more}",
                 "see --quarantine FILE for the lines, or drop --strict to audit leniently",
             )
     styled = fmt == "table" and (output is None or str(output) == "-")  # colour on a terminal

@@ -594,7 +594,8 @@ def _say_unmatched(
 
 
 def derive_from_events(evidence: Evidence) -> None:
-    """Runs and jobs rows for runs known only from events (log-only audits)."""
+    """Runs and jobs rows for runs known only from events (log-only audits, or a run row
+    left out as damaged)."""
     events = evidence.events
     known_runs = evidence.runs.select("server", "run_id")
     orphan = events.filter(pl.col("run_id").is_not_null()).join(
@@ -606,9 +607,11 @@ def derive_from_events(evidence: Evidence) -> None:
     evidence.runs = pl.concat(
         [evidence.runs, conform(_derive_runs(orphan), RUNS_SCHEMA).collect()], how="vertical"
     )
-    evidence.jobs = pl.concat(
-        [evidence.jobs, conform(_derive_jobs(orphan), JOBS_SCHEMA).collect()], how="vertical"
+    # a job the tables hold keeps its row (its run's row may be missing: damaged, left out)
+    derived = conform(_derive_jobs(orphan), JOBS_SCHEMA).join(
+        evidence.jobs.lazy().select("server", "job_id"), on=["server", "job_id"], how="anti"
     )
+    evidence.jobs = pl.concat([evidence.jobs, derived.collect()], how="vertical")
 
 
 def _derive_runs(events: pl.DataFrame) -> pl.DataFrame:

@@ -324,7 +324,7 @@ def evidence_gaps(
         ),
     )
     orphans = (
-        events.filter(pl.col("entity_type") == "job")
+        events.filter((pl.col("entity_type") == "job") & pl.col("entity_id").is_not_null())
         .select("server", "run_id", "entity_id")
         .unique()
         .join(

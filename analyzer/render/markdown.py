@@ -205,7 +205,8 @@ def render_markdown(report: Report) -> str:
                 v.run_name,
                 v.run_id,
                 v.run_type,
-                v.status + (f" ({v.termination_reason})" if v.termination_reason else ""),
+                (v.status or "unknown")
+                + (f" ({v.termination_reason})" if v.termination_reason else ""),
                 v.deployment_num,
                 v.why,
             ]

@@ -223,13 +223,15 @@ def _runs(report: Report, shown: Sequence[RunVerdict], note: str, width: int) ->
     return out
 
 
+TABLE_KINDS = ("sqlite", "table-export", "postgresql")  # their unparsed records are values
 UNKNOWN_LINES = re.compile(r"\b([1-9]\d*) unrecognised dstack lines?")
 
 
 def _input_problems(item: InputRecord) -> list[str]:
     """What a reader must know about an input: damage, lines of unknown shape, not recognised."""
-    problems = [f"{item.unparsed} unparsed line(s)"] if item.unparsed else []
-    problems += [n for n in item.notes if "truncated" in n]
+    unit = "value(s)" if item.kind in TABLE_KINDS else "line(s)"
+    problems = [f"{item.unparsed} unparsed {unit}"] if item.unparsed else []
+    problems += [n for n in item.notes if "truncated" in n and "damaged value" not in n]
     for note in item.notes:
         unknown = UNKNOWN_LINES.search(note)
         if unknown:

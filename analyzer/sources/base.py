@@ -129,6 +129,9 @@ class SourceData:
     # per server: the latest moment the whole input shows it alive (beyond a partition)
     latest_time: dict[str, datetime] = field(default_factory=dict)
     given: str | None = None  # the local path the user named that led to it (None: a URL, -)
+    # per input path: values read as unknown (analyzer.sources.cells), and where the first is
+    unparsed_values: dict[str, int] = field(default_factory=dict)
+    damage_notes: dict[str, list[str]] = field(default_factory=dict)
 
     def conformed(self) -> SourceData:
         self.runs = conform(self.runs, RUNS_SCHEMA).collect()

@@ -16,6 +16,7 @@ import analyzer.catalogue as catalogue
 from analyzer.errors import AuditInputError
 from analyzer.model import normalise_enum, normalise_id, parse_db_time
 from analyzer.redact import Redactor, json_secret_values
+from analyzer.sources import cells
 from analyzer.sources.attach import attach_job_runs
 from analyzer.sources.base import Limitation, SourceData
 
@@ -243,19 +244,55 @@ def _bool(expr: pl.Expr) -> pl.Expr:
 
 
 def _int(expr: pl.Expr) -> pl.Expr:
-    return expr.cast(pl.String).str.strip_chars().cast(pl.Float64, strict=False).cast(pl.Int64)
+    return cells.integer(expr)
 
 
-# The time columns a verdict is built on; a value outside what a datetime holds is refused.
+def _finite(expr: pl.Expr) -> pl.Expr:
+    """A number, or null (never NaN or infinity, which no price or total can carry)."""
+    number = expr.cast(pl.String).str.strip_chars().cast(pl.Float64, strict=False)
+    return pl.when(number.is_finite()).then(number)
+
+
+# What each table's typed columns hold: a value one cannot hold is damage (analyzer.sources.cells).
 TIME_COLUMNS: dict[str, tuple[str, ...]] = {
     "runs": ("submitted_at", "last_processed_at"),
     "jobs": ("submitted_at", "last_processed_at", "remove_at", "running_at"),
     "events": ("recorded_at",),
+    "instances": tuple(ALIVE_INSTANCE_COLUMNS),
+    "fleets": tuple(ALIVE_FLEET_COLUMNS),
 }
-_YEAR_OUT_OF_RANGE = r"^\s*(?:-\d+|\d{5,}|0000)-\d\d-\d\d"
+INTEGER_COLUMNS: dict[str, tuple[str, ...]] = {
+    "runs": ("deployment_num", "desired_replica_count"),
+    "jobs": (
+        "job_num",
+        "submission_num",
+        "replica_num",
+        "exit_status",
+        "deployment_num",
+        "graceful_termination_attempts",
+    ),
+    "probes": ("probe_num", "success_streak"),
+    "instances": ("total_blocks",),
+}
+BOOLEAN_COLUMNS: dict[str, tuple[str, ...]] = {
+    table: ("deleted",) for table in ("runs", "instances", "fleets", "projects", "users")
+} | {"jobs": ("ready",)}
+CELLS: dict[str, cells.Columns] = {
+    table: cells.Columns(
+        key="id" if "id" in columns else None,
+        times=TIME_COLUMNS.get(table, ()),
+        integers=INTEGER_COLUMNS.get(table, ()),
+        booleans=BOOLEAN_COLUMNS.get(table, ()),
+        numbers=("price",) if table == "instances" else (),
+        json=tuple(JSON_PATHS.get(table, {})),
+    )
+    for table, columns in TABLE_COLUMNS.items()
+}
 
 
-def _read(reader: TableReader, table: str) -> pl.DataFrame | None:
+def _read(reader: TableReader, table: str, ledger: cells.Ledger) -> pl.DataFrame | None:
+    """A table as text the mapping can trust (analyzer.sources.cells): what was damaged in it
+    goes to `ledger`."""
     if table not in reader.tables():
         return None
     slim = getattr(reader, "read_slim", None)
@@ -263,44 +300,10 @@ def _read(reader: TableReader, table: str) -> pl.DataFrame | None:
         frame = slim(table, TABLE_COLUMNS[table], JSON_PATHS[table])
     else:
         frame = reader.read(table, TABLE_COLUMNS[table])
-    _check_times(reader, table, frame)
-    return frame
-
-
-def _check_times(reader: TableReader, table: str, frame: pl.DataFrame) -> None:
-    """A time outside years 1-9999 (``-001-...``, ``10000-...``) is damage, not a missing value:
-    reading it as null would silently change a timeline, so the audit stops and names the row.
-    """
-    columns = [c for c in TIME_COLUMNS.get(table, ()) if c in frame.columns]
-    if not columns:
-        return
-    text = [pl.col(c).cast(pl.String) for c in columns]
-    out = [
-        t.str.contains(_YEAR_OUT_OF_RANGE).fill_null(False)
-        | ~parse_db_time(t).dt.year().is_between(1, 9999).fill_null(True)
-        for t in text
-    ]
-    bad = frame.with_row_index("_row", offset=1).filter(pl.any_horizontal(out))
-    if bad.height == 0:
-        return
-    row = bad.row(0, named=True)
-    column = next(c for c in columns if row[c] is not None and _out_of_range(row[c]))
     where = getattr(reader, "source_of", lambda _table: reader.label)(table)
-    raise AuditInputError(
-        where,
-        f"table {table}, row {row['_row']} (id {row.get('id')}): {column} {row[column]!r} is "
-        "not a time between years 1 and 9999"
-        + (f", and {bad.height - 1} more such row(s)" if bad.height > 1 else ""),
-        "the export or database is damaged; repair or remove the row",
-    )
-
-
-def _out_of_range(value: object) -> bool:
-    frame = pl.DataFrame({"t": [str(value)]})
-    check = pl.col("t").str.contains(_YEAR_OUT_OF_RANGE) | ~parse_db_time(
-        pl.col("t")
-    ).dt.year().is_between(1, 9999).fill_null(True)
-    return bool(frame.select(check).item())
+    found = getattr(reader, "found", {}).pop(table, None)
+    counted = getattr(reader, "counts_damage", lambda _table: True)(table)
+    return cells.checked(frame, table, where, CELLS[table], ledger, found, counted=counted)
 
 
 def _names(frame: pl.DataFrame | None, alias: str) -> pl.DataFrame:
@@ -334,6 +337,7 @@ def _with_project(frame: pl.LazyFrame, projects: pl.DataFrame) -> pl.LazyFrame:
 def load_tables(reader: TableReader, server: str) -> SourceData:
     """Map one dstack database (any backend) into canonical runs, jobs and events."""
     data = SourceData(has_tables=True)
+    ledger = cells.Ledger()
     label = reader.label
     present = reader.tables()
     for table, required in REQUIRED_COLUMNS.items():
@@ -346,7 +350,7 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
             )
 
     version = None
-    alembic = _read(reader, "alembic_version")
+    alembic = _read(reader, "alembic_version", ledger)
     if alembic is not None and alembic.height:
         head = alembic["version_num"][0]
         version = ALEMBIC_RELEASES.get(head, f"unknown (alembic {head})")
@@ -361,12 +365,12 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
                 )
             )
 
-    projects = _names(_read(reader, "projects"), "project")
-    raw_users = _read(reader, "users")
+    projects = _names(_read(reader, "projects", ledger), "project")
+    raw_users = _read(reader, "users", ledger)
     users = _names(raw_users, "user")
 
-    raw_runs = _read(reader, "runs")
-    raw_jobs = _read(reader, "jobs")
+    raw_runs = _read(reader, "runs", ledger)
+    raw_jobs = _read(reader, "jobs", ledger)
     assert raw_runs is not None and raw_jobs is not None
     data.secrets = _secrets(raw_runs, raw_jobs, raw_users)  # each table read once
     runs = (
@@ -405,15 +409,15 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
         )
         .collect()
     )
-    data.runs = runs
+    data.runs = _named(runs, raw_jobs)
     del raw_runs, raw_users  # read once, mapped: the raw rows are not held while events load
-    raw_fleets = {table: _read(reader, table) for table in ("fleets", "instances")}
+    raw_fleets = {table: _read(reader, table, ledger) for table in ("fleets", "instances")}
     data.fleets, data.instances = _fleets(raw_fleets, server, projects)
     data.has_fleet_tables = {"fleets", "instances"} <= present
 
-    data.jobs = _jobs(reader, raw_jobs, raw_fleets, server, runs)
+    data.jobs = _jobs(reader, ledger, raw_jobs, raw_fleets, server, runs)
     del raw_jobs
-    data.events = _events(reader, server, label, data.jobs, runs, users)
+    data.events = _events(reader, ledger, server, label, data.jobs, runs, users)
 
     missing_columns = [
         f"{table}.{column}"
@@ -446,12 +450,36 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
                 label,
             )
         )
+    ledger.record(data)
     data.server_version = version
     data.events_table_of = {server} if "events" in present else set()
     latest = _latest_alive(reader, data, raw_fleets)
     if latest is not None:
         data.latest_time = {server: latest}
     return data
+
+
+UNKNOWN_NAME = "(unknown)"  # a name no row holds any more (damaged): said in damaged_values
+
+
+def _named(runs: pl.DataFrame, raw_jobs: pl.DataFrame) -> pl.DataFrame:
+    """Runs whose name is damaged take it from their jobs' `run_name` (dstack writes the run's
+    name there: services/runs/__init__.py create_job_model_for_new_submission), else
+    UNKNOWN_NAME."""
+    if runs["run_name"].null_count() == 0:
+        return runs
+    names = (
+        raw_jobs.select(
+            normalise_id(pl.col("run_id")).alias("run_id"), pl.col("run_name").alias("_name")
+        )
+        .drop_nulls()
+        .unique("run_id", keep="first", maintain_order=True)
+    )
+    return (
+        runs.join(names, on="run_id", how="left", maintain_order="left")
+        .with_columns(pl.coalesce("run_name", "_name", pl.lit(UNKNOWN_NAME)).alias("run_name"))
+        .drop("_name")
+    )
 
 
 def _placement_spec(spec: pl.Expr) -> pl.Expr:
@@ -595,7 +623,7 @@ def _fleets(
                 "gpu_name",
                 "gpu_memory_mib",
                 "disk_mib",
-                pl.col("price").cast(pl.Float64, strict=False).alias("price"),
+                _finite(pl.col("price")).alias("price"),
                 pl.concat_str([pl.lit("instances:"), pl.col("id")]).alias("provenance"),
             )
             .collect()
@@ -643,6 +671,7 @@ def _secrets(runs: pl.DataFrame, jobs: pl.DataFrame | None, users: pl.DataFrame 
 
 def _jobs(
     reader: TableReader,
+    ledger: cells.Ledger,
     raw: pl.DataFrame,
     raw_fleets: dict[str, pl.DataFrame | None],
     server: str,
@@ -670,10 +699,7 @@ def _jobs(
     jobs = _per_distinct(
         jobs,
         ["job_provisioning_data"],
-        pl.col("job_provisioning_data")
-        .str.json_path_match("$.price")
-        .cast(pl.Float64, strict=False)
-        .alias("price"),
+        _finite(pl.col("job_provisioning_data").str.json_path_match("$.price")).alias("price"),
     )
     jobs = _per_distinct(
         jobs,
@@ -686,7 +712,7 @@ def _jobs(
         normalise_id(pl.col("fleet_id")).alias("fleet_id"),
     )
 
-    probes = _read(reader, "probes")
+    probes = _read(reader, "probes", ledger)
     if probes is not None and has_probes_table:
         specs = (
             jobs.select("job_id", "_probe_specs")
@@ -766,7 +792,14 @@ def _jobs(
         pl.lit(server).alias("server"),
         "run_id",
         "job_id",
-        "job_name",
+        pl.coalesce(
+            "job_name",
+            # a damaged name: dstack's own (JobConfigurator._job_spec, configurators/base.py)
+            pl.concat_str(
+                ["run_name", _int(pl.col("job_num")), _int(pl.col("replica_num"))], separator="-"
+            ),
+            pl.lit(UNKNOWN_NAME),
+        ).alias("job_name"),
         _int(pl.col("replica_num")).alias("replica_num"),
         _int(pl.col("job_num")).alias("job_num"),
         _int(pl.col("submission_num")).alias("submission_num"),
@@ -809,14 +842,15 @@ def _jobs(
 
 def _events(
     reader: TableReader,
+    ledger: cells.Ledger,
     server: str,
     label: str,
     jobs: pl.DataFrame,
     runs: pl.DataFrame,
     users: pl.DataFrame,
 ) -> pl.DataFrame:
-    events = _read(reader, "events")
-    targets = _read(reader, "event_targets")
+    events = _read(reader, "events", ledger)
+    targets = _read(reader, "event_targets", ledger)
     if events is None or targets is None:
         return pl.DataFrame()
     ev = _per_distinct(

@@ -9,6 +9,14 @@ come from the same instant of a live server and nothing can be written. Only the
 columns in `TABLE_COLUMNS` are read, each cast to text in SQL, so the frames are all-text like the
 SQLite reader's (PostgreSQL's text forms: dashed uuids, `2026-11-02 09:00:41.3`, `true`/`false`).
 
+Bytes that are not UTF-8: a UTF8 database (dstack's, and initdb's default) cannot hold any (the
+server refuses them on the way in), and a database in another real encoding (LATIN1, ...) is
+converted by the server to the session's `client_encoding`, set to UTF8 here. Only SQL_ASCII
+stores bytes unchecked and sends them unconverted: there every value is read as `bytea`
+(`convert_to(value::text, 'SQL_ASCII')`, the bytes as stored) and analyzer.sources.cells decodes
+and checks it, as it does SQLite's. Values the server's types cannot hold (NaN in an integer
+column) cannot occur either; a time can still be `infinity`, which cells reads as damaged.
+
 Rows go straight into Arrow with ADBC's libpq driver: on a 1M-row `jobs`-shaped table it was
 the fastest reader (as fast as the server can send, level with connectorx, about 1.7x psycopg),
 and unlike connectorx it keeps libpq's password lookup and runs every read in one transaction.
@@ -33,6 +41,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode
 import polars as pl
 
 from analyzer.errors import AuditInputError
+from analyzer.sources import cells
 from analyzer.sources.base import (
     NO_OPTIONS,
     InputInfo,
@@ -48,6 +57,7 @@ DATABASE_URL = re.compile(r"^postgres(?:ql)?(?:\+\w+)?://")
 CONNECT_TIMEOUT_S = 10
 LOCK_TIMEOUT = "30s"
 ENGINES = ("adbc", "psycopg")  # the first one installed is used
+BYTEA = 17  # the type oid psycopg reports for a bytea column
 
 _URL = re.compile(
     r"^(?P<scheme>postgres(?:ql)?)(?:\+(?P<driver>\w+))?://(?P<rest>.*)$", re.I | re.S
@@ -271,8 +281,11 @@ class _Psycopg(_Engine):
         with self._conn.cursor() as cursor:
             cursor.execute(sql)
             rows = cursor.fetchall()
-            names = [column.name for column in cursor.description or []]
-        return pl.DataFrame(rows, schema={name: pl.String for name in names}, orient="row")
+            schema = {
+                column.name: pl.Binary if column.type_code == BYTEA else pl.String
+                for column in cursor.description or []
+            }
+        return pl.DataFrame(rows, schema=schema, orient="row")
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -388,6 +401,12 @@ class PostgresReader:
             "start a read-only transaction",
         )
         self._run(lambda e: e.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"), "set up")
+        self._run(lambda e: e.execute("SET LOCAL client_encoding = 'UTF8'"), "set up")
+        encoding = self._run(
+            lambda e: e.query("SELECT current_setting('server_encoding')::text AS encoding"),
+            "read the database's encoding",
+        )
+        self.raw_bytes = encoding.item() == "SQL_ASCII"  # text is whatever bytes were stored
         self._columns, self._unreadable = self._discover()
         facts = self._run(
             lambda e: e.query(
@@ -398,6 +417,7 @@ class PostgresReader:
         )
         self.snapshot_at, self.postgres_version = facts.row(0)
         self._filters = self._pushdown(options)
+        self._later_partition = bool(options.partition and options.partition[0])
 
     def _pushdown(self, options: ReadOptions) -> dict[str, str]:
         """WHERE clauses that read only the runs the audit keeps (--project, --since, a
@@ -494,6 +514,10 @@ class PostgresReader:
     def tables(self) -> set[str]:
         return set(self._columns)
 
+    def counts_damage(self, table: str) -> bool:
+        """A table every partition reads whole is counted by the first partition only."""
+        return table in self._filters or not self._later_partition
+
     def columns(self, table: str) -> set[str]:
         return self._columns.get(table, set())
 
@@ -511,10 +535,12 @@ class PostgresReader:
 
     def read(self, table: str, columns: list[str]) -> pl.DataFrame:
         have = self.columns(table)
-        select = ", ".join(
-            f"{_ident(c)}::text AS {_ident(c)}" if c in have else f"NULL::text AS {_ident(c)}"
-            for c in columns
-        )
+
+        def value(column: str) -> str:
+            text = f"{_ident(column)}::text" if column in have else "NULL::text"
+            return f"convert_to({text}, 'SQL_ASCII')" if self.raw_bytes else text
+
+        select = ", ".join(f"{value(c)} AS {_ident(c)}" for c in columns)
         where = f" WHERE {self._filters[table]}" if table in self._filters else ""
         frame = self._run(
             lambda e: e.query(f"SELECT {select} FROM {_ident(table)}{where}"),
@@ -522,7 +548,10 @@ class PostgresReader:
             table,
         )
         self._rows[table] = frame.height
-        return frame.select(pl.col(c).cast(pl.String) for c in columns)
+        return frame.select(
+            pl.col(c) if frame.schema[c] == pl.Binary else pl.col(c).cast(pl.String)
+            for c in columns
+        )
 
     @property
     def rows_read(self) -> int:
@@ -574,6 +603,7 @@ def load_url(
         f"REPEATABLE READ, READ ONLY transaction (PostgreSQL {reader.postgres_version}, "
         f"reader {reader.engine_name})"
     )
+    cells.apply_to(info, data)
     data.inputs.append(info)
     data.secrets.update(target.secrets)  # the password is a known value: masked wherever it shows
     return data

@@ -23,6 +23,7 @@ import polars as pl
 
 from analyzer.errors import AuditInputError
 from analyzer.model import parse_db_time
+from analyzer.sources import cells
 from analyzer.sources.base import (
     InputKind,
     LoadContext,
@@ -84,6 +85,7 @@ class SqliteReader:
         uri = f"file:{quote(str(path.resolve()))}?mode=ro"
         try:
             self._db = sqlite3.connect(uri, uri=True)
+            self._db.text_factory = _lenient_text  # names and latest times; values come as bytes
             if not narrowed:
                 self._db.execute("PRAGMA query_only = ON")
             rows = self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
@@ -94,6 +96,7 @@ class SqliteReader:
             ) from None
         self._columns: dict[str, set[str]] = {}
         self._filters: dict[str, str] = {}
+        self._later_partition = bool(options.partition and options.partition[0])
         self._arrow = _arrow_connection(uri)
         self.narrowed = narrowed and {"runs", "jobs"} <= self._tables
         self._kept_runs: str | None = None  # the kept run ids (JSON) once selected
@@ -116,8 +119,10 @@ class SqliteReader:
         if options.since:
             keep = keep & (parse_db_time(pl.col("last_processed_at")) >= options.since)
         if options.project and "projects" in self._tables:
-            projects = self._fetch(
-                'SELECT id, name, original_name FROM "projects"', ["id", "name", "original_name"]
+            projects = self._text(
+                "SELECT CAST(id AS BLOB), CAST(name AS BLOB), CAST(original_name AS BLOB) "
+                'FROM "projects"',
+                ["id", "name", "original_name"],
             )
             wanted = projects.filter(
                 (pl.col("name") == options.project) | (pl.col("original_name") == options.project)
@@ -147,8 +152,9 @@ class SqliteReader:
         self._selected_on_db = True
 
     def _runs(self) -> pl.DataFrame:
-        return self._fetch(
-            'SELECT id, project_id, run_name, CAST(last_processed_at AS TEXT) FROM "runs"',
+        return self._text(
+            "SELECT CAST(id AS BLOB), CAST(project_id AS BLOB), CAST(run_name AS BLOB), "
+            'CAST(last_processed_at AS BLOB) FROM "runs"',
             ["id", "project_id", "run_name", "last_processed_at"],
         )
 
@@ -203,6 +209,11 @@ class SqliteReader:
     def tables(self) -> set[str]:
         return self._tables
 
+    def counts_damage(self, table: str) -> bool:
+        """Whether this read counts the damage found in `table`: a table every partition
+        reads whole (instances, projects, ...) is counted by the first partition only."""
+        return table in self._filters or not self._later_partition
+
     def columns(self, table: str) -> set[str]:
         if table not in self._columns:
             try:
@@ -218,39 +229,43 @@ class SqliteReader:
     def read_slim(
         self, table: str, columns: list[str], json_paths: dict[str, tuple[str, ...]]
     ) -> pl.DataFrame:
-        """All-text columns; JSON documents in `json_paths` reduced to those paths in SQL."""
+        """Every column as bytes, JSON documents in `json_paths` reduced to those paths in SQL.
+
+        Bytes, not text: SQLite keeps whatever bytes it was given in a TEXT column, and ADBC
+        would hand bytes that are not UTF-8 to polars as a string (undefined behaviour: the
+        audit died of signal 11 with nothing said). analyzer.sources.cells decodes and checks
+        every value. A JSON document over cells.JSON_LIMIT is never parsed: its length comes
+        in its place."""
         have = self.columns(table)
 
-        def column(name: str) -> str:
-            if name not in have:
-                return f'NULL AS "{name}"'
-            if name in json_paths:
-                return f'{_slim_json(name, json_paths[name])} AS "{name}"'
-            return f'CAST("{name}" AS TEXT) AS "{name}"'
+        def query(size: Callable[[str], str]) -> str:
+            def column(name: str) -> str:
+                if name not in have:
+                    return f'NULL AS "{name}"'
+                if name in json_paths:
+                    marker = f"char(1) || '{cells.JSON_OVER_LIMIT[1:]}' || {size(name)}"
+                    return (
+                        f"CASE WHEN {size(name)} > {cells.JSON_LIMIT} THEN CAST({marker} AS BLOB) "
+                        f'ELSE CAST({_slim_json(name, json_paths[name])} AS BLOB) END AS "{name}"'
+                    )
+                return f'CAST("{name}" AS BLOB) AS "{name}"'
 
-        query = f'SELECT {", ".join(column(c) for c in columns)} FROM "{table}"'
-        if table in self._filters:
-            query += f" WHERE {self._filters[table]}"
+            text = f'SELECT {", ".join(column(c) for c in columns)} FROM "{table}"'
+            return text + (f" WHERE {self._filters[table]}" if table in self._filters else "")
+
         try:
-            try:
-                return self._fetch(query, columns)
-            except sqlite3.OperationalError as error:
-                if "decode" not in str(error):
-                    raise
-                # Invalid UTF-8 in a damaged file: read it, with replacement characters.
-                self._db.text_factory = lambda raw: raw.decode("utf-8", "replace")
-                return self._fetch(query, columns)
-        except (sqlite3.Error, UnicodeDecodeError) as error:
+            return self._fetch(query, columns)
+        except sqlite3.Error as error:
             raise AuditInputError(self.label, f"cannot read table {table} ({error})") from None
 
-    def _fetch(self, query: str, columns: list[str]) -> pl.DataFrame:
+    def _fetch(self, query: Callable[[Callable[[str], str]], str], columns: list[str]):
         """Through ADBC straight into Arrow when it can (no Python object per value), else
-        chunk by chunk into polars, so Python objects never hold a whole table."""
-        schema = {c: pl.String for c in columns}
+        chunk by chunk into polars, so Python objects never hold a whole table. `query` is
+        given how its SQLite spells a value's length in bytes."""
         if self._arrow is not None:
             try:
                 with self._arrow.cursor() as cursor:
-                    cursor.execute(query)
+                    cursor.execute(query(_octet_length))
                     # fetch_arrow: the Arrow C stream polars takes as is (no pyarrow needed);
                     # older drivers only offer fetch_arrow_table, which needs pyarrow.
                     stream = getattr(cursor, "fetch_arrow", None)
@@ -259,22 +274,42 @@ class SqliteReader:
                         if stream
                         else pl.from_arrow(cursor.fetch_arrow_table())
                     )
-                return frame.rename(dict(zip(frame.columns, columns, strict=True))).cast(schema)
-            except Exception:  # e.g. invalid UTF-8 in a damaged file: the careful path below
+                return frame.rename(dict(zip(frame.columns, columns, strict=True)))
+            except Exception:  # e.g. a column NULL in its first batch, then text: sqlite3 below
                 self._arrow.close()
                 self._arrow = None
         if self._kept_runs is not None and not self._selected_on_db:
             self._select_on_db()  # ADBC gave up after the selection: sqlite3 needs it too
-        cursor = self._db.execute(query)
+        size = _octet_length if sqlite3.sqlite_version_info >= (3, 43) else _blob_length
+        cursor = self._db.execute(query(size))
+        schema = {c: pl.Binary for c in columns}
         chunks = [pl.DataFrame(schema=schema)]
         while rows := cursor.fetchmany(FETCH_ROWS):
             chunks.append(pl.DataFrame(rows, schema=schema, orient="row"))
         return pl.concat(chunks, rechunk=True)
 
+    def _text(self, sql: str, columns: list[str]) -> pl.DataFrame:
+        """A query of the narrowing (its values read as bytes) as text; a value that is not
+        UTF-8 is null here, and reported when its table is read."""
+        return cells.decode(self._fetch(lambda _size: sql, columns))[0]
+
     def close(self) -> None:
         self._db.close()
         if self._arrow is not None:
             self._arrow.close()
+
+
+def _octet_length(column: str) -> str:
+    """A value's length in bytes, without reading it (SQLite 3.43+)."""
+    return f'octet_length("{column}")'
+
+
+def _blob_length(column: str) -> str:
+    return f'length(CAST("{column}" AS BLOB))'
+
+
+def _lenient_text(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace")
 
 
 def _arrow_connection(uri: str):
@@ -340,6 +375,7 @@ def _read_database(path: Path, shown: Path, ctx: LoadContext, info) -> SourceDat
         reader.close()
     info.records = data.runs.height + data.jobs.height + data.events.height
     info.server_version = data.server_version
+    cells.apply_to(info, data)
     data.inputs.insert(0, info)
     return data
 

@@ -2,7 +2,8 @@
 
 CSV as `sqlite3 -csv -header` writes it (an empty table is a 0-byte file) or as
 `psql \\copy ... CSV HEADER` writes it (an empty table is a header line). Everything is read as
-text; dstack_tables does the typing, so exports and databases map identically.
+text (or bytes, where a Parquet column holds bytes); dstack_tables and analyzer.sources.cells do
+the checking and typing, so exports and databases map identically.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from pathlib import Path
 import polars as pl
 
 from analyzer.errors import AuditInputError
+from analyzer.sources import cells
 from analyzer.sources.base import InputKind, LoadContext, SourceData, file_facts
 from analyzer.sources.dstack_tables import TABLE_COLUMNS, load_tables, looks_like_dstack
+from analyzer.sources.parquet import footer_problem
 
 SUFFIXES = (".csv", ".parquet")
 
@@ -56,6 +59,7 @@ class ExportReader:
         self.label = str(folder)
         self._files = _table_files(folder)
         self._frames: dict[str, pl.DataFrame] = {}
+        self.found: dict[str, pl.DataFrame] = {}  # table -> damage the reading itself found
 
     def tables(self) -> set[str]:
         return set(self._files)
@@ -69,22 +73,14 @@ class ExportReader:
             path = self._files[table]
             try:
                 if path.suffix == ".parquet":
-                    frame = pl.read_parquet(path)
-                    frame = frame.select(pl.all().cast(pl.String))
+                    frame = _parquet(path)
                 elif path.stat().st_size == 0:
                     frame = pl.DataFrame()
                 else:
-                    delimiter = _wrong_delimiter(_csv_header(path))
-                    if delimiter is not None:
-                        raise AuditInputError(
-                            str(path),
-                            f"{delimiter}-delimited: its header reads as one column",
-                            "export with ',' as sqlite3 -csv -header or psql CSV HEADER write it",
-                        )
-                    frame = pl.read_csv(path, infer_schema=False, empty_string_is_null=True)
+                    frame = self._csv(table, path)
             except AuditInputError:
                 raise
-            except Exception as error:
+            except (Exception, pl.exceptions.PanicException) as error:
                 kind = "Parquet file" if path.suffix == ".parquet" else "CSV export"
                 reason = _without_data(str(error)) or type(error).__name__
                 raise AuditInputError(
@@ -94,6 +90,43 @@ class ExportReader:
                 ) from None
             self._frames[table] = frame
         return self._frames[table]
+
+    def _csv(self, table: str, path: Path) -> pl.DataFrame:
+        """A CSV export as text. Bytes that are not UTF-8 cannot be read as they are: the file is
+        read again with U+FFFD in their place and each such value read as unknown. A file that
+        ends inside a quoted field (cut short) has its last row cut: said, and counted."""
+        delimiter = _wrong_delimiter(_csv_header(path))
+        if delimiter is not None:
+            raise AuditInputError(
+                str(path),
+                f"{delimiter}-delimited: its header reads as one column",
+                "export with ',' as sqlite3 -csv -header or psql CSV HEADER write it",
+            )
+        found = []
+        try:
+            frame = pl.read_csv(path, infer_schema=False, empty_string_is_null=True)
+        except pl.exceptions.ComputeError as error:
+            if "utf-8" not in str(error).lower():
+                raise
+            frame = pl.read_csv(
+                path, infer_schema=False, empty_string_is_null=True, encoding="utf8-lossy"
+            )
+            frame, found = cells.lossy(frame)
+        if _ends_inside_quotes(path) and frame.height:
+            last = frame.row(frame.height - 1)
+            cut = max((i for i, value in enumerate(last) if value is not None), default=0)
+            found.append(
+                cells.damage(
+                    [frame.height - 1],
+                    frame.columns[cut],
+                    "truncated: the file ends inside a quoted field, so its last row is cut "
+                    "(the values after the cut are unknown)",
+                    "damaged",
+                )
+            )
+        if found:
+            self.found[table] = pl.concat(found)
+        return frame
 
     def columns(self, table: str) -> set[str]:
         frame = self._frame(table)
@@ -106,12 +139,36 @@ class ExportReader:
         if frame.width == 0:
             return pl.DataFrame(schema={c: pl.String for c in columns})
         return frame.select(
-            pl.col(c).cast(pl.String) if c in frame.columns else pl.lit(None, pl.String).alias(c)
-            for c in columns
+            pl.col(c) if c in frame.columns else pl.lit(None, pl.String).alias(c) for c in columns
         )
 
     def files(self) -> list[Path]:
         return list(self._files.values())
+
+
+def _parquet(path: Path) -> pl.DataFrame:
+    """A Parquet export as text, byte columns as bytes (analyzer.sources.cells decodes them);
+    a footer that claims what the file cannot hold is refused before polars reads it (polars
+    asserts, panicking, when the rows it decodes are fewer than the footer claims)."""
+    problem = footer_problem(path)
+    if problem is not None:
+        raise AuditInputError(str(path), f"not a readable Parquet file ({problem})")
+    frame = pl.read_parquet(path)
+    return frame.select(
+        pl.col(name) if dtype == pl.Binary else pl.col(name).cast(pl.String)
+        for name, dtype in frame.schema.items()
+    )
+
+
+def _ends_inside_quotes(path: Path) -> bool:
+    """Whether the file ends inside a quoted field: in a whole CSV file every quote is one of
+    a pair (`"` opens and closes a field, `""` is a quote inside one), so an odd count means
+    the last field was cut. Counted block by block: memory stays flat."""
+    quotes = 0
+    with path.open("rb") as handle:
+        while block := handle.read(1 << 20):
+            quotes += block.count(b'"')
+    return quotes % 2 == 1
 
 
 def _without_data(message: str) -> str:
@@ -128,6 +185,7 @@ def _load(given: str, ctx: LoadContext) -> SourceData:
     for file in reader.files():
         info = file_facts(file, "table-export")
         info.records = reader._frame(file.stem).height if file.stem in reader._frames else 0
+        cells.apply_to(info, data)
         if file.stem not in reader._frames:
             info.notes.append("table not needed by the audit; not read")
         data.inputs.append(info)

@@ -13,6 +13,7 @@ from stat import S_ISREG
 
 import polars as pl
 
+from analyzer.sources import cells
 from analyzer.sources.base import (
     InputInfo,
     InputKind,
@@ -185,8 +186,20 @@ def _from_read(info: InputInfo, read, facts, events: pl.DataFrame) -> SourceData
             f"unrecognised dstack line x{count}: {shape}"
             + (f" (first at {first})" if first else "")
         )
+    events, cut = cells.cut_long(events, ("message", "termination_message"))
     data = SourceData(events=events, inputs=[info])
     data.log_reads.append((read, facts))
+    if cut.len():
+        first = events["provenance"][int(cut[0])]
+        data.limitations.append(
+            Limitation(
+                "huge_values",
+                f"{cut.len()} log message(s) over {cells.TEXT_LIMIT} bytes kept as their first "
+                f"{cells.HEAD_BYTES} bytes, their length and SHA-256 (first at "
+                f"{first[0] if first is not None and len(first) else path})",
+                path,
+            )
+        )
     if facts.ambiguous_jobs:
         data.limitations.append(
             Limitation(

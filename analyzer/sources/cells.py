@@ -1,0 +1,414 @@
+"""One cell of a dstack table, whatever it holds: every value a reader hands over passes here
+before the mapping reads it, so a damaged or hostile cell costs one named limitation, never a
+crash, a silent null or the whole audit.
+
+- Bytes that are not UTF-8 (a reader hands text over as Binary where it can hold any bytes:
+  SQLite, Parquet) never reach polars as a string: the value is read as unknown (null).
+- A value its column cannot hold (a time that is no time between years 1 and 9999, `NaN` or
+  `1e400` in an integer column, `maybe` in a boolean one) is read as unknown: one rule for
+  every column, said in a `damaged_values` limitation naming the table, the column and the row.
+- A row without an id cannot be told from any other: it is left out, and counted.
+- A text value over `TEXT_LIMIT` bytes is kept as its first `HEAD_BYTES`, its length and its
+  SHA-256; a JSON document over `JSON_LIMIT` is read as unknown (`huge_values`): one hostile
+  cell can neither fill the memory nor slow every later stage that touches the text.
+
+Damaged values count as unparsed records of their input, so `--strict` refuses them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from analyzer.model import parse_db_time
+from analyzer.sources.base import InputInfo, Limitation, SourceData
+
+TEXT_LIMIT = 16 * 1024
+HEAD_BYTES = 1024
+JSON_LIMIT = 32 * 1024 * 1024
+# What a reader that measures JSON documents itself (SQLite, in SQL) puts in place of one over
+# JSON_LIMIT, followed by its length in bytes: a JSON object never starts with \x01.
+JSON_OVER_LIMIT = "\x01over the limit "
+SHOWN_PLACES = 5  # damaged places named per table; the rest are counted
+SHOWN_VALUE = 40  # characters of a damaged value quoted in a limitation
+
+YEARS = r"^\s*(?:-\d+|\d{5,}|0000)-\d\d-\d\d"  # a year outside 1-9999, which %Y would misread
+BOOLEAN_TEXTS = ["1", "0", "t", "f", "true", "false"]
+INT64_BOUND = 9.223372036854775e18
+
+
+@dataclass(frozen=True)
+class Columns:
+    """What the columns of one table hold, for the checks: its key and its typed columns."""
+
+    key: str | None = "id"
+    times: tuple[str, ...] = ()
+    integers: tuple[str, ...] = ()
+    booleans: tuple[str, ...] = ()
+    numbers: tuple[str, ...] = ()
+    json: tuple[str, ...] = ()
+
+
+DAMAGE_SCHEMA = {"row": pl.Int64, "column": pl.String, "problem": pl.String, "kind": pl.String}
+# kind: "damaged" (read as unknown), "no_id" (row left out), "huge" (kept cut), "json" (a JSON
+# document over the limit, read as unknown)
+UNPARSED_KINDS = ("damaged", "no_id", "json")
+
+
+def damage(rows: pl.Series | list[int], column: str, problem: str | pl.Series, kind: str):
+    """Damage found at `rows` (0-based positions in the frame as read) of `column`."""
+    rows = pl.Series("row", rows, dtype=pl.Int64)
+    problems = (
+        problem if isinstance(problem, pl.Series) else pl.repeat(problem, rows.len(), eager=True)
+    )
+    return pl.DataFrame(
+        {
+            "row": rows,
+            "column": pl.repeat(column, rows.len(), eager=True, dtype=pl.String),
+            "problem": problems.cast(pl.String),
+            "kind": pl.repeat(kind, rows.len(), eager=True, dtype=pl.String),
+        }
+    )
+
+
+@dataclass
+class Ledger:
+    """The damage found in the cells of one input, by the file (or database) it was read from."""
+
+    found: dict[tuple[str, str], list[pl.DataFrame]] = field(default_factory=dict)
+    uncounted: set[tuple[str, str]] = field(default_factory=set)  # said, counted elsewhere
+
+    def add(self, where: str, table: str, rows: pl.DataFrame, counted: bool = True) -> None:
+        if rows.height:
+            self.found.setdefault((where, table), []).append(rows)
+            if not counted:
+                self.uncounted.add((where, table))
+
+    def record(self, data: SourceData) -> None:
+        """Limitations for `data`, one per table and kind of damage."""
+        for (where, table), parts in self.found.items():
+            rows = pl.concat(parts).sort("row", "column")
+            damaged = rows.filter(pl.col("kind").is_in(["damaged", "no_id"]))
+            huge = rows.filter(pl.col("kind").is_in(["huge", "json"]))
+            if damaged.height:
+                data.limitations.append(
+                    Limitation("damaged_values", f"table {table}: {_said(damaged)}", where)
+                )
+            if huge.height:
+                data.limitations.append(
+                    Limitation("huge_values", f"table {table}: {_said(huge)}", where)
+                )
+            unparsed = rows.filter(pl.col("kind").is_in(UNPARSED_KINDS))
+            if unparsed.height and (where, table) not in self.uncounted:
+                data.unparsed_values[where] = data.unparsed_values.get(where, 0) + unparsed.height
+                data.damage_notes.setdefault(where, []).append(
+                    f"{unparsed.height} damaged value(s) in table {table}, first: "
+                    + _said(unparsed.head(1))
+                )
+
+
+def apply_to(info: InputInfo, data: SourceData) -> None:
+    """Count the damaged values read from `info`'s input as its unparsed records."""
+    info.unparsed += data.unparsed_values.get(info.path, 0)
+    info.notes.extend(data.damage_notes.get(info.path, []))
+
+
+def _said(rows: pl.DataFrame) -> str:
+    shown = rows.head(SHOWN_PLACES)
+    parts = []
+    for row in shown.iter_rows(named=True):
+        if row["kind"] == "no_id":
+            why = "" if row["problem"] == "no id" else f" ({row['problem']})"
+            parts.append(f"{row['place']} has no id{why} and is left out")
+        else:
+            parts.append(f"{row['place']}, {row['column']}: {row['problem']}")
+    more = f"; and {rows.height - shown.height} more" if rows.height > shown.height else ""
+    return "; ".join(parts) + more
+
+
+def checked(
+    frame: pl.DataFrame,
+    table: str,
+    where: str,
+    columns: Columns,
+    ledger: Ledger,
+    found: pl.DataFrame | None = None,
+    *,
+    counted: bool = True,
+) -> pl.DataFrame:
+    """`frame` (a table as read, text or bytes) as text the mapping can trust: damaged values
+    null, huge ones cut, rows without an id left out; what was found goes to `ledger`. `found`:
+    damage the reader itself found (at positions of `frame`); `counted`: whether it counts as
+    unparsed here (a table each partition reads whole is counted once)."""
+    parts = [found] if found is not None and found.height else []
+    frame, decoded = decode(frame)
+    parts += decoded
+    frame, cut = _capped(frame, columns.json)
+    parts += cut
+    frame, typed = _typed(frame, columns)
+    parts += typed
+    keep = None
+    if columns.key is not None and columns.key in frame.columns:
+        key = pl.col(columns.key).cast(pl.String).str.strip_chars().fill_null("") != ""
+        keep = frame.select(key).to_series()
+        if not keep.all():
+            parts.append(damage((~keep).arg_true(), columns.key, "no id", "no_id"))
+        else:
+            keep = None
+    if parts:
+        rows = pl.concat([p.select(DAMAGE_SCHEMA.keys()).cast(DAMAGE_SCHEMA) for p in parts])
+        placed = _placed(_one_per_key(rows, columns.key), frame, columns.key)
+        ledger.add(where, table, placed, counted)
+    return frame if keep is None else frame.filter(keep)
+
+
+def _one_per_key(rows: pl.DataFrame, key: str | None) -> pl.DataFrame:
+    """A damaged id is the row left out, said once: `row 3 has no id (invalid UTF-8)`."""
+    if key is None:
+        return rows
+    on_key = pl.col("column") == key
+    ids = rows.filter(on_key).unique("row", keep="first", maintain_order=True)
+    return pl.concat([rows.filter(~on_key), ids.with_columns(pl.lit("no_id").alias("kind"))])
+
+
+def _placed(rows: pl.DataFrame, frame: pl.DataFrame, key: str | None) -> pl.DataFrame:
+    """`rows` with each place named: `row N (id X)`, N counted from 1 in the order read."""
+    number = pl.lit("row ") + (pl.col("row") + 1).cast(pl.String)
+    if key is None or key not in frame.columns:
+        return rows.with_columns(number.alias("place"))
+    ids = frame[key].cast(pl.String).gather(rows["row"].cast(pl.UInt32))
+    return rows.with_columns(
+        pl.when(ids.is_null() | (ids.str.strip_chars() == ""))
+        .then(number)
+        .otherwise(number + pl.lit(" (id ") + ids.str.slice(0, 64) + pl.lit(")"))
+        .alias("place")
+    )
+
+
+# --- bytes -> text ---------------------------------------------------------------------------
+
+
+def decode(frame: pl.DataFrame) -> tuple[pl.DataFrame, list[pl.DataFrame]]:
+    """Binary columns as text; a value that is not UTF-8 becomes null (and is reported).
+    Other columns (a reader's guess for an empty or all-null column) become text as well."""
+    found = []
+    replaced = []
+    for name, dtype in frame.schema.items():
+        if dtype != pl.Binary:
+            if dtype != pl.String:
+                replaced.append(frame[name].cast(pl.String))
+            continue
+        column = frame[name]
+        try:
+            replaced.append(column.cast(pl.String))
+            continue
+        except pl.exceptions.PolarsError:
+            pass
+        bad = _not_utf8(column)
+        replaced.append(_text_without(column, bad))
+        found.append(damage(bad, name, "invalid UTF-8", "damaged"))
+    if replaced:
+        frame = frame.with_columns(replaced)
+    return frame, found
+
+
+def _not_utf8(column: pl.Series, offset: int = 0) -> list[int]:
+    """Positions of the values that are not UTF-8, found by halving: polars checks a whole
+    slice at once, so k damaged values cost about k * log2(n) checks of shrinking slices."""
+    if column.len() <= 64:
+        return [
+            offset + i
+            for i, value in enumerate(column.to_list())
+            if value is not None and not _is_utf8(value)
+        ]
+    try:
+        column.cast(pl.String)
+        return []
+    except pl.exceptions.PolarsError:
+        half = column.len() // 2
+        return _not_utf8(column.slice(0, half), offset) + _not_utf8(
+            column.slice(half), offset + half
+        )
+
+
+def _text_without(column: pl.Series, bad: list[int]) -> pl.Series:
+    """`column` as text with the values at `bad` null. Nulling them in place is not enough:
+    polars checks the bytes a null still points at, so the good runs are cast one by one."""
+    if len(bad) > 1000:
+        values = column.to_list()
+        for row in bad:
+            values[row] = None
+        return pl.Series(column.name, values, dtype=pl.Binary).cast(pl.String)
+    pieces, start = [], 0
+    for row in bad:
+        pieces += [
+            column.slice(start, row - start).cast(pl.String),
+            pl.Series([None], dtype=pl.String),
+        ]
+        start = row + 1
+    pieces.append(column.slice(start).cast(pl.String))
+    return pl.concat(pieces).alias(column.name)
+
+
+def _is_utf8(value: bytes) -> bool:
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def lossy(frame: pl.DataFrame) -> tuple[pl.DataFrame, list[pl.DataFrame]]:
+    """A frame a reader could only decode with U+FFFD in place of bytes that are not UTF-8:
+    each value holding one is read as unknown, like a value that is not UTF-8 elsewhere."""
+    found = []
+    replaced = []
+    for name, dtype in frame.schema.items():
+        if dtype != pl.String:
+            continue
+        hit = frame[name].str.contains("\ufffd", literal=True).fill_null(False)
+        if hit.any():
+            found.append(damage(hit.arg_true(), name, "invalid UTF-8", "damaged"))
+            replaced.append(pl.when(~hit).then(frame[name]).alias(name))
+    if replaced:
+        frame = frame.with_columns(replaced)
+    return frame, found
+
+
+# --- huge values -----------------------------------------------------------------------------
+
+
+def cut_text(raw: bytes) -> str:
+    """A huge value as what is kept of it: its first HEAD_BYTES (whole characters), then its
+    length and SHA-256, so it can still be matched with the original."""
+    head = raw[:HEAD_BYTES].decode("utf-8", "ignore")
+    digest = hashlib.sha256(raw).hexdigest()
+    return f"{head}… [cut at {HEAD_BYTES} of {len(raw)} bytes; sha256 {digest}]"
+
+
+def cut_long(frame: pl.DataFrame, columns: tuple[str, ...]) -> tuple[pl.DataFrame, pl.Series]:
+    """`frame` with each text value of `columns` over TEXT_LIMIT kept as `cut_text` does, and
+    the positions of the rows that had one (for sources that are not tables: a log's lines)."""
+    frame, found = _capped(frame, (), columns)
+    rows = (
+        pl.concat([f["row"] for f in found]).unique().sort()
+        if found
+        else pl.Series([], dtype=pl.Int64)
+    )
+    return frame, rows
+
+
+def _capped(
+    frame: pl.DataFrame, json: tuple[str, ...], only: tuple[str, ...] | None = None
+) -> tuple[pl.DataFrame, list[pl.DataFrame]]:
+    found = []
+    replaced = []
+    strings = [n for n, t in frame.schema.items() if t == pl.String and (only is None or n in only)]
+    if not strings:
+        return frame, found
+    sizes = frame.select(pl.col(n).str.len_bytes().max() for n in strings).row(0)
+    for name, size in zip(strings, sizes, strict=True):
+        if size is None:
+            continue
+        column = frame[name]
+        if name in json:
+            over = column.str.starts_with(JSON_OVER_LIMIT) | (column.str.len_bytes() > JSON_LIMIT)
+            over = over.fill_null(False)
+            if over.any():
+                lengths = column.filter(over).str.len_bytes()
+                claimed = column.filter(over).str.strip_prefix(JSON_OVER_LIMIT)
+                length = pl.select(
+                    pl.when(claimed.str.contains(r"^\d+$"))
+                    .then(claimed)
+                    .otherwise(lengths.cast(pl.String))
+                ).to_series()
+                problem = pl.select(
+                    pl.lit("a JSON document of ")
+                    + length
+                    + pl.lit(f" bytes, over the {JSON_LIMIT}-byte limit: read as unknown")
+                ).to_series()
+                found.append(damage(over.arg_true(), name, problem, "json"))
+                replaced.append(pl.when(~over).then(column).alias(name))
+        elif size > TEXT_LIMIT:
+            big = (column.str.len_bytes() > TEXT_LIMIT).fill_null(False)
+            rows = big.arg_true()
+            values = [cut_text(value.encode()) for value in column.gather(rows).to_list()]
+            problem = pl.Series([f"kept {value[value.rindex('[') :]}" for value in values])
+            found.append(damage(rows, name, problem, "huge"))
+            replaced.append(column.scatter(rows, values))
+    if replaced:
+        frame = frame.with_columns(replaced)
+    return frame, found
+
+
+# --- typed columns ---------------------------------------------------------------------------
+
+
+def integer(expr: pl.Expr) -> pl.Expr:
+    """Integer text (`5`, ` 5 `, `5.0`, `1e3`) as Int64; anything else (NaN, 1e23, 1e400, 2.5,
+    words) null, never an error."""
+    text = expr.cast(pl.String).str.strip_chars()
+    number = text.cast(pl.Float64, strict=False)
+    whole = number.is_finite() & (number == number.floor()) & (number.abs() < INT64_BOUND)
+    return pl.coalesce(
+        text.cast(pl.Int64, strict=False),
+        pl.when(whole).then(number).cast(pl.Int64, strict=False),
+    )
+
+
+def _present(name: str) -> pl.Expr:
+    return pl.col(name).cast(pl.String).str.strip_chars().fill_null("") != ""
+
+
+def _time_ok(name: str) -> pl.Expr:
+    text = pl.col(name).cast(pl.String)
+    return ~text.str.contains(YEARS) & parse_db_time(text).dt.year().is_between(1, 9999)
+
+
+def _checks(columns: Columns, present: set[str]) -> dict[str, tuple[pl.Expr, str]]:
+    """column -> (is the value acceptable, what it is not when it is not)."""
+    checks: dict[str, tuple[pl.Expr, str]] = {}
+    for name in columns.times:
+        checks[name] = (_time_ok(name), "not a time between years 1 and 9999")
+    for name in columns.integers:
+        checks[name] = (integer(pl.col(name)).is_not_null(), "not an integer")
+    for name in columns.booleans:
+        text = pl.col(name).cast(pl.String).str.strip_chars().str.to_lowercase()
+        checks[name] = (text.is_in(BOOLEAN_TEXTS), "not a boolean")
+    for name in columns.numbers:
+        number = pl.col(name).cast(pl.String).str.strip_chars().cast(pl.Float64, strict=False)
+        checks[name] = (number.is_finite(), "not a finite number")
+    return {name: check for name, check in checks.items() if name in present}
+
+
+def _typed(frame: pl.DataFrame, columns: Columns) -> tuple[pl.DataFrame, list[pl.DataFrame]]:
+    """Typed columns: a present value the column cannot hold becomes null, and is reported."""
+    checks = _checks(columns, set(frame.columns))
+    if not checks or frame.height == 0:
+        return frame, []
+    bad = frame.select(
+        (_present(name) & ~ok.fill_null(False)).alias(name) for name, (ok, _) in checks.items()
+    )
+    damaged = [name for name in bad.columns if bad[name].any()]
+    found = []
+    for name in damaged:
+        rows = bad[name].arg_true()
+        values = frame[name].cast(pl.String).gather(rows)
+        problem = pl.select(
+            pl.lit("") + _quoted(values) + pl.lit(f" is {checks[name][1]}: read as unknown")
+        ).to_series()
+        found.append(damage(rows, name, problem, "damaged"))
+    if damaged:
+        frame = frame.with_columns(
+            pl.when(~bad[name]).then(pl.col(name)).alias(name) for name in damaged
+        )
+    return frame, found
+
+
+def _quoted(values: pl.Series) -> pl.Expr:
+    """A damaged value as a limitation quotes it: short, one line."""
+    short = pl.lit(values).str.replace_all(r"[\x00-\x1f\x7f]", "?").str.slice(0, SHOWN_VALUE)
+    longer = pl.lit(values).str.len_chars() > SHOWN_VALUE
+    return pl.lit("'") + short + pl.when(longer).then(pl.lit("…'")).otherwise(pl.lit("'"))
