@@ -28,14 +28,24 @@ from analyzer.sources.base import (
     LoadContext,
     ReadOptions,
     SourceData,
+    WholeInputFacts,
     file_facts,
     remembered,
 )
-from analyzer.sources.dstack_tables import ALIVE_COLUMNS, load_tables, looks_like_dstack
+from analyzer.sources.dstack_tables import (
+    ALIVE_COLUMNS,
+    JSON_PATHS,
+    TABLE_COLUMNS,
+    load_tables,
+    looks_like_dstack,
+)
 from analyzer.sources.partition import service_buckets
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 FETCH_ROWS = 50_000
+# the tables a partition reads only its share of (_select_runs); every other table it reads
+# whole, the same in every partition: read once per audit when the partitions share facts
+RUN_TABLES = ("runs", "jobs", "probes", "events", "event_targets")
 
 
 def _slim_json(column: str, paths: tuple[str, ...]) -> str:
@@ -95,6 +105,7 @@ class SqliteReader:
         self._columns: dict[str, set[str]] = {}
         self._filters: dict[str, str] = {}
         self._arrow = _arrow_connection(uri)
+        self._shared = options.shared
         self.narrowed = narrowed and {"runs", "jobs"} <= self._tables
         self._kept_runs: str | None = None  # the kept run ids (JSON) once selected
         self._selected_on_db = False  # are their temporary tables on the sqlite3 connection?
@@ -218,7 +229,17 @@ class SqliteReader:
     def read_slim(
         self, table: str, columns: list[str], json_paths: dict[str, tuple[str, ...]]
     ) -> pl.DataFrame:
-        """All-text columns; JSON documents in `json_paths` reduced to those paths in SQL."""
+        """All-text columns; JSON documents in `json_paths` reduced to those paths in SQL. A
+        table every partition reads whole is read once per audit (`shared`)."""
+        if self._shared is not None and table not in RUN_TABLES and table not in self._filters:
+            key = f"table {table}: {columns} {sorted(json_paths.items())}"
+            read = partial(self._read_slim, table, columns, json_paths)
+            return remembered(self._shared, key, self._path, read)
+        return self._read_slim(table, columns, json_paths)
+
+    def _read_slim(
+        self, table: str, columns: list[str], json_paths: dict[str, tuple[str, ...]]
+    ) -> pl.DataFrame:
         have = self.columns(table)
 
         def column(name: str) -> str:
@@ -344,4 +365,25 @@ def _read_database(path: Path, shown: Path, ctx: LoadContext, info) -> SourceDat
     return data
 
 
-SOURCE = InputKind(kind="sqlite", load=_load, sniff=_sniff)
+def _learn(path: Path, count: int, shared: WholeInputFacts) -> None:
+    """What every partition of `count` reads of the whole database, learnt once: its hash,
+    its runs by service, its latest times and the tables read whole (a database with a
+    write-ahead log is read from a fresh copy each time: only its hash is shared)."""
+    file_facts(path, "sqlite", shared)
+    real = Path(os.path.realpath(path))
+    if _is_wal(path) or real.with_name(real.name + "-wal").exists():
+        return
+    reader = SqliteReader(path, options=ReadOptions(shared=shared))
+    try:
+        tables = reader.tables()
+        if not looks_like_dstack(tables):
+            return
+        remembered(shared, f"runs in {count}", path, partial(reader._runs_by_service, count))
+        remembered(shared, "latest", path, reader.latest)
+        for table in sorted((TABLE_COLUMNS.keys() & tables) - set(RUN_TABLES)):
+            reader.read_slim(table, TABLE_COLUMNS[table], JSON_PATHS.get(table, {}))
+    finally:
+        reader.close()
+
+
+SOURCE = InputKind(kind="sqlite", load=_load, sniff=_sniff, learn=_learn)
