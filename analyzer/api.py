@@ -391,7 +391,7 @@ def audit_in_partitions(paths: Paths, count: int, *, client=None, **options) -> 
     down into their reads). With a Dask `client`, the partitions are tasks of its cluster
     (analyzer.cluster) and the workers open the sources from the same paths or URLs."""
     given = as_paths(paths)
-    shared = whole_input_facts(given, count)
+    shared = whole_input_facts(given)
     if client is not None:
         from analyzer.cluster import audit_partitions
 
@@ -401,13 +401,13 @@ def audit_in_partitions(paths: Paths, count: int, *, client=None, **options) -> 
     )
 
 
-def whole_input_facts(paths: Sequence[str | Path], count: int) -> WholeInputFacts:
-    """What every one of `count` partitions would read of the whole inputs (hashes, how the
-    runs fall into partitions, latest times, the tables read whole), learnt once."""
+def whole_input_facts(paths: Sequence[str | Path]) -> WholeInputFacts:
+    """What every partition would read of the whole inputs (hashes, the runs' services,
+    latest times, the tables read whole), learnt once for any number of partitions."""
     shared = WholeInputFacts()
     with stage("learning the whole inputs"):
         for path in paths:
-            learn_whole_inputs(path, count, shared)
+            learn_whole_inputs(path, shared)
     return shared
 
 

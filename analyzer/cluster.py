@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,9 @@ and each extra partition costs a task's start and one more pass over every datab
 table. Measured (benchmarks/cluster.py, 2,000 runs, 2 workers, a shared 2-core machine):
 2 / 4 / 8 partitions 9.1 / 9.3 / 18.8 s; `--partitions` sets more, to bound memory."""
 WORKER_WAIT_SECONDS = 30
+WORKER_PRELOAD = "analyzer.api"
+"""Imported by each local worker as it starts (while the client learns the whole inputs), not
+when its first task arrives."""
 
 
 def _distributed():
@@ -66,6 +70,7 @@ def connect(*, workers: int | None = None, address: str | None = None) -> Iterat
                 host="127.0.0.1",
                 dashboard_address=None,
                 scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
+                preload=[WORKER_PRELOAD],
                 silence_logs=logging.ERROR,
             ) as cluster,
             distributed.Client(cluster) as client,
@@ -115,8 +120,8 @@ PartitionTask = Callable[
 ]
 """(paths, index, count, options, shared) -> the report of partition `index` of `count` and its
 share of the capacity foresight: a module-level function, so a worker imports it by name."""
-LearnWholeInputs = Callable[[Sequence[str], int], WholeInputFacts]
-"""(paths, count) -> what every partition would read of the whole inputs, learnt once."""
+LearnWholeInputs = Callable[[Sequence[str]], WholeInputFacts]
+"""paths -> what every partition would read of the whole inputs, learnt once."""
 
 
 def audit_partitions(
@@ -183,9 +188,11 @@ def run_on_cluster(
 ) -> Report:
     """Audit on a new local cluster of `workers` processes or on the scheduler at `address`,
     in `partitions` tasks (PARTITIONS_PER_WORKER per worker thread unless given), the whole
-    inputs' shared facts learnt by `learn` in this process."""
+    inputs' shared facts learnt by `learn` in this process while the cluster starts."""
     given = _sendable(paths)
-    with connect(workers=workers, address=address) as client:
-        count = partitions or default_partitions(client)
-        shared = learn(given, count)
-        return audit_partitions(client, given, count, task, shared=shared, **options)
+    with ThreadPoolExecutor(1) as pool:
+        learning = pool.submit(learn, given)
+        with connect(workers=workers, address=address) as client:
+            count = partitions or default_partitions(client)
+            shared = learning.result()
+            return audit_partitions(client, given, count, task, shared=shared, **options)

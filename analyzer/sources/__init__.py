@@ -203,17 +203,17 @@ def _load_entry(
     )
 
 
-def learn_whole_inputs(given: str | Path, count: int, shared: WholeInputFacts) -> None:
-    """Learn into `shared` what every partition of `count` would read of each whole file in
+def learn_whole_inputs(given: str | Path, shared: WholeInputFacts) -> None:
+    """Learn into `shared` what every partition would read of each whole file in
     `given` (a file, or a folder walked as the reading walks it): done once by whoever splits
     the audit, so no partition repeats it. What cannot be read here is left to the reading,
     which says why."""
     if is_claimed(given):
         return
-    _learn_entry(Path(given), count, shared, ())
+    _learn_entry(Path(given), shared, ())
 
 
-def _learn_entry(path: Path, count: int, shared: WholeInputFacts, folders: tuple[str, ...]) -> None:
+def _learn_entry(path: Path, shared: WholeInputFacts, folders: tuple[str, ...]) -> None:
     try:
         if folders and _broken_link(path, folders):
             return
@@ -221,12 +221,12 @@ def _learn_entry(path: Path, count: int, shared: WholeInputFacts, folders: tuple
         if source is not None:
             learn = getattr(source, "learn", None)
             if learn is not None:
-                learn(path, count, shared)
+                learn(path, shared)
             return
         if path.is_dir():
             walking = (*folders, os.path.realpath(path))
             for child in sorted(path.iterdir()):
                 if not child.name.startswith("."):
-                    _learn_entry(child, count, shared, walking)
+                    _learn_entry(child, shared, walking)
     except (OSError, AuditInputError):
         return

@@ -170,9 +170,9 @@ class InputKind:
     load: Callable[[str, LoadContext], SourceData]
     sniff: Callable[[Path], bool] = _no_path
     claims: Callable[[str], bool] = _no_text
-    # what every partition of `count` reads of the whole file (its hash, how its runs fall
-    # into partitions, its latest times, its shared tables), learnt into the facts once
-    learn: Callable[[Path, int, WholeInputFacts], None] | None = None
+    # what every partition reads of the whole file (its hash, its runs' services, its latest
+    # times, its shared tables), learnt into the facts once
+    learn: Callable[[Path, WholeInputFacts], None] | None = None
 
 
 @dataclass

@@ -39,7 +39,7 @@ from analyzer.sources.dstack_tables import (
     load_tables,
     looks_like_dstack,
 )
-from analyzer.sources.partition import service_buckets
+from analyzer.sources.partition import service_hashes
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 FETCH_ROWS = 50_000
@@ -119,9 +119,8 @@ class SqliteReader:
         keep = pl.lit(True)
         if options.partition:
             index, count = options.partition
-            bucketed = partial(self._runs_by_service, count)
-            runs = remembered(options.shared, f"runs in {count}", self._path, bucketed)
-            keep = keep & (pl.col("bucket") == index)
+            runs = remembered(options.shared, "runs by service", self._path, self._runs_by_service)
+            keep = keep & (pl.col("service_hash") % count == index)
         else:
             runs = self._runs()
         if options.since:
@@ -163,12 +162,12 @@ class SqliteReader:
             ["id", "project_id", "run_name", "last_processed_at"],
         )
 
-    def _runs_by_service(self, count: int) -> pl.DataFrame:
-        """Every run with the bucket of its service among `count`: hashed once per audit
-        when its partitions share what they learnt of the whole database."""
+    def _runs_by_service(self) -> pl.DataFrame:
+        """Every run with the hash of its service (its partition among any number of them):
+        hashed once per audit when its partitions share what was learnt of the database."""
         runs = self._runs()
-        buckets = service_buckets(runs, "project_id", "run_name", count)
-        return runs.with_columns(buckets.alias("bucket"))
+        hashes = service_hashes(runs, "project_id", "run_name")
+        return runs.with_columns(hashes.alias("service_hash"))
 
     def _keep_selection(self, execute: Callable) -> None:
         """The kept runs, their jobs and their events as temporary tables of one connection.
@@ -365,8 +364,8 @@ def _read_database(path: Path, shown: Path, ctx: LoadContext, info) -> SourceDat
     return data
 
 
-def _learn(path: Path, count: int, shared: WholeInputFacts) -> None:
-    """What every partition of `count` reads of the whole database, learnt once: its hash,
+def _learn(path: Path, shared: WholeInputFacts) -> None:
+    """What every partition reads of the whole database, learnt once: its hash,
     its runs by service, its latest times and the tables read whole (a database with a
     write-ahead log is read from a fresh copy each time: only its hash is shared)."""
     file_facts(path, "sqlite", shared)
@@ -378,7 +377,7 @@ def _learn(path: Path, count: int, shared: WholeInputFacts) -> None:
         tables = reader.tables()
         if not looks_like_dstack(tables):
             return
-        remembered(shared, f"runs in {count}", path, partial(reader._runs_by_service, count))
+        remembered(shared, "runs by service", path, reader._runs_by_service)
         remembered(shared, "latest", path, reader.latest)
         for table in sorted((TABLE_COLUMNS.keys() & tables) - set(RUN_TABLES)):
             reader.read_slim(table, TABLE_COLUMNS[table], JSON_PATHS.get(table, {}))
