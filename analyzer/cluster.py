@@ -35,9 +35,10 @@ if TYPE_CHECKING:
 INSTALL_HINT = "install the extra: pip install 'dstack-audit[cluster]'"
 PARTITIONS_PER_WORKER = 1
 """One task per worker thread: the hash of whole services spreads runs evenly over partitions,
-and each extra partition costs a task's start and one more pass over every database's runs
-table. Measured (benchmarks/cluster.py, 2,000 runs, 2 workers, a shared 2-core machine):
-2 / 4 / 8 partitions 9.1 / 9.3 / 18.8 s; `--partitions` sets more, to bound memory."""
+and each extra partition costs a task's start (before the client learnt the whole inputs once,
+also one more pass over every database's runs table). Measured then (benchmarks/cluster.py,
+2,000 runs, 2 workers, a shared 2-core machine): 2 / 4 / 8 partitions 9.1 / 9.3 / 18.8 s;
+`--partitions` sets more, to bound memory."""
 WORKER_WAIT_SECONDS = 30
 WORKER_PRELOAD = "analyzer.api"
 """Imported by each local worker as it starts (while the client learns the whole inputs), not
