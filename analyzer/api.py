@@ -37,7 +37,7 @@ from analyzer.pipeline.servers import assign_servers
 from analyzer.pipeline.timeline import deployments, evidence_gaps, submissions
 from analyzer.progress import listening, stage
 from analyzer.redact import without_controls
-from analyzer.sources import count_files, is_claimed, load_path, shown
+from analyzer.sources import count_files, is_claimed, learn_whole_inputs, load_path, shown
 from analyzer.sources.base import LoadContext, ReadOptions, WholeInputFacts
 from analyzer.times import parse_time
 
@@ -378,8 +378,8 @@ def audit_partition(
     shared: WholeInputFacts | None = None,
 ) -> PartitionResult:
     """One partition's report and its share of the capacity foresight: the task a Dask worker
-    runs (analyzer.cluster); `shared` keeps what one partition learnt of whole inputs (hashes,
-    latest times) for the next."""
+    runs (analyzer.cluster); `shared` holds what was learnt of the whole inputs (hashes, the
+    runs' partitions, latest times, the tables every partition reads whole) once for all."""
     opened = open_sources(paths, partition=(index, count), shared=shared, **options)
     opened._defer_foresight = True
     return PartitionResult(opened.report, opened._foresight_piece(whole_tables=index == 0))
@@ -391,14 +391,24 @@ def audit_in_partitions(paths: Paths, count: int, *, client=None, **options) -> 
     down into their reads). With a Dask `client`, the partitions are tasks of its cluster
     (analyzer.cluster) and the workers open the sources from the same paths or URLs."""
     given = as_paths(paths)
+    shared = whole_input_facts(given)
     if client is not None:
         from analyzer.cluster import audit_partitions
 
-        return audit_partitions(client, given, count, audit_partition, **options)
-    shared = WholeInputFacts()
+        return audit_partitions(client, given, count, audit_partition, shared=shared, **options)
     return merge_partitions(
         [audit_partition(given, index, count, options, shared) for index in range(count)]
     )
+
+
+def whole_input_facts(paths: Sequence[str | Path]) -> WholeInputFacts:
+    """What every partition would read of the whole inputs (hashes, the runs' services,
+    latest times, the tables read whole), learnt once for any number of partitions."""
+    shared = WholeInputFacts()
+    with stage("learning the whole inputs"):
+        for path in paths:
+            learn_whole_inputs(path, shared)
+    return shared
 
 
 def audit_on_cluster(
@@ -417,6 +427,7 @@ def audit_on_cluster(
     return run_on_cluster(
         as_paths(paths),
         audit_partition,
+        whole_input_facts,
         workers=workers,
         address=address,
         partitions=partitions,

@@ -1,7 +1,9 @@
 """Audit partitions of whole services as tasks on a Dask cluster, then merge them here.
 
 Each task opens the sources itself, from the paths or URLs it is given (a shared file system,
-a database URL, an ingested dataset on object storage through fsspec), and sends back only its
+a database URL, an ingested dataset on object storage through fsspec), with what the client
+learnt once of the whole inputs (a file's hash, which runs fall into which partition, the latest
+times, the tables every partition reads whole: `WholeInputFacts`), and sends back only its
 partition's Report and the few rows the capacity foresight needs of it (the instances its runs
 hold, the placements refused to them): the whole frames never travel through the scheduler. The
 task is given by the caller (analyzer.api.audit_partition), so this module never imports the api
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from analyzer._version import __version__
 from analyzer.errors import AuditInputError
 from analyzer.pipeline.partitions import PartitionResult, merge_partitions
+from analyzer.sources.base import WholeInputFacts
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -31,10 +35,14 @@ if TYPE_CHECKING:
 INSTALL_HINT = "install the extra: pip install 'dstack-audit[cluster]'"
 PARTITIONS_PER_WORKER = 1
 """One task per worker thread: the hash of whole services spreads runs evenly over partitions,
-and each extra partition costs a task's start and one more pass over every database's runs
-table. Measured (benchmarks/cluster.py, 2,000 runs, 2 workers, a shared 2-core machine):
-2 / 4 / 8 partitions 9.1 / 9.3 / 18.8 s; `--partitions` sets more, to bound memory."""
+and each extra partition costs a task's start (before the client learnt the whole inputs once,
+also one more pass over every database's runs table). Measured then (benchmarks/cluster.py,
+2,000 runs, 2 workers, a shared 2-core machine): 2 / 4 / 8 partitions 9.1 / 9.3 / 18.8 s;
+`--partitions` sets more, to bound memory."""
 WORKER_WAIT_SECONDS = 30
+WORKER_PRELOAD = "analyzer.api"
+"""Imported by each local worker as it starts (while the client learns the whole inputs), not
+when its first task arrives."""
 
 
 def _distributed():
@@ -63,6 +71,7 @@ def connect(*, workers: int | None = None, address: str | None = None) -> Iterat
                 host="127.0.0.1",
                 dashboard_address=None,
                 scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
+                preload=[WORKER_PRELOAD],
                 silence_logs=logging.ERROR,
             ) as cluster,
             distributed.Client(cluster) as client,
@@ -107,19 +116,37 @@ def _sendable(paths: Sequence[str | Path]) -> list[str]:
     return given
 
 
-PartitionTask = Callable[[Sequence[str], int, int, dict[str, Any]], PartitionResult]
-"""(paths, index, count, options) -> the report of partition `index` of `count` and its share
-of the capacity foresight: a module-level function, so a worker imports it by name."""
+PartitionTask = Callable[
+    [Sequence[str], int, int, dict[str, Any], WholeInputFacts | None], PartitionResult
+]
+"""(paths, index, count, options, shared) -> the report of partition `index` of `count` and its
+share of the capacity foresight: a module-level function, so a worker imports it by name."""
+LearnWholeInputs = Callable[[Sequence[str]], WholeInputFacts]
+"""paths -> what every partition would read of the whole inputs, learnt once."""
 
 
 def audit_partitions(
-    client: Client, paths: Sequence[str | Path], count: int, task: PartitionTask, **options: Any
+    client: Client,
+    paths: Sequence[str | Path],
+    count: int,
+    task: PartitionTask,
+    *,
+    shared: WholeInputFacts,
+    **options: Any,
 ) -> Report:
     """The partitions of whole services as `task`s of `client`'s cluster, merged as in one
-    process. An error raised by a task (an unreadable input) is raised here unchanged."""
+    process; the facts `shared` of the whole inputs are sent once to every worker. An error
+    raised by a task (an unreadable input) is raised here unchanged."""
     given = _sendable(paths)
+    [facts] = client.scatter([shared], broadcast=True, hash=False)
     futures = client.map(
-        task, [given] * count, range(count), count=count, options=options, pure=False
+        task,
+        [given] * count,
+        range(count),
+        count=count,
+        options=options,
+        shared=facts,
+        pure=False,
     )
     distributed = _distributed()
     try:
@@ -153,6 +180,7 @@ def audit_partitions(
 def run_on_cluster(
     paths: Sequence[str | Path],
     task: PartitionTask,
+    learn: LearnWholeInputs,
     *,
     workers: int | None = None,
     address: str | None = None,
@@ -160,8 +188,12 @@ def run_on_cluster(
     **options: Any,
 ) -> Report:
     """Audit on a new local cluster of `workers` processes or on the scheduler at `address`,
-    in `partitions` tasks (PARTITIONS_PER_WORKER per worker thread unless given)."""
-    _sendable(paths)
-    with connect(workers=workers, address=address) as client:
-        count = partitions or default_partitions(client)
-        return audit_partitions(client, paths, count, task, **options)
+    in `partitions` tasks (PARTITIONS_PER_WORKER per worker thread unless given), the whole
+    inputs' shared facts learnt by `learn` in this process while the cluster starts."""
+    given = _sendable(paths)
+    with ThreadPoolExecutor(1) as pool:
+        learning = pool.submit(learn, given)
+        with connect(workers=workers, address=address) as client:
+            count = partitions or default_partitions(client)
+            shared = learning.result()
+            return audit_partitions(client, given, count, task, shared=shared, **options)

@@ -107,3 +107,29 @@ def test_partitions_give_the_capacity_foresight_of_one_process(tmp_path):
     foresights = [f.capacity_foresight for f in whole.findings if f.capacity_foresight]
     assert {f.surge_capacity for f in foresights} >= {"none", "available"}
     assert merged.model_dump_json() == whole.model_dump_json()
+
+
+def test_partitions_read_the_whole_database_once_and_a_changed_one_again(tmp_path):
+    """What every partition reads of a whole database (its hash, its runs' services, its
+    latest times, the tables read whole) is learnt once; a partition given those facts reads
+    none of it again, and a database changed since is read again, not trusted."""
+    import shutil
+    import sqlite3
+
+    from analyzer.api import audit_partition, whole_input_facts
+
+    db = tmp_path / "server.db"
+    shutil.copyfile(CAPTURES / "v0.22.5" / "multi-replica-crash" / "server.db", db)
+    shared = whole_input_facts([db])
+    learnt = len(shared._facts)
+    assert learnt >= 4  # hash, runs by service, latest, the whole tables
+    first = audit_partition([db], 0, 2, {}, shared)
+    assert len(shared._facts) == learnt
+    with sqlite3.connect(db) as connection:
+        connection.execute("UPDATE projects SET name = name || '-renamed'")
+    again = audit_partition([db], 0, 2, {}, shared)
+    assert len(shared._facts) > learnt
+    assert first.report.inputs[0].sha256 != again.report.inputs[0].sha256
+    assert audit_partition([db], 0, 2, {}).report.model_dump_json() == (
+        again.report.model_dump_json()
+    )

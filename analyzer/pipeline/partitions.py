@@ -132,18 +132,17 @@ def foresight_of_pieces(findings: list[Finding], pieces: list[ForesightPiece]) -
     deployments = pl.concat([p.deployments for p in pieces], how="diagonal_relaxed")
     dateless = set().union(*(p.dateless for p in pieces))
     redactor = Redactor(values=set().union(*(p.secrets for p in pieces)))
-    return [
-        new
-        if new.capacity_foresight is None or new is old
-        else new.model_copy(
-            update={
-                "capacity_foresight": redactor.apply_model(new.capacity_foresight, controls=True)
-            }
-        )
-        for old, new in zip(
-            findings, foresight(frames, findings, deployments, dateless), strict=True
-        )
+    answered = list(foresight(frames, findings, deployments, dateless))
+    worked = [
+        i
+        for i, (old, new) in enumerate(zip(findings, answered, strict=True))
+        if new.capacity_foresight is not None and new is not old
     ]
+    # every new answer masked in one pass: each distinct text once, not once per finding
+    masked = redactor.apply_model([answered[i].capacity_foresight for i in worked], controls=True)
+    for i, answer in zip(worked, masked, strict=True):
+        answered[i] = answered[i].model_copy(update={"capacity_foresight": answer})
+    return answered
 
 
 @dataclass

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from analyzer.errors import AuditInputError
 from analyzer.progress import current_step
-from analyzer.sources.base import InputInfo, LoadContext, Source, SourceData
+from analyzer.sources.base import InputInfo, LoadContext, Source, SourceData, WholeInputFacts
 
 
 @cache
@@ -201,3 +201,32 @@ def _load_entry(
         "not a recognised input",
         "expected a dstack SQLite database, a folder of table exports, or a server log",
     )
+
+
+def learn_whole_inputs(given: str | Path, shared: WholeInputFacts) -> None:
+    """Learn into `shared` what every partition would read of each whole file in
+    `given` (a file, or a folder walked as the reading walks it): done once by whoever splits
+    the audit, so no partition repeats it. What cannot be read here is left to the reading,
+    which says why."""
+    if is_claimed(given):
+        return
+    _learn_entry(Path(given), shared, ())
+
+
+def _learn_entry(path: Path, shared: WholeInputFacts, folders: tuple[str, ...]) -> None:
+    try:
+        if folders and _broken_link(path, folders):
+            return
+        source = sniff(path)
+        if source is not None:
+            learn = getattr(source, "learn", None)
+            if learn is not None:
+                learn(path, shared)
+            return
+        if path.is_dir():
+            walking = (*folders, os.path.realpath(path))
+            for child in sorted(path.iterdir()):
+                if not child.name.startswith("."):
+                    _learn_entry(child, shared, walking)
+    except (OSError, AuditInputError):
+        return

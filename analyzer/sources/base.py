@@ -40,9 +40,11 @@ class ReadOptions:
 
 
 class WholeInputFacts:
-    """Facts about whole files, remembered for one audit run in partitions. A fact is keyed by
+    """Facts about whole files, remembered for one audit run in partitions: learnt once by the
+    client (`learn_whole_inputs`) and sent with every partition's task. A fact is keyed by
     the file's identity (device, inode, size, modification and change times), so a file that
-    changes between partitions is read again rather than trusted."""
+    changed since, or that a worker on another machine sees as another file, is read again
+    rather than trusted."""
 
     def __init__(self) -> None:
         self._facts: dict[tuple, object] = {}
@@ -171,6 +173,9 @@ class InputKind:
     load: Callable[[str, LoadContext], SourceData]
     sniff: Callable[[Path], bool] = _no_path
     claims: Callable[[str], bool] = _no_text
+    # what every partition reads of the whole file (its hash, its runs' services, its latest
+    # times, its shared tables), learnt into the facts once
+    learn: Callable[[Path, WholeInputFacts], None] | None = None
 
 
 @dataclass

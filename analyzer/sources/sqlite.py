@@ -29,14 +29,24 @@ from analyzer.sources.base import (
     LoadContext,
     ReadOptions,
     SourceData,
+    WholeInputFacts,
     file_facts,
     remembered,
 )
-from analyzer.sources.dstack_tables import ALIVE_COLUMNS, load_tables, looks_like_dstack
-from analyzer.sources.partition import service_buckets
+from analyzer.sources.dstack_tables import (
+    ALIVE_COLUMNS,
+    JSON_PATHS,
+    TABLE_COLUMNS,
+    load_tables,
+    looks_like_dstack,
+)
+from analyzer.sources.partition import service_hashes
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 FETCH_ROWS = 50_000
+# the tables a partition reads only its share of (_select_runs); every other table it reads
+# whole, the same in every partition: read once per audit when the partitions share facts
+RUN_TABLES = ("runs", "jobs", "probes", "events", "event_targets")
 
 
 def _slim_json(column: str, paths: tuple[str, ...]) -> str:
@@ -98,6 +108,7 @@ class SqliteReader:
         self._filters: dict[str, str] = {}
         self._later_partition = bool(options.partition and options.partition[0])
         self._arrow = _arrow_connection(uri)
+        self._shared = options.shared
         self.narrowed = narrowed and {"runs", "jobs"} <= self._tables
         self._kept_runs: str | None = None  # the kept run ids (JSON) once selected
         self._selected_on_db = False  # are their temporary tables on the sqlite3 connection?
@@ -111,9 +122,8 @@ class SqliteReader:
         keep = pl.lit(True)
         if options.partition:
             index, count = options.partition
-            bucketed = partial(self._runs_by_service, count)
-            runs = remembered(options.shared, f"runs in {count}", self._path, bucketed)
-            keep = keep & (pl.col("bucket") == index)
+            runs = remembered(options.shared, "runs by service", self._path, self._runs_by_service)
+            keep = keep & (pl.col("service_hash") % count == index)
         else:
             runs = self._runs()
         if options.since:
@@ -158,12 +168,12 @@ class SqliteReader:
             ["id", "project_id", "run_name", "last_processed_at"],
         )
 
-    def _runs_by_service(self, count: int) -> pl.DataFrame:
-        """Every run with the bucket of its service among `count`: hashed once per audit
-        when its partitions share what they learnt of the whole database."""
+    def _runs_by_service(self) -> pl.DataFrame:
+        """Every run with the hash of its service (its partition among any number of them):
+        hashed once per audit when its partitions share what was learnt of the database."""
         runs = self._runs()
-        buckets = service_buckets(runs, "project_id", "run_name", count)
-        return runs.with_columns(buckets.alias("bucket"))
+        hashes = service_hashes(runs, "project_id", "run_name")
+        return runs.with_columns(hashes.alias("service_hash"))
 
     def _keep_selection(self, execute: Callable) -> None:
         """The kept runs, their jobs and their events as temporary tables of one connection.
@@ -227,6 +237,17 @@ class SqliteReader:
         return self.read_slim(table, columns, {})
 
     def read_slim(
+        self, table: str, columns: list[str], json_paths: dict[str, tuple[str, ...]]
+    ) -> pl.DataFrame:
+        """Every column as bytes, JSON documents in `json_paths` reduced to those paths in SQL;
+        a table every partition reads whole is read once per audit (`shared`)."""
+        if self._shared is not None and table not in RUN_TABLES and table not in self._filters:
+            key = f"table {table}: {columns} {sorted(json_paths.items())}"
+            read = partial(self._read_slim, table, columns, json_paths)
+            return remembered(self._shared, key, self._path, read)
+        return self._read_slim(table, columns, json_paths)
+
+    def _read_slim(
         self, table: str, columns: list[str], json_paths: dict[str, tuple[str, ...]]
     ) -> pl.DataFrame:
         """Every column as bytes, JSON documents in `json_paths` reduced to those paths in SQL.
@@ -380,4 +401,25 @@ def _read_database(path: Path, shown: Path, ctx: LoadContext, info) -> SourceDat
     return data
 
 
-SOURCE = InputKind(kind="sqlite", load=_load, sniff=_sniff)
+def _learn(path: Path, shared: WholeInputFacts) -> None:
+    """What every partition reads of the whole database, learnt once: its hash,
+    its runs by service, its latest times and the tables read whole (a database with a
+    write-ahead log is read from a fresh copy each time: only its hash is shared)."""
+    file_facts(path, "sqlite", shared)
+    real = Path(os.path.realpath(path))
+    if _is_wal(path) or real.with_name(real.name + "-wal").exists():
+        return
+    reader = SqliteReader(path, options=ReadOptions(shared=shared))
+    try:
+        tables = reader.tables()
+        if not looks_like_dstack(tables):
+            return
+        remembered(shared, "runs by service", path, reader._runs_by_service)
+        remembered(shared, "latest", path, reader.latest)
+        for table in sorted((TABLE_COLUMNS.keys() & tables) - set(RUN_TABLES)):
+            reader.read_slim(table, TABLE_COLUMNS[table], JSON_PATHS.get(table, {}))
+    finally:
+        reader.close()
+
+
+SOURCE = InputKind(kind="sqlite", load=_load, sniff=_sniff, learn=_learn)
