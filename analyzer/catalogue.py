@@ -215,6 +215,18 @@ def parse_event_messages(frame: pl.LazyFrame, *, fold_tolerant: bool = False) ->
     )
 
 
+def parse_event_messages_of(frame: pl.DataFrame) -> pl.DataFrame:
+    """`parse_event_messages` of a collected frame: only `message` goes through the join and
+    the parts are set beside the frame's own columns, which are not gathered again."""
+    columns = _classified_columns("message", EVENT_TEMPLATES, KNOWN_IRRELEVANT, False)
+    messages = frame.select("message")
+    distinct = messages.unique().with_columns(columns)
+    parts = messages.join(
+        distinct, on="message", how="left", maintain_order="left", nulls_equal=True
+    ).drop("message")
+    return frame.drop(EVENT_COLUMNS, strict=False).hstack(parts)
+
+
 # Log lines that are not "Emitting event" lines: `{run}: ...` / `{job}: ...` after the entity
 # form `run(<6 hex>)name` (reference 9.4, 9.5). The body after "<entity>: " is matched.
 ENTITY_LINE = (

@@ -233,12 +233,19 @@ def _checked(name: str, column: pl.Expr) -> pl.Expr:
 
 def normalise_id(expr: pl.Expr) -> pl.Expr:
     """32-hex or dashed UUID text -> lowercase dashed form; other text (a log prefix) kept."""
-    hexed = (
-        expr.cast(pl.String)
-        .str.strip_chars()
-        .str.to_lowercase()
-        .str.replace_all("-", "", literal=True)
-    )
+    return id_from_hex(id_hex(expr))
+
+
+def id_hex(expr: pl.Expr) -> pl.Expr:
+    """An id's text trimmed, lowercased and without dashes: the first half of `normalise_id`."""
+    text = expr.cast(pl.String).str.strip_chars().str.to_lowercase()
+    return text.str.replace_all("-", "", literal=True)
+
+
+def id_from_hex(hexed: pl.Expr) -> pl.Expr:
+    """The second half of `normalise_id`, of `id_hex`'s text. One expression computes `hexed`
+    again at each of its eight uses; over a column `id_hex` wrote (two steps of a lazy
+    frame), a large table pays for it once."""
     dashed = pl.concat_str(
         [
             hexed.str.slice(0, 8),

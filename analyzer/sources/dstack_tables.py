@@ -14,7 +14,7 @@ import polars as pl
 
 import analyzer.catalogue as catalogue
 from analyzer.errors import AuditInputError
-from analyzer.model import normalise_enum, normalise_id, parse_db_time
+from analyzer.model import id_from_hex, id_hex, normalise_enum, normalise_id, parse_db_time
 from analyzer.redact import Redactor, json_secret_values
 from analyzer.sources import cells
 from analyzer.sources.attach import attach_job_runs
@@ -866,46 +866,63 @@ def _events(
     # only runs' and jobs' targets are kept: the others (instances, fleets: a third of the
     # rows) are dropped before their ids are normalised
     run_or_job = targets.lazy().filter(normalise_enum(pl.col("entity_type")).is_in(["run", "job"]))
-    tg = _per_distinct(
-        _per_distinct(
-            run_or_job, ["entity_id"], normalise_id(pl.col("entity_id")).alias("_entity_id")
-        ),
-        ["entity_run_id"],
-        normalise_id(pl.col("entity_run_id")).alias("_entity_run_id"),
-    ).select(
+    tg = _with_ids(run_or_job, {"entity_id": "entity_id", "entity_run_id": "entity_run_id"}).select(
         pl.col("event_id")
         .str.to_lowercase()
         .str.replace_all("-", "", literal=True)
         .alias("event_uuid"),
         normalise_enum(pl.col("entity_type")).alias("entity_type"),
-        pl.col("_entity_id").alias("entity_id"),
-        pl.col("entity_name"),
-        pl.col("_entity_run_id").alias("entity_run_id"),
+        "entity_id",
+        "entity_name",
+        "entity_run_id",
     )
-    frame = (
+    joined = (
         ev.join(tg, on="event_uuid")
         .join(users.lazy(), left_on="actor_id", right_on="id", how="left", maintain_order="left")
-        .with_columns(
-            pl.when(pl.col("entity_type") == "run")
-            .then(pl.col("entity_id"))
-            .otherwise(pl.col("entity_run_id"))
-            .alias("run_id"),
-            pl.when(pl.col("actor_id").is_null())
-            .then(pl.lit("system"))
-            .otherwise(pl.concat_str([pl.lit("user "), pl.coalesce("user", "actor_id")]))
-            .alias("actor"),
-            pl.lit(server).alias("server"),
-            pl.lit(label).alias("source"),
-            pl.lit("db_utc").alias("time_basis"),
-            pl.lit("events_table").alias("origin"),
-            pl.concat_list([pl.concat_str([pl.lit("events:"), pl.col("event_id")])]).alias(
-                "provenance"
-            ),
-        )
-        # an event has a row per target: ties broken by the target, so the order (and `seq`)
-        # is the content's, not whatever order the join produced
-        .sort(["time", "event_id", "entity_type", "entity_id"], nulls_last=True)
-        .with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("seq"))
+        .collect()
     )
-    parsed = catalogue.parse_event_messages(frame)
-    return attach_job_runs(parsed.collect(), jobs=jobs, runs=runs)
+    # an event has a row per target: ties broken by the target, so the order (and `seq`)
+    # is the content's, not whatever order the join produced
+    frame = _in_order(joined, ["time", "event_id", "entity_type", "entity_id"]).with_columns(
+        pl.when(pl.col("entity_type") == "run")
+        .then(pl.col("entity_id"))
+        .otherwise(pl.col("entity_run_id"))
+        .alias("run_id"),
+        pl.when(pl.col("actor_id").is_null())
+        .then(pl.lit("system"))
+        .otherwise(pl.concat_str([pl.lit("user "), pl.coalesce("user", "actor_id")]))
+        .alias("actor"),
+        pl.lit(server).alias("server"),
+        pl.lit(label).alias("source"),
+        pl.lit("db_utc").alias("time_basis"),
+        pl.lit("events_table").alias("origin"),
+        pl.concat_list([pl.concat_str([pl.lit("events:"), pl.col("event_id")])]).alias(
+            "provenance"
+        ),
+        pl.int_range(pl.len(), dtype=pl.Int64).alias("seq"),
+    )
+    parsed = catalogue.parse_event_messages_of(frame)
+    return attach_job_runs(parsed, jobs=jobs, runs=runs)
+
+
+def _with_ids(frame: pl.LazyFrame, columns: dict[str, str]) -> pl.LazyFrame:
+    """`frame` with the id columns `columns` names (output: input) normalised in two steps,
+    so that each id's text is cleaned once (see `id_from_hex`)."""
+    return frame.with_columns(
+        id_hex(pl.col(raw)).alias(out) for out, raw in columns.items()
+    ).with_columns(id_from_hex(pl.col(out)).alias(out) for out in columns)
+
+
+def _in_order(frame: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """`frame.sort(keys, nulls_last=True)`, by its first key (a time) and, among the few rows
+    that share one, by all the keys: sorting every row by its text keys costs twice as much."""
+    first = keys[0]
+    shared = frame.select(pl.col(first).is_duplicated()).to_series()
+    if not shared.any():
+        return frame.sort(first, nulls_last=True)
+    tied = frame.select(pl.int_range(pl.len(), dtype=pl.UInt32).alias("_row"), *keys)
+    tied = tied.filter(shared).sort(keys, nulls_last=True)["_row"]
+    rank = pl.Series("_tie", [0] * frame.height, dtype=pl.UInt32).scatter(
+        tied, pl.int_range(len(tied), dtype=pl.UInt32, eager=True)
+    )
+    return frame.with_columns(rank).sort([first, "_tie"], nulls_last=True).drop("_tie")
