@@ -11,7 +11,9 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import lru_cache
 from pathlib import Path
+from stat import S_ISREG
 from typing import Protocol
 
 import polars as pl
@@ -155,6 +157,31 @@ class Source(Protocol):
     def sniff(self, path: Path) -> bool: ...
 
     def load(self, given: str, ctx: LoadContext) -> SourceData: ...
+
+
+HEAD_BYTES = 64 * 1024  # what a source may look at to recognise a file
+
+
+def file_head(path: Path) -> bytes | None:
+    """The first HEAD_BYTES of a regular file, read once per version of it (size and
+    modification time): every source sniffs the same head, and a folder's files are asked
+    again by the API export's folder walk. None: not a regular file, or unreadable."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    if not S_ISREG(stat.st_mode):
+        return None
+    return _head(path, stat.st_size, stat.st_mtime_ns)
+
+
+@lru_cache(maxsize=4096)
+def _head(path: Path, size: int, mtime_ns: int) -> bytes | None:
+    try:
+        with path.open("rb") as handle:
+            return handle.read(HEAD_BYTES)
+    except OSError:
+        return None
 
 
 def _no_path(path: Path) -> bool:

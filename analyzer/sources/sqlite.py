@@ -31,6 +31,7 @@ from analyzer.sources.base import (
     SourceData,
     WholeInputFacts,
     file_facts,
+    file_head,
     remembered,
 )
 from analyzer.sources.dstack_tables import (
@@ -73,13 +74,8 @@ def _slim_json(column: str, paths: tuple[str, ...]) -> str:
 
 
 def _sniff(path: Path) -> bool:
-    if not path.is_file():
-        return False
-    try:
-        with path.open("rb") as handle:
-            return handle.read(16) == SQLITE_MAGIC
-    except OSError:
-        return False
+    head = file_head(path)
+    return head is not None and head[:16] == SQLITE_MAGIC
 
 
 class SqliteReader:

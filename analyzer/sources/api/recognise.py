@@ -11,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from analyzer.sources.base import HEAD_BYTES, file_head
+
 KIND = "api-export"
 
 
@@ -181,11 +183,10 @@ def classify(path: Path) -> str | None:
 
 
 def _classify(path: Path, size: int) -> str | None:
-    try:
-        with path.open("rb") as handle:
-            head = handle.read(SNIFF_BYTES)
-    except OSError:
+    whole = file_head(path)
+    if whole is None:
         return None
+    head = whole[:SNIFF_BYTES]
     start = head.lstrip(b"\xef\xbb\xbf \t\r\n")[:1]
     if start not in (b"[", b"{") or _text_shape(head):  # event lines start with "[" too
         return _text_shape(head)
@@ -200,7 +201,7 @@ def _classify(path: Path, size: int) -> str | None:
     if _json_lines(head):
         return None  # one JSON value per line (a json-format log): never an API export
     try:
-        doc = json.loads(path.read_bytes())
+        doc = json.loads(whole if len(whole) < HEAD_BYTES else path.read_bytes())
     except (ValueError, OSError, RecursionError):
         return DAMAGED if looks_like_export else None
     return shape_of(doc)

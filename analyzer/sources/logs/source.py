@@ -20,6 +20,7 @@ from analyzer.sources.base import (
     Limitation,
     LoadContext,
     SourceData,
+    file_head,
 )
 from analyzer.sources.logs.messages import ADMIN_TOKEN, EventCollector, may_matter
 from analyzer.sources.logs.reader import SNIFF_BYTES, LogStream, file_blocks, sniff_log
@@ -41,11 +42,10 @@ def _sniff(path: Path) -> bool:
 
 @lru_cache(maxsize=4096)
 def _sniff_file(path: Path, size: int, mtime_ns: int) -> bool:
-    try:
-        with path.open("rb") as handle:
-            head = handle.read(SNIFF_BYTES)
-    except OSError:
+    head = file_head(path)
+    if head is None:
         return False
+    head = head[:SNIFF_BYTES]
     if head.startswith(b"\x1f\x8b"):
         try:
             with gzip.open(path, "rb") as handle:
