@@ -3,7 +3,10 @@ the one job-to-run attacher, on hand-built frames and the real seed capture."""
 
 from __future__ import annotations
 
+import shutil
+import sys
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -132,3 +135,48 @@ def test_a_job_event_of_a_run_no_longer_alive_is_not_guessed():
         }
     )
     assert attach_job_runs(events, runs=runs)["run_id"].to_list() == [None]
+
+
+_OPENED: list[str] = []
+
+
+def _count_opens(event: str, args: tuple) -> None:
+    if event == "open" and _OPENED and isinstance(args[0], str) and args[0].startswith(_OPENED[0]):
+        _OPENED.append(args[0])
+
+
+sys.addaudithook(_count_opens)
+
+
+def test_each_file_is_recognised_from_one_read_of_its_head(tmp_path):
+    """Every source is asked about every file (and the API export's folder walk asks again):
+    they all look at one head, read once per version of the file; a file that changes is
+    read again."""
+    folder = tmp_path / "inputs"
+    folder.mkdir()
+    for part in ("server.db", "logs/server-info.standard.log", "api/runs_list/acme/page-001.json"):
+        shutil.copy(SEED / part, folder / Path(part).name)
+    _OPENED.append(str(folder))
+    try:
+        kinds = {path.name: sniff(path).kind for path in sorted(folder.iterdir())}
+        assert sniff(folder) is None or sniff(folder).kind  # the folder walk asks each file again
+        kinds_again = {path.name: sniff(path).kind for path in sorted(folder.iterdir())}
+        opened = _OPENED[1:]
+        log = folder / "server-info.standard.log"
+        log.write_bytes(log.read_bytes() + b"\n")
+        del _OPENED[1:]
+        assert sniff(log).kind == "log"
+        reopened = _OPENED[1:]
+    finally:
+        _OPENED.clear()
+    assert (
+        kinds
+        == kinds_again
+        == {
+            "page-001.json": "api-export",
+            "server-info.standard.log": "log",
+            "server.db": "sqlite",
+        }
+    )
+    assert sorted(opened) == sorted(str(path) for path in folder.iterdir())
+    assert reopened == [str(log)]
