@@ -175,7 +175,9 @@ def file_head(path: Path) -> bytes | None:
     return _head(path, stat.st_size, stat.st_mtime_ns)
 
 
-@lru_cache(maxsize=4096)
+# At most 32 MiB of heads are held: the sniffers' own results are remembered longer (a
+# folder's files asked again after more than this many others are read again, not misread).
+@lru_cache(maxsize=512)
 def _head(path: Path, size: int, mtime_ns: int) -> bytes | None:
     try:
         with path.open("rb") as handle:
