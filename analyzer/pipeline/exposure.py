@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from analyzer.contract import CapacityForesight, Finding, LimitationRecord
 from analyzer.pipeline.moments import healthy_at
 from analyzer.pipeline.placement import (
-    SHAPE,
+    STATIC_SHAPE,
     Queued,
     Requirement,
     fits,
@@ -247,74 +247,131 @@ def _assess(
         )
     )
     key = ["server", "fleet_id", "as_of"]
+    moments = fleets_at.select(key).unique()
     instances = frames.instances.with_row_index("_row")
+    # each instance's shape (what decides whether it takes a replica, but its busy blocks)
+    kinds = instances.select(STATIC_SHAPE).unique(maintain_order=True).with_row_index("_kind")
+    instances = instances.join(
+        kinds, on=list(STATIC_SHAPE), how="left", nulls_equal=True, maintain_order="left"
+    )
     # the instances alive at each fleet's moments, in the instances' order
     instances_at = (
         spans_at(
-            fleets_at.select(key).unique(),
+            moments,
             instances.select("server", "fleet_id", "_row", "created_at", "ended_at"),
             ("server", "fleet_id"),
             start="created_at",
             end="ended_at",
         )
-        .select(*key, "_row")
-        .sort(*key, "_row")
-        .join(
+        .select("_moment", "_row")
+        .with_columns(
+            pl.lit(moments["as_of"]).gather(pl.col("_moment")).alias("as_of"),
+            pl.lit(instances["_kind"]).gather(pl.col("_row")),
+            pl.lit(instances["started_at"]).gather(pl.col("_row")),
+            (pl.lit(instances["backend"]).gather(pl.col("_row")) == "remote").alias("remote"),
+        )
+    )
+    # blocks held on each instance at T: what the jobs placed on it by T and not stopped by
+    # T hold, a running sum over the times jobs took and left it
+    holds = (
+        frames.submissions.select(
+            "server",
+            "instance_id",
+            "created_at",
+            "stopped_at",
+            pl.col("blocks").fill_null(1).alias("held"),
+        )
+        .filter(
+            pl.col("instance_id").is_not_null()
+            & pl.col("created_at").is_not_null()
+            & (pl.col("stopped_at").is_null() | (pl.col("stopped_at") > pl.col("created_at")))
+        )
+        .join(instances.select("server", "instance_id", "_row"), on=["server", "instance_id"])
+    )
+    steps = (
+        pl.concat(
+            [
+                holds.select("_row", pl.col("created_at").alias("at"), "held"),
+                holds.drop_nulls("stopped_at").select(
+                    "_row", pl.col("stopped_at").alias("at"), -pl.col("held")
+                ),
+            ]
+        )
+        .group_by("_row", "at")
+        .agg(pl.col("held").sum())
+        .sort("_row", "at")
+        .select("_row", "at", pl.col("held").cum_sum().over("_row").alias("busy_blocks"))
+        .sort("at", maintain_order=True)
+    )
+    instances_at = (
+        instances_at.sort("as_of")
+        .join_asof(
+            steps,
+            left_on="as_of",
+            right_on="at",
+            by="_row",
+            strategy="backward",
+            check_sortedness=False,
+        )
+        .select(
+            "_moment",
+            "_row",
+            "_kind",
+            "remote",
+            pl.col("busy_blocks").fill_null(0),
+            (pl.col("started_at").is_null() | (pl.col("started_at") > pl.col("as_of"))).alias(
+                "provisioning"
+            ),
+        )
+        .sort("_moment", "_row")
+    )
+    # the instances that place a replica alike, in order of their first one: the first that
+    # fits is the first instance that fits
+    shapes = (
+        instances_at.group_by(
+            "_moment", "provisioning", "_kind", "busy_blocks", maintain_order=True
+        )
+        .agg(pl.col("_row").first().alias("_first"), pl.col("_row").alias("rows"))
+        .join(kinds, on="_kind", maintain_order="left")
+        .join(moments.with_row_index("_moment"), on="_moment", maintain_order="left")
+        .with_columns(
+            pl.lit(instances["instance_name"]).gather(pl.col("_first")).alias("instance_name")
+        )
+    )
+    alive = (
+        instances_at.group_by("_moment")
+        .agg(
+            pl.len().alias("count"),
+            pl.col("remote").any(),
+        )
+        .join(moments.with_row_index("_moment"), on="_moment")
+        .select(*key, "count", "remote")
+    )
+    listed = (
+        instances_at.join(
+            moments.with_row_index("_moment"), on="_moment", maintain_order="left"
+        ).join(
             instances.select(
                 "_row",
                 "instance_id",
                 "instance_name",
                 "started_at",
-                "backend",
-                *(name for name in SHAPE if name != "busy_blocks"),
+                *STATIC_SHAPE,
                 pl.col("provenance").alias("i_provenance"),
             ),
             on="_row",
-            how="left",
             maintain_order="left",
         )
-        .drop("_row")
-    )
-    holds = frames.submissions.filter(pl.col("instance_id").is_not_null()).select(
-        "server",
-        "instance_id",
-        "created_at",
-        "stopped_at",
-        pl.col("blocks").fill_null(1).alias("held"),
-    )
-    held = (
-        spans_at(
-            instances_at.select("server", "instance_id", "as_of").unique(),
-            holds,
-            ("server", "instance_id"),
-            start="created_at",
-            end="stopped_at",
-        )
-        .group_by("server", "instance_id", "as_of")
-        .agg(pl.col("held").sum().alias("busy_blocks"))
-    )
-    instances_at = instances_at.join(
-        held, on=["server", "instance_id", "as_of"], how="left", maintain_order="left"
-    ).with_columns(
-        pl.col("busy_blocks").fill_null(0),
-        (pl.col("started_at").is_null() | (pl.col("started_at") > pl.col("as_of"))).alias(
-            "provisioning"
-        ),
-    )
-    # the instances that place a replica alike, in order of their first one: the first that
-    # fits is the first instance that fits
-    shapes = instances_at.group_by([*key, "provisioning", *SHAPE], maintain_order=True).agg(
-        pl.col("instance_name").first(), pl.col("instance_name").alias("names")
-    )
-    alive = instances_at.group_by(key).agg(
-        pl.len().alias("count"), (pl.col("backend") == "remote").any().alias("remote")
+        if detail
+        else None
     )
     specs = _Specs()
-    latest, refusals = _provider_history(frames, runs, fleets_at, specs)
+    latest, refusals = _provider_history(frames, runs, fleets_at, specs, instances, kinds)
     context = _Context(
         frames=frames,
-        instances=_group(instances_at, tuple(key)) if detail else {},
+        instances=_group(listed, tuple(key)) if listed is not None else {},
         shapes=_group(shapes, tuple(key)),
+        instance_names=instances["instance_name"].to_list(),
         alive={(s, f, t): (n, remote) for s, f, t, n, remote in alive.iter_rows()},
         latest=latest,
         refusals=refusals,
@@ -366,14 +423,19 @@ class _Specs:
 
 
 def _provider_history(
-    frames: Frames, runs: pl.DataFrame, fleets_at: pl.DataFrame, specs: _Specs
+    frames: Frames,
+    runs: pl.DataFrame,
+    fleets_at: pl.DataFrame,
+    specs: _Specs,
+    instances: pl.DataFrame,
+    kinds: pl.DataFrame,
 ) -> tuple[dict[tuple, dict], dict[tuple, dict]]:
     """What `_provider_room` reads of the provider, for every probe at once: (server,
     fleet_id, as_of, requirement) -> the latest instance that fits the requirement
     provisioned in the fleet by T, and (server, project, as_of) -> the last placement the
     provider refused in the project by T. As-of joins over the instances of each shape that
-    fits, and over the refusals, each in order (ties: the later row)."""
-    shape = [name for name in SHAPE if name != "busy_blocks"]
+    fits, and over the refusals, each in order (ties: the later row). `instances` carry
+    their row and `_kind`, their row in `kinds` (STATIC_SHAPE)."""
     candidates = (
         runs.select("server", "run_id", "as_of", "placement_spec")
         .join(specs.requirements(runs["placement_spec"]), on="placement_spec")
@@ -385,21 +447,15 @@ def _provider_history(
         .unique()
     )
     # an instance with no creation time (a damaged row) cannot be shown placed before T
-    placed = (
-        frames.instances.with_row_index("_row")
-        .filter(pl.col("started_at").is_not_null() & pl.col("created_at").is_not_null())
-        .join(
-            candidates.select("server", "fleet_id").unique(), on=["server", "fleet_id"], how="semi"
-        )
-    )
-    kinds = placed.select(shape).unique(maintain_order=True).with_row_index("_shape")
-    placed = placed.join(kinds, on=shape, how="left", nulls_equal=True, maintain_order="left")
+    placed = instances.filter(
+        pl.col("started_at").is_not_null() & pl.col("created_at").is_not_null()
+    ).join(candidates.select("server", "fleet_id").unique(), on=["server", "fleet_id"], how="semi")
     # whether a requirement fits an empty instance of a shape: asked once per pair met
     pairs = (
         candidates.join(
-            placed.select("server", "fleet_id", "_shape").unique(), on=["server", "fleet_id"]
+            placed.select("server", "fleet_id", "_kind").unique(), on=["server", "fleet_id"]
         )
-        .select("req", "_shape")
+        .select("req", "_kind")
         .unique()
     )
     kind = kinds.rows(named=True)
@@ -409,19 +465,19 @@ def _provider_history(
             for req, at in pairs.iter_rows()
             if fits(specs.listed[req], {**kind[at], "busy_blocks": 0})
         ],
-        schema={"req": pl.Int64, "_shape": kinds["_shape"].dtype},
+        schema={"req": pl.Int64, "_kind": kinds["_kind"].dtype},
         orient="row",
     )
     found = (
         candidates.join(fitting, on="req")
         .sort("as_of")
         .join_asof(
-            placed.select("server", "fleet_id", "_shape", "created_at", "_row", "backend").sort(
+            placed.select("server", "fleet_id", "_kind", "created_at", "_row", "backend").sort(
                 "created_at", maintain_order=True
             ),
             left_on="as_of",
             right_on="created_at",
-            by=["server", "fleet_id", "_shape"],
+            by=["server", "fleet_id", "_kind"],
             strategy="backward",
             check_sortedness=False,
         )
@@ -490,7 +546,9 @@ class _Context:
     frames: Frames
     # (server, fleet_id, as_of) -> instances alive then (empty unless `detail`)
     instances: dict[tuple, list[dict]]
-    shapes: dict[tuple, list[dict]]  # (server, fleet_id, as_of) -> their distinct SHAPEs
+    # (server, fleet_id, as_of) -> their distinct SHAPEs, each with its instances' `rows`
+    shapes: dict[tuple, list[dict]]
+    instance_names: list[str | None]  # by row of the instances frame
     alive: dict[tuple, tuple[int, bool]]  # (server, fleet_id, as_of) -> (count, any remote)
     # (server, fleet_id, as_of, requirement) -> the latest fitting instance provisioned by T
     latest: dict[tuple, dict]
@@ -722,11 +780,11 @@ def _group_surge(
     # one entry per distinct instance shape, or, when queued jobs take some, per instance
     idle = [
         {**inst, "fleet_name": fleet["fleet_name"], "fleet_id": fleet["fleet_id"]}
-        | ({"instance_name": each} if queue else {})
+        | ({"instance_name": context.instance_names[each]} if queue else {})
         for fleet in fleets
         for inst in context.shapes.get((fleet["server"], fleet["fleet_id"], as_of), [])
         if not inst["provisioning"]
-        for each in (inst["names"] if queue else inst["names"][:1])
+        for each in (inst["rows"] if queue else inst["rows"][:1])
     ]
     growth = {
         r.fleet_id: _headroom(r, fleet["nodes_max"])

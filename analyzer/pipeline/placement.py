@@ -140,17 +140,24 @@ SHAPE = (
     "total_blocks",
     "busy_blocks",
 )
+STATIC_SHAPE = SHAPE[:-1]  # all but the busy blocks: what an instance is, not what it holds
 
 
 def spans_at(
     moments: pl.DataFrame, spans: pl.DataFrame, by: tuple[str, ...], start: str, end: str
 ) -> pl.DataFrame:
-    """Each moment (`by` and `as_of`) with every span of the same `by` that holds then: begun
-    by `as_of` (a span with no start never holds) and ended after it, or not ended. One
-    inequality join (polars' IEJoin) on keys that order by group, then by time, so its rows
-    are only those alive then, not every span of the group per moment. Rows in no order."""
+    """Each moment (`by` and `as_of`; `_moment`, its row) with every span of the same `by`
+    that holds then: begun by `as_of` (a span with no start never holds) and ended after it,
+    or not ended. One inequality join (polars' IEJoin) on keys that order by group, then by
+    time, so its rows are only those alive then, not every span of the group per moment.
+    Rows (`_moment` and the spans' columns but `by`) in no order."""
     groups = moments.select(by).unique().with_row_index("_group")
-    moments = moments.join(groups, on=list(by))
+    moments = (
+        moments.select(*by, "as_of")
+        .with_row_index("_moment")
+        .join(groups, on=list(by))
+        .select("_moment", "_group", "as_of")
+    )
     spans = spans.filter(pl.col(start).is_not_null()).join(groups, on=list(by)).drop(by)
     # times ranked: comparing ranks is comparing times, and each group's ranks lie in a block
     # of their own above the previous group's (an open end is the top of its block)
@@ -164,13 +171,13 @@ def spans_at(
             + pl.when(pl.col(column).is_null()).then(times.len()).otherwise(rank)
         ).to_series()
 
-    moments = moments.with_columns(key(moments, "as_of").alias("_at"))
+    moments = moments.select("_moment", key(moments, "as_of").alias("_at"))
     spans = spans.with_columns(
         key(spans, start).alias("_from"), key(spans, end).alias("_until")
     ).drop("_group")
     return moments.join_where(
         spans, pl.col("_from") <= pl.col("_at"), pl.col("_until") > pl.col("_at")
-    ).drop("_group", "_at", "_from", "_until")
+    ).drop("_at", "_from", "_until")
 
 
 def queued_at(
@@ -203,9 +210,11 @@ def queued_at(
             on=["server", "run_id"],
         )
     )
-    waiting = spans_at(
-        moments, jobs, ("server", "project"), start="created_at", end="_waits_until"
-    ).sort("server", "project", "as_of", "_row")
+    waiting = (
+        spans_at(moments, jobs, ("server", "project"), start="created_at", end="_waits_until")
+        .sort("_moment", "_row")
+        .join(moments.with_row_index("_moment"), on="_moment", maintain_order="left")
+    )
     queued: dict[tuple, list[Queued]] = {}
     shapes: dict[str | None, tuple] = {}  # a run's placement, read once per run spec
     for job in waiting.iter_rows(named=True):
