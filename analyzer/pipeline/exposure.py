@@ -399,6 +399,7 @@ class _Specs:
 
     def __init__(self) -> None:
         self._read: dict[str | None, tuple[dict, list]] = {}
+        self.listed: list[Requirement] = []  # the requirements met, by index (`requirements`)
 
     def of(self, text: str | None) -> tuple[dict, list[tuple[str, int | None, Requirement | None]]]:
         """The spec ({} when unreadable) and its replica groups."""
@@ -409,7 +410,6 @@ class _Specs:
 
     def requirements(self, texts: pl.Series) -> pl.DataFrame:
         """(placement_spec, requirement's index in `self.listed`) of each group's resources."""
-        self.listed: list[Requirement] = []
         index: dict[Requirement, int] = {}
         rows = []
         for text in texts.drop_nulls().unique(maintain_order=True):
