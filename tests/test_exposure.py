@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import polars as pl
@@ -744,3 +744,39 @@ def test_a_findings_root_cause_names_the_run_whose_queued_replica_took_the_room(
     # without the rival the root cause names none (the capture's own fleet, at its maximum)
     plain = open_sources([copy_db("v0.22.5/seed", "plain.db")]).report.findings[0].root_cause
     assert "queued" not in plain.detail
+
+
+def test_spans_at_keeps_what_holds_at_each_moment_of_its_group():
+    """The interval join the fleet state at T is built with gives, for every moment, the
+    spans of its group begun by then and not ended (an open end still holds, a missing start
+    never does), as comparing each span with each moment would, ties at the bounds included,
+    and nothing of another group."""
+    from analyzer.pipeline.placement import spans_at
+
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    times = [at + timedelta(seconds=s) for s in range(6)]
+    schema = {"group": pl.String, "begins": pl.Datetime("us", "UTC")}
+    spans = pl.DataFrame(
+        [
+            (g, s, e, n)
+            for n, (g, s, e) in enumerate(
+                (g, s, e) for g in ("a", "b", None) for s in [None, *times] for e in [None, *times]
+            )
+        ],
+        schema={**schema, "ends": pl.Datetime("us", "UTC"), "span": pl.Int64},
+        orient="row",
+    )
+    moments = pl.DataFrame(
+        [(g, t) for g in ("a", "b", "c", None) for t in times],
+        schema={"group": pl.String, "as_of": pl.Datetime("us", "UTC")},
+        orient="row",
+    )
+    found = spans_at(moments, spans, ("group",), start="begins", end="ends")
+    found = found.join(moments.with_row_index("_moment"), on="_moment").drop("_moment")
+    expected = moments.join(spans, on="group").filter(
+        (pl.col("begins") <= pl.col("as_of"))
+        & (pl.col("ends").is_null() | (pl.col("ends") > pl.col("as_of")))
+    )
+    order = ["group", "as_of", "span"]
+    assert found.height > 0
+    assert found.select(expected.columns).sort(order).equals(expected.sort(order))

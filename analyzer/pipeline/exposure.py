@@ -26,7 +26,6 @@ nothing since; otherwise `unknown`, with the reason.
 from __future__ import annotations
 
 import re
-from bisect import bisect_right
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import cache
@@ -38,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from analyzer.contract import CapacityForesight, Finding, LimitationRecord
 from analyzer.pipeline.moments import healthy_at, probe_state_at
 from analyzer.pipeline.placement import (
-    SHAPE,
+    STATIC_SHAPE,
     Queued,
     Requirement,
     fits,
@@ -47,6 +46,7 @@ from analyzer.pipeline.placement import (
     place_queue,
     queued_at,
     queued_first,
+    spans_at,
 )
 
 Exposed = Literal["yes", "no", "unknown"]
@@ -203,35 +203,39 @@ class Frames:
 
 def assess_probes(
     frames: Frames, probes: pl.DataFrame, findings: list[Finding], *, detail: bool = True
-) -> list:
+) -> list[ServiceExposure]:
     """One ServiceExposure per probe row (server, run_id, as_of), each at its own moment
     (`detail` false: each fleet's instances not listed, only their verdict; a fleet's
     instances at T grow with the fleet, and a probe per finding would list them all)."""
+    return [a.service() for a in _assess(frames, probes, findings, detail=detail)]
+
+
+def _assess(
+    frames: Frames, probes: pl.DataFrame, findings: list[Finding], *, detail: bool
+) -> list[_Assessment]:
+    """The probes' verdicts, from each fleet's state at each probe's moment worked out as
+    joins over the moments (instances alive, blocks held, jobs queued, instances provisioned
+    and placements refused by then), not per instance or job in Python."""
     if probes.is_empty():
         return []
-    runs = probes.join(frames.runs, on=["server", "run_id"], how="left", maintain_order="left")
+    probe = ["server", "run_id", "as_of"]
     subs = probe_state_at(frames.submissions.join(probes, on=["server", "run_id"]))
     live = (pl.col("created_at") <= pl.col("as_of")) & (
         pl.col("stopped_at").is_null() | (pl.col("stopped_at") > pl.col("as_of"))
     )
     healthy = (
         subs.filter(live & healthy_at(frames.evidence_ends))
-        .group_by("server", "run_id", "as_of")
-        .agg(pl.col("replica_num").n_unique().alias("healthy"))
+        .group_by(probe)
+        .agg(pl.col("replica_num").n_unique().alias("_healthy"))
     )
     active = (
-        subs.filter(live)
-        .group_by("server", "run_id", "as_of")
-        .agg(pl.col("replica_num").n_unique().alias("active"))
+        subs.filter(live).group_by(probe).agg(pl.col("replica_num").n_unique().alias("_active"))
     )
-    counts = {
-        (r["server"], r["run_id"], r["as_of"]): r
-        for r in probes.join(
-            healthy, on=["server", "run_id", "as_of"], how="left", maintain_order="left"
-        )
-        .join(active, on=["server", "run_id", "as_of"], how="left", maintain_order="left")
-        .iter_rows(named=True)
-    }
+    runs = (
+        probes.join(frames.runs, on=["server", "run_id"], how="left", maintain_order="left")
+        .join(healthy, on=probe, how="left", maintain_order="left")
+        .join(active, on=probe, how="left", maintain_order="left")
+    )
 
     fleets_at = (
         runs.select("server", "run_id", "as_of", "project", pl.col("fleet_id").alias("run_fleet"))
@@ -242,112 +246,144 @@ def assess_probes(
             & (pl.col("run_fleet").is_null() | (pl.col("run_fleet") == pl.col("fleet_id")))
         )
     )
-    # Each instance is repeated for every probe of its fleet: which are alive at T is told
-    # from their times alone, and only those rows get what a probe reads of them.
+    key = ["server", "fleet_id", "as_of"]
+    moments = fleets_at.select(key).unique()
     instances = frames.instances.with_row_index("_row")
-    instances_at = (
-        fleets_at.select("server", "fleet_id", "as_of")
-        .unique()
-        .join(
-            instances.select("server", "fleet_id", "_row", "created_at", "ended_at"),
-            on=["server", "fleet_id"],
-        )
-        .filter(
-            (pl.col("created_at") <= pl.col("as_of"))
-            & (pl.col("ended_at").is_null() | (pl.col("ended_at") > pl.col("as_of")))
-        )
-        .select("server", "fleet_id", "as_of", "_row")
-        .join(
-            instances.select(
-                "_row",
-                "instance_id",
-                "instance_name",
-                "started_at",
-                "backend",
-                *(name for name in SHAPE if name != "busy_blocks"),
-                pl.col("provenance").alias("i_provenance"),
-            ),
-            on="_row",
-            how="left",
-            maintain_order="left",
-        )
-        .drop("_row")
+    # each instance's shape (what decides whether it takes a replica, but its busy blocks)
+    kinds = instances.select(STATIC_SHAPE).unique(maintain_order=True).with_row_index("_kind")
+    instances = instances.join(
+        kinds, on=list(STATIC_SHAPE), how="left", nulls_equal=True, maintain_order="left"
     )
-    held = (
-        frames.submissions.filter(pl.col("instance_id").is_not_null())
-        .select(
+    # the instances alive at each fleet's moments, in the instances' order
+    instances_at = (
+        spans_at(
+            moments,
+            instances.select("server", "fleet_id", "_row", "created_at", "ended_at"),
+            ("server", "fleet_id"),
+            start="created_at",
+            end="ended_at",
+        )
+        .select("_moment", "_row")
+        .with_columns(
+            pl.lit(moments["as_of"]).gather(pl.col("_moment")).alias("as_of"),
+            pl.lit(instances["_kind"]).gather(pl.col("_row")),
+            pl.lit(instances["started_at"]).gather(pl.col("_row")),
+            (pl.lit(instances["backend"]).gather(pl.col("_row")) == "remote").alias("remote"),
+        )
+    )
+    # blocks held on each instance at T: what the jobs placed on it by T and not stopped by
+    # T hold, a running sum over the times jobs took and left it
+    holds = (
+        frames.submissions.select(
             "server",
             "instance_id",
             "created_at",
             "stopped_at",
             pl.col("blocks").fill_null(1).alias("held"),
         )
-        .join(
-            instances_at.select("server", "instance_id", "as_of").unique(),
-            on=["server", "instance_id"],
+        .filter(
+            pl.col("instance_id").is_not_null()
+            & pl.col("created_at").is_not_null()
+            & (pl.col("stopped_at").is_null() | (pl.col("stopped_at") > pl.col("created_at")))
         )
-        .filter(live)
-        .group_by("server", "instance_id", "as_of")
-        .agg(pl.col("held").sum().alias("busy_blocks"))
+        .join(instances.select("server", "instance_id", "_row"), on=["server", "instance_id"])
     )
-    instances_at = instances_at.join(
-        held, on=["server", "instance_id", "as_of"], how="left", maintain_order="left"
-    ).with_columns(
-        pl.col("busy_blocks").fill_null(0),
-        (pl.col("started_at").is_null() | (pl.col("started_at") > pl.col("as_of"))).alias(
-            "provisioning"
-        ),
+    steps = (
+        pl.concat(
+            [
+                holds.select("_row", pl.col("created_at").alias("at"), "held"),
+                holds.drop_nulls("stopped_at").select(
+                    "_row", pl.col("stopped_at").alias("at"), -pl.col("held")
+                ),
+            ]
+        )
+        .group_by("_row", "at")
+        .agg(pl.col("held").sum())
+        .sort("_row", "at")
+        .select("_row", "at", pl.col("held").cum_sum().over("_row").alias("busy_blocks"))
+        .sort("at", maintain_order=True)
+    )
+    instances_at = (
+        instances_at.sort("as_of")
+        .join_asof(
+            steps,
+            left_on="as_of",
+            right_on="at",
+            by="_row",
+            strategy="backward",
+            check_sortedness=False,
+        )
+        .select(
+            "_moment",
+            "_row",
+            "_kind",
+            "remote",
+            pl.col("busy_blocks").fill_null(0),
+            (pl.col("started_at").is_null() | (pl.col("started_at") > pl.col("as_of"))).alias(
+                "provisioning"
+            ),
+        )
+        .sort("_moment", "_row")
     )
     # the instances that place a replica alike, in order of their first one: the first that
     # fits is the first instance that fits
-    key = ["server", "fleet_id", "as_of"]
-    shapes = instances_at.group_by([*key, "provisioning", *SHAPE], maintain_order=True).agg(
-        pl.col("instance_name").first(), pl.col("instance_name").alias("names")
-    )
-    alive = instances_at.group_by(key).agg(
-        pl.len().alias("count"), (pl.col("backend") == "remote").any().alias("remote")
-    )
-    provisioned: dict[tuple, list[dict]] = {}
-    # an instance with no creation time (a damaged row) cannot be shown placed before T
-    placed = frames.instances.filter(
-        pl.col("started_at").is_not_null() & pl.col("created_at").is_not_null()
-    ).sort("created_at")
-    for item in placed.iter_rows(named=True):
-        provisioned.setdefault((item["server"], item["fleet_id"]), []).append(item)
-    refused = frames.submissions.filter(
-        (pl.col("termination_reason") == NO_CAPACITY)
-        & ~pl.any_horizontal(
-            [
-                pl.col("termination_reason_message").fill_null("").str.starts_with(m)
-                for m in FLEET_LEVEL_MESSAGES
-            ]
+    shapes = (
+        instances_at.group_by(
+            "_moment", "provisioning", "_kind", "busy_blocks", maintain_order=True
         )
-    ).join(
-        frames.runs.select("server", "run_id", "project"),
-        on=["server", "run_id"],
-        how="left",
-        maintain_order="left",
+        .agg(pl.col("_row").first().alias("_first"), pl.col("_row").alias("rows"))
+        .join(kinds, on="_kind", maintain_order="left")
+        .join(moments.with_row_index("_moment"), on="_moment", maintain_order="left")
+        .with_columns(
+            pl.lit(instances["instance_name"]).gather(pl.col("_first")).alias("instance_name")
+        )
     )
-    refusals: dict[tuple, list[dict]] = {}
-    for item in refused.drop_nulls("stopped_at").sort("stopped_at").iter_rows(named=True):
-        refusals.setdefault((item["server"], item["project"]), []).append(item)
-
+    alive = (
+        instances_at.group_by("_moment")
+        .agg(
+            pl.len().alias("count"),
+            pl.col("remote").any(),
+        )
+        .join(moments.with_row_index("_moment"), on="_moment")
+        .select(*key, "count", "remote")
+    )
+    listed = (
+        instances_at.join(
+            moments.with_row_index("_moment"), on="_moment", maintain_order="left"
+        ).join(
+            instances.select(
+                "_row",
+                "instance_id",
+                "instance_name",
+                "started_at",
+                *STATIC_SHAPE,
+                pl.col("provenance").alias("i_provenance"),
+            ),
+            on="_row",
+            maintain_order="left",
+        )
+        if detail
+        else None
+    )
+    specs = _Specs()
+    latest, refusals = _provider_history(frames, runs, fleets_at, specs, instances, kinds)
     context = _Context(
         frames=frames,
-        instances=_group(instances_at, tuple(key)) if detail else {},
+        instances=_group(listed, tuple(key)) if listed is not None else {},
         shapes=_group(shapes, tuple(key)),
+        instance_names=instances["instance_name"].to_list(),
         alive={(s, f, t): (n, remote) for s, f, t, n, remote in alive.iter_rows()},
-        provisioned={k: (v, [i["created_at"] for i in v]) for k, v in provisioned.items()},
-        refusals={k: (v, [j["stopped_at"] for j in v]) for k, v in refusals.items()},
+        latest=latest,
+        refusals=refusals,
         incidents=_incidents(findings),
         queued=queued_at(frames.runs, frames.submissions, probes),
+        specs=specs,
     )
     fleets_of = _group(fleets_at, ("server", "run_id", "as_of"))
-    results = []
-    for row in runs.iter_rows(named=True):
-        key = (row["server"], row["run_id"], row["as_of"])
-        results.append(_assess_one(row, counts.get(key, {}), fleets_of.get(key, []), context))
-    return results
+    return [
+        _assess_one(row, fleets_of.get((row["server"], row["run_id"], row["as_of"]), []), context)
+        for row in runs.iter_rows(named=True)
+    ]
 
 
 def _group(frame: pl.DataFrame, key: tuple[str, ...]) -> dict[tuple, list[dict]]:
@@ -357,6 +393,152 @@ def _group(frame: pl.DataFrame, key: tuple[str, ...]) -> dict[tuple, list[dict]]
     return grouped
 
 
+class _Specs:
+    """Run specs read once per text: the probes of one service, and services deployed alike,
+    share theirs."""
+
+    def __init__(self) -> None:
+        self._read: dict[str | None, tuple[dict, list]] = {}
+        self.listed: list[Requirement] = []  # the requirements met, by index (`requirements`)
+
+    def of(self, text: str | None) -> tuple[dict, list[tuple[str, int | None, Requirement | None]]]:
+        """The spec ({} when unreadable) and its replica groups."""
+        if text not in self._read:
+            spec = parse_spec(text) or {}
+            self._read[text] = (spec, groups_of(spec) if spec else [])
+        return self._read[text]
+
+    def requirements(self, texts: pl.Series) -> pl.DataFrame:
+        """(placement_spec, requirement's index in `self.listed`) of each group's resources."""
+        index: dict[Requirement, int] = {}
+        rows = []
+        for text in texts.drop_nulls().unique(maintain_order=True):
+            for _, _, req in self.of(text)[1]:
+                if req is not None:
+                    rows.append((text, index.setdefault(req, len(index))))
+        self.listed = list(index)
+        return pl.DataFrame(
+            rows, schema={"placement_spec": pl.String, "req": pl.Int64}, orient="row"
+        ).unique()
+
+
+def _provider_history(
+    frames: Frames,
+    runs: pl.DataFrame,
+    fleets_at: pl.DataFrame,
+    specs: _Specs,
+    instances: pl.DataFrame,
+    kinds: pl.DataFrame,
+) -> tuple[dict[tuple, dict], dict[tuple, dict]]:
+    """What `_provider_room` reads of the provider, for every probe at once: (server,
+    fleet_id, as_of, requirement) -> the latest instance that fits the requirement
+    provisioned in the fleet by T, and (server, project, as_of) -> the last placement the
+    provider refused in the project by T. As-of joins over the instances of each shape that
+    fits, and over the refusals, each in order (ties: the later row). `instances` carry
+    their row and `_kind`, their row in `kinds` (STATIC_SHAPE)."""
+    candidates = (
+        runs.select("server", "run_id", "as_of", "placement_spec")
+        .join(specs.requirements(runs["placement_spec"]), on="placement_spec")
+        .join(
+            fleets_at.select("server", "run_id", "as_of", "fleet_id"),
+            on=["server", "run_id", "as_of"],
+        )
+        .select("server", "fleet_id", "as_of", "req")
+        .unique()
+    )
+    # an instance with no creation time (a damaged row) cannot be shown placed before T
+    placed = instances.filter(
+        pl.col("started_at").is_not_null() & pl.col("created_at").is_not_null()
+    ).join(candidates.select("server", "fleet_id").unique(), on=["server", "fleet_id"], how="semi")
+    # whether a requirement fits an empty instance of a shape: asked once per pair met
+    pairs = (
+        candidates.join(
+            placed.select("server", "fleet_id", "_kind").unique(), on=["server", "fleet_id"]
+        )
+        .select("req", "_kind")
+        .unique()
+    )
+    kind = kinds.rows(named=True)
+    fitting = pl.DataFrame(
+        [
+            (req, at)
+            for req, at in pairs.iter_rows()
+            if fits(specs.listed[req], {**kind[at], "busy_blocks": 0})
+        ],
+        schema={"req": pl.Int64, "_kind": kinds["_kind"].dtype},
+        orient="row",
+    )
+    found = (
+        candidates.join(fitting, on="req")
+        .sort("as_of")
+        .join_asof(
+            placed.select("server", "fleet_id", "_kind", "created_at", "_row", "backend").sort(
+                "created_at", maintain_order=True
+            ),
+            left_on="as_of",
+            right_on="created_at",
+            by=["server", "fleet_id", "_kind"],
+            strategy="backward",
+            check_sortedness=False,
+        )
+        .drop_nulls("_row")
+        .sort("created_at", "_row", maintain_order=True)
+        .group_by("server", "fleet_id", "as_of", "req")
+        .agg(pl.col("created_at").last(), pl.col("backend").last())
+    )
+    latest = {
+        (server, fleet, at, specs.listed[req]): {"created_at": created, "backend": backend}
+        for server, fleet, at, req, created, backend in found.iter_rows()
+    }
+    # a refusal in a run of no known project is one of that "project", as a probe's would be
+    project = [
+        pl.col("project").fill_null("").alias("_project"),
+        pl.col("project").is_null().alias("_unnamed"),
+    ]
+    refused = (
+        frames.submissions.filter(
+            (pl.col("termination_reason") == NO_CAPACITY)
+            & ~pl.any_horizontal(
+                [
+                    pl.col("termination_reason_message").fill_null("").str.starts_with(m)
+                    for m in FLEET_LEVEL_MESSAGES
+                ]
+            )
+        )
+        .join(
+            frames.runs.select("server", "run_id", "project"),
+            on=["server", "run_id"],
+            how="left",
+            maintain_order="left",
+        )
+        .drop_nulls("stopped_at")
+        .select("server", *project, "stopped_at", "job_name", "termination_reason_message")
+        .sort("stopped_at", maintain_order=True)
+    )
+    last = (
+        runs.select("server", "project", "as_of")
+        .unique()
+        .with_columns(project)
+        .sort("as_of")
+        .join_asof(
+            refused,
+            left_on="as_of",
+            right_on="stopped_at",
+            by=["server", "_project", "_unnamed"],
+            strategy="backward",
+            check_sortedness=False,
+        )
+        .drop_nulls("stopped_at")
+    )
+    refusals = {
+        (item["server"], item["project"], item["as_of"]): item
+        for item in last.select(
+            "server", "project", "as_of", "stopped_at", "job_name", "termination_reason_message"
+        ).iter_rows(named=True)
+    }
+    return latest, refusals
+
+
 @dataclass
 class _Context:
     """Facts shared by every probe, indexed once; fleet states cached per moment."""
@@ -364,22 +546,91 @@ class _Context:
     frames: Frames
     # (server, fleet_id, as_of) -> instances alive then (empty unless `detail`)
     instances: dict[tuple, list[dict]]
-    shapes: dict[tuple, list[dict]]  # (server, fleet_id, as_of) -> their distinct SHAPEs
+    # (server, fleet_id, as_of) -> their distinct SHAPEs, each with its instances' `rows`
+    shapes: dict[tuple, list[dict]]
+    instance_names: list[str | None]  # by row of the instances frame
     alive: dict[tuple, tuple[int, bool]]  # (server, fleet_id, as_of) -> (count, any remote)
-    # (server, fleet_id) -> instances provisioned, by creation, and their creation times
-    provisioned: dict[tuple, tuple[list[dict], list[datetime]]]
-    # (server, project) -> provider refusals, by stop time, and their stop times
-    refusals: dict[tuple, tuple[list[dict], list[datetime]]]
+    # (server, fleet_id, as_of, requirement) -> the latest fitting instance provisioned by T
+    latest: dict[tuple, dict]
+    refusals: dict[tuple, dict]  # (server, project, as_of) -> the provider's last refusal by T
     incidents: dict[tuple, list[datetime]]  # (server, project, run_name) -> incident times
     queued: dict[tuple, list[Queued]]  # (server, project, as_of) -> jobs queued then
-    fleet_cache: dict[tuple, FleetAtT] = field(default_factory=dict)
+    specs: _Specs
+    fleet_cache: dict[tuple, _FleetState] = field(default_factory=dict)
 
 
-def _assess_one(row: dict, counts: dict, fleets: list[dict], context: _Context) -> ServiceExposure:
+@dataclass
+class _FleetState:
+    """A fleet at T as the verdict reads it; a FleetAtT only when a report shows it."""
+
+    fleet_id: str
+    fleet_name: str | None
+    nodes: str  # "min..max" as the spec says
+    ssh: bool
+    active_instances: int
+    instances: list[dict]  # InstanceAtT's fields, when listed
+    can_add_node: bool
+    provenance: str | None
+    _shown: FleetAtT | None = None
+
+    def record(self) -> FleetAtT:
+        if self._shown is None:
+            self._shown = FleetAtT(
+                fleet_id=self.fleet_id,
+                fleet_name=self.fleet_name,
+                nodes=self.nodes,
+                ssh=self.ssh,
+                active_instances=self.active_instances,
+                instances=[InstanceAtT(**each) for each in self.instances],
+                can_add_node=self.can_add_node,
+                provenance=self.provenance,
+            )
+        return self._shown
+
+
+@dataclass
+class _Assessment:
+    """One probe's verdict; a ServiceExposure only when a report shows it (the foresight
+    reads the verdict and its reasons alone)."""
+
+    row: dict  # the probe's run, with its healthy and active replicas at T
+    exposed: Exposed
+    version: str | None
+    surge: Surge
+    groups: list[tuple[str, int | None, Requirement | None]]
+    retry: str
+    fleets: list[_FleetState]
+    reasons: list[str]
+    past_incidents: int
+    recommendation: str
+
+    def service(self) -> ServiceExposure:
+        row = self.row
+        return ServiceExposure(
+            server=row["server"],
+            run_id=row["run_id"],
+            project=row.get("project"),
+            run_name=row.get("run_name") or "",
+            as_of=row["as_of"],
+            exposed=self.exposed,
+            dstack_release=self.version,
+            surge_capacity=self.surge,
+            healthy_replicas=row.get("_healthy") or 0,
+            active_replicas=row.get("_active") or 0,
+            desired_replicas=row.get("desired_replica_count"),
+            resources=[req.text() for _, _, req in self.groups if req is not None],
+            retry=self.retry,
+            fleets=[f.record() for f in self.fleets],
+            reasons=self.reasons,
+            past_incidents=self.past_incidents,
+            recommendation=self.recommendation,
+        )
+
+
+def _assess_one(row: dict, fleets: list[dict], context: _Context) -> _Assessment:
     as_of: datetime = row["as_of"]
     server = row["server"]
-    spec = parse_spec(row.get("placement_spec")) or {}
-    groups = groups_of(spec) if spec else []
+    spec, groups = context.specs.of(row.get("placement_spec"))
     frames = context.frames
     version = frames.server_versions.get(server)
     exposed, exposed_why = judge_release(version)
@@ -398,7 +649,7 @@ def _assess_one(row: dict, counts: dict, fleets: list[dict], context: _Context) 
     first = groups[0][2] if groups else None
     fleet_records = [_fleet_at(fleet, as_of, creation, first, context) for fleet in fleets]
     group_verdicts = [
-        _group_surge(name, req, fleets, fleet_records, context, row)
+        _group_surge(name, req, fleets, fleet_records, context, row, spec)
         for name, _wanted, req in groups or [("0", None, None)]
     ]
 
@@ -435,20 +686,13 @@ def _assess_one(row: dict, counts: dict, fleets: list[dict], context: _Context) 
         for when in context.incidents.get((server, row.get("project"), row.get("run_name")), [])
         if when <= as_of
     )
-    healthy = counts.get("healthy") or 0
-    return ServiceExposure(
-        server=server,
-        run_id=row["run_id"],
-        project=row.get("project"),
-        run_name=row.get("run_name") or "",
-        as_of=as_of,
+    healthy = row.get("_healthy") or 0
+    return _Assessment(
+        row=row,
         exposed=exposed,
-        dstack_release=version,
-        surge_capacity=surge,
-        healthy_replicas=healthy,
-        active_replicas=counts.get("active") or 0,
-        desired_replicas=row.get("desired_replica_count"),
-        resources=[req.text() for _, _, req in groups if req is not None],
+        version=version,
+        surge=surge,
+        groups=groups,
         retry=retry_text,
         fleets=fleet_records,
         reasons=reasons,
@@ -459,7 +703,7 @@ def _assess_one(row: dict, counts: dict, fleets: list[dict], context: _Context) 
 
 def _fleet_at(
     fleet: dict, as_of: datetime, creation: str, req: Requirement | None, context: _Context
-) -> FleetAtT:
+) -> _FleetState:
     """One fleet at T: its instances alive then, busy or idle, and whether it can add a node
     (`can_create_new_cloud_instance_in_fleet`); fits shown for `req`."""
     key = (fleet["server"], fleet["fleet_id"], as_of, creation, req)
@@ -470,23 +714,23 @@ def _fleet_at(
     ssh = bool(fleet["ssh"]) or remote
     nodes_max = fleet["nodes_max"]
     low = fleet["nodes_min"] if fleet["nodes_min"] is not None else ""
-    record = FleetAtT(
+    record = _FleetState(
         fleet_id=fleet["fleet_id"],
         fleet_name=fleet["fleet_name"],
         nodes="ssh hosts" if ssh else f"{low}..{nodes_max if nodes_max is not None else ''}",
         ssh=ssh,
         active_instances=count,
         instances=[
-            InstanceAtT(
-                instance_id=i["instance_id"],
-                instance_name=i["instance_name"],
-                state="provisioning"
+            {
+                "instance_id": i["instance_id"],
+                "instance_name": i["instance_name"],
+                "state": "provisioning"
                 if _provisioning(i, as_of)
                 else ("busy" if i["busy_blocks"] >= (i["total_blocks"] or 1) else "idle"),
-                blocks=f"{i['busy_blocks']}/{i['total_blocks'] or 1}",
-                fits=False if _provisioning(i, as_of) else fits(req, i),
-                provenance=i["i_provenance"],
-            )
+                "blocks": f"{i['busy_blocks']}/{i['total_blocks'] or 1}",
+                "fits": False if _provisioning(i, as_of) else fits(req, i),
+                "provenance": i["i_provenance"],
+            }
             for i in mine
         ],
         can_add_node=not ssh and creation != "reuse" and (nodes_max is None or count < nodes_max),
@@ -518,9 +762,10 @@ def _group_surge(
     name: str,
     req: Requirement | None,
     fleets: list[dict],
-    fleet_records: list[FleetAtT],
+    fleet_records: list[_FleetState],
     context: _Context,
     row: dict,
+    spec: dict,
 ) -> tuple[Surge, str]:
     """One replica group: an idle instance that fits, a fleet that can grow, or neither,
     once the other runs' queued jobs that dstack places first have taken theirs."""
@@ -530,16 +775,16 @@ def _group_surge(
         context.queued.get((row["server"], row.get("project"), as_of), []),
         row["run_id"],
         names,
-        _priority(row),
+        _priority(spec),
     )
     # one entry per distinct instance shape, or, when queued jobs take some, per instance
     idle = [
         {**inst, "fleet_name": fleet["fleet_name"], "fleet_id": fleet["fleet_id"]}
-        | ({"instance_name": each} if queue else {})
+        | ({"instance_name": context.instance_names[each]} if queue else {})
         for fleet in fleets
         for inst in context.shapes.get((fleet["server"], fleet["fleet_id"], as_of), [])
         if not inst["provisioning"]
-        for each in (inst["names"] if queue else inst["names"][:1])
+        for each in (inst["rows"] if queue else inst["rows"][:1])
     ]
     growth = {
         r.fleet_id: _headroom(r, fleet["nodes_max"])
@@ -596,12 +841,12 @@ def _group_surge(
     )
 
 
-def _priority(row: dict) -> int:
-    value = (parse_spec(row.get("placement_spec")) or {}).get("priority")
+def _priority(spec: dict) -> int:
+    value = spec.get("priority")
     return value if isinstance(value, int) else 0  # RunModel.priority's default
 
 
-def _headroom(record: FleetAtT, nodes_max: int | None) -> float:
+def _headroom(record: _FleetState, nodes_max: int | None) -> float:
     """New nodes the fleet can still take (`can_create_new_cloud_instance_in_fleet`)."""
     if not record.can_add_node:
         return 0
@@ -611,7 +856,7 @@ def _headroom(record: FleetAtT, nodes_max: int | None) -> float:
 def _provider_room(
     name: str,
     req: Requirement | None,
-    record: FleetAtT,
+    record: _FleetState,
     context: _Context,
     row: dict,
 ) -> tuple[Surge, str]:
@@ -619,16 +864,10 @@ def _provider_room(
     when the provider placed a fitting instance in this fleet before T and no placement was
     refused since; otherwise `unknown`."""
     as_of = row["as_of"]
-    placed, created = context.provisioned.get((row["server"], record.fleet_id), ([], []))
-    latest = None
-    for inst in reversed(placed[: bisect_right(created, as_of)]):
-        if req is not None and fits(req, {**inst, "busy_blocks": 0}):
-            latest = inst
-            break
+    latest = context.latest.get((row["server"], record.fleet_id, as_of, req))
     since = latest["created_at"] if latest else None
-    project_refusals, stops = context.refusals.get((row["server"], row.get("project")), ([], []))
-    first = bisect_right(stops, since) if since is not None else 0
-    refused = project_refusals[first : bisect_right(stops, as_of)]
+    last = context.refusals.get((row["server"], row.get("project"), as_of))
+    refused = last is not None and (since is None or last["stopped_at"] > since)
     room = f"fleet {record.fleet_name} can add a node ({record.active_instances} "
     room += f"instance(s), nodes {record.nodes})"
     if latest and not refused:
@@ -638,7 +877,6 @@ def _provider_room(
             "at T itself is not in the evidence)"
         )
     if refused:
-        last = refused[-1]
         message = last["termination_reason_message"]
         why = (
             f"the provider had no capacity for {last['job_name']} at "
@@ -650,7 +888,7 @@ def _provider_room(
 
 
 def _recommend(
-    exposed: Exposed, surge: Surge, healthy: int, fleets: list[FleetAtT], fails_at_once: bool
+    exposed: Exposed, surge: Surge, healthy: int, fleets: list[_FleetState], fails_at_once: bool
 ) -> str:
     if healthy == 0:
         return "no healthy replica at stake at T"
@@ -749,24 +987,44 @@ def foresight(
     wanted = wanted_findings(findings)
     if not wanted:
         return findings
-    began = {
-        (r["server"], r["run_id"], r["deployment_num"]): r["began_at"] or r["first_job_at"]
-        for r in deployments.iter_rows(named=True)
+    asked = [
+        (
+            finding.server,
+            finding.run_id,
+            next(c for c in finding.culprits if c.termination_reason == NO_CAPACITY).deployment_num,
+        )
+        for finding in wanted
+        if (finding.server, finding.run_id) not in dateless
+    ]
+    key = ["server", "run_id", "deployment_num"]
+    probes = (
+        pl.DataFrame(
+            asked,
+            schema={
+                "server": pl.String,
+                "run_id": pl.String,
+                "deployment_num": deployments.schema["deployment_num"],
+            },
+            orient="row",
+        )
+        .join(
+            deployments.select(*key, pl.coalesce("began_at", "first_job_at").alias("began")),
+            on=key,
+            how="left",
+            nulls_equal=True,
+            maintain_order="left",
+        )
+        .drop_nulls("began")
+        .select(
+            "server",
+            "run_id",
+            (pl.col("began") - BEFORE_UPDATE).cast(pl.Datetime("us", "UTC")).alias("as_of"),
+        )
+        .unique(maintain_order=True)
+    )
+    states = {
+        (a.row["server"], a.row["run_id"]): a for a in _assess(frames, probes, [], detail=False)
     }
-    rows = []
-    for finding in wanted:
-        if (finding.server, finding.run_id) in dateless:
-            continue
-        culprit = next(c for c in finding.culprits if c.termination_reason == NO_CAPACITY)
-        start = began.get((finding.server, finding.run_id, culprit.deployment_num))
-        if start is not None:
-            rows.append((finding.server, finding.run_id, start - BEFORE_UPDATE))
-    probes = pl.DataFrame(
-        rows,
-        schema={"server": pl.String, "run_id": pl.String, "as_of": pl.Datetime("us", "UTC")},
-        orient="row",
-    ).unique()
-    states = {(s.server, s.run_id): s for s in assess_probes(frames, probes, [], detail=False)}
     updated = []
     for finding in findings:
         state = states.get((finding.server, finding.run_id))
@@ -780,13 +1038,13 @@ def foresight(
         reasons = state.reasons[1:]
         update: dict = {
             "capacity_foresight": CapacityForesight(
-                as_of=state.as_of,
-                surge_capacity=state.surge_capacity,
-                foreseeable={"none": True, "available": False}.get(state.surge_capacity),
+                as_of=state.row["as_of"],
+                surge_capacity=state.surge,
+                foreseeable={"none": True, "available": False}.get(state.surge),
                 reasons=reasons,
             )
         }
-        root = _root_cause_naming_the_queue(finding, state.surge_capacity, reasons)
+        root = _root_cause_naming_the_queue(finding, state.surge, reasons)
         if root is not None:
             update["root_cause"] = root
         updated.append(finding.model_copy(update=update))

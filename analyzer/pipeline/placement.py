@@ -140,60 +140,105 @@ SHAPE = (
     "total_blocks",
     "busy_blocks",
 )
+STATIC_SHAPE = SHAPE[:-1]  # all but the busy blocks: what an instance is, not what it holds
+
+
+def spans_at(
+    moments: pl.DataFrame, spans: pl.DataFrame, by: tuple[str, ...], start: str, end: str
+) -> pl.DataFrame:
+    """Each moment (`by` and `as_of`; `_moment`, its row) with every span of the same `by`
+    that holds then: begun by `as_of` (a span with no start never holds) and ended after it,
+    or not ended. One inequality join (polars' IEJoin) on keys that order by group, then by
+    time, so its rows are only those alive then, not every span of the group per moment.
+    Rows (`_moment` and the spans' columns but `by`) in no order."""
+    groups = moments.select(by).unique().with_row_index("_group")
+    moments = (
+        moments.select(*by, "as_of")
+        .with_row_index("_moment")
+        .join(groups, on=list(by))
+        .select("_moment", "_group", "as_of")
+    )
+    spans = spans.filter(pl.col(start).is_not_null()).join(groups, on=list(by)).drop(by)
+    # times ranked: comparing ranks is comparing times, and each group's ranks lie in a block
+    # of their own above the previous group's (an open end is the top of its block)
+    times = pl.concat([moments["as_of"], spans[start], spans[end]]).drop_nulls().unique().sort()
+    width = times.len() + 1
+
+    def key(frame: pl.DataFrame, column: str) -> pl.Series:
+        rank = times.search_sorted(frame[column]).cast(pl.Int64)
+        return frame.select(
+            pl.col("_group").cast(pl.Int64) * width
+            + pl.when(pl.col(column).is_null()).then(times.len()).otherwise(rank)
+        ).to_series()
+
+    moments = moments.select("_moment", key(moments, "as_of").alias("_at"))
+    spans = spans.with_columns(
+        key(spans, start).alias("_from"), key(spans, end).alias("_until")
+    ).drop("_group")
+    return moments.join_where(
+        spans, pl.col("_from") <= pl.col("_at"), pl.col("_until") > pl.col("_at")
+    ).drop("_at", "_from", "_until")
 
 
 def queued_at(
     runs: pl.DataFrame, submissions: pl.DataFrame, probes: pl.DataFrame
 ) -> dict[tuple, list[Queued]]:
     """Per (server, project, as_of) of the probes: the jobs of the project waiting in dstack's
-    queue then: created by T, and SUBMITTED at T (they left it after T, or are still in it
-    at the end of the evidence), not stopped by T."""
+    queue then, in timeline order: created by T, and SUBMITTED at T (they left it after T, or
+    are still in it at the end of the evidence), not stopped by T."""
     moments = (
         probes.join(runs.select("server", "run_id", "project"), on=["server", "run_id"], how="left")
         .select("server", "project", "as_of")
         .unique()
     )
-    as_of = pl.col("as_of")
-    waiting = (
-        submissions.select(
+    # a job waits from its creation until it leaves the queue or stops, whichever is first;
+    # one that left it at no known time waits only while it is still SUBMITTED
+    jobs = (
+        submissions.with_row_index("_row")
+        .filter(pl.col("left_queue_at").is_not_null() | (pl.col("status") == "submitted"))
+        .select(
             "server",
             "run_id",
             "job_name",
             "replica_group",
-            "status",
             "created_at",
-            "stopped_at",
-            "left_queue_at",
+            "_row",
+            pl.min_horizontal("stopped_at", "left_queue_at").alias("_waits_until"),
         )
         .join(
             runs.select("server", "run_id", "project", "run_name", "fleet_id", "placement_spec"),
             on=["server", "run_id"],
         )
-        .join(moments, on=["server", "project"])
-        .filter(
-            (pl.col("created_at") <= as_of)
-            & (pl.col("stopped_at").is_null() | (pl.col("stopped_at") > as_of))
-            & pl.when(pl.col("left_queue_at").is_not_null())
-            .then(pl.col("left_queue_at") > as_of)
-            .otherwise(pl.col("status") == "submitted")
-        )
+    )
+    waiting = (
+        spans_at(moments, jobs, ("server", "project"), start="created_at", end="_waits_until")
+        .sort("_moment", "_row")
+        .join(moments.with_row_index("_moment"), on="_moment", maintain_order="left")
     )
     queued: dict[tuple, list[Queued]] = {}
+    shapes: dict[str | None, tuple] = {}  # a run's placement, read once per run spec
     for job in waiting.iter_rows(named=True):
-        spec = parse_spec(job["placement_spec"]) or {}
-        groups = {group: req for group, _, req in groups_of(spec)} if spec else {}
-        names = spec.get("fleets")
-        priority = spec.get("priority")
+        text = job["placement_spec"]
+        if text not in shapes:
+            spec = parse_spec(text) or {}
+            names = spec.get("fleets")
+            priority = spec.get("priority")
+            shapes[text] = (
+                {group: req for group, _, req in groups_of(spec)} if spec else {},
+                frozenset(str(n).split("/")[-1] for n in names)
+                if isinstance(names, list)
+                else None,
+                priority if isinstance(priority, int) else 0,
+            )
+        groups, fleet_names, priority = shapes[text]
         queued.setdefault((job["server"], job["project"], job["as_of"]), []).append(
             Queued(
                 run_id=job["run_id"],
                 run_name=job["run_name"],
                 job_name=job["job_name"],
                 fleet_id=job["fleet_id"],
-                fleet_names=frozenset(str(n).split("/")[-1] for n in names)
-                if isinstance(names, list)
-                else None,
-                priority=priority if isinstance(priority, int) else 0,
+                fleet_names=fleet_names,
+                priority=priority,
                 requirement=groups.get(job["replica_group"] or "0")
                 or next(iter(groups.values()), None),
                 since=job["created_at"],
