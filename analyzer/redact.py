@@ -26,6 +26,8 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cache, cached_property
+from itertools import groupby
+from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -156,9 +158,21 @@ class Rule:
         return re.compile(self.source, re.ASCII)
 
     @property
+    def mentions_newline(self) -> bool:
+        """Whether the regex names a newline at all, if only to refuse one (`[^"\\n]`): the
+        rules a text of several lines meets first, over its whole text (``multi_line_order``)."""
+        return any(mark in self.source for mark in _NEWLINE_MARKS)
+
+    @property
     def spans_lines(self) -> bool:
-        """Whether a match can hold a newline on purpose (a key block, a curl command)."""
-        return any(mark in self.source for mark in (r"\n", r"[\s\S", "(?s", r"\Z"))
+        """Whether a match can hold a newline on purpose (a key block, a curl command): the
+        regex names one outside a class that refuses it."""
+        kept = _NEGATED_CLASS.sub("", self.source)
+        return any(mark in kept for mark in _NEWLINE_MARKS)
+
+
+_NEWLINE_MARKS = (r"\n", r"[\s\S", "(?s", r"\Z")
+_NEGATED_CLASS = re.compile(r"\[\^(?:\\.|[^\]\\])*\]")
 
 
 _POSIX_CLASSES = {
@@ -365,17 +379,10 @@ def redact_shapes(texts: pl.Series, *, dedupe: bool = True) -> pl.Series:
     multi = texts.str.contains("\n", literal=True).fill_null(False)
     if not multi.any():
         return _run_rules(texts, None)
-    spanning = {i for i, rule in enumerate(rules()) if rule.spans_lines}
     rows = multi.arg_true()
-    whole = _run_rules(texts.gather(rows), spanning)
-    lines = whole.str.split("\n")
-    owner = pl.int_range(whole.len(), eager=True).repeat_by(lines.list.len())
-    flat = _per_distinct_line(lines.explode(), spanning)
-    joined = (
-        pl.DataFrame({"owner": owner.explode(), "line": flat})
-        .group_by("owner", maintain_order=True)
-        .agg(pl.col("line").str.join("\n"))["line"]
-    )
+    joined = texts.gather(rows)
+    for spans, groups in multi_line_order():
+        joined = _run_rules(joined, groups[0]) if spans else _over_lines(joined, groups)
     single = _run_rules(texts.filter(~multi), None)
     return (
         pl.DataFrame({"text": texts})
@@ -395,11 +402,41 @@ def redact_shapes(texts: pl.Series, *, dedupe: bool = True) -> pl.Series:
     )
 
 
-def _per_distinct_line(lines: pl.Series, spanning: set[int]) -> pl.Series:
-    """The rules that stay within a line over each distinct line once: a rendered report
-    repeats most of its lines (closing brackets, the same fields and values)."""
+@cache
+def multi_line_order() -> tuple[tuple[bool, tuple[frozenset[int], ...]], ...]:
+    """The order the rules run in over a text of several lines, as steps (spans, rule sets):
+    first every rule that names a newline, in their order, each over the whole text when it
+    can span lines, else over its lines (as `name-value`, which only refuses newlines: over
+    the lines holding its keywords, not a whole rendered report); then every other rule over
+    the lines. Consecutive steps over lines share one split of the texts into lines."""
+    first = [i for i, rule in enumerate(rules()) if rule.mentions_newline]
+    runs = groupby(((rules()[i].spans_lines, i) for i in first), key=itemgetter(0))
+    sets = [(spans, frozenset(i for _, i in run)) for spans, run in runs]
+    sets.append((False, frozenset(range(len(rules()))) - frozenset(first)))
+    return tuple(
+        (spans, tuple(group for _, group in run)) for spans, run in groupby(sets, key=itemgetter(0))
+    )
+
+
+def _over_lines(texts: pl.Series, groups: tuple[frozenset[int], ...]) -> pl.Series:
+    """Each group of rules, one after the other, over every distinct line of the texts."""
+    lines = texts.str.split("\n")
+    owner = pl.int_range(texts.len(), eager=True).repeat_by(lines.list.len())
+    flat = lines.explode()
+    for group in groups:
+        flat = _per_distinct_line(flat, group)
+    return (
+        pl.DataFrame({"owner": owner.explode(), "line": flat})
+        .group_by("owner", maintain_order=True)
+        .agg(pl.col("line").str.join("\n"))["line"]
+    )
+
+
+def _per_distinct_line(lines: pl.Series, only: frozenset[int]) -> pl.Series:
+    """The rules `only` over each distinct line once: a rendered report repeats most of its
+    lines (closing brackets, the same fields and values)."""
     distinct = lines.unique(maintain_order=True)
-    redacted = _run_rules(distinct, None, exclude=spanning)
+    redacted = _run_rules(distinct, only)
     changed = distinct != redacted
     if not changed.any():
         return lines
