@@ -681,6 +681,38 @@ class Redactor:
         changed = {old: new for old, new in zip(unique, texts.to_list(), strict=True) if old != new}
         return _replaced(model, changed, BaseModel) if changed else model
 
+    def guard_model(self, model: Model) -> Model:
+        """A model built from texts masked at the source (``apply_frames``), as `apply_model`
+        with `controls` gives it, at the cost of one look at its JSON: the model itself when
+        that JSON holds no known value and no hidden character (nothing for the walk to do
+        that the source did not), else the walk. Known values are looked for because a text
+        built from several masked ones (a name and a message joined) can hold one again, and
+        hidden characters because the frames keep them (only a secret they hid is cleaned
+        there). Secret shapes are not looked for: every text the model is built from was
+        masked at the source, and every rendered output passes the whole rule set again."""
+        if self._holds_known_or_hidden(model.model_dump_json()):
+            return self.apply_model(model, controls=True)
+        return model
+
+    def _holds_known_or_hidden(self, json_text: str) -> bool:
+        """Whether a JSON text holds, inside its strings, a hidden character or any form of a
+        known value (as JSON writes them: escaped; any case). Anything that could be one
+        counts (a word that only looks like an ordinary value, an escaped backslash before
+        an `r`): then the walk decides."""
+        text = pl.Series([json_text], dtype=pl.String)
+        if text.str.contains(f"{HIDDEN}|{_HIDDEN_ESCAPED}").any():
+            return True
+        if not self.values:
+            return False
+        everywhere, ordinary = self._value_forms()
+        if everywhere:
+            escaped = list(
+                dict.fromkeys(json.dumps(f, ensure_ascii=False)[1:-1] for f in everywhere)
+            )
+            if text.str.contains_any(escaped, ascii_case_insensitive=True).any():
+                return True
+        return bool(ordinary) and text.str.contains(rf"(?i){'|'.join(ordinary)}").any()
+
     def _value_forms(self) -> tuple[list[str], list[str]]:
         """The forms each known value is matched in: those masked wherever they occur, longest
         first (Aho-Corasick in polars takes the first listed pattern at a position), and the
@@ -825,6 +857,8 @@ _HIDDEN_RANGES = (
 )
 _CONTROLS = re.compile("[" + "".join(f"\\U{a:08x}-\\U{b:08x}" for a, b in _HIDDEN_RANGES) + "]")
 HIDDEN = "[" + "".join(f"\\x{{{a:X}}}-\\x{{{b:X}}}" for a, b in _HIDDEN_RANGES) + "]"  # polars
+# the hidden characters JSON writes escaped: C0 controls but tab and newline (\u001b, \r, \b, \f)
+_HIDDEN_ESCAPED = r"\\u00[01][0-9a-fA-F]|\\[bfr]"
 
 
 _STYLE = re.compile("(\x1b\\[[0-9;]*m)")  # SGR: the colours and weights a terminal table uses
