@@ -26,6 +26,8 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cache, cached_property
+from itertools import groupby
+from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -156,9 +158,21 @@ class Rule:
         return re.compile(self.source, re.ASCII)
 
     @property
+    def mentions_newline(self) -> bool:
+        """Whether the regex names a newline at all, if only to refuse one (`[^"\\n]`): the
+        rules a text of several lines meets first, over its whole text (``multi_line_order``)."""
+        return any(mark in self.source for mark in _NEWLINE_MARKS)
+
+    @property
     def spans_lines(self) -> bool:
-        """Whether a match can hold a newline on purpose (a key block, a curl command)."""
-        return any(mark in self.source for mark in (r"\n", r"[\s\S", "(?s", r"\Z"))
+        """Whether a match can hold a newline on purpose (a key block, a curl command): the
+        regex names one outside a class that refuses it."""
+        kept = _NEGATED_CLASS.sub("", self.source)
+        return any(mark in kept for mark in _NEWLINE_MARKS)
+
+
+_NEWLINE_MARKS = (r"\n", r"[\s\S", "(?s", r"\Z")
+_NEGATED_CLASS = re.compile(r"\[\^(?:\\.|[^\]\\])*\]")
 
 
 _POSIX_CLASSES = {
@@ -365,17 +379,10 @@ def redact_shapes(texts: pl.Series, *, dedupe: bool = True) -> pl.Series:
     multi = texts.str.contains("\n", literal=True).fill_null(False)
     if not multi.any():
         return _run_rules(texts, None)
-    spanning = {i for i, rule in enumerate(rules()) if rule.spans_lines}
     rows = multi.arg_true()
-    whole = _run_rules(texts.gather(rows), spanning)
-    lines = whole.str.split("\n")
-    owner = pl.int_range(whole.len(), eager=True).repeat_by(lines.list.len())
-    flat = _per_distinct_line(lines.explode(), spanning)
-    joined = (
-        pl.DataFrame({"owner": owner.explode(), "line": flat})
-        .group_by("owner", maintain_order=True)
-        .agg(pl.col("line").str.join("\n"))["line"]
-    )
+    joined = texts.gather(rows)
+    for spans, groups in multi_line_order():
+        joined = _run_rules(joined, groups[0]) if spans else _over_lines(joined, groups)
     single = _run_rules(texts.filter(~multi), None)
     return (
         pl.DataFrame({"text": texts})
@@ -395,11 +402,41 @@ def redact_shapes(texts: pl.Series, *, dedupe: bool = True) -> pl.Series:
     )
 
 
-def _per_distinct_line(lines: pl.Series, spanning: set[int]) -> pl.Series:
-    """The rules that stay within a line over each distinct line once: a rendered report
-    repeats most of its lines (closing brackets, the same fields and values)."""
+@cache
+def multi_line_order() -> tuple[tuple[bool, tuple[frozenset[int], ...]], ...]:
+    """The order the rules run in over a text of several lines, as steps (spans, rule sets):
+    first every rule that names a newline, in their order, each over the whole text when it
+    can span lines, else over its lines (as `name-value`, which only refuses newlines: over
+    the lines holding its keywords, not a whole rendered report); then every other rule over
+    the lines. Consecutive steps over lines share one split of the texts into lines."""
+    first = [i for i, rule in enumerate(rules()) if rule.mentions_newline]
+    runs = groupby(((rules()[i].spans_lines, i) for i in first), key=itemgetter(0))
+    sets = [(spans, frozenset(i for _, i in run)) for spans, run in runs]
+    sets.append((False, frozenset(range(len(rules()))) - frozenset(first)))
+    return tuple(
+        (spans, tuple(group for _, group in run)) for spans, run in groupby(sets, key=itemgetter(0))
+    )
+
+
+def _over_lines(texts: pl.Series, groups: tuple[frozenset[int], ...]) -> pl.Series:
+    """Each group of rules, one after the other, over every distinct line of the texts."""
+    lines = texts.str.split("\n")
+    owner = pl.int_range(texts.len(), eager=True).repeat_by(lines.list.len())
+    flat = lines.explode()
+    for group in groups:
+        flat = _per_distinct_line(flat, group)
+    return (
+        pl.DataFrame({"owner": owner.explode(), "line": flat})
+        .group_by("owner", maintain_order=True)
+        .agg(pl.col("line").str.join("\n"))["line"]
+    )
+
+
+def _per_distinct_line(lines: pl.Series, only: frozenset[int]) -> pl.Series:
+    """The rules `only` over each distinct line once: a rendered report repeats most of its
+    lines (closing brackets, the same fields and values)."""
     distinct = lines.unique(maintain_order=True)
-    redacted = _run_rules(distinct, None, exclude=spanning)
+    redacted = _run_rules(distinct, only)
     changed = distinct != redacted
     if not changed.any():
         return lines
@@ -644,6 +681,38 @@ class Redactor:
         changed = {old: new for old, new in zip(unique, texts.to_list(), strict=True) if old != new}
         return _replaced(model, changed, BaseModel) if changed else model
 
+    def guard_model(self, model: Model) -> Model:
+        """A model built from texts masked at the source (``apply_frames``), as `apply_model`
+        with `controls` gives it, at the cost of one look at its JSON: the model itself when
+        that JSON holds no known value and no hidden character (nothing for the walk to do
+        that the source did not), else the walk. Known values are looked for because a text
+        built from several masked ones (a name and a message joined) can hold one again, and
+        hidden characters because the frames keep them (only a secret they hid is cleaned
+        there). Secret shapes are not looked for: every text the model is built from was
+        masked at the source, and every rendered output passes the whole rule set again."""
+        if self._holds_known_or_hidden(model.model_dump_json()):
+            return self.apply_model(model, controls=True)
+        return model
+
+    def _holds_known_or_hidden(self, json_text: str) -> bool:
+        """Whether a JSON text holds, inside its strings, a hidden character or any form of a
+        known value (as JSON writes them: escaped; any case). Anything that could be one
+        counts (a word that only looks like an ordinary value, an escaped backslash before
+        an `r`): then the walk decides."""
+        text = pl.Series([json_text], dtype=pl.String)
+        if text.str.contains(f"{HIDDEN}|{_HIDDEN_ESCAPED}").any():
+            return True
+        if not self.values:
+            return False
+        everywhere, ordinary = self._value_forms()
+        if everywhere:
+            escaped = list(
+                dict.fromkeys(json.dumps(f, ensure_ascii=False)[1:-1] for f in everywhere)
+            )
+            if text.str.contains_any(escaped, ascii_case_insensitive=True).any():
+                return True
+        return bool(ordinary) and text.str.contains(rf"(?i){'|'.join(ordinary)}").any()
+
     def _value_forms(self) -> tuple[list[str], list[str]]:
         """The forms each known value is matched in: those masked wherever they occur, longest
         first (Aho-Corasick in polars takes the first listed pattern at a position), and the
@@ -788,6 +857,8 @@ _HIDDEN_RANGES = (
 )
 _CONTROLS = re.compile("[" + "".join(f"\\U{a:08x}-\\U{b:08x}" for a, b in _HIDDEN_RANGES) + "]")
 HIDDEN = "[" + "".join(f"\\x{{{a:X}}}-\\x{{{b:X}}}" for a, b in _HIDDEN_RANGES) + "]"  # polars
+# the hidden characters JSON writes escaped: C0 controls but tab and newline (\u001b, \r, \b, \f)
+_HIDDEN_ESCAPED = r"\\u00[01][0-9a-fA-F]|\\[bfr]"
 
 
 _STYLE = re.compile("(\x1b\\[[0-9;]*m)")  # SGR: the colours and weights a terminal table uses

@@ -133,3 +133,25 @@ def test_partitions_read_the_whole_database_once_and_a_changed_one_again(tmp_pat
     assert audit_partition([db], 0, 2, {}).report.model_dump_json() == (
         again.report.model_dump_json()
     )
+
+
+def test_the_guard_walks_a_report_holding_a_known_value_or_a_hidden_character(seed_report):
+    """Audit.report's guard (Redactor.guard_model): a known value in a text built from several
+    masked ones, or a control character a frame kept, and the report is walked as before."""
+    redactor = Redactor()
+    redactor.add([SECRET])
+    finding = seed_report.findings[0]
+    for job_name in (f"web-{SECRET[:9]}" + SECRET[9:], "web\x1b[2J", "web\u202e0", "web\r"):
+        victim = finding.victims[0].model_copy(update={"job_name": job_name})
+        report = seed_report.model_copy(
+            update={"findings": [finding.model_copy(update={"victims": [victim]})]}
+        )
+        guarded = redactor.guard_model(report)
+        assert guarded == redactor.apply_model(report, controls=True), job_name
+        assert guarded.findings[0].victims[0].job_name != job_name
+
+
+def test_the_guard_leaves_a_report_masked_at_the_source_as_it_is(seed_report):
+    redactor = Redactor()
+    redactor.add([SECRET, "debug"])
+    assert redactor.guard_model(seed_report) is seed_report

@@ -294,8 +294,11 @@ def audit(
             "partition": parse_partition(partition),
         }
         markdown = opened.redact(_markdown(report))
+        # the bundle's report.json is written from the model, with no final pass over its
+        # text: the whole rule set walks the model instead (Audit.report only guards it)
+        walked = opened.evidence.redactor.apply_model(report, controls=True)
         with outputs.build(bundle) as folder:
-            write_bundle(folder, sources, options, report, markdown, location=bundle)
+            write_bundle(folder, sources, options, walked, markdown, location=bundle)
     if quarantine is not None:
         from analyzer.sources.logs.reader import QUARANTINE_NOT_KEPT as NOT_KEPT
 
