@@ -70,6 +70,24 @@ _TRACEBACK_PART_RE = (
 )
 
 
+# python-json-logger as dstack configures it (server/utils/logging.py configure_logging:
+# "%(asctime)s %(name)s %(levelname)s %(message)s", renamed timestamp, logger, level).
+_JSON_TIMESTAMP = '{"timestamp": "'
+_JSON_LOGGER = '", "logger": "'
+_JSON_LEVEL = '", "level": "'
+_JSON_VALUE = r"[ !#-\[\]-~]*"  # printable ASCII without a quote or backslash
+_JSON_HEAD_RE = (
+    "^"
+    + re.escape(_JSON_TIMESTAMP)
+    + _JSON_VALUE
+    + re.escape(_JSON_LOGGER)
+    + _JSON_VALUE
+    + re.escape(_JSON_LEVEL)
+    + _JSON_VALUE
+    + re.escape('", ')
+)
+
+
 _LONE_SURROGATE_RE = r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}"
 
 
@@ -291,12 +309,42 @@ def _json_fields(frame: pl.DataFrame) -> pl.DataFrame:
     def plain(key: str) -> pl.Expr:
         return content.str.extract(rf'[{{,]\s*"{key}"\s*:\s*"([^"\\]*)"', 1)
 
-    candidates = candidates.with_columns(
-        j_ts=plain("timestamp"),
-        j_level=plain("level"),
-        j_logger=plain("logger"),
+    # dstack's own layout first: the head matched whole and its fields cut at the literal
+    # separators (ASCII values: byte offsets are character offsets); what each plain() regex
+    # finds there, since no earlier position can hold a quote. Other lines get the regexes.
+    head = pl.col("j_head")
+    logger_at = head.str.find(_JSON_LOGGER, literal=True)
+    level_at = head.str.find(_JSON_LEVEL, literal=True)
+    candidates = candidates.with_columns(j_head=content.str.extract(_JSON_HEAD_RE, 0)).select(
+        "line",
+        "content",
+        j_ts=head.str.slice(len(_JSON_TIMESTAMP), logger_at - len(_JSON_TIMESTAMP)),
+        j_level=head.str.slice(
+            level_at + len(_JSON_LEVEL), head.str.len_bytes() - 3 - level_at - len(_JSON_LEVEL)
+        ),
+        j_logger=head.str.slice(
+            logger_at + len(_JSON_LOGGER), level_at - logger_at - len(_JSON_LOGGER)
+        ),
         j_msg=content.str.json_path_match("$.message"),
+        j_other=head.is_null(),
     )
+    if bool(candidates["j_other"].any()):
+        others = candidates.filter(pl.col("j_other")).select(
+            "line",
+            plain("timestamp").alias("o_ts"),
+            plain("level").alias("o_level"),
+            plain("logger").alias("o_logger"),
+        )
+        candidates = candidates.join(others, on="line", how="left", maintain_order="left").select(
+            "line",
+            "content",
+            pl.coalesce("j_ts", "o_ts").alias("j_ts"),
+            pl.coalesce("j_level", "o_level").alias("j_level"),
+            pl.coalesce("j_logger", "o_logger").alias("j_logger"),
+            "j_msg",
+        )
+    else:
+        candidates = candidates.drop("j_other")
     # A lone surrogate escape (\ud800) makes the whole object unreadable: retry those lines
     # with the escape replaced by U+FFFD.
     retry = pl.col("j_msg").is_null() & content.str.contains(_LONE_SURROGATE_RE)
@@ -313,6 +361,8 @@ def _json_fields(frame: pl.DataFrame) -> pl.DataFrame:
             candidates = candidates.join(values, on="line", how="left", maintain_order="left")
         else:
             candidates = candidates.with_columns(pl.lit(None, pl.String).alias(name))
+    if candidates.height == frame.height:  # every line: the same rows, in the same order
+        return frame.with_columns(candidates.drop("line", "content"))
     return frame.join(candidates.drop("content"), on="line", how="left", maintain_order="left")
 
 
