@@ -383,17 +383,16 @@ def _split_event_lines(frame: pl.DataFrame) -> pl.DataFrame:
         ).alias("_targets"),
         text.str.slice(actor_at + len(ACTOR_SEPARATOR)).str.strip_chars().alias("actor"),
     ).with_columns(
-        pl.when(
+        (
             text.str.starts_with(EVENT_PREFIX)
-            & targets_at.is_not_null()
-            & actor_at.is_not_null()
             & (actor_at > targets_at)
             & pl.col("actor").str.contains(ACTOR)
         )
-        .then(pl.lit(True))
-        .otherwise(pl.lit(False))
+        .fill_null(False)
         .alias("_cut")
     )
+    if bool(fast["_cut"].all()):
+        return fast.drop("_cut")
     slow = fast.filter(~pl.col("_cut")).drop("message", "_targets", "actor")
     parts = text.str.extract_groups(EVENT_LINE)
     slow = slow.with_columns(
