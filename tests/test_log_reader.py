@@ -356,6 +356,33 @@ def test_mixed_formats_in_one_capture() -> None:
     assert result.damage == ["mixed formats: 4 json, 6 standard records"]
 
 
+def test_json_fields_whatever_the_key_order_or_spacing() -> None:
+    """dstack's own key order is cut at its separators, any other layout is searched: both
+    give the same fields (a value with an escape or outside ASCII included)."""
+    objects = [
+        {
+            "timestamp": "2026-11-04 10:39:14,469",
+            "logger": logger,
+            "level": "INFO",
+            "message": "run(2d0e5d)svc: now is running",
+        }
+        for logger in ("dstack._internal.server.services.runs", "dstack.t\u00e9st", 'q"uote')
+    ]
+    layouts = [
+        [json.dumps(o, ensure_ascii=False) for o in objects],  # dstack's (json_ensure_ascii=False)
+        [json.dumps(o) for o in objects],
+        [json.dumps(dict(reversed(o.items()))) for o in objects],
+        [json.dumps(o, separators=(",", ":")) for o in objects],
+    ]
+    for number, lines in enumerate(layouts):
+        records = parse(("\n".join(lines) + "\n").encode()).records
+        # a value outside ASCII is read as written; one with an escape is not read
+        written = "dstack.t\u00e9st" if number == 0 else None
+        assert records["logger"].to_list() == [objects[0]["logger"], written, None], lines
+        assert records["level"].to_list() == ["INFO"] * 3
+        assert records["local_time"].to_list() == [datetime(2026, 11, 4, 10, 39, 14, 469000)] * 3
+
+
 def test_json_exc_info_and_escapes() -> None:
     objects = [
         {

@@ -70,6 +70,24 @@ _TRACEBACK_PART_RE = (
 )
 
 
+# python-json-logger as dstack configures it (server/utils/logging.py configure_logging:
+# "%(asctime)s %(name)s %(levelname)s %(message)s", renamed timestamp, logger, level).
+_JSON_TIMESTAMP = '{"timestamp": "'
+_JSON_LOGGER = '", "logger": "'
+_JSON_LEVEL = '", "level": "'
+_JSON_VALUE = r"[ !#-\[\]-~]*"  # printable ASCII without a quote or backslash
+_JSON_HEAD_RE = (
+    "^"
+    + re.escape(_JSON_TIMESTAMP)
+    + _JSON_VALUE
+    + re.escape(_JSON_LOGGER)
+    + _JSON_VALUE
+    + re.escape(_JSON_LEVEL)
+    + _JSON_VALUE
+    + re.escape('", ')
+)
+
+
 _LONE_SURROGATE_RE = r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}"
 
 
@@ -110,7 +128,8 @@ _ROLLOVER_STEP = 3600  # seconds: a rich time going back further than this is th
 
 def in_range(time: pl.Expr) -> pl.Expr:
     """A parsed time, or null when its year is outside 1-9999 (``0000-...``, ``-001-...``):
-    such a line is no record (it is quarantined), since no report could show its time."""
+    such a line is no record (it is quarantined), since no report could show its time. Give
+    it a column already parsed: the expression is evaluated twice."""
     return pl.when(time.dt.year().is_between(1, 9999)).then(time)
 
 
@@ -144,31 +163,31 @@ def classify_lines(frame: pl.DataFrame) -> pl.DataFrame:
         content.str.contains(r"^(?:\[| {10} )").any().alias("rich"),
     ).row(0, named=True)
     frame = frame.with_columns(
-        _groups(_STD_RE, ("std_level", "std_ts", "std_logger"), may_start["standard"]).alias("s"),
+        _standard_head(may_start["standard"]).alias("std_head"),
         _groups(_RICH_RE, ("r_time", "r_level"), may_start["rich"]).alias("r"),
         blank=(content.str.strip_chars() == "").fill_null(False),
         logo=content.str.strip_chars_end().is_in(LOGO_LINES).fill_null(False),
-    ).unnest("s", "r")
+    ).unnest("r")
     frame = _json_fields(frame)
-    head_len = (
-        pl.col("std_level").str.len_chars()
-        + pl.col("std_ts").str.len_chars()
-        + pl.col("std_logger").str.len_chars()
-        + 2
+    # the standard fields sliced off the matched start ("LEVEL yyyy-mm-ddTHH:MM:SS.fff logger"
+    # and the space after it): level and time are ASCII, so the first space's byte offset is a
+    # character offset too
+    head = pl.col("std_head")
+    level_end = head.str.find(" ", literal=True)
+    frame = frame.with_columns(
+        std_level=head.str.slice(0, level_end),
+        std_ts=head.str.slice(level_end + 1, 23),
+        std_logger=head.str.slice(level_end + 25).str.strip_suffix(" "),
+        # the message is what follows the start (sliced, cheaper than a capture)
+        std_msg=content.str.slice(head.str.len_chars()),
     )
     frame = frame.with_columns(
-        std_time=in_range(
-            pl.col("std_ts").str.to_datetime(_STD_TIME_FORMAT, time_unit="ms", strict=False)
-        ),
-        # the message is what follows "LEVEL time logger " (sliced, cheaper than a capture)
-        std_msg=content.str.slice(head_len).str.strip_prefix(" "),
-        json_time=in_range(
-            pl.col("j_ts")
-            .str.replace(",", ".", literal=True)
-            .str.to_datetime("%Y-%m-%d %H:%M:%S%.3f", time_unit="ms", strict=False)
-        ),
+        std_time=pl.col("std_ts").str.to_datetime(_STD_TIME_FORMAT, time_unit="ms", strict=False),
+        json_time=pl.col("j_ts")
+        .str.replace(",", ".", literal=True)
+        .str.to_datetime("%Y-%m-%d %H:%M:%S%.3f", time_unit="ms", strict=False),
         rich_tod=pl.col("r_time").str.to_time("%H:%M:%S", strict=False),
-    )
+    ).with_columns(in_range(pl.col("std_time")), in_range(pl.col("json_time")))
     is_std = pl.col("std_time").is_not_null()
     is_json = (
         pl.col("json_time").is_not_null()
@@ -189,7 +208,7 @@ def classify_lines(frame: pl.DataFrame) -> pl.DataFrame:
     start = pl.col("fmt").is_not_null()
     frame = frame.with_columns(
         start=start,
-        rec_id=start.cast(pl.Int64).cum_sum(),
+        rec_id=start.cast(pl.Int64).cum_sum().set_sorted(),
         rec_fmt=pl.col("fmt").forward_fill(),
     )
     accept = (
@@ -224,6 +243,14 @@ def classify_lines(frame: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def _standard_head(match: bool) -> pl.Expr:
+    """A standard record's start as matched whole (no captures: the regex's fast path), or
+    null when no line of the chunk can be one."""
+    if match:
+        return pl.col("content").str.extract(_STD_HEAD_RE, 0)
+    return pl.lit(None, pl.String)
+
+
 def _groups(pattern: str, names: tuple[str, ...], match: bool) -> pl.Expr:
     """The content's ``extract_groups`` of the pattern, or its fields (null) when no line
     can match it."""
@@ -247,12 +274,11 @@ def lone_standard_records(frame: pl.DataFrame) -> pl.DataFrame:
     heads = frame.select(
         "line", "wrapper_time", "flag", content, content.str.extract(_STD_HEAD_RE, 0).alias("head")
     ).with_columns(
-        in_range(
-            head.str.slice(level_end + 1, 23).str.to_datetime(
-                _STD_TIME_FORMAT, time_unit="ms", strict=False
-            )
-        ).alias("local_time")
+        head.str.slice(level_end + 1, 23)
+        .str.to_datetime(_STD_TIME_FORMAT, time_unit="ms", strict=False)
+        .alias("local_time")
     )
+    heads = heads.with_columns(in_range(pl.col("local_time")))
     # a start as classify_lines sees it (escape sequences, removed there, could unmake one)
     start = pl.col("local_time").is_not_null() & ~content.str.contains("\x1b", literal=True)
     lone = start & start.shift(-1).fill_null(False) & pl.col("flag").is_null()
@@ -283,12 +309,42 @@ def _json_fields(frame: pl.DataFrame) -> pl.DataFrame:
     def plain(key: str) -> pl.Expr:
         return content.str.extract(rf'[{{,]\s*"{key}"\s*:\s*"([^"\\]*)"', 1)
 
-    candidates = candidates.with_columns(
-        j_ts=plain("timestamp"),
-        j_level=plain("level"),
-        j_logger=plain("logger"),
+    # dstack's own layout first: the head matched whole and its fields cut at the literal
+    # separators (ASCII values: byte offsets are character offsets); what each plain() regex
+    # finds there, since no earlier position can hold a quote. Other lines get the regexes.
+    head = pl.col("j_head")
+    logger_at = head.str.find(_JSON_LOGGER, literal=True)
+    level_at = head.str.find(_JSON_LEVEL, literal=True)
+    candidates = candidates.with_columns(j_head=content.str.extract(_JSON_HEAD_RE, 0)).select(
+        "line",
+        "content",
+        j_ts=head.str.slice(len(_JSON_TIMESTAMP), logger_at - len(_JSON_TIMESTAMP)),
+        j_level=head.str.slice(
+            level_at + len(_JSON_LEVEL), head.str.len_bytes() - 3 - level_at - len(_JSON_LEVEL)
+        ),
+        j_logger=head.str.slice(
+            logger_at + len(_JSON_LOGGER), level_at - logger_at - len(_JSON_LOGGER)
+        ),
         j_msg=content.str.json_path_match("$.message"),
+        j_other=head.is_null(),
     )
+    if bool(candidates["j_other"].any()):
+        others = candidates.filter(pl.col("j_other")).select(
+            "line",
+            plain("timestamp").alias("o_ts"),
+            plain("level").alias("o_level"),
+            plain("logger").alias("o_logger"),
+        )
+        candidates = candidates.join(others, on="line", how="left", maintain_order="left").select(
+            "line",
+            "content",
+            pl.coalesce("j_ts", "o_ts").alias("j_ts"),
+            pl.coalesce("j_level", "o_level").alias("j_level"),
+            pl.coalesce("j_logger", "o_logger").alias("j_logger"),
+            "j_msg",
+        )
+    else:
+        candidates = candidates.drop("j_other")
     # A lone surrogate escape (\ud800) makes the whole object unreadable: retry those lines
     # with the escape replaced by U+FFFD.
     retry = pl.col("j_msg").is_null() & content.str.contains(_LONE_SURROGATE_RE)
@@ -305,6 +361,8 @@ def _json_fields(frame: pl.DataFrame) -> pl.DataFrame:
             candidates = candidates.join(values, on="line", how="left", maintain_order="left")
         else:
             candidates = candidates.with_columns(pl.lit(None, pl.String).alias(name))
+    if candidates.height == frame.height:  # every line: the same rows, in the same order
+        return frame.with_columns(candidates.drop("line", "content"))
     return frame.join(candidates.drop("content"), on="line", how="left", maintain_order="left")
 
 
@@ -334,6 +392,16 @@ def _rich_pieces(frame: pl.DataFrame, width: int) -> pl.DataFrame:
     text = pl.col("content").str.slice(_RICH_INDENT)
     vis = pl.col("vis")
     body = pl.col("body")
+    # the first word's length: on ASCII text the byte offset of the first space is it (a
+    # search, several times cheaper than extracting the word); otherwise counted in characters
+    sizes = frame.select(
+        pl.col("content").str.len_bytes().sum(),
+        pl.col("content").str.len_chars().sum().alias("chars"),
+    )
+    if sizes.item(0, 0) == sizes.item(0, 1):
+        first_word = body.str.find(r"\s").fill_null(body.str.len_bytes())
+    else:
+        first_word = body.str.extract(r"^\S*", 0).str.len_chars()
     frame = (
         frame.lazy()
         .select("line", "start", text.str.strip_chars_end().alias("vis"))
@@ -342,7 +410,7 @@ def _rich_pieces(frame: pl.DataFrame, width: int) -> pl.DataFrame:
             vis_len=vis.str.len_chars().cast(pl.Int64),
             lead=(vis.str.len_chars() - body.str.len_chars()).cast(pl.Int64),
             has_space=body.str.contains(" ", literal=True),
-            first_word=body.str.extract(r"^\S*", 0).str.len_chars().cast(pl.Int64),
+            first_word=first_word.cast(pl.Int64),
             path_only=pl.col("start") & vis.str.contains(r"^[A-Za-z_][\w.]*:\d+$"),
             digit_first=vis.str.contains(r"^\d"),
             traceback_part=vis.str.contains(_TRACEBACK_PART_RE),
@@ -462,7 +530,7 @@ def fold_records(
     grouped = grouped.with_columns(
         logger_head=pl.when(is_rich).then(pl.col("message").str.extract(_RICH_LOGGER_RE, 0))
     ).with_columns(
-        rl_logger=logger_head.str.extract(r"^([^:]*):", 1),
+        rl_logger=logger_head.str.extract(r"^[^:]*", 0),  # a head always holds ":"
         rl_msg=pl.col("message").str.slice(logger_head.str.len_chars()),
     )
 

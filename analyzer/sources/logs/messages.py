@@ -28,11 +28,12 @@ TARGETS_SEPARATOR = ". Event targets: "
 ACTOR_SEPARATOR = ". Actor: "
 ACTOR = r"^(?:system|user\([0-9a-f]{6}\)\S*)$"
 ADMIN_TOKEN = r"The admin token is (\S+)"
+EVENT_START = r"^Emitting ?event:"
 SERVER_VERSION = r"The dstack server (?P<version>\S+) is running at"
 
 # What each kind of line says about the server version (reference sections 0 and 9.6).
 VERSION_MARKERS: tuple[tuple[str, str, str], ...] = (
-    (r"^Emitting ?event:", "0.20.0", ""),
+    (EVENT_START, "0.20.0", ""),
     (r"run status has changed|now is [A-Z_]+$|job status is [A-Z_]+, reason", "", "0.19.40"),
     (r"Run ?updated\. ?Deployment:", "0.20.8", ""),
     (r"Job ?created ?on ?retry", "0.20.14", ""),
@@ -54,7 +55,7 @@ def may_matter(text: pl.Expr, logger: pl.Expr) -> pl.Expr:
     to redact). Every other line (uvicorn's access log, other libraries) is irrelevant by
     ``EventCollector.add``'s rules, so it may be counted without being folded."""
     text_patterns = (
-        r"^Emitting ?event:",
+        EVENT_START,
         r"^(?:run|job)\([0-9a-f]{6}\)",
         SERVER_VERSION,
         ADMIN_TOKEN,
@@ -184,7 +185,7 @@ class EventCollector:
             *_PLACE_COLUMNS,
             pl.col("message").str.strip_chars().alias("text"),
             pl.col("logger").fill_null("").alias("logger"),
-        ).with_columns(pl.col("text").str.contains(r"^Emitting ?event:").alias("is_event"))
+        ).with_columns(pl.col("text").str.contains(EVENT_START).alias("is_event"))
         # an entity line never opens with "Emitting": only the other lines are matched
         lines = frame.filter(~pl.col("is_event"))
         entity = pl.col("text").str.extract_groups(catalogue.ENTITY_LINE)
@@ -389,17 +390,16 @@ def _split_event_lines(frame: pl.DataFrame) -> pl.DataFrame:
         ).alias("_targets"),
         text.str.slice(actor_at + len(ACTOR_SEPARATOR)).str.strip_chars().alias("actor"),
     ).with_columns(
-        pl.when(
+        (
             text.str.starts_with(EVENT_PREFIX)
-            & targets_at.is_not_null()
-            & actor_at.is_not_null()
             & (actor_at > targets_at)
             & pl.col("actor").str.contains(ACTOR)
         )
-        .then(pl.lit(True))
-        .otherwise(pl.lit(False))
+        .fill_null(False)
         .alias("_cut")
     )
+    if bool(fast["_cut"].all()):
+        return fast.drop("_cut")
     slow = fast.filter(~pl.col("_cut")).drop("message", "_targets", "actor")
     parts = text.str.extract_groups(EVENT_LINE)
     slow = slow.with_columns(
@@ -665,10 +665,20 @@ def _attach_job_runs(events: pl.DataFrame) -> pl.DataFrame:
 def _version_markers(frame: pl.DataFrame, found: set[int]) -> tuple[str | None, set[int]]:
     """What one chunk's records say about the version: the last explicit version line, and
     which markers (indexes into VERSION_MARKERS + LOGGER_MARKERS) occur. Markers already
-    ``found`` in earlier chunks are not searched again; the rest are one query."""
+    ``found`` in earlier chunks are not searched again; the event marker is the frame's
+    ``is_event`` (the same pattern); the rest are one query over the lines holding any."""
     text = pl.col("text")
     logger = pl.col("logger")
-    texts = [(i, p) for i, (p, _, _) in enumerate(VERSION_MARKERS) if i not in found]
+    present = set()
+    texts = []
+    for i, (pattern, _, _) in enumerate(VERSION_MARKERS):
+        if i in found:
+            continue
+        if pattern == EVENT_START:
+            if frame["is_event"].any():
+                present.add(i)
+        else:
+            texts.append((i, pattern))
     loggers = [
         (len(VERSION_MARKERS) + i, p)
         for i, (p, _, _) in enumerate(LOGGER_MARKERS)
@@ -680,13 +690,13 @@ def _version_markers(frame: pl.DataFrame, found: set[int]) -> tuple[str | None, 
         anywhere = anywhere | logger.str.contains(_either([p for _, p in loggers]))
     lines = frame.filter(anywhere)
     if lines.height == 0:
-        return None, set()
+        return None, present
     checks = [text.str.extract(SERVER_VERSION, 1).drop_nulls().last().alias("explicit")]
     checks += [text.str.contains(p).any().alias(str(i)) for i, p in texts]
     checks += [logger.str.contains(p).any().alias(str(i)) for i, p in loggers]
     row = lines.select(checks).row(0, named=True)
     explicit = row.pop("explicit")
-    return explicit, {int(index) for index, present in row.items() if present}
+    return explicit, present | {int(index) for index, hit in row.items() if hit}
 
 
 def _either(patterns: list[str]) -> str:

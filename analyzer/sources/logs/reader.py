@@ -26,7 +26,6 @@ unparsed. Every physical line is counted exactly once:
 
 from __future__ import annotations
 
-import io
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -205,11 +204,19 @@ def _read_all(blocks: Iterable[bytes], display_path: str) -> LogRead:
 def detached(frame: pl.DataFrame) -> pl.DataFrame:
     """A copy that owns its text. A filtered string column still points into the whole
     chunk's buffers (polars' string views), so the few rows kept of a chunk would keep all of
-    it alive; written out with plain (non-view) strings and read back, they hold their own."""
-    buffer = io.BytesIO()
-    frame.write_ipc(buffer, compat_level=pl.CompatLevel.oldest())
-    buffer.seek(0)
-    return pl.read_ipc(buffer)
+    it alive; each text (also inside lists) is written anew, so the rows hold their own. (A
+    concatenation builds new strings; nothing else is copied.)"""
+    return frame.with_columns(
+        _own_text(pl.col(name), dtype)
+        for name, dtype in frame.schema.items()
+        if dtype == pl.String or dtype == pl.List(pl.String)
+    )
+
+
+def _own_text(column: pl.Expr, dtype: pl.DataType) -> pl.Expr:
+    if dtype == pl.String:
+        return pl.concat_str([column, pl.lit("")])
+    return column.list.eval(pl.concat_str([pl.element(), pl.lit("")]))
 
 
 # Which one-line standard records can matter (given their stripped message text and logger);

@@ -76,10 +76,11 @@ def _unwrap_docker(frame: pl.DataFrame) -> pl.DataFrame:
     stamp = pl.col("d_time").str.replace(r"Z$", "+00:00")
     frame = (
         frame.with_columns(
-            wrapper_time=in_range(
-                stamp.str.to_datetime("%Y-%m-%dT%H:%M:%S%.f%:z", time_unit="us", strict=False)
-            ).dt.convert_time_zone("UTC"),
+            wrapper_time=stamp.str.to_datetime(
+                "%Y-%m-%dT%H:%M:%S%.f%:z", time_unit="us", strict=False
+            )
         )
+        .with_columns(wrapper_time=in_range(pl.col("wrapper_time")).dt.convert_time_zone("UTC"))
         .with_columns(
             wrapped=pl.col("wrapper_time").is_not_null(),
         )
