@@ -23,7 +23,8 @@ from analyzer.pipeline.assemble import (
 )
 from analyzer.pipeline.detect import detect
 from analyzer.pipeline.evidence import Evidence, combine
-from analyzer.pipeline.exposure import foresight, frames_of
+from analyzer.pipeline.exposure import frames_of
+from analyzer.pipeline.foresight import foresight
 from analyzer.pipeline.impact import assess, serving_capacity
 from analyzer.pipeline.partitions import (
     ForesightPiece,

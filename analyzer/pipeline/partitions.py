@@ -15,7 +15,8 @@ import polars as pl
 
 from analyzer.contract import Finding, Report
 from analyzer.pipeline.assemble import merge_reports
-from analyzer.pipeline.exposure import Frames, foresight, wanted_findings
+from analyzer.pipeline.exposure import Frames
+from analyzer.pipeline.foresight import foresight, wanted_findings
 
 # What the foresight reads of the submissions of runs other than the probed ones: the
 # instances they hold (`held`), the provider's refusals (`refused`) and the jobs waiting in

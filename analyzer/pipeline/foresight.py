@@ -1,0 +1,124 @@
+"""The capacity foresight of a finding (its `capacity_foresight`): the surge capacity of
+its fleet(s) as of just before the update that started the failing deployment, the same
+computation as `dstack-audit exposure --as-of` that moment (analyzer.pipeline.exposure)."""
+
+from __future__ import annotations
+
+import re
+
+import polars as pl
+
+from analyzer.contract import CapacityForesight, Finding
+from analyzer.pipeline.exposure import BEFORE_UPDATE, NO_CAPACITY, Frames, assess_states
+
+DATELESS = CapacityForesight(
+    as_of=None,
+    surge_capacity="unknown",
+    foreseeable=None,
+    reasons=["the update's date is unknown (a rich log alone gives times of day only)"],
+)
+
+
+def wanted_findings(findings: list[Finding]) -> list[Finding]:
+    """The findings whose culprit failed for lack of capacity: those the foresight speaks of."""
+    return [f for f in findings if any(c.termination_reason == NO_CAPACITY for c in f.culprits)]
+
+
+def foresight(
+    frames: Frames,
+    findings: list[Finding],
+    deployments: pl.DataFrame,
+    dateless: set[tuple[str, str]] = frozenset(),
+) -> list[Finding]:
+    """Each finding whose culprit failed for lack of capacity, with the surge capacity as of
+    just before the update that started the failing deployment (unknown for the `dateless`
+    (server, run id) pairs: no date places the update among the tables' times)."""
+    wanted = wanted_findings(findings)
+    if not wanted:
+        return findings
+    asked = [
+        (
+            finding.server,
+            finding.run_id,
+            next(c for c in finding.culprits if c.termination_reason == NO_CAPACITY).deployment_num,
+        )
+        for finding in wanted
+        if (finding.server, finding.run_id) not in dateless
+    ]
+    key = ["server", "run_id", "deployment_num"]
+    probes = (
+        pl.DataFrame(
+            asked,
+            schema={
+                "server": pl.String,
+                "run_id": pl.String,
+                "deployment_num": deployments.schema["deployment_num"],
+            },
+            orient="row",
+        )
+        .join(
+            deployments.select(*key, pl.coalesce("began_at", "first_job_at").alias("began")),
+            on=key,
+            how="left",
+            nulls_equal=True,
+            maintain_order="left",
+        )
+        .drop_nulls("began")
+        .select(
+            "server",
+            "run_id",
+            (pl.col("began") - BEFORE_UPDATE).cast(pl.Datetime("us", "UTC")).alias("as_of"),
+        )
+        .unique(maintain_order=True)
+    )
+    states = {
+        (a.row["server"], a.row["run_id"]): a
+        for a in assess_states(frames, probes, [], detail=False)
+    }
+    updated = []
+    for finding in findings:
+        state = states.get((finding.server, finding.run_id))
+        no_capacity = any(c.termination_reason == NO_CAPACITY for c in finding.culprits)
+        if no_capacity and (finding.server, finding.run_id) in dateless:
+            updated.append(finding.model_copy(update={"capacity_foresight": DATELESS}))
+            continue
+        if state is None or not no_capacity:
+            updated.append(finding)
+            continue
+        reasons = state.reasons[1:]
+        update: dict = {
+            "capacity_foresight": CapacityForesight(
+                as_of=state.row["as_of"],
+                surge_capacity=state.surge,
+                foreseeable={"none": True, "available": False}.get(state.surge),
+                reasons=reasons,
+            )
+        }
+        root = _root_cause_naming_the_queue(finding, state.surge, reasons)
+        if root is not None:
+            update["root_cause"] = root
+        updated.append(finding.model_copy(update=update))
+    return updated
+
+
+_QUEUE_TOOK_IT = "the room left goes to other runs' queued replicas first"
+_QUEUED_RUN = r"run (\S+)'s queued (\S+)"
+
+
+def _root_cause_naming_the_queue(finding: Finding, surge: str, reasons: list[str]):
+    """The root cause of a no-capacity failure whose room another run's queued replica took:
+    that run named (placement.queued_first: dstack places the queue by priority, then age)."""
+    root = finding.root_cause
+    if root is None or surge != "none":
+        return None
+    taken = [found for r in reasons if _QUEUE_TOOK_IT in r for found in re.findall(_QUEUED_RUN, r)]
+    if not taken:
+        return None
+    runs = ", ".join(dict.fromkeys(f"run {run} ({job})" for run, job in taken))
+    return root.model_copy(
+        update={
+            "detail": f"{root.detail}; the room the surge replica needed went first to the "
+            f"queued replica of {runs}, which dstack places before it (priority, then age: "
+            "jobs_submitted.py)"
+        }
+    )
