@@ -244,9 +244,10 @@ def python_regex(re2: str) -> str:
 
 # Where most gitleaks rules say a secret ends: a quote, a space, `;`, an escaped newline or the
 # end. A secret followed by anything else (`(JWT)`, `token,`, `<b>TOKEN</b>`, a sentence's
-# full stop) went unmasked: the value ends, too, at any character that cannot continue it.
+# full stop, a file name's extension: `sk_live_....db`) went unmasked: the value ends, too, at
+# any character that cannot continue it.
 GITLEAKS_END = "(?:[\\x60'\"\\s;]|\\\\[nr]|$)"
-VALUE_END = GITLEAKS_END[:-1] + r"|(?=[^\w.+/=~-])|(?=\.(?:\s|$)))"
+VALUE_END = GITLEAKS_END[:-1] + r"|(?=[^\w.+/=~-])|(?=\.(?:\s|$))|(?=\.\w{1,8}(?:[^\w.]|$)))"
 
 
 def gitleaks_fingerprint(toml_text: str) -> str:

@@ -128,10 +128,14 @@ def test_a_bundle_never_names_a_network_source_or_stdin(tmp_path, listener):
     assert not connected() and not (tmp_path / "b").exists()
 
 
-def test_verbose_never_prints_secret_shaped_file_names(tmp_path):
+@pytest.mark.parametrize(
+    "name",
+    # an AWS key id; a Stripe key, whose gitleaks rule wants a quote or a space after it
+    ["AKIAIOSFODNN7EXAMPLE", "sk_live_" + "4eC39HqLyjWDarjtT1zdp7dc"],
+)
+def test_verbose_never_prints_secret_shaped_file_names(tmp_path, name):
     folder = tmp_path / "evidence"
     folder.mkdir()
-    name = "AKIAIOSFODNN7EXAMPLE"
     shutil.copyfile(SEED / "server.db", folder / f"{name}.db")
     result = CliRunner().invoke(main, ["audit", "-v", str(folder)])
     assert result.exit_code in (0, 1), result.output
