@@ -94,3 +94,25 @@ def execute(db: Path, *statements: str, params: tuple = ()) -> None:
     with sqlite3.connect(db) as connection:
         for statement in statements:
             connection.execute(statement, params)
+
+
+def without_update(db: Path) -> Path:
+    """`db` as if its run had never been updated: every job and the run at deployment 0, and
+    no 'Run updated' event (a sibling crash with no update, #2660)."""
+    execute(db, "UPDATE jobs SET deployment_num = 0", "UPDATE runs SET deployment_num = 0")
+    execute(
+        db,
+        "DELETE FROM event_targets WHERE event_id IN "
+        "(SELECT id FROM events WHERE message LIKE 'Run updated%')",
+        "DELETE FROM events WHERE message LIKE 'Run updated%'",
+    )
+    return db
+
+
+def one_line_error(result) -> str:
+    """The one line an unusable input gets (exit 2, `dstack-audit: ...`, no traceback)."""
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dstack-audit: "), result.output
+    assert "Traceback" not in result.output and "internal error" not in result.output
+    return lines[0]

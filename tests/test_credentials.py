@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import CAPTURES
+from conftest import CAPTURES, one_line_error
 from fake_dstack import FakeDstack, run
 
 from analyzer.cli import main
@@ -19,14 +19,6 @@ from analyzer.cli import main
 SEED = CAPTURES / "v0.22.5" / "seed"
 TOKEN = "5f0c3f6e-8d7a-4c1b-9e2f-0a1b2c3d4e5f"
 PASSWORD = "Tr0ub4dor-and-3-horses"
-
-
-def one_line(result) -> str:
-    assert result.exit_code == 2, result.output
-    lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("dstack-audit: "), result.output
-    assert "Traceback" not in result.output and "internal error" not in result.output
-    return lines[0]
 
 
 @pytest.fixture
@@ -87,7 +79,7 @@ def test_verify_never_opens_a_network_source_named_in_an_altered_bundle(
         ):
             altered(bundle, sources=[source], given_sources=[source])
             result = CliRunner().invoke(main, ["verify", str(bundle)])
-            line = one_line(result)
+            line = one_line_error(result)
             assert "names a source it cannot hold" in line, line
             assert "`verify` reads only local files, never a network source" in line, line
             assert TOKEN not in result.output and PASSWORD not in result.output
@@ -109,7 +101,7 @@ def test_verify_never_opens_a_network_source_named_in_an_altered_bundle(
 def test_verify_reads_only_the_bundle_and_its_recorded_inputs(bundle, source, expected):
     altered(bundle, given_sources=[source], sources=[source])
     result = CliRunner().invoke(main, ["verify", str(bundle)], input="audit me\n")
-    line = one_line(result)
+    line = one_line_error(result)
     assert expected in line and "an altered bundle?" in line
     assert "root:" not in result.output
 
@@ -122,7 +114,7 @@ def test_a_bundle_never_names_a_network_source_or_stdin(tmp_path, listener):
         ("-", "save it to a file"),
     ):
         result = runner.invoke(main, ["audit", source, "--bundle", str(tmp_path / "b")])
-        line = one_line(result)
+        line = one_line_error(result)
         assert "`verify` reads only local files" in line and hint in line
         assert PASSWORD not in result.output
     assert not connected() and not (tmp_path / "b").exists()
@@ -206,7 +198,7 @@ def test_a_redirect_never_takes_the_token_to_another_host(tmp_path, monkeypatch)
             request.raw(b"", 307, {"Location": elsewhere.url + request.path})
 
         with FakeDstack({"/api/projects/list": redirect}) as server:
-            line = one_line(
+            line = one_line_error(
                 CliRunner().invoke(main, ["collect", server.url, "--to", str(tmp_path / "c")])
             )
     assert "POST /api/projects/list answered HTTP 307" in line
@@ -231,7 +223,7 @@ def test_a_token_with_a_newline_never_shows_even_in_part(tmp_path, monkeypatch, 
             source = "dstack:main"
         for args in (["audit", source], ["collect", source, "--to", str(tmp_path / "c")]):
             result = CliRunner().invoke(main, args)
-            line = one_line(result)
+            line = one_line_error(result)
             assert "the token has a line break at character 19" in line
             assert head not in result.output and tail not in result.output
             assert "5f0c" not in result.output and "4e5f" not in result.output

@@ -11,7 +11,7 @@ from datetime import timedelta
 
 import pytest
 from click.testing import CliRunner
-from conftest import CAPTURES, execute
+from conftest import CAPTURES, execute, without_update
 from test_verdicts import _old_replica_crashes_during_rollout, _seed_mid_cascade
 
 from analyzer import open_sources, plot_fleet, plot_run
@@ -235,14 +235,7 @@ def test_seed_counterfactuals_follow_the_rollout(seed_from):
 def test_no_update_no_rollout_models_do_not_apply(copy_db):
     """A sibling crash with no update (#2660): no rollout to stall or roll back; both platforms
     replace the crashed replica and keep its three siblings serving."""
-    db = copy_db("v0.22.5/multi-replica-crash")
-    execute(db, "UPDATE jobs SET deployment_num = 0", "UPDATE runs SET deployment_num = 0")
-    execute(
-        db,
-        "DELETE FROM event_targets WHERE event_id IN "
-        "(SELECT id FROM events WHERE message LIKE 'Run updated%')",
-        "DELETE FROM events WHERE message LIKE 'Run updated%'",
-    )
+    db = without_update(copy_db("v0.22.5/multi-replica-crash"))
     audit = open_sources([db])
     (finding,) = audit.report.findings
     assert finding.category == "same_deployment_collateral"

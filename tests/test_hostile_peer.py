@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import one_line_error
 from fake_dstack import FakeDstack, run
 
 from analyzer.cli import main
@@ -29,19 +30,11 @@ TOKEN = "5f0c3f6e-8d7a-4c1b-9e2f-0a1b2c3d4e5f"
 GIB = 1024**3
 
 
-def one_line(result) -> str:
-    assert result.exit_code == 2, result.output
-    lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("dstack-audit: "), result.output
-    assert "Traceback" not in result.output and "internal error" not in result.output
-    return lines[0]
-
-
 def collect_cli(url: str, target: Path, *extra: str) -> str:
     result = CliRunner().invoke(
         main, ["collect", url, "--to", str(target), *extra, "--token", TOKEN]
     )
-    return one_line(result)
+    return one_line_error(result)
 
 
 def nothing_left(folder: Path) -> None:
@@ -259,7 +252,7 @@ def test_200k_deep_json_is_one_line(tmp_path):
     with FakeDstack({"/api/runs/list": lambda request: request.raw(deep)}) as server:
         line = collect_cli(server.url, tmp_path / "c")
         assert "POST /api/runs/list answered JSON nested too deep to read" in line
-        audited = one_line(CliRunner().invoke(main, ["audit", server.url, "--token", TOKEN]))
+        audited = one_line_error(CliRunner().invoke(main, ["audit", server.url, "--token", TOKEN]))
         assert "nested too deep" in audited
     nothing_left(tmp_path)
 
@@ -282,7 +275,7 @@ def test_bytes_that_are_no_json_are_one_line(tmp_path, content, expected):
 def test_a_token_that_cannot_be_a_header_is_one_line(tmp_path, token):
     with FakeDstack() as server:
         for args in (["audit", server.url], ["collect", server.url, "--to", str(tmp_path / "c")]):
-            line = one_line(CliRunner().invoke(main, [*args, "--token", token]))
+            line = one_line_error(CliRunner().invoke(main, [*args, "--token", token]))
             assert "a dstack token is one line of visible ASCII" in line
             assert "5f0c" not in line and "8d7a" not in line and "3f6e" not in line
         assert all("authorization" not in {h.lower() for h in r.headers} for r in server.requests)

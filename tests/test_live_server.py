@@ -24,7 +24,15 @@ from pathlib import Path
 import httpx
 import pytest
 from click.testing import CliRunner
-from conftest import CAPTURES, capture_id, expected_victims, found_victims, load_truth, truth_files
+from conftest import (
+    CAPTURES,
+    capture_id,
+    expected_victims,
+    found_victims,
+    load_truth,
+    one_line_error,
+    truth_files,
+)
 
 from analyzer import open_sources
 from analyzer.cli import main
@@ -321,14 +329,6 @@ def test_cli_end_to_end_token_in_no_output(servers, tmp_path):
     assert changed.exit_code == 1 and "page changed: runs_list/acme/page-001.json" in changed.output
     codes = {lim.code for lim in open_sources([tmp_path / "c"]).report.limitations}
     assert "collection_altered" in codes
-
-
-def one_line_error(result) -> str:
-    assert result.exit_code == 2, result.output
-    lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("dstack-audit: "), result.output
-    assert "Traceback" not in result.output
-    return lines[0]
 
 
 def test_wrong_token(servers, tmp_path):

@@ -7,7 +7,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from conftest import CAPTURES, execute
+from conftest import CAPTURES, execute, without_update
 
 from analyzer import open_sources
 
@@ -135,14 +135,7 @@ def test_old_replica_failing_probe_is_not_a_victim(copy_db):
 
 def test_sibling_crash_without_update_is_same_deployment(copy_db):
     """No update: one replica crashes, the run fails, its healthy siblings are killed (#2660)."""
-    db = copy_db("v0.22.5/multi-replica-crash")
-    execute(db, "UPDATE jobs SET deployment_num = 0", "UPDATE runs SET deployment_num = 0")
-    execute(
-        db,
-        "DELETE FROM event_targets WHERE event_id IN "
-        "(SELECT id FROM events WHERE message LIKE 'Run updated%')",
-        "DELETE FROM events WHERE message LIKE 'Run updated%'",
-    )
+    db = without_update(copy_db("v0.22.5/multi-replica-crash"))
     report = open_sources([db]).report
     assert {f.category for f in report.findings} == {"same_deployment_collateral"}
     assert report.summary.victims == 3

@@ -162,17 +162,22 @@ class Source(Protocol):
 HEAD_BYTES = 64 * 1024  # what a source may look at to recognise a file
 
 
-def file_head(path: Path) -> bytes | None:
-    """The first HEAD_BYTES of a regular file, read once per version of it (size and
-    modification time): every source sniffs the same head, and a folder's files are asked
-    again by the API export's folder walk. None: not a regular file, or unreadable."""
+def file_version(path: Path) -> tuple[int, int] | None:
+    """A regular file's size and modification time (what a cache of what was read of it is
+    keyed by), or None: not a regular file, or not there."""
     try:
         stat = path.stat()
     except OSError:
         return None
-    if not S_ISREG(stat.st_mode):
-        return None
-    return _head(path, stat.st_size, stat.st_mtime_ns)
+    return (stat.st_size, stat.st_mtime_ns) if S_ISREG(stat.st_mode) else None
+
+
+def file_head(path: Path) -> bytes | None:
+    """The first HEAD_BYTES of a regular file, read once per version of it (size and
+    modification time): every source sniffs the same head, and a folder's files are asked
+    again by the API export's folder walk. None: not a regular file, or unreadable."""
+    version = file_version(path)
+    return None if version is None else _head(path, *version)
 
 
 # At most 32 MiB of heads are held: the sniffers' own results are remembered longer (a

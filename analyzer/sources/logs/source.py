@@ -9,7 +9,6 @@ import sys
 from collections.abc import Iterable, Iterator
 from functools import lru_cache
 from pathlib import Path
-from stat import S_ISREG
 
 import polars as pl
 
@@ -21,6 +20,7 @@ from analyzer.sources.base import (
     LoadContext,
     SourceData,
     file_head,
+    file_version,
 )
 from analyzer.sources.logs.messages import ADMIN_TOKEN, EventCollector, may_matter
 from analyzer.sources.logs.reader import SNIFF_BYTES, LogStream, file_blocks, sniff_log
@@ -31,13 +31,8 @@ STDIN = "-"
 def _sniff(path: Path) -> bool:
     """Cached per file version: a folder's files are asked again by the API export's folder
     walk and by the registry, and a log's head is parsed to be recognised."""
-    try:
-        stat = path.stat()
-    except OSError:
-        return False
-    if not S_ISREG(stat.st_mode):
-        return False
-    return _sniff_file(path, stat.st_size, stat.st_mtime_ns)
+    version = file_version(path)
+    return version is not None and _sniff_file(path, *version)
 
 
 @lru_cache(maxsize=4096)
