@@ -136,6 +136,28 @@ def _umask() -> int:
     return mask
 
 
+@contextmanager
+def _whole_or_nothing_on_stdout() -> Iterator[None]:
+    """Standard output redirected to a file (`> out.json`, `>> log`) is cut back to where this
+    output began when the write is interrupted (Ctrl-C, a signal): the shell's file holds the
+    whole output or none of it, never a JSON cut in the middle. A pipe or a terminal cannot be
+    taken back; the exit status (130) says the output is incomplete."""
+    try:
+        fd = sys.stdout.fileno()
+        start = os.lseek(fd, 0, os.SEEK_CUR) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+    except (AttributeError, OSError, ValueError):  # not a real file (a test runner's buffer)
+        start = None
+    try:
+        yield
+    except BaseException:
+        if start is not None:
+            with suppress(OSError, ValueError):
+                sys.stdout.flush()  # what is buffered lands now, then is cut with the rest
+            os.ftruncate(fd, start)
+            os.lseek(fd, start, os.SEEK_SET)
+        raise
+
+
 @dataclass
 class _Output:
     given: str
@@ -382,9 +404,10 @@ class Outputs:
         a large report is never held whole. A file still takes its name only once complete."""
         if given is None or str(given) == STDOUT:
             try:
-                for piece in pieces:
-                    sys.stdout.write(piece)
-                sys.stdout.flush()
+                with _whole_or_nothing_on_stdout():
+                    for piece in pieces:
+                        sys.stdout.write(piece)
+                    sys.stdout.flush()
             except OSError as error:
                 raise cannot_write("standard output", error.strerror or str(error)) from None
             return
@@ -396,8 +419,9 @@ class Outputs:
         """Write `data` to a planned file output, or standard output for None or `-`."""
         if given is None or str(given) == STDOUT:
             try:
-                sys.stdout.buffer.write(data)
-                sys.stdout.flush()
+                with _whole_or_nothing_on_stdout():
+                    sys.stdout.buffer.write(data)
+                    sys.stdout.flush()
             except OSError as error:
                 raise cannot_write("standard output", error.strerror or str(error)) from None
             return

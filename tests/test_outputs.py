@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -419,3 +420,30 @@ def test_output_through_a_link_replaces_the_file_it_names_and_keeps_the_link(cas
     assert (case / "latest.json").is_symlink()
     assert json.loads((case / "reports" / "latest.json").read_text())["findings"]
     assert sorted(p.name for p in (case / "reports").iterdir()) == ["latest.json"]
+
+
+def test_an_interrupted_write_to_redirected_stdout_leaves_the_file_as_it_was(tmp_path, monkeypatch):
+    """`audit ... > out.json` (or `>> log`) interrupted while the output is written: the
+    shell's file is cut back to where this output began, never left holding half a JSON."""
+    from analyzer.outputs import plan
+
+    evidence = tmp_path / "server.db"
+    evidence.write_bytes(b"evidence")
+    target = tmp_path / "out.log"
+    target.write_text("an earlier run's line\n")
+
+    def pieces(interrupt: bool):
+        for number in range(64):  # more than stdout's buffer: part of it reaches the file
+            yield f"{number:04d}" + "x" * 65536 + "\n"
+            if interrupt and number == 40:
+                raise KeyboardInterrupt
+
+    with target.open("a", encoding="utf-8") as appended:
+        monkeypatch.setattr(sys, "stdout", appended)
+        outputs = plan([evidence], files=(None,))
+        with pytest.raises(KeyboardInterrupt):
+            outputs.write_pieces(None, pieces(interrupt=True))
+        assert target.read_text() == "an earlier run's line\n"
+        outputs.write_pieces(None, pieces(interrupt=False))
+    assert target.read_text().startswith("an earlier run's line\n0000x")
+    assert target.stat().st_size == len("an earlier run's line\n") + 64 * (4 + 65536 + 1)
