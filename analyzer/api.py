@@ -399,9 +399,9 @@ def audit_in_partitions(paths: Paths, count: int, *, client=None, **options) -> 
         from analyzer.cluster import audit_partitions
 
         return audit_partitions(client, given, count, audit_partition, shared=shared, **options)
-    return merge_partitions(
-        [audit_partition(given, index, count, options, shared) for index in range(count)]
-    )
+    results = [audit_partition(given, index, count, options, shared) for index in range(count)]
+    del shared  # the whole tables it holds are not needed by the merge
+    return merge_partitions(results)
 
 
 def whole_input_facts(paths: Sequence[str | Path]) -> WholeInputFacts:

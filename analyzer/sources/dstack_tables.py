@@ -8,6 +8,7 @@ all-text columns; this module is the one place that knows dstack's schema and it
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Protocol
 
 import polars as pl
@@ -411,11 +412,12 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
     )
     data.runs = _named(runs, raw_jobs)
     del raw_runs, raw_users  # read once, mapped: the raw rows are not held while events load
-    raw_fleets = {table: _read(reader, table, ledger) for table in ("fleets", "instances")}
-    data.fleets, data.instances = _fleets(raw_fleets, server, projects)
+    fleet_tables = learn_fleet_tables(reader, projects)
+    fleet_tables.add_to(ledger, reader)
+    data.fleets, data.instances = fleet_tables.labelled(server)
     data.has_fleet_tables = {"fleets", "instances"} <= present
 
-    data.jobs = _jobs(reader, ledger, raw_jobs, raw_fleets, server, runs)
+    data.jobs = _jobs(reader, ledger, raw_jobs, fleet_tables, server, runs)
     del raw_jobs
     data.events = _events(reader, ledger, server, label, data.jobs, runs, users)
 
@@ -453,7 +455,7 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
     ledger.record(data)
     data.server_version = version
     data.events_table_of = {server} if "events" in present else set()
-    latest = _latest_alive(reader, data, raw_fleets)
+    latest = _latest_alive(data, fleet_tables.alive)
     if latest is not None:
         data.latest_time = {server: latest}
     return data
@@ -631,20 +633,79 @@ def _fleets(
     return fleet_frame, instance_frame
 
 
-def _latest_alive(
-    reader: TableReader, data: SourceData, raw_fleets: dict[str, pl.DataFrame | None]
-):
-    """The latest moment any table shows the server at work: a lower bound of when the copy
-    was taken (runs, jobs and events as mapped; instances and fleets from their raw rows, read
-    once for `_fleets`: TABLE_COLUMNS holds their ALIVE_COLUMNS)."""
-    frames = [
-        data.runs.select(pl.max_horizontal("submitted_at", "last_processed_at").alias("t")),
-        data.jobs.select(pl.max_horizontal("submitted_at", "last_processed_at").alias("t")),
-    ]
-    if data.events.height:
-        frames.append(data.events.select(pl.col("time").alias("t")))
+@dataclass(frozen=True)
+class _FleetTables:
+    """The fleets and instances tables as the audit uses them. Every partition reads them
+    whole, so a reader that shares what it learns of the whole input (SqliteReader.remember)
+    reads, checks and maps them once per audit; the damage found in them is said by every
+    partition, as when each read them."""
+
+    fleets: pl.DataFrame
+    instances: pl.DataFrame
+    fleet_names: pl.DataFrame  # fid -> fleet_name, for the jobs
+    instance_names: pl.DataFrame | None  # iid -> instance_name, instance_fleet_id
+    alive: pl.DataFrame | None  # the latest moment either table shows the server at work
+    damage: cells.Ledger
+
+    def add_to(self, ledger: cells.Ledger, reader: TableReader) -> None:
+        """The damage in both tables, counted or not as `reader` counts a table it reads
+        (a later partition's is said, counted by the first: SqliteReader.counts_damage)."""
+        counts = getattr(reader, "counts_damage", lambda _table: True)
+        for (where, table), parts in self.damage.found.items():
+            for rows in parts:
+                ledger.add(where, table, rows, counted=counts(table))
+
+    def labelled(self, server: str) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """The fleets and instances as read from `server` (mapped unlabelled: the label is the
+        audit's, the tables the file's)."""
+        return tuple(
+            frame.with_columns(pl.lit(server).alias("server")) if frame.width else frame
+            for frame in (self.fleets, self.instances)
+        )
+
+
+def learn_fleet_tables(reader: TableReader, projects: pl.DataFrame) -> _FleetTables:
+    """The fleets and instances of `reader`'s database as the audit uses them; `projects` as
+    `_names` maps them. Remembered once per audit by a reader that shares what partitions
+    learn of the whole input (SqliteReader.remember), else made here."""
+    remember = getattr(reader, "remember", None)
+    if remember is None:
+        return _fleet_tables(reader, projects)
+    return remember("fleets and instances", lambda: _fleet_tables(reader, projects))
+
+
+def learn_projects(reader: TableReader) -> pl.DataFrame:
+    """The projects' names, as load_tables maps them (its damage is said by load_tables)."""
+    return _names(_read(reader, "projects", cells.Ledger()), "project")
+
+
+def _fleet_tables(reader: TableReader, projects: pl.DataFrame) -> _FleetTables:
+    damage = cells.Ledger()
+    raw = {table: _read(reader, table, damage) for table in ("fleets", "instances")}
+    fleets, instances = _fleets(raw, "", projects)
+    names = (
+        raw["fleets"].select(
+            normalise_id(pl.col("id")).alias("fid"), pl.col("name").alias("fleet_name")
+        )
+        if raw["fleets"] is not None
+        else pl.DataFrame(schema={"fid": pl.String, "fleet_name": pl.String})
+    )
+    instance_names = None
+    if raw["instances"] is not None:
+        instance_names = raw["instances"].select(
+            normalise_id(pl.col("id")).alias("iid"),
+            pl.col("name").alias("instance_name"),
+            normalise_id(pl.col("fleet_id")).alias("instance_fleet_id"),
+        )
+    return _FleetTables(fleets, instances, names, instance_names, _alive_in(reader, raw), damage)
+
+
+def _alive_in(reader: TableReader, raw: dict[str, pl.DataFrame | None]) -> pl.DataFrame | None:
+    """The latest time the raw instances and fleets rows show (TABLE_COLUMNS holds their
+    ALIVE_COLUMNS), as one row; None: neither table has such a column."""
+    frames = []
     for table in ("instances", "fleets"):
-        times = raw_fleets[table]
+        times = raw[table]
         if times is None:
             continue
         columns = [c for c in ALIVE_COLUMNS[table] if c in reader.columns(table)]
@@ -654,7 +715,21 @@ def _latest_alive(
                     pl.max_horizontal(parse_db_time(pl.col(c)) for c in columns).alias("t")
                 )
             )
-    return pl.concat(frames, how="vertical_relaxed")["t"].max() if frames else None
+    return pl.concat(frames, how="vertical_relaxed").select(pl.max("t")) if frames else None
+
+
+def _latest_alive(data: SourceData, fleet_tables_alive: pl.DataFrame | None):
+    """The latest moment any table shows the server at work: a lower bound of when the copy
+    was taken (runs, jobs and events as mapped; instances and fleets from their raw rows)."""
+    frames = [
+        data.runs.select(pl.max_horizontal("submitted_at", "last_processed_at").alias("t")),
+        data.jobs.select(pl.max_horizontal("submitted_at", "last_processed_at").alias("t")),
+    ]
+    if data.events.height:
+        frames.append(data.events.select(pl.col("time").alias("t")))
+    if fleet_tables_alive is not None:
+        frames.append(fleet_tables_alive)
+    return pl.concat(frames, how="vertical_relaxed")["t"].max()
 
 
 def _secrets(runs: pl.DataFrame, jobs: pl.DataFrame | None, users: pl.DataFrame | None) -> set[str]:
@@ -673,7 +748,7 @@ def _jobs(
     reader: TableReader,
     ledger: cells.Ledger,
     raw: pl.DataFrame,
-    raw_fleets: dict[str, pl.DataFrame | None],
+    fleet_tables: _FleetTables,
     server: str,
     runs: pl.DataFrame,
 ) -> pl.DataFrame:
@@ -758,20 +833,10 @@ def _jobs(
             pl.lit(None, pl.Int64).alias("min_probe_streak"),
         )
 
-    instances, fleets = raw_fleets["instances"], raw_fleets["fleets"]
-    fleet_names = (
-        fleets.select(normalise_id(pl.col("id")).alias("fid"), pl.col("name").alias("fleet_name"))
-        if fleets is not None
-        else pl.DataFrame(schema={"fid": pl.String, "fleet_name": pl.String})
-    )
-    if instances is not None:
-        inst = instances.select(
-            normalise_id(pl.col("id")).alias("iid"),
-            pl.col("name").alias("instance_name"),
-            normalise_id(pl.col("fleet_id")).alias("instance_fleet_id"),
-        )
+    fleet_names = fleet_tables.fleet_names
+    if fleet_tables.instance_names is not None:
         jobs = jobs.join(
-            inst.lazy(),
+            fleet_tables.instance_names.lazy(),
             left_on="used_instance_id",
             right_on="iid",
             how="left",

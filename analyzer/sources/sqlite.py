@@ -38,6 +38,8 @@ from analyzer.sources.dstack_tables import (
     ALIVE_COLUMNS,
     JSON_PATHS,
     TABLE_COLUMNS,
+    learn_fleet_tables,
+    learn_projects,
     load_tables,
     looks_like_dstack,
 )
@@ -229,6 +231,11 @@ class SqliteReader:
                 raise AuditInputError(self.label, f"cannot read table {table} ({error})") from None
         return self._columns[table]
 
+    def remember(self, name: str, compute: Callable[[], object]) -> object:
+        """What the mapping makes of tables every partition reads whole (fleets, instances),
+        made once per audit when partitions share what they learn (`shared`)."""
+        return remembered(self._shared, name, self._path, compute)
+
     def read(self, table: str, columns: list[str]) -> pl.DataFrame:
         return self.read_slim(table, columns, {})
 
@@ -414,6 +421,7 @@ def _learn(path: Path, shared: WholeInputFacts) -> None:
         remembered(shared, "latest", path, reader.latest)
         for table in sorted((TABLE_COLUMNS.keys() & tables) - set(RUN_TABLES)):
             reader.read_slim(table, TABLE_COLUMNS[table], JSON_PATHS.get(table, {}))
+        learn_fleet_tables(reader, learn_projects(reader))
     finally:
         reader.close()
 
