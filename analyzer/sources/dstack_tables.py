@@ -366,7 +366,7 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
                 )
             )
 
-    projects = _names(_read(reader, "projects", ledger), "project")
+    projects = learn_projects(reader, ledger)
     raw_users = _read(reader, "users", ledger)
     users = _names(raw_users, "user")
 
@@ -674,9 +674,10 @@ def learn_fleet_tables(reader: TableReader, projects: pl.DataFrame) -> _FleetTab
     return remember("fleets and instances", lambda: _fleet_tables(reader, projects))
 
 
-def learn_projects(reader: TableReader) -> pl.DataFrame:
-    """The projects' names, as load_tables maps them (its damage is said by load_tables)."""
-    return _names(_read(reader, "projects", cells.Ledger()), "project")
+def learn_projects(reader: TableReader, ledger: cells.Ledger | None = None) -> pl.DataFrame:
+    """The projects' names, as the fleets and instances need them (`ledger`: where their
+    damage goes; None when learning, as load_tables says it)."""
+    return _names(_read(reader, "projects", ledger or cells.Ledger()), "project")
 
 
 def _fleet_tables(reader: TableReader, projects: pl.DataFrame) -> _FleetTables:
