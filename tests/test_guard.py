@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
 
 from click.testing import CliRunner
 
 from analyzer.cli import main
-from analyzer.guard import ServerState, decide, handle
-from analyzer.redact import Redactor
+from analyzer.service.guard import decide
 
 NOW = datetime(2026, 1, 1, 1, tzinfo=UTC)
 OLD = {
@@ -188,25 +186,23 @@ def test_retry_on_no_capacity_delays_the_failure_only_while_its_window_lasts():
     assert "when its retry ends" not in other and "not on no-capacity" in other
 
 
-def test_guard_without_a_token_or_a_server_stops_with_one_line():
-    closed = "http://127.0.0.1:9"
-    result = CliRunner().invoke(main, ["guard", "--server", closed], env={"DSTACK_TOKEN": None})
+def test_guard_without_a_token_a_secret_or_a_server_stops_with_one_line():
+    closed, secret = "http://127.0.0.1:9", {"DSTACK_AUDIT_GUARD_SECRET": "a-caller-secret-0123"}
+    result = CliRunner().invoke(
+        main, ["guard", "--server", closed], env={"DSTACK_TOKEN": None, **secret}
+    )
     assert result.exit_code == 2 and "no token was given" in result.output
+    for weak in (None, "short", "has:a-colon-0123456789"):
+        result = CliRunner().invoke(
+            main,
+            ["guard", "--server", closed, "--token", "tok-0123456789abcdef"],
+            env={"DSTACK_AUDIT_GUARD_SECRET": weak},
+        )
+        assert result.exit_code == 2 and "DSTACK_AUDIT_GUARD_SECRET" in result.output
+        assert len(result.output.strip().splitlines()) == 1
     token = "tok-0123456789abcdef"  # pasted into the URL by mistake: masked in the error
-    result = CliRunner().invoke(main, ["guard", "--server", f"{closed}/{token}", "--token", token])
+    result = CliRunner().invoke(
+        main, ["guard", "--server", f"{closed}/{token}", "--token", token], env=secret
+    )
     assert result.exit_code == 2 and "check the URL" in result.output
     assert len(result.output.strip().splitlines()) == 1 and token not in result.output
-
-
-def test_a_server_it_cannot_read_is_answered_per_on_unknown_and_said(capsys):
-    token = "tok-0123456789abcdef"
-    state, redactor = ServerState("http://127.0.0.1:9", token), Redactor()
-    redactor.add({token})
-    body = {"user": "ann", "project": "p", "spec": ROLLING}
-    approved = handle("on_run_apply", body, state, "reject", "approve", redactor)
-    refused = handle("on_run_apply", body, state, "reject", "reject", redactor)
-    assert approved == {"spec": ROLLING, "error": None}
-    assert refused["spec"] == ROLLING and "cannot read the server (ConnectError" in refused["error"]
-    logged = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
-    assert [line["decision"] for line in logged] == ["approve", "reject"]
-    assert all(line["reason"].startswith("undecided, answered") for line in logged)

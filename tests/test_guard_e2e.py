@@ -31,8 +31,9 @@ from conftest import CAPTURES
 from test_live_server import DSTACK, VENV, DstackServer, free_port, quiet_env
 
 from analyzer.cli import main
-from analyzer.guard import ServerState, handle
 from analyzer.redact import Redactor
+from analyzer.service.http import ApplyRequest, Guard, Policy
+from analyzer.service.model import ServerModel
 
 pytestmark = pytest.mark.skipif(
     not DSTACK.is_file(),
@@ -41,6 +42,9 @@ pytestmark = pytest.mark.skipif(
 PLUGIN_CONFIG = "projects: []\nplugins:\n  - rest_plugin\n"
 START_TIMEOUT_S = 60
 REJECTED = "Apply request rejected: "
+SECRET = "e2e-caller-secret-0123456789abcdef"
+CHANGED = "Resource has been changed"  # apply_plan's answer when the run moved since the plan
+ATTEMPTS = 5
 
 
 WEB_UPDATE = """\
@@ -69,7 +73,8 @@ class Stack:
             CAPTURES / "v0.22.5" / capture,
             root / "dstack",
             config=PLUGIN_CONFIG,
-            env={"DSTACK_PLUGIN_SERVICE_URI": f"http://127.0.0.1:{self.port}"},
+            # requests sends the URI's user-info as Basic auth: the secret proves the caller
+            env={"DSTACK_PLUGIN_SERVICE_URI": f"http://dstack:{SECRET}@127.0.0.1:{self.port}"},
         )
         self.home = root / "home"
         (self.home / ".dstack").mkdir(parents=True)
@@ -82,7 +87,7 @@ class Stack:
         """The guard once the server answers: by the CLI's configuration (`--server
         dstack:PROJECT`) or by URL with DSTACK_TOKEN, the two ways `audit URL` takes a token."""
         self.server.wait()
-        env = quiet_env(self.home)
+        env = quiet_env(self.home, DSTACK_AUDIT_GUARD_SECRET=SECRET)
         if os.environ.get("PYTHONPATH"):
             env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         where = [f"dstack:{self.project}"] if self.via_config else [self.server.url]
@@ -107,12 +112,30 @@ class Stack:
 
     def decisions(self) -> list[dict]:
         lines = self.stderr.read_text().splitlines()
-        return [json.loads(line) for line in lines if line.startswith("{")]
+        records = [json.loads(line) for line in lines if line.startswith("{")]
+        return [r for r in records if "decision" in r]
 
     def post(self, path: str, body: dict) -> httpx.Response:
         headers = {"Authorization": f"Bearer {self.server.token}"}
         url = f"{self.server.url}/api/project/{self.project}/{path}"
         return httpx.post(url, json=body, headers=headers, timeout=30)
+
+    def apply(self, name: str, **configuration) -> tuple[httpx.Response, dict]:
+        """`runs/apply` of the run's spec changed by `configuration`, planned against the run as
+        read just before; on "Resource has been changed" read, plan and apply again, as a user
+        of the dstack CLI does on that message (a busy server moves a run between the two)."""
+        for _ in range(ATTEMPTS):
+            run = self.run(name)
+            body = {"plan": {"run_spec": changed(run, **configuration), "current_resource": run}}
+            applied = self.post("runs/apply", body | {"force": False})
+            if applied.status_code != 400 or CHANGED not in applied.text:
+                return applied, run
+            time.sleep(0.5)
+        return applied, run
+
+    def get(self, path: str, secret: str | None = SECRET) -> httpx.Response:
+        auth = ("dstack", secret) if secret else None
+        return httpx.get(f"http://127.0.0.1:{self.port}{path}", auth=auth, timeout=10)
 
     def run(self, name: str) -> dict:
         response = self.post("runs/get", {"run_name": name})
@@ -180,8 +203,8 @@ def test_an_update_with_no_room_is_refused_with_the_reason(stacks):
     for fact in ("service web", "1 healthy replica", "fleet cpu-fleet", "nodes.max 1"):
         assert fact in reason
     assert "raise fleet cpu-fleet's nodes.max to 2" in reason
-    body = {"plan": {"run_spec": spec, "current_resource": run}, "force": False}
-    assert refusal(stack.post("runs/apply", body)) == reason
+    applied, run = stack.apply("web", commands=["python -m http.server 8000 --bind 0.0.0.0"])
+    assert refusal(applied) == reason
     assert stack.run("web")["deployment_num"] == run["deployment_num"]
     logged = stack.decisions()[-1]
     assert logged["decision"] == "reject" and logged["reason"] == reason
@@ -194,15 +217,9 @@ def test_an_update_with_no_room_is_refused_with_the_reason(stacks):
 
 def test_with_room_no_new_replica_and_a_new_run_pass(stacks):
     stack = stacks["rolling-ok"]
-    run = stack.run("api")
-    in_place = changed(run, priority=5)
-    body = {"plan": {"run_spec": in_place, "current_resource": run}, "force": False}
-    applied = stack.post("runs/apply", body)
+    applied, _ = stack.apply("api", priority=5)
     assert applied.status_code == 200, applied.text
-    run = stack.run("api")
-    rolling = changed(run, commands=["python -m http.server 8000"])
-    body = {"plan": {"run_spec": rolling, "current_resource": run}, "force": False}
-    applied = stack.post("runs/apply", body)
+    applied, run = stack.apply("api", commands=["python -m http.server 8000"])
     assert applied.status_code == 200, applied.text
     assert applied.json()["deployment_num"] == run["deployment_num"] + 1
     fresh = changed(run, name="fresh", image=None)  # no image: the plan pulls nothing offline
@@ -224,10 +241,11 @@ def test_with_room_no_new_replica_and_a_new_run_pass(stacks):
 def test_warn_mode_approves_and_says_the_same_reason(stacks, capsys):
     stack = stacks["in-place-bump"]
     spec = changed(stack.run("web"), commands=["python -m http.server 8000 --bind 0.0.0.0"])
-    state = ServerState(stack.server.url, stack.server.token)
-    body = {"user": "admin", "project": stack.project, "spec": spec}
-    refused = handle("on_run_apply", body, state, "reject", "approve", Redactor())
-    warned = handle("on_run_apply", body, state, "warn", "approve", Redactor())
+    model = ServerModel(stack.server.url, stack.server.token, every=60)
+    model.refresh()
+    request = ApplyRequest(user="admin", project=stack.project, spec=spec)
+    refused = Guard(model, Policy("reject"), SECRET, Redactor()).answer("on_run_apply", request)
+    warned = Guard(model, Policy("warn"), SECRET, Redactor()).answer("on_run_apply", request)
     assert warned == {"spec": spec, "error": None}
     logged = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
     assert [line["decision"] for line in logged] == ["reject", "warn"]
@@ -236,7 +254,11 @@ def test_warn_mode_approves_and_says_the_same_reason(stacks, capsys):
 
 def test_a_token_the_server_refuses_stops_the_guard_at_start(stacks):
     url, wrong = stacks["rolling-ok"].server.url, "not-a-token-0123456789"
-    result = CliRunner().invoke(main, ["guard", "--server", url, "--token", wrong, "--port", "0"])
+    result = CliRunner().invoke(
+        main,
+        ["guard", "--server", url, "--token", wrong, "--port", "0"],
+        env={"DSTACK_AUDIT_GUARD_SECRET": SECRET},
+    )
     assert result.exit_code == 2 and "the server refused the token" in result.output
     assert wrong not in result.output
 
@@ -256,6 +278,26 @@ def test_dstack_apply_shows_the_refusal(stacks, tmp_path):
     text = " ".join((shown.stdout + shown.stderr).split())
     assert shown.returncode != 0 and text.startswith(REJECTED), text
     assert " ".join(stack.decisions()[-1]["reason"].split()) in text
+
+
+def test_healthz_metrics_and_callers_without_the_secret(stacks):
+    """What an operator's Prometheus sees of the real servers: web is exposed (no room for a
+    surge replica), api is not (nodes.max 2 leaves room)."""
+    for stack, (name, exposed) in zip(stacks.values(), (("web", 1), ("api", 0)), strict=True):
+        health = stack.get("/healthz", secret=None)
+        assert health.status_code == 200 and health.json()["ready"] is True, health.text
+        assert stack.get("/metrics", secret=None).status_code == 401
+        assert stack.get("/metrics", secret="wrong-secret-0123456789").status_code == 401
+        metrics = stack.get("/metrics")
+        assert metrics.status_code == 200, metrics.text
+        gauge = f'dstack_audit_guard_service_exposed{{project="{stack.project}",service="{name}"}}'
+        assert f"{gauge} {exposed}" in metrics.text.splitlines(), metrics.text
+        unsigned = httpx.post(
+            f"http://127.0.0.1:{stack.port}/apply_policies/on_run_apply",
+            json={"user": "x", "project": stack.project, "spec": {}},
+            timeout=10,
+        )
+        assert unsigned.status_code == 401
 
 
 def test_the_token_is_in_no_output_and_ctrl_c_exits_130(stacks):

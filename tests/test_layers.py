@@ -36,7 +36,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "api",
         (
             "analyzer.api",
-            "analyzer.guard",
+            "analyzer.service",
             "analyzer.bundle",
             "analyzer.dataset",
             "analyzer.ingest",

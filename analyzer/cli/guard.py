@@ -32,11 +32,46 @@ def _check_server(url: str, token: str | None) -> str:
     return version
 
 
-def _listen(url: str, token: str | None, host: str, port: int, mode: str, on_unknown: str):
-    from analyzer.guard import serve
+SECRET_ENV = "DSTACK_AUDIT_GUARD_SECRET"
+MIN_SECRET = 16
+
+
+def _secret() -> str:
+    """The secret callers must send (Basic auth password), from the environment only: a
+    command line is visible to every user of the machine."""
+    import os
+
+    secret = os.environ.get(SECRET_ENV, "")
+    if len(secret) < MIN_SECRET or not secret.isprintable() or ":" in secret:
+        raise AuditInputError(
+            "the environment",
+            f"{SECRET_ENV} is unset, shorter than {MIN_SECRET} characters, or holds a colon",
+            "generate one (openssl rand -hex 24), give it to the guard in this variable and to "
+            "the dstack server in DSTACK_PLUGIN_SERVICE_URI (docs/guard.md, step 2)",
+        )
+    return secret
+
+
+def _start(url: str, token: str, every: float):
+    """The model, refreshed once now (a server it cannot read stops the guard at start), then
+    in the background."""
+    from analyzer.service.model import ServerModel
+
+    model = ServerModel(url, token, every)
+    try:
+        model.refresh()
+    except Exception as error:
+        said = (str(error).splitlines() or [""])[0][:200]
+        raise AuditInputError(url, f"cannot read the server's fleets and runs ({said})") from None
+    model.start()
+    return model
+
+
+def _listen(host: str, port: int):
+    from analyzer.service.http import listening
 
     try:
-        return serve(url, token or "", host, port, mode, on_unknown)
+        return listening(host, port)
     except OSError as error:
         raise AuditInputError(
             f"--host {host} --port {port}", f"cannot listen ({error.strerror or error})"
@@ -68,21 +103,48 @@ def register(main: click.Group) -> None:
         show_default=True,
         help="The answer when the guard cannot decide (it always logs why).",
     )
+    @click.option(
+        "--refresh",
+        default=5.0,
+        show_default=True,
+        type=click.FloatRange(0.5, 3600),
+        help="Seconds between two refreshes of the model of the server's fleets and runs.",
+    )
+    @click.option(
+        "--max-age",
+        default=60.0,
+        show_default=True,
+        type=click.FloatRange(1, 86400),
+        help="A model older than this many seconds decides nothing (--on-unknown answers).",
+    )
     @token_option
     @clean_errors
     def guard(
-        server_url: str, host: str, port: int, mode: str, on_unknown: str, token: str | None
+        server_url: str,
+        host: str,
+        port: int,
+        mode: str,
+        on_unknown: str,
+        refresh: float,
+        max_age: float,
+        token: str | None,
     ) -> None:
         """Refuse, in `dstack apply` itself, the update of a running service that would start a
         replica with no room for it while a failure would stop its healthy replicas (#4186).
 
         \b
-        Turn it on in the dstack server:
-          server/config.yml:   plugins: [rest_plugin]
-          environment:         DSTACK_PLUGIN_SERVICE_URI=http://HOST:PORT
+        Try it on a copy of the server's database (docs/guard.md, step by step):
+          server/config.yml:  projects: []   (dstack 0.22.5 needs the key)
+                              plugins: [rest_plugin]
+          export DSTACK_AUDIT_GUARD_SECRET=$(openssl rand -hex 24)
+          dstack server env:  DSTACK_PLUGIN_SERVICE_URI=
+                              http://dstack:$DSTACK_AUDIT_GUARD_SECRET@HOST:PORT
+          DSTACK_TOKEN=ADMIN_TOKEN dstack-audit guard --server URL
         The token must read every project's runs and fleets (an admin's).
-        One JSON line per decision on stderr: time, user, project, run,
-        decision, reason.
+        Callers without the secret (Basic auth) get 401. GET /healthz is
+        ready while the model is fresh; GET /metrics (with the secret) is
+        Prometheus text. One JSON line per answer on stderr: time, user,
+        project, run, decision, reason.
 
         Exit status: 130 on Ctrl-C, 2 unusable options or server.
         """
@@ -98,23 +160,32 @@ def register(main: click.Group) -> None:
         redactor = Redactor()
         redactor.add({token, target.token})
         try:
+            secret = _secret()
+            redactor.add({secret})
             version = _check_server(target.url, target.token)
-            service = _listen(target.url, target.token, host, port, mode, on_unknown)
+            model = _start(target.url, target.token or "", refresh)
+            sock = _listen(host, port)
         except AuditInputError as error:  # the token masked even where a message quotes it
             raise AuditInputError(
                 redactor.apply(error.source), redactor.apply(error.problem), error.hint
             ) from None
-        where = f"http://{host}:{service.server_address[1]}"
+        from analyzer.service.http import Guard, Policy, raise_fd_limit, server
+
+        raise_fd_limit()
+        service = server(Guard(model, Policy(mode, on_unknown, max_age), secret, redactor), sock)
+        where = f"http://{host}:{sock.getsockname()[1]}"
         click.echo(
             redactor.apply(
                 without_controls(
                     f"dstack-audit guard: {where} checks applies for dstack {version} at "
-                    f"{display_url(target.url)} (--mode {mode}, --on-unknown {on_unknown})"
+                    f"{display_url(target.url)} (--mode {mode}, --on-unknown {on_unknown}, "
+                    f"--max-age {max_age:g} s)"
                 )
             ),
             err=True,
         )
         try:
-            service.serve_forever()
+            service.run(sockets=[sock])
         finally:
-            service.server_close()
+            model.stop()
+            sock.close()

@@ -20,28 +20,29 @@ The decision, for an update of a RUNNING service (`apply_plan` bumps `deployment
   fit one replica, or a cloud fleet below `nodes.max` (`can_create_new_cloud_instance_in_fleet`;
   never an SSH fleet, never with `creation_policy: reuse`), less the other runs' queued
   replicas (SUBMITTED, not yet provisioned) that will take it first.
-Everything is read from the server at each request (nothing cached).
+The server's state comes from `analyzer.service.model` (a live model refreshed in the
+background); `decide` is pure.
 """
 
 from __future__ import annotations
 
 import json
-import sys
-import threading
-import time
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 
 from analyzer.pipeline.exposure import judge_release, retry_for_no_capacity
 from analyzer.pipeline.placement import Queued, Requirement, queued_first, requirement
-from analyzer.redact import Redactor
 
 Decision = Literal["approve", "reject", "warn", "unknown"]
 ENDPOINTS = ("on_run_apply", "on_fleet_apply", "on_volume_apply", "on_gateway_apply")
-REQUEST_TIMEOUT_S = 2.0  # each of at most four calls
-BUDGET_S = 5.0  # all of them: the answer is the guard's own, well within dstack's 8 s
+# dstack 0.22.5's name rules, checked before a name reaches a URL or a log line:
+# core/services/__init__.py `is_valid_dstack_resource_name` (runs, fleets) and
+# server/services/projects.py `is_valid_project_name` (fullmatch: `re.match` with `$` would
+# let a trailing newline through).
+RUN_NAME = re.compile(r"[a-z][a-z0-9-]{1,40}")
+PROJECT_NAME = re.compile(r"[a-zA-Z0-9_-]{1,50}")
 # dstack 0.22.5 services/runs/spec.py: what changes the JobSpec (a rolling deployment).
 ROLLING_CONF_FIELDS = (
     "port",
@@ -332,26 +333,25 @@ def decide(
     exposed, why = judge_release(version)
     if exposed != "yes":
         return Verdict("unknown", f"{what}: {why}")
-    req = None
-    groups = conf.get("groups")
-    if isinstance(groups, list) and groups and isinstance(groups[0], dict):
-        req = requirement(str(groups[0].get("name")), groups[0].get("resources"))
-    req = req or requirement("0", conf.get("resources"))
     run_fleet = (current.get("fleet") or {}).get("id")
     candidates = [f for f in fleets if run_fleet is None or f.get("id") == run_fleet]
     names = conf.get("fleets") or (spec.get("profile") or {}).get("fleets")
     if isinstance(names, list):
         wanted_names = {str(n).split("/")[-1] for n in names}
         candidates = [f for f in candidates if f.get("name") in wanted_names]
-    creation = str(conf.get("creation_policy") or "reuse-or-create")
+    creation = str(_setting(spec, "creation_policy") or "reuse-or-create")
     priority = conf.get("priority") if isinstance(conf.get("priority"), int) else 0
     pending, queued_by = _pending(
         others, {str(f.get("id")): f.get("name") for f in candidates}, current["id"], priority
     )
-    places, told, unsure = room(candidates, req, creation, pending)
+    # every replica group's requirement: the one with the least room decides
+    places, told, unsure = min(
+        (room(candidates, req, creation, pending) for req in _requirements(conf)),
+        key=lambda found: (found[0], -found[2]),
+    )
     submitted = _time(current.get("submitted_at"))
     age = (now - submitted).total_seconds() if submitted else None
-    retry_text, at_once = retry_for_no_capacity(conf.get("retry"), age)
+    retry_text, at_once = retry_for_no_capacity(_setting(spec, "retry"), age)
     retry_text = retry_text.replace(" at T", " now")
     if places >= needed:
         return Verdict("approve", f"{what} of {name}: room for {needed} new replica(s)")
@@ -371,6 +371,29 @@ def decide(
         f"would stop the {healthy} healthy replica(s) of {name} with it ({retry_text}). "
         f"Fix: {fix}, then apply again.",
     )
+
+
+def _requirements(conf: dict) -> list[Requirement | None]:
+    """What one replica of each replica group needs (a group without `resources` takes the
+    service's; dstack 0.22.5 `ServiceConfiguration.replica_groups`), or the service's own."""
+    groups = [g for g in conf.get("groups") or [] if isinstance(g, dict)]
+    if not groups:
+        return [requirement("0", conf.get("resources"))]
+    return [
+        requirement(str(g.get("name")), g.get("resources") or conf.get("resources")) for g in groups
+    ]
+
+
+def _setting(spec: dict, name: str) -> Any:
+    """A profile setting (`retry`, `creation_policy`): the configuration's, else the profile's
+    (`RunSpec.merged_profile` lets the configuration override the profile)."""
+    conf = spec.get("configuration") or {}
+    if conf.get(name) is not None:
+        return conf[name]
+    for profile in (spec.get("profile"), spec.get("merged_profile")):
+        if isinstance(profile, dict) and profile.get(name) is not None:
+            return profile[name]
+    return None
 
 
 def _fix(fleets: list[dict], needed: int, queued_by: list[str]) -> str:
@@ -396,122 +419,3 @@ def _time(text: Any) -> datetime | None:
     except ValueError:
         return None
     return value if value.tzinfo else value.replace(tzinfo=UTC)
-
-
-class ServerState:
-    """What one decision reads, asked anew at every request: the server's version, the run, the
-    project's fleets (with their instances) and its active runs."""
-
-    def __init__(self, url: str, token: str) -> None:
-        self.url = url.rstrip("/")
-        self.token = token
-
-    def fetch(self, project: str, run_name: str) -> tuple[dict | None, list, list, str | None]:
-        import httpx
-
-        headers = {"Authorization": f"Bearer {self.token}", "Accept": "application/json"}
-        deadline = time.monotonic() + BUDGET_S
-        with httpx.Client(headers=headers) as client:
-
-            def call(path: str, body: dict | None) -> Any:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"the server took over {BUDGET_S:g} s")
-                timeout = min(REQUEST_TIMEOUT_S, left)
-                response = client.post(self.url + path, json=body, timeout=timeout)
-                if response.status_code == 400 and path.endswith("runs/get"):
-                    return None  # no such run: dstack answers 400 "Run not found"
-                response.raise_for_status()
-                return response.json()
-
-            version = (call("/api/server/get_info", None) or {}).get("server_version")
-            run = call(f"/api/project/{project}/runs/get", {"run_name": run_name})
-            if run is None or run.get("status") != "running":
-                return run, [], [], version
-            fleets = call(f"/api/project/{project}/fleets/list", {})
-            body = {"project_name": project, "only_active": True, "limit": 100}
-            others = call("/api/runs/list", {**body, "job_submissions_limit": 1})
-        return run, fleets, others, version
-
-
-def _log(record: dict) -> None:
-    sys.stderr.write(json.dumps(record, default=str) + "\n")
-    sys.stderr.flush()
-
-
-def handle(
-    endpoint: str, body: dict, state: ServerState, mode: str, on_unknown: str, redactor: Redactor
-) -> dict:
-    """One rest_plugin request -> its answer ({spec, error}); one JSON log line."""
-    spec = body.get("spec") or {}
-    record = {
-        "time": datetime.now(UTC).isoformat(),
-        "user": body.get("user"),
-        "project": body.get("project"),
-        "endpoint": endpoint,
-        "run": spec.get("run_name"),
-    }
-    if endpoint != "on_run_apply":
-        verdict = Verdict("approve", f"{endpoint}: not a run")
-    elif not spec.get("run_name") or (spec.get("configuration") or {}).get("type") != "service":
-        verdict = Verdict("approve", "not an update of a named service")
-    else:
-        try:
-            run, fleets, others, version = state.fetch(body["project"], spec["run_name"])
-            verdict = decide(spec, run, fleets, others, version, datetime.now(UTC))
-        except Exception as error:  # any failure to decide is logged and answered per policy
-            said = (str(error).splitlines() or [""])[0][:200]
-            verdict = Verdict("unknown", f"cannot read the server ({type(error).__name__}: {said})")
-    error = None
-    decision = verdict.decision
-    if decision == "unknown":
-        decision = "reject" if on_unknown == "reject" else "approve"
-        reason = f"undecided, answered {decision} per --on-unknown: {verdict.reason}"
-        error = reason if decision == "reject" else None
-    elif decision == "reject" and mode == "warn":
-        decision, reason = "warn", verdict.reason
-    else:
-        reason = verdict.reason
-        error = reason if decision == "reject" else None
-    _log(record | {"decision": decision, "reason": redactor.apply(reason)})
-    return {"spec": spec, "error": redactor.apply(error) if error else None}
-
-
-def serve(
-    server_url: str,
-    token: str,
-    host: str,
-    port: int,
-    mode: str,
-    on_unknown: str,
-    ready: threading.Event | None = None,
-) -> ThreadingHTTPServer:
-    """Build the HTTP service (the caller runs `serve_forever`)."""
-    state = ServerState(server_url, token)
-    redactor = Redactor()
-    redactor.add({token})
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            endpoint = self.path.rstrip("/").rsplit("/", 1)[-1]
-            if not self.path.startswith("/apply_policies/") or endpoint not in ENDPOINTS:
-                self.send_error(404)
-                return
-            try:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(length) or b"{}")
-            except ValueError:
-                self.send_error(400, "not JSON")
-                return
-            answer = handle(endpoint, body, state, mode, on_unknown, redactor)
-            data = json.dumps(answer).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            return  # one JSON line per decision instead
-
-    return ThreadingHTTPServer((host, port), Handler)

@@ -1,0 +1,168 @@
+"""The guard's live model of a dstack server: the fleets (with their instances) and the active
+runs of every project, refreshed in the background, one refresh at a time.
+
+A decision is then a lookup (milliseconds) and a burst of applies costs the server nothing. The
+model knows its age: a decision on a model older than the bound is `unknown` and answered per
+`--on-unknown`. Only the read-only endpoints of `ENDPOINTS` are ever called, with names checked
+against dstack's own rules and every path segment quoted.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import quote
+
+from analyzer.service.guard import PROJECT_NAME, decide
+
+# Every path the guard may call, all read-only POSTs of dstack 0.22.5's API (`{project}` is a
+# name checked against PROJECT_NAME, then quoted).
+ENDPOINTS = (
+    "/api/server/get_info",
+    "/api/projects/list",
+    "/api/project/{project}/fleets/list",
+    "/api/runs/list",
+)
+PAGE = 100  # runs/list's largest page (dstack 0.22.5 `ListRunsRequest.limit`)
+CALL_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What one refresh read: per project its fleets and its active runs."""
+
+    taken: float  # time.monotonic() when the refresh began
+    at: datetime
+    version: str | None
+    fleets: dict[str, list[dict]] = field(default_factory=dict)
+    runs: dict[str, list[dict]] = field(default_factory=dict)
+    skipped: tuple[str, ...] = ()  # project names dstack's rules refuse: never put in a URL
+
+    def run(self, project: str, name: str) -> dict | None:
+        return next(
+            (r for r in self.runs.get(project, []) if _run_name(r) == name),
+            None,
+        )
+
+    def exposed(self) -> dict[tuple[str, str], bool]:
+        """(project, service) -> whether any rolling update of that running service would be
+        refused now (no room for its surge replica while healthy replicas are at stake)."""
+        found = {}
+        for project, runs in self.runs.items():
+            for run in runs:
+                spec = run.get("run_spec") or {}
+                if (spec.get("configuration") or {}).get("type") != "service":
+                    continue
+                if run.get("status") != "running":
+                    continue
+                rollout = copy.deepcopy(spec)
+                rollout["repo_code_hash"] = f"{spec.get('repo_code_hash')}+rollout"
+                others = [r for r in runs if r is not run]
+                verdict = decide(
+                    rollout, run, self.fleets.get(project, []), others, self.version, self.at
+                )
+                found[(project, str(spec.get("run_name")))] = verdict.decision == "reject"
+        return found
+
+
+def _run_name(run: dict) -> str | None:
+    return (run.get("run_spec") or {}).get("run_name")
+
+
+class ServerModel:
+    """The model and its refresher. `refresh()` is serialized by a lock; `start()` runs it
+    every `every` seconds in a daemon thread until `stop()`."""
+
+    def __init__(self, url: str, token: str, every: float) -> None:
+        self.url = url.rstrip("/")
+        self.token = token
+        self.every = every
+        self.snapshot: Snapshot | None = None
+        self.failure: str | None = None  # the last refresh's error (its type and first line)
+        self.refreshes = 0
+        self.failures = 0
+        self.called: list[str] = []  # paths called by the last refresh
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def age(self) -> float | None:
+        """Seconds since the current snapshot's refresh began (None before the first)."""
+        return None if self.snapshot is None else time.monotonic() - self.snapshot.taken
+
+    def refresh(self) -> Snapshot:
+        import httpx
+
+        with self._lock:
+            headers = {"Authorization": f"Bearer {self.token}", "Accept": "application/json"}
+            called: list[str] = []
+            with httpx.Client(headers=headers, timeout=CALL_TIMEOUT_S) as client:
+
+                def call(template: str, body: dict | None, project: str = "") -> Any:
+                    if template not in ENDPOINTS:
+                        raise ValueError(f"{template} is not an endpoint the guard may call")
+                    path = template.replace("{project}", quote(project, safe=""))
+                    called.append(path)
+                    response = client.post(self.url + path, json=body)
+                    response.raise_for_status()
+                    return response.json()
+
+                taken, at = time.monotonic(), datetime.now(UTC)
+                version = (call(ENDPOINTS[0], None) or {}).get("server_version")
+                names = [str(p.get("project_name")) for p in call(ENDPOINTS[1], {}) or []]
+                good = [n for n in names if PROJECT_NAME.fullmatch(n)]
+                fleets, runs = {}, {}
+                for name in good:
+                    fleets[name] = call(ENDPOINTS[2], {}, name) or []
+                    runs[name] = _active_runs(lambda body: call(ENDPOINTS[3], body), name)
+            self.called = called
+            self.snapshot = Snapshot(
+                taken, at, version, fleets, runs, tuple(n for n in names if n not in good)
+            )
+            self.refreshes += 1
+            return self.snapshot
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="guard-model", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=CALL_TIMEOUT_S * 2)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                self.refresh()
+                self.failure = None
+            except Exception as error:  # kept for /healthz and the decisions' reason
+                self.failures += 1
+                said = (str(error).splitlines() or [""])[0][:200]
+                self.failure = f"{type(error).__name__}: {said}"
+
+
+def _active_runs(call, project: str) -> list[dict]:
+    """Every active run of the project with its jobs' latest submission, page by page
+    (newest first; the next page starts after the last run of this one)."""
+    body: dict[str, Any] = {
+        "project_name": project,
+        "only_active": True,
+        "limit": PAGE,
+        "job_submissions_limit": 1,
+    }
+    runs: list[dict] = []
+    seen: set[str] = set()
+    while True:
+        page = call(body) or []
+        fresh = [r for r in page if str(r.get("id")) not in seen]
+        runs.extend(fresh)
+        seen.update(str(r.get("id")) for r in fresh)
+        if len(page) < PAGE or not fresh:
+            return runs
+        last = page[-1]
+        body = body | {"prev_submitted_at": last.get("submitted_at"), "prev_run_id": last["id"]}
