@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import polars as pl
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from analyzer.redact import Redactor
@@ -42,6 +43,7 @@ HEADER_TIMEOUT_S = 5.0
 KEEP_ALIVE_S = 5
 MAX_CONNECTIONS = 4096  # beyond it uvicorn answers 503 (dstack then refuses the apply)
 BACKLOG = 4096
+MAX_DEPTH = 64  # a dstack run spec nests about ten deep
 MAX_NAME = 200  # a user name longer than this is no dstack user name
 
 
@@ -202,6 +204,9 @@ class Guard:
             "# HELP dstack_audit_guard_model_age_seconds Age of the server model (-1: none).",
             "# TYPE dstack_audit_guard_model_age_seconds gauge",
             f"dstack_audit_guard_model_age_seconds {-1 if age is None else round(age, 3)}",
+            "# HELP dstack_audit_guard_model_refreshes_total Refreshes of the model.",
+            "# TYPE dstack_audit_guard_model_refreshes_total counter",
+            f"dstack_audit_guard_model_refreshes_total {self.model.refreshes}",
             "# HELP dstack_audit_guard_model_refresh_failures_total Failed refreshes.",
             "# TYPE dstack_audit_guard_model_refresh_failures_total counter",
             f"dstack_audit_guard_model_refresh_failures_total {self.model.failures}",
@@ -223,9 +228,7 @@ class Guard:
         return "\n".join(lines) + "\n"
 
 
-def _series(texts: list[str]):
-    import polars as pl
-
+def _series(texts: list[str]) -> pl.Series:
     return pl.Series(texts, dtype=pl.String)
 
 
@@ -262,6 +265,22 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _deeper_than(data: Any, limit: int) -> bool:
+    """Whether the JSON nests deeper than `limit` (walked without recursion, so a spec deep
+    enough to break `json.dumps` of the answer is refused here instead)."""
+    level: list[Any] = [data]
+    for _ in range(limit + 1):
+        level = [
+            child
+            for node in level
+            for child in (node.values() if isinstance(node, dict) else node)
+            if isinstance(child, dict | list)
+        ]
+        if not level:
+            return False
+    return True
+
+
 def parse(body: bytes) -> ApplyRequest:
     """The request body, or BadRequest (400 not JSON, 422 not `{user, project, spec}`)."""
     try:
@@ -271,6 +290,8 @@ def parse(body: bytes) -> ApplyRequest:
         raise BadRequest(400, f"the body is {kind}") from None
     if not isinstance(data, dict):
         raise BadRequest(422, f"the body is a JSON {type(data).__name__}, not an object")
+    if _deeper_than(data, MAX_DEPTH):
+        raise BadRequest(400, "the body is nested too deeply")
     try:
         return ApplyRequest.model_validate(data)
     except ValidationError as error:

@@ -40,7 +40,6 @@ class Snapshot:
     version: str | None
     fleets: dict[str, list[dict]] = field(default_factory=dict)
     runs: dict[str, list[dict]] = field(default_factory=dict)
-    skipped: tuple[str, ...] = ()  # project names dstack's rules refuse: never put in a URL
 
     def run(self, project: str, name: str) -> dict | None:
         return next(
@@ -85,7 +84,6 @@ class ServerModel:
         self.failure: str | None = None  # the last refresh's error (its type and first line)
         self.refreshes = 0
         self.failures = 0
-        self.called: list[str] = []  # paths called by the last refresh
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -99,14 +97,12 @@ class ServerModel:
 
         with self._lock:
             headers = {"Authorization": f"Bearer {self.token}", "Accept": "application/json"}
-            called: list[str] = []
             with httpx.Client(headers=headers, timeout=CALL_TIMEOUT_S) as client:
 
                 def call(template: str, body: dict | None, project: str = "") -> Any:
                     if template not in ENDPOINTS:
                         raise ValueError(f"{template} is not an endpoint the guard may call")
                     path = template.replace("{project}", quote(project, safe=""))
-                    called.append(path)
                     response = client.post(self.url + path, json=body)
                     response.raise_for_status()
                     return response.json()
@@ -114,15 +110,12 @@ class ServerModel:
                 taken, at = time.monotonic(), datetime.now(UTC)
                 version = (call(ENDPOINTS[0], None) or {}).get("server_version")
                 names = [str(p.get("project_name")) for p in call(ENDPOINTS[1], {}) or []]
-                good = [n for n in names if PROJECT_NAME.fullmatch(n)]
                 fleets, runs = {}, {}
-                for name in good:
+                # a name dstack's rules refuse never reaches a URL (its applies are undecided)
+                for name in filter(PROJECT_NAME.fullmatch, names):
                     fleets[name] = call(ENDPOINTS[2], {}, name) or []
                     runs[name] = _active_runs(lambda body: call(ENDPOINTS[3], body), name)
-            self.called = called
-            self.snapshot = Snapshot(
-                taken, at, version, fleets, runs, tuple(n for n in names if n not in good)
-            )
+            self.snapshot = Snapshot(taken, at, version, fleets, runs)
             self.refreshes += 1
             return self.snapshot
 
