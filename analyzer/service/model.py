@@ -126,7 +126,7 @@ class ServerModel:
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=CALL_TIMEOUT_S * 2)
+            self._thread.join(timeout=2)  # a daemon: a refresh under way dies with the process
 
     def _loop(self) -> None:
         while not self._stop.wait(self.every):
