@@ -273,6 +273,8 @@ def test_a_model_older_than_max_age_is_unhealthy_and_answers_per_on_unknown():
             refused = apply(url, ROLLING).json()["error"]
             assert refused.startswith("undecided, answered reject per --on-unknown: the model is")
             assert "HTTPStatusError" in refused
+            metrics = httpx.get(f"{url}/metrics", headers=AUTH, timeout=5).text.splitlines()
+            assert "dstack_audit_guard_undecided_total 1" in metrics
         finally:
             stop()
 

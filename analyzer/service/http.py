@@ -107,6 +107,7 @@ class Guard:
     redactor: Redactor
     decisions: Counter = field(default_factory=Counter)
     bad_requests: Counter = field(default_factory=Counter)
+    undecided: int = 0  # of the decisions, those answered per --on-unknown
     out: Any = None  # where the JSON lines go (None: stderr)
     _log_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -137,6 +138,7 @@ class Guard:
         verdict = self._verdict(endpoint, request)
         decision, reason, error = _answered(verdict, self.policy)
         self.decisions[decision] += 1
+        self.undecided += verdict.decision == "unknown"
         user, project, run, reason = redactor.apply_series(
             _series([request.user, request.project, str(spec.get("run_name")), reason])
         ).to_list()
@@ -195,6 +197,9 @@ class Guard:
                 f'dstack_audit_guard_decisions_total{{decision="{d}"}} {self.decisions[d]}'
                 for d in ("approve", "reject", "warn")
             ),
+            "# HELP dstack_audit_guard_undecided_total Of those, answered per --on-unknown.",
+            "# TYPE dstack_audit_guard_undecided_total counter",
+            f"dstack_audit_guard_undecided_total {self.undecided}",
             "# HELP dstack_audit_guard_bad_requests_total Requests refused with a 4xx.",
             "# TYPE dstack_audit_guard_bad_requests_total counter",
             *(
