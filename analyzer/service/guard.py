@@ -374,14 +374,13 @@ def decide(
 
 
 def _requirements(conf: dict) -> list[Requirement | None]:
-    """What one replica of each replica group needs (a group without `resources` takes the
-    service's; dstack 0.22.5 `ServiceConfiguration.replica_groups`), or the service's own."""
+    """What one replica of each replica group needs (dstack 0.22.5 `replica_groups`: a
+    service without `groups` is one group of its own `resources`; a group's own `resources`,
+    which the server always sends, else unknown: its fit is then never guessed)."""
     groups = [g for g in conf.get("groups") or [] if isinstance(g, dict)]
     if not groups:
         return [requirement("0", conf.get("resources"))]
-    return [
-        requirement(str(g.get("name")), g.get("resources") or conf.get("resources")) for g in groups
-    ]
+    return [requirement(str(g.get("name")), g.get("resources")) for g in groups]
 
 
 def _setting(spec: dict, name: str) -> Any:
