@@ -133,13 +133,19 @@ def register(main: click.Group) -> None:
         replica with no room for it while a failure would stop its healthy replicas (#4186).
 
         \b
-        Try it on a copy of the server's database (docs/guard.md, step by step):
-          server/config.yml:  projects: []   (dstack 0.22.5 needs the key)
-                              plugins: [rest_plugin]
-          export DSTACK_AUDIT_GUARD_SECRET=$(openssl rand -hex 24)
-          dstack server env:  DSTACK_PLUGIN_SERVICE_URI=
-                              http://dstack:$DSTACK_AUDIT_GUARD_SECRET@HOST:PORT
-          DSTACK_TOKEN=ADMIN_TOKEN dstack-audit guard --server URL
+        Try it on a copy of a server's database (docs/guard.md says more):
+          1. mkdir -p trial/data
+             cp ~/.dstack/server/data/sqlite.db trial/data/
+          2. trial/config.yml:  projects: []  (dstack 0.22.5 needs the key)
+                                plugins: [rest_plugin]
+          3. S=$(openssl rand -hex 24); export DSTACK_AUDIT_GUARD_SECRET=$S
+          4. DSTACK_SERVER_DIR=trial \\
+             DSTACK_SERVER_BACKGROUND_PROCESSING_DISABLED=1 \\
+             DSTACK_PLUGIN_SERVICE_URI=http://dstack:$S@127.0.0.1:8001 \\
+             dstack server --port 3001 &
+          5. DSTACK_TOKEN=ADMIN_TOKEN dstack-audit guard --mode warn \\
+             --server http://127.0.0.1:3001
+        In production the URI points the real server at the guard.
         The token must read every project's runs and fleets (an admin's).
         Callers without the secret (Basic auth) get 401. GET /healthz is
         ready while the model is fresh; GET /metrics (with the secret) is
