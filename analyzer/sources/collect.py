@@ -13,13 +13,14 @@ which is renamed at the end and removed on any failure (the CLI turns SIGTERM an
 exception, so a killed run removes it too), so a half-collected folder is never passed off as a
 snapshot. `httpx` is imported here only, when a server is asked.
 
-The server is a peer that may be hostile (docs/threat-model.md): every answer is read as a stream
-and refused past MAX_ANSWER_BYTES (decoded, so a gzip bomb too), each must arrive whole within
-ANSWER_DEADLINE_S and the whole collection within its time limit, a list is followed for at most
-MAX_PAGES pages and never past a page whose cursor it has already seen, every listed item must be
-an object with the fields the cursor needs, and the token is refused before it is sent when it is
-not one line of visible ASCII (an error could otherwise quote it). A token the server echoes is
-masked in the pages before they are written or hashed, and the manifest says so.
+The server is a peer that may be hostile (docs/threat-model.md): every answer is read as a
+stream and refused past MAX_ANSWER_BYTES (decoded, each inflate call bounded:
+sources/inflate.py), each must arrive whole within ANSWER_DEADLINE_S and the whole collection
+within its time limit, a list is followed for at most MAX_PAGES pages and never past a page
+whose cursor it has already seen, every listed item must be an object with the fields the cursor
+needs, and the token is refused before it is sent when it is not one line of visible ASCII (an
+error could otherwise quote it). A token the server echoes is masked in the pages before they
+are written or hashed, and the manifest says so.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from analyzer._version import __version__
 from analyzer.errors import AuditInputError
+from analyzer.sources.inflate import ACCEPTED, CodingError, Inflater
 
 MANIFEST = "manifest.json"
 GENERATED_BY = "dstack-audit collect"
@@ -177,7 +179,7 @@ class Server:
 
         self.url = url.rstrip("/")
         self.label = display_url(url)
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": "application/json", "Accept-Encoding": ACCEPTED}
         if token:
             check_token(self.label, token)
             headers["Authorization"] = f"Bearer {token}"
@@ -237,16 +239,21 @@ class Server:
             declared = response.headers.get("content-length", "")
             if declared.isdigit() and int(declared) > self.max_bytes:
                 raise self._too_big(path, int(declared))
+            inflater = Inflater(response.headers.get("content-encoding", ""))
             content = bytearray()
-            for chunk in response.iter_bytes():
-                if self.stopped:
-                    raise Stopped(path)
-                content += chunk
-                if len(content) > self.max_bytes:
-                    raise self._too_big(path)
-                if time.monotonic() > until:
-                    raise self._too_slow(path)
+            for chunk in response.iter_raw():  # decoded here, each call bounded (inflate.py)
+                for piece in inflater.feed(chunk):
+                    if self.stopped:
+                        raise Stopped(path)
+                    content += piece
+                    if len(content) > self.max_bytes:
+                        raise self._too_big(path)
+                    if time.monotonic() > until:
+                        raise self._too_slow(path)
+            inflater.end()
             return Answer(response.status_code, self._unechoed(path, bytes(content)))
+        except CodingError as error:
+            raise AuditInputError(self.label, f"POST {path} {error}") from None
         except httpx.TimeoutException:
             if time.monotonic() >= until - 0.01:
                 raise self._too_slow(path) from None
