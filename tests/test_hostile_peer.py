@@ -407,3 +407,37 @@ def test_the_fake_server_bounds_itself_in_time():
         with pytest.raises(httpx.ConnectError):
             httpx.post(server.url + "/api/server/get_info", timeout=2)
     assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "item"),
+    [
+        ("/api/runs/list", run),
+        # not in the issue: a list a live audit reads too, answering for ever
+        (
+            "/api/events/list",
+            lambda n: {"id": f"e{n}", "recorded_at": "2026-01-01T00:00:00+00:00", "x": "y" * 99},
+        ),
+    ],
+)
+def test_a_collection_stops_at_its_size_limit(tmp_path, endpoint, item):
+    """A server answering new pages for ever: stopped when the next page would take the
+    collection past --size-limit, one line, exit 2, nothing left; the pages kept never pass it."""
+    numbers = iter(range(1, 10**9))
+
+    def endless(request):
+        request.json([item(next(numbers)) for _ in range(request.body["limit"])])
+
+    with FakeDstack({endpoint: endless}) as server:
+        result = CliRunner().invoke(
+            main,
+            ["collect", server.url, "--to", str(tmp_path / "c"), "--size-limit", "1"],
+            env={"DSTACK_TOKEN": TOKEN},
+        )
+        asked = server.paths().count(endpoint)
+    line = one_line_error(result)
+    assert result.exit_code == 2
+    assert f"POST {endpoint}: the collection would pass its size limit of 1048576 bytes" in line
+    assert "give a larger --size-limit" in line
+    assert 1 < asked < 200, asked
+    nothing_left(tmp_path)
