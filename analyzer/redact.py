@@ -46,7 +46,7 @@ GITLEAKS_FILE = Path(__file__).parent / "rules" / "gitleaks.toml"
 # python -c "import analyzer.redact as r; r.write_translated_gitleaks()"
 GITLEAKS_TRANSLATED = GITLEAKS_FILE.with_name("gitleaks.python.json")
 GITLEAKS_VERSION = "v8.30.0"  # tag; commit 6eaad039603a4de39fddd1cf5f727391efe9974e, MIT
-PROJECT_RULES_VERSION = 2  # bump when PROJECT_RULES change
+PROJECT_RULES_VERSION = 3  # bump when PROJECT_RULES change
 RULE_SET = (
     f"gitleaks {GITLEAKS_VERSION} config/gitleaks.toml + dstack-audit {PROJECT_RULES_VERSION}"
 )
@@ -67,7 +67,7 @@ _VALUE = (
     r"(?:\"(?!\*\*\*\")((?:[^\"\\\n]|\\.)+)\""
     r"|'(?!\*\*\*')([^'\n]+)'"
     r"|\\\"(?!\*\*\*\\\")((?:[^\"\\\n]|\\[^\"\n])+)\\\""
-    r"|[\"']?(?!\*\*\*(?:[\s\"'\\]|$))([^\s\"'\\]+))"
+    r"|[\"']?(?!\*\*\*(?:[\s\"'\\,;]|$))([^\s\"'\\]+))"
 )
 _NAME_END = r"(?:\\?[\"'])?[ \t]*(?:=|:)[ \t]*"
 
@@ -93,6 +93,15 @@ PROJECT_RULES: tuple[tuple[str, str, tuple[str, ...], int | None], ...] = (
         r"(?:=|[ \t]+)" + _VALUE,
         ("token", "passw", "secret", "key", "credential"),
         None,
+    ),
+    (
+        "name-colon-words",  # token: abc def: a bare value of several words, to its end
+        # (before name-value, which would mask its first word only; both refuse a line
+        # break, so over a text of several lines they run in this order too)
+        r"(?i)(?<![?&])\b" + _SECRET_NAME + r"(?:\\?[\"'])?[ \t]*:[ \t]*"
+        r"(?!\*\*\*(?:[\s\"'\\]|$))([^ \t\r\n\"'\\]+(?:[ \t]+[^\s\"'\\:=,;]+(?=[\s\"'\\,;]|$))+)",
+        ("key", "token", "secret", "pass", "pwd", "credential", "creds", "sig"),
+        1,
     ),
     (
         "name-value",  # AWS_SECRET_ACCESS_KEY=..., "token": "...", password: "a b c"
@@ -130,6 +139,34 @@ PROJECT_RULES: tuple[tuple[str, str, tuple[str, ...], int | None], ...] = (
     ("bearer", r"(?i)\bBearer\s+(?!\*\*\*(?:[\s\"'\\]|$))([^\s\"'\\,;]+)", ("bearer",), 1),
     ("dstack-encrypted", r"enc:[a-z]+:[^:\s]+:([^\s\"'\\]+)", ("enc:",), 1),
     ("huggingface-token", r"\bhf_[A-Za-z0-9]{30,}", ("hf_",), 0),  # gitleaks': letters only
+    # gitleaks' openai/anthropic rules need the keys' inner marks (`T3BlbkFJ`, `AA` at the
+    # end): a key cut, templated or made up for an example has neither
+    (
+        "model-api-key",
+        r"\bsk-(?:proj|svcacct|admin|ant-[a-z]{3,5}\d{2})-[A-Za-z0-9_-]{16,}|\bsk-[A-Za-z0-9]{40,}",
+        ("sk-",),
+        0,
+    ),
+    ("slack-token", r"\bxox[abeoprs]-[A-Za-z0-9-]{10,}", ("xox",), 0),  # gitleaks': digits first
+    ("docker-token", r"\bdckr_(?:pat|oat)_[A-Za-z0-9_-]{8,}", ("dckr_",), 0),  # Docker Hub PAT
+    # a JWT's header and payload are JSON objects: base64url of `{"` is `eyJ` (gitleaks' rule
+    # asks for 17 characters after `ey`, which a short header or payload has not)
+    ("jwt-short", r"\beyJ[A-Za-z0-9_-]{2,}\.eyJ[A-Za-z0-9_-]{2,}\.[A-Za-z0-9_-]*", ("eyj",), 0),
+    (
+        "name-space-value",  # AWS_SECRET_ACCESS_KEY value, as `aws configure set` and env dumps
+        r"(?<![\w-])(?:[A-Z0-9_]*(?:SECRET|TOKEN|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY"
+        r"|CREDENTIALS?)[A-Z0-9_]*|(?i:aws_secret_access_key|aws_session_token))[ \t]+"
+        r"(?!\*\*\*(?:[\s\"'\\]|$))(?=[^\s\"'\\]*[0-9+/=_-])([^\s\"'\\]{6,})",
+        ("secret", "token", "passw", "api_key", "access_key", "private_key", "credential"),
+        1,
+    ),
+    (
+        "password-option",  # sshpass -p X / -pX, mysql -pX (-p alone prompts: no secret)
+        r"(?<![\w-])(?:sshpass(?:[ \t]+-[^\sp]\S*)*[ \t]+-p[ \t]*"
+        r"|(?:mysql\w*|mariadb[\w-]*)\b[^\n|;&]*?[ \t]-p(?=[^\s]))" + _VALUE,
+        ("sshpass", "mysql", "mariadb"),
+        None,
+    ),
 )
 
 
@@ -360,6 +397,70 @@ def redact_records(texts: pl.Series) -> pl.Series:
         pl.when(pl.col("again") != pl.col("joined")).then("again").otherwise("as_was")
     )
     return masked.scatter(rows, chosen.to_series())
+
+
+# A key block as gitleaks and PEM (RFC 7468) write it; a logger may write it a line a record.
+KEY_BEGIN = r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----"
+KEY_END = r"-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----"
+# a record that ends with a secret's label and no value: its value is the next record
+_LABEL_LAST = (
+    r"(?i)(?:^|[^\w.-])(?:" + _SECRET_NAME + r")(?:\\?[\"'])?[ \t]*[:=][ \t]*$"
+    r"|(?i)(?:^|[ \t])--?[\w-]*(?:token|passw(?:or)?d|secret|api[-_]?key|credential)s?[ \t]*$"
+)
+
+
+@dataclass
+class RecordRun:
+    """What one chunk of a log's records leaves open for the next: a key block begun and not
+    ended, a label whose value has not come yet."""
+
+    key_open: bool = False
+    label_open: bool = False
+
+
+def redact_record_run(texts: pl.Series, run: RecordRun) -> pl.Series:
+    """`redact_records` over consecutive records of one log (in the order written), and the
+    records a secret reaches from a neighbour masked whole: every record from a key block's
+    BEGIN to its END, whatever the records (a logger writing the key a line at a time; a
+    block not ended by the last record stays open for the next chunk), and the record after
+    one that ends with a secret's label (`password:` then the value). `run` carries both."""
+    texts = texts.cast(pl.String)
+    masked = redact_records(texts)
+    found = (
+        pl.DataFrame({"text": texts})
+        .with_row_index("row")
+        .select(
+            "row",
+            pl.col("text").str.contains(KEY_BEGIN).fill_null(False).alias("begins"),
+            pl.col("text").str.contains(KEY_END).fill_null(False).alias("ends"),
+            pl.col("text").str.contains(_LABEL_LAST).fill_null(False).alias("label"),
+        )
+    )
+    whole: list[int] = [0] if run.label_open and texts.len() else []
+    whole += (found.filter("label")["row"] + 1).to_list()
+    run.label_open = bool(texts.len()) and bool(found["label"][-1])
+    ended: list[int] = []
+    start = 0 if run.key_open else None
+    marked = found.filter(pl.col("begins") | pl.col("ends"))["row"]  # few: a loop is cheap
+    for row, text in zip(marked.to_list(), texts.gather(marked).to_list(), strict=True):
+        last_begin = max((m.start() for m in re.finditer(KEY_BEGIN, text)), default=-1)
+        last_end = max((m.end() for m in re.finditer(KEY_END, text)), default=-1)
+        if start is not None and last_end >= 0:  # the block ends here
+            whole += range(start, row)
+            ended.append(row)
+            start = None
+        if last_begin > last_end:  # a block begins here and does not end in this record
+            start = row + 1
+    if start is not None:
+        whole += range(start, texts.len())
+    run.key_open = start is not None
+    rows = sorted({r for r in whole if r < texts.len()} - set(ended))
+    if rows:
+        masked = masked.scatter(rows, [MASK] * len(rows))
+    if ended:
+        cut = masked.gather(ended).str.replace(r"(?s)^.*?" + KEY_END, MASK)
+        masked = masked.scatter(ended, cut)
+    return masked
 
 
 def redact_shapes(texts: pl.Series, *, dedupe: bool = True) -> pl.Series:
