@@ -45,7 +45,7 @@ GITLEAKS_FILE = Path(__file__).parent / "rules" / "gitleaks.toml"
 # GITLEAKS_FILE's rules translated (translate_gitleaks); regenerate after changing either file:
 # python -c "import analyzer.redact as r; r.write_translated_gitleaks()"
 GITLEAKS_TRANSLATED = GITLEAKS_FILE.with_name("gitleaks.python.json")
-GITLEAKS_VERSION = "v8.30.0"  # tag; commit 6eaad039603a4de39fddd1cf5f727391efe9974e, MIT
+GITLEAKS_VERSION = "v8.30.1"  # tag; commit 83d9cd684c87d95d656c1458ef04895a7f1cbd8e, MIT
 PROJECT_RULES_VERSION = 3  # bump when PROJECT_RULES change
 RULE_SET = (
     f"gitleaks {GITLEAKS_VERSION} config/gitleaks.toml + dstack-audit {PROJECT_RULES_VERSION}"
