@@ -43,18 +43,18 @@ def _whole_literal(term: str) -> str | None:
 
 
 def _walk(text: str, start: int) -> Iterator[tuple[int, str, int, str | None]]:
-    """(index, character, bracket depth after it, a literal's value) from `start`: string
-    literals as one step (character `"`), comments skipped."""
+    """(index, the step's source, bracket depth after it, a literal's value) from `start`: a
+    string literal is one step, a comment none."""
     depth, i = 0, start
     while i < len(text):
         char = text[i]
         if char in '"`':
             value, end = _literal(text, i)
-            yield i, '"', depth, value
+            yield i, text[i:end], depth, value
             i = end
             continue
         if text.startswith("//", i):
-            i = text.index("\n", i)
+            i = text.find("\n", i) if "\n" in text[i:] else len(text)
             continue
         depth += (char in _OPENERS) - (char in ")]}")
         yield i, char, depth, None
@@ -69,23 +69,19 @@ def _statement_end(text: str, start: int) -> int:
 
 
 def _slice_elements(text: str) -> list[str]:
-    """Each element of every `[]string{...}` in `text` that is one string literal alone."""
-    found = []
+    """The source of each element of every `[]string{...}` in `text`, without comments."""
+    found: list[str] = []
     for opening in re.finditer(r"\[\]string\{", text):
         element: list[str] = []
-        alone = True
-        for _, char, depth, value in _walk(text, opening.end() - 1):
-            if value is not None and depth == 1:
-                element.append(value)
-            elif depth == 0 or (char == "," and depth == 1):
-                if len(element) == 1 and alone:
-                    found.append(element[0])
-                element, alone = [], True
+        for _, step, depth, _ in _walk(text, opening.end() - 1):
+            if (step == "," and depth == 1) or depth == 0:
+                found.append("".join(element).strip())
+                element = []
                 if depth == 0:
                     break
-            elif char != '"' and not char.isspace() and not (char == "{" and depth == 1):
-                alone = False
-    return found
+            elif depth >= 1 and not (step == "{" and depth == 1 and not element):
+                element.append(step)
+    return [element for element in found if element]
 
 
 _PATTERNS = {  # cmd/generate/config/utils/patterns.go: the character classes examples use
@@ -136,32 +132,35 @@ def _regex(expression: str) -> str | None:
     return "".join(out)
 
 
+def _parts(expression: str) -> list[list[str]] | None:
+    """A concatenation of literals and `secrets.NewSecret(regex)` as its parts (["text", s] or
+    ["regex", r]); None for any other expression."""
+    parts = []
+    for term in _terms(expression):
+        generated = re.fullmatch(r"secrets\.NewSecret\((.*)\)", term, re.S)
+        if (literal := _whole_literal(term)) is not None:
+            parts.append(["text", literal])
+        elif generated and (regex := _regex(generated[1])) is not None:
+            parts.append(["regex", regex])
+        else:
+            return None
+    return parts
+
+
 def _samples(text: str) -> list[dict]:
-    """Each `utils.GenerateSampleSecrets(identifier, secret)` whose secret is literals and
-    `secrets.NewSecret(regex)`: the identifier and the secret as parts (text or regex)."""
+    """Each `utils.GenerateSampleSecrets(identifier, secret)` whose secret is `_parts`: the
+    identifier and the secret's parts."""
     found = []
     for call in re.finditer(r"GenerateSampleSecrets\(", text):
         args = _arguments(text, call.end() - 1)
-        if len(args) != 2 or args[0][:1] != '"':
-            continue
-        parts: list[list[str]] | None = []
-        for term in _terms(args[1]):
-            generated = re.fullmatch(r"secrets\.NewSecret\((.*)\)", term, re.S)
-            if (literal := _whole_literal(term)) is not None:
-                parts.append(["text", literal])
-            elif generated and (regex := _regex(generated[1])) is not None:
-                parts.append(["regex", regex])
-            else:
-                parts = None
-                break
-        if parts:
-            found.append({"identifier": _literal(args[0], 0)[0], "secret": parts})
+        if len(args) == 2 and _whole_literal(args[0]) and (parts := _parts(args[1])):
+            found.append({"identifier": _whole_literal(args[0]), "secret": parts})
     return found
 
 
 def examples(rules_folder: Path) -> dict[str, dict[str, list]]:
-    """rule id -> {"tps": [...], "fps": [...], "samples": [...]}: literal examples, and the
-    generated ones as the parts they are generated from."""
+    """rule id -> {"tps", "fps": literal texts; "generated": texts as parts; "samples": an
+    identifier and a secret as parts, for gitleaks' sample forms}."""
     out: dict[str, dict[str, list]] = {}
     for path in sorted(rules_folder.glob("*.go")):
         text = path.read_text(encoding="utf-8")
@@ -171,10 +170,15 @@ def examples(rules_folder: Path) -> dict[str, dict[str, list]]:
             rule = _RULE_ID.search(body)
             if rule is None:
                 continue
-            kinds: dict[str, list] = {"tps": [], "fps": [], "samples": []}
+            kinds: dict[str, list] = {"tps": [], "fps": [], "samples": [], "generated": []}
             for statement in _STATEMENT.finditer(body):
                 span = body[statement.start() : _statement_end(body, statement.end())]
-                kinds[statement[1]] += _slice_elements(span)
+                for element in _slice_elements(span):
+                    parts = _parts(element)
+                    if parts and all(kind == "text" for kind, _ in parts):
+                        kinds[statement[1]].append("".join(text for _, text in parts))
+                    elif parts and statement[1] == "tps":
+                        kinds["generated"].append(parts)
                 if statement[1] == "tps":
                     kinds["samples"] += _samples(span)
             if any(kinds.values()):
