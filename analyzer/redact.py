@@ -10,7 +10,12 @@ hashing) and again over every rendered output:
   (cloud keys, forge, chat and model-hub tokens, JWTs, private key blocks, ~220 detectors),
   and the shapes of `PROJECT_RULES` that gitleaks leaves out or that dstack's evidence shows:
   key bodies without their BEGIN/END lines, `--token VALUE` arguments, `NAME=value` where
-  NAME says key/token/secret/password/credential, URL passwords, `The admin token is ...`.
+  NAME says key/token/secret/password/credential (a `NAME: value` of several words to its
+  end), `NAME value` for upper-case names, `sshpass -p`/`mysql -pX`, URL passwords, `The admin
+  token is ...`, and bare model, chat and registry keys whose gitleaks regexes ask for more.
+
+A log's records are also masked as a run (sources/logs/masking.py): a key block from BEGIN to
+END over several records, and a value on the record after its label.
 
 A match keeps its place: only the secret (a rule's secret group) becomes `***`. gitleaks'
 regexes are RE2's; they are translated to Python's `re` once (`python_regex`), and each rule
@@ -56,7 +61,7 @@ GITLEAKS_LEFT_OUT = ("generic-api-key",)
 
 # a bare `key` names ordinary entries (the report's own group rows): a key needs a qualifier;
 # `pass` and `sig` only as a whole name or its last part (`db_pass`, `X-Amz-Signature`)
-_SECRET_NAME = (
+SECRET_NAME = (
     r"(?:[\w.-]*(?:token|secret|passw(?:or)?d|passphrase|pwd|credential|creds)[\w.-]*"
     r"|[\w.-]+key[\w.-]*|(?:[\w.-]*[_.-])?(?:pass|sig|signature))"
 )
@@ -98,14 +103,14 @@ PROJECT_RULES: tuple[tuple[str, str, tuple[str, ...], int | None], ...] = (
         "name-colon-words",  # token: abc def: a bare value of several words, to its end
         # (before name-value, which would mask its first word only; both refuse a line
         # break, so over a text of several lines they run in this order too)
-        r"(?i)(?<![?&])\b" + _SECRET_NAME + r"(?:\\?[\"'])?[ \t]*:[ \t]*"
+        r"(?i)(?<![?&])\b" + SECRET_NAME + r"(?:\\?[\"'])?[ \t]*:[ \t]*"
         r"(?!\*\*\*(?:[\s\"'\\]|$))([^ \t\r\n\"'\\]+(?:[ \t]+[^\s\"'\\:=,;]+(?=[\s\"'\\,;]|$))+)",
         ("key", "token", "secret", "pass", "pwd", "credential", "creds", "sig"),
         1,
     ),
     (
         "name-value",  # AWS_SECRET_ACCESS_KEY=..., "token": "...", password: "a b c"
-        r"(?i)(?<![?&])\b" + _SECRET_NAME + _NAME_END + _VALUE,
+        r"(?i)(?<![?&])\b" + SECRET_NAME + _NAME_END + _VALUE,
         ("key", "token", "secret", "pass", "pwd", "credential", "creds", "sig"),
         None,
     ),
@@ -379,88 +384,6 @@ def _keyword_rules() -> tuple[list[str], dict[str, list[int]], list[int]]:
         for keyword in rule.keywords:
             triggered.setdefault(keyword, []).append(index)
     return sorted(triggered), triggered, always
-
-
-def redact_records(texts: pl.Series) -> pl.Series:
-    """`redact_shapes` over log records, whose lines may split a secret (`password=` then the
-    value on the next line, a token wrapped): a record whose lines, joined without their
-    breaks and indents, still hold a secret comes out so joined and masked."""
-    masked = redact_shapes(texts)
-    multi = masked.str.contains("\n", literal=True).fill_null(False)
-    if not multi.any():
-        return masked
-    rows = multi.arg_true()
-    joined = masked.gather(rows).str.replace_all(r"\n[ \t]*", "")
-    again = redact_shapes(joined)
-    found = pl.DataFrame({"again": again, "joined": joined, "as_was": masked.gather(rows)})
-    chosen = found.select(
-        pl.when(pl.col("again") != pl.col("joined")).then("again").otherwise("as_was")
-    )
-    return masked.scatter(rows, chosen.to_series())
-
-
-# A key block as gitleaks and PEM (RFC 7468) write it; a logger may write it a line a record.
-KEY_BEGIN = r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----"
-KEY_END = r"-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----"
-# a record that ends with a secret's label and no value: its value is the next record
-_LABEL_LAST = (
-    r"(?i)(?:^|[^\w.-])(?:" + _SECRET_NAME + r")(?:\\?[\"'])?[ \t]*[:=][ \t]*$"
-    r"|(?i)(?:^|[ \t])--?[\w-]*(?:token|passw(?:or)?d|secret|api[-_]?key|credential)s?[ \t]*$"
-)
-
-
-@dataclass
-class RecordRun:
-    """What one chunk of a log's records leaves open for the next: a key block begun and not
-    ended, a label whose value has not come yet."""
-
-    key_open: bool = False
-    label_open: bool = False
-
-
-def redact_record_run(texts: pl.Series, run: RecordRun) -> pl.Series:
-    """`redact_records` over consecutive records of one log (in the order written), and the
-    records a secret reaches from a neighbour masked whole: every record from a key block's
-    BEGIN to its END, whatever the records (a logger writing the key a line at a time; a
-    block not ended by the last record stays open for the next chunk), and the record after
-    one that ends with a secret's label (`password:` then the value). `run` carries both."""
-    texts = texts.cast(pl.String)
-    masked = redact_records(texts)
-    found = (
-        pl.DataFrame({"text": texts})
-        .with_row_index("row")
-        .select(
-            "row",
-            pl.col("text").str.contains(KEY_BEGIN).fill_null(False).alias("begins"),
-            pl.col("text").str.contains(KEY_END).fill_null(False).alias("ends"),
-            pl.col("text").str.contains(_LABEL_LAST).fill_null(False).alias("label"),
-        )
-    )
-    whole: list[int] = [0] if run.label_open and texts.len() else []
-    whole += (found.filter("label")["row"] + 1).to_list()
-    run.label_open = bool(texts.len()) and bool(found["label"][-1])
-    ended: list[int] = []
-    start = 0 if run.key_open else None
-    marked = found.filter(pl.col("begins") | pl.col("ends"))["row"]  # few: a loop is cheap
-    for row, text in zip(marked.to_list(), texts.gather(marked).to_list(), strict=True):
-        last_begin = max((m.start() for m in re.finditer(KEY_BEGIN, text)), default=-1)
-        last_end = max((m.end() for m in re.finditer(KEY_END, text)), default=-1)
-        if start is not None and last_end >= 0:  # the block ends here
-            whole += range(start, row)
-            ended.append(row)
-            start = None
-        if last_begin > last_end:  # a block begins here and does not end in this record
-            start = row + 1
-    if start is not None:
-        whole += range(start, texts.len())
-    run.key_open = start is not None
-    rows = sorted({r for r in whole if r < texts.len()} - set(ended))
-    if rows:
-        masked = masked.scatter(rows, [MASK] * len(rows))
-    if ended:
-        cut = masked.gather(ended).str.replace(r"(?s)^.*?" + KEY_END, MASK)
-        masked = masked.scatter(ended, cut)
-    return masked
 
 
 def redact_shapes(texts: pl.Series, *, dedupe: bool = True) -> pl.Series:

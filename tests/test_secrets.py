@@ -20,6 +20,7 @@ from analyzer import redact
 from analyzer.api import open_sources
 from analyzer.cli import main
 from analyzer.redact import MASK, RULE_SET, Redactor, python_regex
+from analyzer.sources.logs.masking import RecordRun, redact_record_run
 
 ENV_SECRET = "hf_PlantedEnvValue_4242"
 RUN_ENV_SECRET = "sk-planted-run-spec-secret-77"
@@ -472,12 +473,12 @@ def test_a_value_on_the_record_after_its_label_never_reaches_a_note(tmp_path, la
 
 def test_a_key_block_open_at_the_end_of_a_chunk_stays_open_in_the_next():
     """The log is read in chunks: a block begun in one is masked in the next until its END."""
-    run = redact.RecordRun()
-    first = redact.redact_record_run(
+    run = RecordRun()
+    first = redact_record_run(
         pl.Series(["a", "-----BEGIN RSA PRIVATE KEY-----", SPLIT_KEY[1]]), run
     )
     assert first.to_list() == ["a", MASK, MASK] and run.key_open
-    second = redact.redact_record_run(
+    second = redact_record_run(
         pl.Series([SPLIT_KEY[2], "-----END RSA PRIVATE KEY----- done", "b"]), run
     )
     assert second.to_list() == [MASK, f"{MASK} done", "b"] and not run.key_open

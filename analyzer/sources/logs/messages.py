@@ -15,7 +15,7 @@ import polars as pl
 
 import analyzer.catalogue as catalogue
 from analyzer.model import EVENTS_SCHEMA, UTC_TIME
-from analyzer.redact import RecordRun, redact_record_run
+from analyzer.sources.logs.masking import RecordRun, redact_record_run
 from analyzer.sources.logs.reader import detached
 
 EVENT_LINE = (
