@@ -29,6 +29,11 @@ def codings(header: str) -> list[str]:
     return [name for name in named if name and name != "identity"]
 
 
+def _shown(value: str) -> str:
+    """A header's value as an error may quote it: escaped (repr), its first 40 characters."""
+    return repr(value[:40]) + ("…" if len(value) > 40 else "")
+
+
 class Inflater:
     """One answer's decoder: `feed` each raw piece as it arrives, then `end`."""
 
@@ -36,12 +41,12 @@ class Inflater:
         applied = codings(header)
         if len(applied) > 1:
             raise CodingError(
-                f"answered with Content-Encoding {header.strip()!r}: more than one coding "
-                f"(only identity, gzip or deflate is read)"
+                f"answered with Content-Encoding {_shown(header.strip())}: more than one "
+                "coding (only identity, gzip or deflate is read)"
             )
         if applied and applied[0] not in _WBITS:
             raise CodingError(
-                f"answered with Content-Encoding {applied[0]!r} "
+                f"answered with Content-Encoding {_shown(applied[0])} "
                 "(only identity, gzip or deflate is read)"
             )
         self.coding = applied[0] if applied else None
