@@ -65,9 +65,9 @@ class Inflater:
             if (data[0] & 0x0F) != 8 or int.from_bytes(data[:2]) % 31:
                 self._inflate = zlib.decompressobj(-zlib.MAX_WBITS)
         while True:
+            if self._inflate.eof and (data or self._inflate.unused_data):
+                raise CodingError(f"sent bytes after the end of its {self.coding} data")
             if self._inflate.eof:
-                if data or self._inflate.unused_data:
-                    raise CodingError(f"sent bytes after the end of its {self.coding} data")
                 return
             try:
                 piece = self._inflate.decompress(data, STEP)
@@ -78,8 +78,8 @@ class Inflater:
             data = self._inflate.unconsumed_tail
             if piece:
                 yield piece
-            if not data and len(piece) < STEP:  # all taken, nothing held back by the bound
-                return
+            if not data and len(piece) < STEP and not self._inflate.unused_data:
+                return  # all taken, nothing held back by the bound, nothing after the end
 
     def end(self) -> None:
         """Refuse a compressed body that stopped before its end (a cut answer)."""
