@@ -440,6 +440,6 @@ def test_a_collection_stops_at_its_size_limit(tmp_path, endpoint, item):
     line = one_line_error(result)
     assert result.exit_code == 2
     assert f"POST {endpoint}: the collection would pass its size limit of 1048576 bytes" in line
-    assert "give a larger --size-limit" in line
+    assert "give `dstack-audit collect` a larger --size-limit" in line
     assert 1 < asked < 200, asked
     nothing_left(tmp_path)

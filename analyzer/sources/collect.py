@@ -518,7 +518,8 @@ class _Collector:
                     self.server.label,
                     f"POST {path}: the collection would pass its size limit of "
                     f"{self.size_limit} bytes ({self.written} written): stopped",
-                    "give a larger --size-limit, or --project to collect one project",
+                    "give `dstack-audit collect` a larger --size-limit, or --project to collect "
+                    "one project",
                 )
             self.written += len(content)
             target.parent.mkdir(parents=True, exist_ok=True)
