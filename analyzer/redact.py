@@ -159,8 +159,8 @@ PROJECT_RULES: tuple[tuple[str, str, tuple[str, ...], int | None], ...] = (
     ("jwt-short", r"\beyJ[A-Za-z0-9_-]{2,}\.eyJ[A-Za-z0-9_-]{2,}\.[A-Za-z0-9_-]*", ("eyj",), 0),
     (
         "name-space-value",  # AWS_SECRET_ACCESS_KEY value, as `aws configure set` and env dumps
-        r"(?<![\w-])(?:[A-Z0-9_]*(?:SECRET|TOKEN|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY"
-        r"|CREDENTIALS?)[A-Z0-9_]*|(?i:aws_secret_access_key|aws_session_token))[ \t]+"
+        r"(?:(?:SECRET|TOKEN|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIALS?)"
+        r"[A-Z0-9_]*|(?i:aws_secret_access_key|aws_session_token))[ \t]+"
         r"(?!\*\*\*(?:[\s\"'\\]|$))(?=[^\s\"'\\]*[0-9+/=_-])([^\s\"'\\]{6,})",
         ("secret", "token", "passw", "api_key", "access_key", "private_key", "credential"),
         1,
@@ -183,6 +183,10 @@ ROW_FILTERS = {
     "octopus-deploy-api-key": r"API-[A-Z0-9]{26}",
     "twilio-api-key": r"SK[0-9a-fA-F]{32}",
     "azure-ad-client-secret": r"[0-9]Q~",
+    "name-space-value": (
+        r"(?:SECRET|TOKEN|PASSW|API_KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL)[A-Z0-9_]*[ \t]+\S"
+        r"|(?i)aws_se(?:cret_access_key|ssion_token)[ \t]"
+    ),
 }
 
 
