@@ -175,8 +175,9 @@ PROJECT_RULES: tuple[tuple[str, str, tuple[str, ...], int | None], ...] = (
 )
 
 
-# gitleaks keywords too common to select anything ("ey" is in "key", "s." in every dotted
-# name): the texts these rules run over are narrowed by a cheap regex first (in polars).
+# Keywords too common to select anything ("ey" is in "key", "s." in every dotted name,
+# "token" in much of a report): the texts these rules run over are narrowed by a cheap regex
+# first (in polars).
 ROW_FILTERS = {
     "jwt": r"ey[a-zA-Z0-9]{17,}\.ey",
     "vault-service-token": r"hvs\.|s\.[a-zA-Z0-9]{24}",
