@@ -100,6 +100,20 @@ def _folder_chain(descriptor: int) -> list[Identity]:
     return chain
 
 
+def _stdout_folders() -> list[Identity]:
+    """The folder holding the file standard output was redirected to, and every folder above
+    it (Linux names the file in /proc; elsewhere nothing is known and nothing refused)."""
+    try:
+        name = os.readlink(f"/proc/self/fd/{sys.stdout.fileno()}")
+        folder = os.open(os.path.dirname(name), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except (OSError, ValueError, AttributeError):
+        return []
+    try:
+        return _folder_chain(folder)
+    finally:
+        os.close(folder)
+
+
 def _close_all(descriptors: dict[str, int]) -> None:
     for descriptor in descriptors.values():
         os.close(descriptor)
@@ -237,14 +251,18 @@ class Outputs:
         return chain
 
     def _check_stdout(self) -> None:
-        """Standard output redirected onto an input (`>> server.log`) would write into it."""
+        """Standard output redirected onto an input (`>> server.log`) would write into it, and
+        redirected to a new file in the evidence folder (`cd ev && dstack-audit ... > out`)
+        would add a file to it, as `-o` there would: both refused before a byte is written."""
         status = _stream_identity(sys.stdout)
-        if status is not None and stat.S_ISREG(status.st_mode):
-            real = self._ids.get(_identity(status))
-            if real is not None:
-                raise AuditInputError(
-                    "standard output", f"refused as an output: it is the input {real}"
-                )
+        if status is None or not stat.S_ISREG(status.st_mode):
+            return
+        real = self._ids.get(_identity(status))
+        problem = f"it is the input {real}" if real is not None else None
+        if problem is None and status.st_nlink:  # an unlinked file adds nothing to a folder
+            problem = self._identity_problem(None, _stdout_folders(), False)
+        if problem:
+            raise AuditInputError("standard output", f"refused as an output: {problem}")
 
     def _real_input(self, text: str) -> tuple[str, bool] | None:
         """An input's real path and whether it is a folder; None for a network URL or standard

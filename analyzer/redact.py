@@ -10,7 +10,12 @@ hashing) and again over every rendered output:
   (cloud keys, forge, chat and model-hub tokens, JWTs, private key blocks, ~220 detectors),
   and the shapes of `PROJECT_RULES` that gitleaks leaves out or that dstack's evidence shows:
   key bodies without their BEGIN/END lines, `--token VALUE` arguments, `NAME=value` where
-  NAME says key/token/secret/password/credential, URL passwords, `The admin token is ...`.
+  NAME says key/token/secret/password/credential (a `NAME: value` of several words to its
+  end), `NAME value` for upper-case names, `sshpass -p`/`mysql -pX`, URL passwords, `The admin
+  token is ...`, and bare model, chat and registry keys whose gitleaks regexes ask for more.
+
+A log's records are also masked as a run (sources/logs/masking.py): a key block from BEGIN to
+END over several records, and a value on the record after its label.
 
 A match keeps its place: only the secret (a rule's secret group) becomes `***`. gitleaks'
 regexes are RE2's; they are translated to Python's `re` once (`python_regex`), and each rule
@@ -45,8 +50,8 @@ GITLEAKS_FILE = Path(__file__).parent / "rules" / "gitleaks.toml"
 # GITLEAKS_FILE's rules translated (translate_gitleaks); regenerate after changing either file:
 # python -c "import analyzer.redact as r; r.write_translated_gitleaks()"
 GITLEAKS_TRANSLATED = GITLEAKS_FILE.with_name("gitleaks.python.json")
-GITLEAKS_VERSION = "v8.30.0"  # tag; commit 6eaad039603a4de39fddd1cf5f727391efe9974e, MIT
-PROJECT_RULES_VERSION = 2  # bump when PROJECT_RULES change
+GITLEAKS_VERSION = "v8.30.1"  # tag; commit 83d9cd684c87d95d656c1458ef04895a7f1cbd8e, MIT
+PROJECT_RULES_VERSION = 3  # bump when PROJECT_RULES change
 RULE_SET = (
     f"gitleaks {GITLEAKS_VERSION} config/gitleaks.toml + dstack-audit {PROJECT_RULES_VERSION}"
 )
@@ -56,7 +61,7 @@ GITLEAKS_LEFT_OUT = ("generic-api-key",)
 
 # a bare `key` names ordinary entries (the report's own group rows): a key needs a qualifier;
 # `pass` and `sig` only as a whole name or its last part (`db_pass`, `X-Amz-Signature`)
-_SECRET_NAME = (
+SECRET_NAME = (
     r"(?:[\w.-]*(?:token|secret|passw(?:or)?d|passphrase|pwd|credential|creds)[\w.-]*"
     r"|[\w.-]+key[\w.-]*|(?:[\w.-]*[_.-])?(?:pass|sig|signature))"
 )
@@ -67,7 +72,7 @@ _VALUE = (
     r"(?:\"(?!\*\*\*\")((?:[^\"\\\n]|\\.)+)\""
     r"|'(?!\*\*\*')([^'\n]+)'"
     r"|\\\"(?!\*\*\*\\\")((?:[^\"\\\n]|\\[^\"\n])+)\\\""
-    r"|[\"']?(?!\*\*\*(?:[\s\"'\\]|$))([^\s\"'\\]+))"
+    r"|[\"']?(?!\*\*\*(?:[\s\"'\\,;]|$))([^\s\"'\\]+))"
 )
 _NAME_END = r"(?:\\?[\"'])?[ \t]*(?:=|:)[ \t]*"
 
@@ -95,8 +100,17 @@ PROJECT_RULES: tuple[tuple[str, str, tuple[str, ...], int | None], ...] = (
         None,
     ),
     (
+        "name-colon-words",  # token: abc def: a bare value of several words, to its end
+        # (before name-value, which would mask its first word only; both refuse a line
+        # break, so over a text of several lines they run in this order too)
+        r"(?i)(?<![?&])\b" + SECRET_NAME + r"(?:\\?[\"'])?[ \t]*:[ \t]*"
+        r"(?!\*\*\*(?:[\s\"'\\]|$))([^ \t\r\n\"'\\]+(?:[ \t]+[^\s\"'\\:=,;]+(?=[\s\"'\\,;]|$))+)",
+        ("key", "token", "secret", "pass", "pwd", "credential", "creds", "sig"),
+        1,
+    ),
+    (
         "name-value",  # AWS_SECRET_ACCESS_KEY=..., "token": "...", password: "a b c"
-        r"(?i)(?<![?&])\b" + _SECRET_NAME + _NAME_END + _VALUE,
+        r"(?i)(?<![?&])\b" + SECRET_NAME + _NAME_END + _VALUE,
         ("key", "token", "secret", "pass", "pwd", "credential", "creds", "sig"),
         None,
     ),
@@ -130,17 +144,50 @@ PROJECT_RULES: tuple[tuple[str, str, tuple[str, ...], int | None], ...] = (
     ("bearer", r"(?i)\bBearer\s+(?!\*\*\*(?:[\s\"'\\]|$))([^\s\"'\\,;]+)", ("bearer",), 1),
     ("dstack-encrypted", r"enc:[a-z]+:[^:\s]+:([^\s\"'\\]+)", ("enc:",), 1),
     ("huggingface-token", r"\bhf_[A-Za-z0-9]{30,}", ("hf_",), 0),  # gitleaks': letters only
+    # gitleaks' openai/anthropic rules need the keys' inner marks (`T3BlbkFJ`, `AA` at the
+    # end): a key cut, templated or made up for an example has neither
+    (
+        "model-api-key",
+        r"\bsk-(?:proj|svcacct|admin|ant-[a-z]{3,5}\d{2})-[A-Za-z0-9_-]{16,}|\bsk-[A-Za-z0-9]{40,}",
+        ("sk-",),
+        0,
+    ),
+    ("slack-token", r"\bxox[abeoprs]-[A-Za-z0-9-]{10,}", ("xox",), 0),  # gitleaks': digits first
+    ("docker-token", r"\bdckr_(?:pat|oat)_[A-Za-z0-9_-]{8,}", ("dckr_",), 0),  # Docker Hub PAT
+    # a JWT's header and payload are JSON objects: base64url of `{"` is `eyJ` (gitleaks' rule
+    # asks for 17 characters after `ey`, which a short header or payload has not)
+    ("jwt-short", r"\beyJ[A-Za-z0-9_-]{2,}\.eyJ[A-Za-z0-9_-]{2,}\.[A-Za-z0-9_-]*", ("eyj",), 0),
+    (
+        "name-space-value",  # AWS_SECRET_ACCESS_KEY value, as `aws configure set` and env dumps
+        r"(?:(?:SECRET|TOKEN|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIALS?)"
+        r"[A-Z0-9_]*|(?i:aws_secret_access_key|aws_session_token))[ \t]+"
+        r"(?!\*\*\*(?:[\s\"'\\]|$))(?=[^\s\"'\\]*[0-9+/=_-])([^\s\"'\\]{6,})",
+        ("secret", "token", "passw", "api_key", "access_key", "private_key", "credential"),
+        1,
+    ),
+    (
+        "password-option",  # sshpass -p X / -pX, mysql -pX (-p alone prompts: no secret)
+        r"(?<![\w-])(?:sshpass(?:[ \t]+-[^\sp]\S*)*[ \t]+-p[ \t]*"
+        r"|(?:mysql\w*|mariadb[\w-]*)\b[^\n|;&]*?[ \t]-p(?=[^\s]))" + _VALUE,
+        ("sshpass", "mysql", "mariadb"),
+        None,
+    ),
 )
 
 
-# gitleaks keywords too common to select anything ("ey" is in "key", "s." in every dotted
-# name): the texts these rules run over are narrowed by a cheap regex first (in polars).
+# Keywords too common to select anything ("ey" is in "key", "s." in every dotted name,
+# "token" in much of a report): the texts these rules run over are narrowed by a cheap regex
+# first (in polars).
 ROW_FILTERS = {
     "jwt": r"ey[a-zA-Z0-9]{17,}\.ey",
     "vault-service-token": r"hvs\.|s\.[a-zA-Z0-9]{24}",
     "octopus-deploy-api-key": r"API-[A-Z0-9]{26}",
     "twilio-api-key": r"SK[0-9a-fA-F]{32}",
     "azure-ad-client-secret": r"[0-9]Q~",
+    "name-space-value": (
+        r"(?:SECRET|TOKEN|PASSW|API_KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL)[A-Z0-9_]*[ \t]+\S"
+        r"|(?i)aws_se(?:cret_access_key|ssion_token)[ \t]"
+    ),
 }
 
 
@@ -342,24 +389,6 @@ def _keyword_rules() -> tuple[list[str], dict[str, list[int]], list[int]]:
         for keyword in rule.keywords:
             triggered.setdefault(keyword, []).append(index)
     return sorted(triggered), triggered, always
-
-
-def redact_records(texts: pl.Series) -> pl.Series:
-    """`redact_shapes` over log records, whose lines may split a secret (`password=` then the
-    value on the next line, a token wrapped): a record whose lines, joined without their
-    breaks and indents, still hold a secret comes out so joined and masked."""
-    masked = redact_shapes(texts)
-    multi = masked.str.contains("\n", literal=True).fill_null(False)
-    if not multi.any():
-        return masked
-    rows = multi.arg_true()
-    joined = masked.gather(rows).str.replace_all(r"\n[ \t]*", "")
-    again = redact_shapes(joined)
-    found = pl.DataFrame({"again": again, "joined": joined, "as_was": masked.gather(rows)})
-    chosen = found.select(
-        pl.when(pl.col("again") != pl.col("joined")).then("again").otherwise("as_was")
-    )
-    return masked.scatter(rows, chosen.to_series())
 
 
 def redact_shapes(texts: pl.Series, *, dedupe: bool = True) -> pl.Series:

@@ -2,8 +2,11 @@
 
 It answers as a small, valid dstack 0.22.5 would (one project, no runs, no events) except where
 a test gives an endpoint its own answer. Every request is recorded (path, headers, body), so a
-test can say what was sent, and to whom. Real sockets and a real HTTP client on the other side:
-only the server's answers are made up, which is the point (the peer is the attacker).
+test can say what was sent, and to whom. It bounds itself in time: it stops serving after
+LIFETIME_S, a streamed answer stops there too, and a client that stops reading is dropped after
+the same time, so a test whose client misbehaves ends instead of hanging. Real sockets and a
+real HTTP client on the other side: only the server's answers are made up, which is the point
+(the peer is the attacker).
 """
 
 from __future__ import annotations
@@ -16,13 +19,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 Handler = Callable[["Request"], None]
+LIFETIME_S = 120.0  # longer than any test's collection; far shorter than a hang
 
 
 class Request:
     """One request as received, with the means to answer it."""
 
-    def __init__(self, handler: BaseHTTPRequestHandler, body: Any) -> None:
+    def __init__(self, handler: BaseHTTPRequestHandler, body: Any, until: float) -> None:
         self.handler = handler
+        self.until = until  # the server's end: a stream stops here
         self.path = handler.path
         self.headers = dict(handler.headers.items())
         self.body = body
@@ -55,6 +60,9 @@ class Request:
         self.handler.end_headers()
         try:
             for piece in pieces:
+                if time.monotonic() > self.until:  # its lifetime is over: cut, as a dying
+                    self.handler.close_connection = True  # server would
+                    return
                 if chunked:
                     piece = f"{len(piece):x}\r\n".encode() + piece + b"\r\n"
                 self.handler.wfile.write(piece)
@@ -91,19 +99,24 @@ class _Quiet(ThreadingHTTPServer):
 class FakeDstack:
     """The server: `answers[path]` replaces the default answer of that path."""
 
-    def __init__(self, answers: dict[str, Handler] | None = None) -> None:
+    def __init__(
+        self, answers: dict[str, Handler] | None = None, *, lifetime: float = LIFETIME_S
+    ) -> None:
         self.answers = dict(answers or {})
+        self.lifetime = lifetime
+        self.until = time.monotonic() + lifetime
         self.requests: list[Request] = []
         self._lock = threading.Lock()
         fake = self
 
         class _Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            timeout = lifetime  # a client that neither sends nor reads is dropped
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
-                request = Request(self, json.loads(raw) if raw else None)
+                request = Request(self, json.loads(raw) if raw else None, fake.until)
                 with fake._lock:
                     fake.requests.append(request)
                 try:
@@ -119,12 +132,20 @@ class FakeDstack:
         self._server = _Quiet(("127.0.0.1", 0), _Handler)
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._end = threading.Timer(lifetime, self._close)
+        self._end.daemon = True
 
     def __enter__(self) -> FakeDstack:
+        self.until = time.monotonic() + self.lifetime
         self._thread.start()
+        self._end.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._end.cancel()
+        self._close()
+
+    def _close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
 

@@ -192,6 +192,37 @@ def test_a_csv_cut_inside_its_last_quoted_field_is_refused_under_strict(tmp_path
     assert info["unparsed"] == 1
 
 
+@pytest.mark.parametrize(
+    ("table", "end", "column", "where"),
+    [
+        # the issue's case: cut between the two quotes of `""`, so the quotes stay paired
+        ("runs", b'"{""0"', "desired_replica_counts", "without the line break"),
+        # not in the issue: cut just after a whole quoted field, and inside an unquoted one
+        ("runs", b'"{""0"": 1}"', "desired_replica_counts", "without the line break"),
+        ("runs", b'"{""0"": 1}",,,,', "desired_replica_counts", "without the line break"),
+        ("jobs", b',"{""', "", "inside a quoted field"),
+    ],
+)
+def test_a_csv_cut_in_its_last_row_is_named_whatever_field_it_ends_in(
+    tmp_path, table, end, column, where
+):
+    """A CSV export ends with a line break after every row (sqlite3 -csv, psql COPY CSV): one
+    cut anywhere in its last row is damage, named with its file and row; --strict refuses."""
+    folder = _tables(tmp_path)
+    path = folder / f"{table}.csv"
+    data = path.read_bytes()
+    cut = data.rindex(end) + len(end)
+    path.write_bytes(data[:cut])
+    rows = data[:cut].count(b"\n")  # the header's line break counts the last row once
+    named = ["truncated: the file ends " + where, f"table {table}"]
+    if column:
+        named.append(f"{column}: truncated")
+    report = _damaged(folder, *named, unparsed=1)
+    message = _limitation(report, "damaged_values")
+    assert f"row {pl.read_csv(path, infer_schema=False).height} " in message, message
+    assert rows == pl.read_csv(path, infer_schema=False).height, rows
+
+
 def test_a_csv_byte_that_is_not_utf8_is_one_named_damaged_value(tmp_path):
     folder = _tables(tmp_path)
     jobs = folder / "jobs.csv"

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import zlib
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -144,6 +145,100 @@ def test_a_gzip_bomb_is_capped_on_its_decoded_bytes(tmp_path):
     with FakeDstack({"/api/projects/list": inflating}) as server:
         line = collect_cli(server.url, tmp_path / "c")
     assert "POST /api/projects/list sent more than the 64 MiB" in line
+    nothing_left(tmp_path)
+
+
+def _gzip(data: Iterable[bytes], wbits: int = 31) -> bytes:
+    squeeze = zlib.compressobj(9, zlib.DEFLATED, wbits)
+    return b"".join([*(squeeze.compress(piece) for piece in data), squeeze.flush()])
+
+
+@pytest.fixture(scope="module")
+def inner_bomb() -> bytes:
+    """255 KiB of gzip that inflate to 256 MiB: one decode call of an HTTP client holds it all."""
+    return _gzip([b"[", *(b" " * 2**20 for _ in range(256))])
+
+
+@pytest.mark.parametrize(
+    ("coding", "wbits"),
+    [
+        ("gzip, gzip", 31),  # the issue's case
+        ("deflate, gzip", 15),  # not in the issue: another nesting, a zlib layer inside
+        ("gzip,identity, gzip", 31),  # identity in between changes nothing
+    ],
+)
+def test_a_nested_coding_bomb_is_refused_in_little_memory(tmp_path, inner_bomb, coding, wbits):
+    """A few hundred bytes inflating to 256 MiB through two layers: refused by its codings
+    before a byte is inflated, peak memory under 200 MB (the client inflated it whole)."""
+    inner = inner_bomb if wbits == 31 else _gzip([zlib.decompress(inner_bomb, 31)], wbits)
+    bomb = _gzip([inner])
+    assert len(bomb) < 4096
+
+    def inflating(request):
+        request.raw(bomb, headers={"Content-Encoding": coding})
+
+    with FakeDstack({"/api/runs/list": inflating}) as server:
+        got = measured(server.url, tmp_path / "c")
+    assert f"POST /api/runs/list answered with Content-Encoding {coding!r}" in got["error"]
+    assert "more than one coding" in got["error"]
+    assert got["peak_mib"] < 200, got
+    nothing_left(tmp_path)
+
+
+@pytest.mark.parametrize("coding", ["br", "zstd", "compress", "x-bomb", "\x1b[2J" + "z" * 5000])
+def test_a_coding_the_reader_does_not_ask_for_is_refused_by_name(tmp_path, coding):
+    def encoded(request):
+        request.raw(b"\x00" * 64, headers={"Content-Encoding": coding})
+
+    with FakeDstack({"/api/projects/list": encoded}) as server:
+        line = collect_cli(server.url, tmp_path / "c")
+        assert server.requests[0].headers["Accept-Encoding"] == "gzip, deflate"
+    shown = repr(coding.lower()[:40]) + ("…" if len(coding) > 40 else "")
+    assert f"answered with Content-Encoding {shown} (only identity, gzip or deflate" in line
+    assert "\x1b" not in line and len(line) < 400
+    nothing_left(tmp_path)
+
+
+def test_a_one_layer_gzip_bomb_holds_the_cap_on_every_call(tmp_path, inner_bomb):
+    """256 MiB from one gzip layer: inflated a bounded step at a time, refused at 64 MiB of
+    output, never more held (a decoder without an output bound makes ~64 MiB per 64 KiB read)."""
+
+    def inflating(request):
+        request.raw(inner_bomb, headers={"Content-Encoding": "gzip"})
+
+    with FakeDstack({"/api/runs/list": inflating}) as server:
+        got = measured(server.url, tmp_path / "c")
+    assert "POST /api/runs/list sent more than the 64 MiB" in got["error"]
+    # measured 2026-12-04: 126 MiB (the cap and the interpreter); 187 MiB without the bound
+    assert got["peak_mib"] < MAX_ANSWER_BYTES / 2**20 + 96, got
+    nothing_left(tmp_path)
+
+
+@pytest.mark.parametrize(("coding", "wbits"), [("gzip", 31), ("deflate", 15), ("deflate", -15)])
+def test_a_compressed_answer_is_read_whole(tmp_path, coding, wbits):
+    """What a real server sends compressed is read as it would be uncompressed (deflate with
+    and without its zlib wrapper, as servers send both)."""
+    projects = [{"project_name": "main", "project_id": "11111111-1111-4111-8111-111111111111"}]
+
+    def compressed(request):
+        body = _gzip([json.dumps(projects).encode()], wbits)
+        request.raw(body, headers={"Content-Encoding": coding})
+
+    with FakeDstack({"/api/projects/list": compressed}) as server:
+        result = collect(server.url, tmp_path / "c", TOKEN)
+    page = next(p for p in result.pages if p.path == "/api/projects/list")
+    assert json.loads((tmp_path / "c" / page.file).read_bytes()) == projects
+
+
+def test_a_compressed_answer_cut_short_is_one_line(tmp_path):
+    cut = _gzip([json.dumps([run(1)]).encode()])[:-12]
+
+    def truncated(request):
+        request.raw(cut, headers={"Content-Encoding": "gzip"})
+
+    with FakeDstack({"/api/runs/list": truncated}) as server:
+        line = collect_cli(server.url, tmp_path / "c")
+    assert "POST /api/runs/list sent gzip data that ends before its end" in line
     nothing_left(tmp_path)
 
 
@@ -290,4 +385,61 @@ def test_a_project_name_dstack_never_gives_is_not_followed(tmp_path):
         line = collect_cli(server.url, tmp_path / "c")
         assert server.paths() == ["/api/server/get_info", "/api/projects/list"]
     assert "answered a project name dstack never gives" in line
+    nothing_left(tmp_path)
+
+
+def test_the_fake_server_bounds_itself_in_time():
+    """The tests' hostile server ends an endless answer, and stops serving, at its lifetime:
+    a test whose client has no limit of its own still ends."""
+    import itertools
+
+    import httpx
+
+    def endless(request):
+        request.stream((b" " for _ in itertools.count()), pause=0.01)
+
+    started = time.monotonic()
+    with FakeDstack({"/api/runs/list": endless}, lifetime=1.5) as server:
+        received = []
+        cut = pytest.raises(httpx.RemoteProtocolError, match="incomplete chunked read")
+        with cut, httpx.stream("POST", server.url + "/api/runs/list", timeout=30) as response:
+            received.extend(response.iter_raw())
+        assert 0 < len(b"".join(received)) < 1000
+        time.sleep(0.5)
+        with pytest.raises(httpx.ConnectError):
+            httpx.post(server.url + "/api/server/get_info", timeout=2)
+    assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "item"),
+    [
+        ("/api/runs/list", run),
+        # not in the issue: a list a live audit reads too, answering for ever
+        (
+            "/api/events/list",
+            lambda n: {"id": f"e{n}", "recorded_at": "2026-01-01T00:00:00+00:00", "x": "y" * 99},
+        ),
+    ],
+)
+def test_a_collection_stops_at_its_size_limit(tmp_path, endpoint, item):
+    """A server answering new pages for ever: stopped when the next page would take the
+    collection past --size-limit, one line, exit 2, nothing left; the pages kept never pass it."""
+    numbers = iter(range(1, 10**9))
+
+    def endless(request):
+        request.json([item(next(numbers)) for _ in range(request.body["limit"])])
+
+    with FakeDstack({endpoint: endless}) as server:
+        result = CliRunner().invoke(
+            main,
+            ["collect", server.url, "--to", str(tmp_path / "c"), "--size-limit", "1"],
+            env={"DSTACK_TOKEN": TOKEN},
+        )
+        asked = server.paths().count(endpoint)
+    line = one_line_error(result)
+    assert result.exit_code == 2
+    assert f"POST {endpoint}: the collection would pass its size limit of 1048576 bytes" in line
+    assert "give `dstack-audit collect` a larger --size-limit" in line
+    assert 1 < asked < 200, asked
     nothing_left(tmp_path)

@@ -427,7 +427,8 @@ def test_an_interrupted_write_to_redirected_stdout_leaves_the_file_as_it_was(tmp
     shell's file is cut back to where this output began, never left holding half a JSON."""
     from analyzer.outputs import plan
 
-    evidence = tmp_path / "server.db"
+    (tmp_path / "evidence").mkdir()
+    evidence = tmp_path / "evidence" / "server.db"  # stdout into its folder is refused
     evidence.write_bytes(b"evidence")
     target = tmp_path / "out.log"
     target.write_text("an earlier run's line\n")

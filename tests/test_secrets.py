@@ -20,6 +20,7 @@ from analyzer import redact
 from analyzer.api import open_sources
 from analyzer.cli import main
 from analyzer.redact import MASK, RULE_SET, Redactor, python_regex
+from analyzer.sources.logs.masking import RecordRun, redact_record_run
 
 ENV_SECRET = "hf_PlantedEnvValue_4242"
 RUN_ENV_SECRET = "sk-planted-run-spec-secret-77"
@@ -411,3 +412,112 @@ def test_output_injection_is_neutralised(copy_db, tmp_path, tmp_path_factory):
     assert "&lt;img src=x onerror=alert(1)&gt;" in outputs["report.html"]
     for name in ("run.svg", "fleet.svg"):
         ET.fromstring(outputs[name])  # well-formed XML
+
+
+# --- a secret split across log records (issue 36) ----------------------------------------
+
+# an ed25519 key's body lines: only the first has the shape of a key body (b3BlbnNzaC1...)
+SPLIT_KEY = (
+    "b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAMwAAAAtzc2gtZW",
+    "QyNTUxOQAAACBQbGFudGVkU3BsaXRLZXlCb2R5TGluZVR3bzQyNDI0MjQyNDI0MjQyAAAA",
+    "kFBsYW50ZWRTcGxpdEtleUJvZHlMaW5lVGhyZWU0MjQyNDI0MjQyNDI0MjQyNDI0MjQyNA",
+)
+
+
+def _notes_of(tmp_path: Path, *messages: str, logger: str = "services.runs") -> str:
+    """The input notes of the seed's log with `messages` logged one record each."""
+    log = tmp_path / "server.log"
+    real = (CAPTURES / "v0.22.5" / "seed" / "logs" / "server-info.standard.log").read_text()
+    lines = [
+        f"INFO 2026-11-02T09:10:{n:02d}.000 dstack._internal.server.{logger} {message}\n"
+        for n, message in enumerate(messages)
+    ]
+    log.write_text(real + "".join(lines))
+    report = open_sources([log]).report
+    return "\n".join(n for i in report.inputs for n in i.notes)
+
+
+@pytest.mark.parametrize(
+    ("begin", "end"),
+    [
+        ("-----BEGIN OPENSSH PRIVATE KEY-----", "-----END OPENSSH PRIVATE KEY-----"),
+        # not in the issue: another block, its END on the record of the next message
+        ("-----BEGIN EC PRIVATE KEY-----", "-----END EC PRIVATE KEY----- key loaded"),
+    ],
+)
+def test_a_key_logged_a_line_a_record_never_reaches_a_note(tmp_path, begin, end):
+    """A key block from BEGIN to END, whatever the records: no body line of it in the notes,
+    the records around it kept."""
+    notes = _notes_of(tmp_path, "loading the key", begin, *SPLIT_KEY, end, "key done")
+    assert "unrecognised dstack line" in notes
+    for line in SPLIT_KEY:
+        assert line[:16] not in notes and line[-16:] not in notes, notes
+    assert "loading the key" in notes and "key done" in notes
+
+
+@pytest.mark.parametrize(
+    ("label", "value"),
+    [
+        ("registry password:", "Pl4ntedNextRecordPass42"),
+        # not in the issue: a token label with `=`, and a command's option left at its end
+        ("HF_TOKEN =", "Pl4ntedNextRecordToken42"),
+        ("sshpass --password", "Pl4ntedNextRecordArg42"),
+    ],
+)
+def test_a_value_on_the_record_after_its_label_never_reaches_a_note(tmp_path, label, value):
+    notes = _notes_of(tmp_path, f"asking for the {label}", value, "after the value")
+    assert value not in notes and redact.templated(value) not in notes, notes
+    assert value[:10] not in notes
+    assert "after the value" in notes
+
+
+def test_a_key_block_open_at_the_end_of_a_chunk_stays_open_in_the_next():
+    """The log is read in chunks: a block begun in one is masked in the next until its END."""
+    run = RecordRun()
+    first = redact_record_run(
+        pl.Series(["a", "-----BEGIN RSA PRIVATE KEY-----", SPLIT_KEY[1]]), run
+    )
+    assert first.to_list() == ["a", MASK, MASK] and run.key_open
+    second = redact_record_run(
+        pl.Series([SPLIT_KEY[2], "-----END RSA PRIVATE KEY----- done", "b"]), run
+    )
+    assert second.to_list() == [MASK, f"{MASK} done", "b"] and not run.key_open
+
+
+@pytest.mark.parametrize(
+    ("text", "kept"),
+    [
+        # the shapes the issue lists
+        ("key sk-proj-Pl4ntedBareProjKey1234567890", "key ***"),
+        ("sk-ant-api03-Pl4ntedBareAnthropicKey42-x", "***"),
+        ("bot xoxb-Pl4ntedSlackBot42", "bot ***"),
+        ("got eyJhbGciOiJub25lIn0.eyJzdWIiOiI0MiJ9.c2ln ok", "got *** ok"),
+        ("login dckr_pat_Pl4ntedDockerHub42", "login ***"),
+        (
+            "AWS_SECRET_ACCESS_KEY wJalrXUtnFEMI/K7MDENG/bPxRfiCYPLANTED42",
+            "AWS_SECRET_ACCESS_KEY ***",
+        ),
+        ("sshpass -p Pl4nted42 ssh h", "sshpass -p *** ssh h"),
+        ("mysql -u root -pPl4nted42 db", "mysql -u root -p*** db"),
+        ("token: abc def", "token: ***"),
+        # not listed: another form of each class
+        ("sk-svcacct-Pl4ntedServiceAccount42abc", "***"),
+        ("xoxp-Pl4ntedSlackUser42 and more", "*** and more"),
+        ("dckr_oat_Pl4ntedOrgToken42", "***"),
+        (
+            "aws configure set aws_secret_access_key Pl4nted/Secret42",
+            "aws configure set aws_secret_access_key ***",
+        ),
+        ("sshpass -e -pPl4nted42 ssh", "sshpass -e -p*** ssh"),
+        ("mariadb -h db -pPl4nted42", "mariadb -h db -p***"),
+        ("api_key: one two three, user: bob", "api_key: ***, user: bob"),
+        ("client_secret: a b user: kept", "client_secret: *** user: kept"),
+        # kept: no value, or not a secret's
+        ("mysql -u root -p db", "mysql -u root -p db"),
+        ("set DSTACK_TOKEN or give --token", "set DSTACK_TOKEN or give --token"),
+        ("INVALID_TOKEN for user", "INVALID_TOKEN for user"),
+        ("the key: value of a group", "the key: value of a group"),
+    ],
+)
+def test_secret_shapes_second_round(text, kept):
+    assert Redactor().apply(text) == kept

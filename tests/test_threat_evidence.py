@@ -95,3 +95,47 @@ def test_standard_input_from_a_file_is_evidence(evidence):
         done = _cli("audit", "-", "-o", str(log), stdin=given)
     assert done.returncode == 2 and "refused as an output" in done.stderr, done.stderr
     assert log.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("command", "into"),
+    [
+        (("exposure", "server.db"), "exp.txt"),  # the case the issue names
+        (("audit", "server.db", "--format", "json"), "report.json"),
+        (("timeline", "web", "server.db"), "logs/timeline.txt"),  # below the folder
+        (("verify", "."), "verify.txt"),  # a command that plans no file of its own
+    ],
+)
+def test_stdout_redirected_into_the_evidence_folder_is_refused(evidence, command, into):
+    """`cd ev && dstack-audit exposure server.db > exp.txt`: the shell makes the file, the
+    tool refuses to fill it (exit 2, nothing written), as it refuses `-o` there."""
+    target = evidence / into
+    with target.open("wb") as redirected:
+        done = subprocess.run(
+            [sys.executable, "-m", "analyzer", *command],
+            cwd=evidence,
+            stdout=redirected,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=ENV,
+            check=False,
+        )
+    assert done.returncode == 2, done.stderr
+    assert "standard output: refused as an output: it lies inside" in done.stderr, done.stderr
+    assert target.read_bytes() == b""
+
+
+def test_stdout_redirected_beside_the_evidence_folder_is_written(evidence):
+    """The rule is about the evidence's folders, not about files: next to them is fine."""
+    target = evidence.parent / "exp.txt"
+    with target.open("wb") as redirected:
+        done = subprocess.run(
+            [sys.executable, "-m", "analyzer", "exposure", "server.db"],
+            cwd=evidence,
+            stdout=redirected,
+            stderr=subprocess.PIPE,
+            env=ENV,
+            check=False,
+        )
+    assert done.returncode == 0, done.stderr
+    assert target.read_bytes().startswith(b"Exposure as of ")

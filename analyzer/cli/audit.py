@@ -346,8 +346,10 @@ def verify(bundle: Path) -> None:
     2 unusable bundle.
     """
     from analyzer.bundle import verify_bundle
+    from analyzer.outputs import plan
     from analyzer.sources.live import read_manifest, verify_collection
 
+    plan([bundle])  # its lines never go into the bundle it checks (`> BUNDLE/out.txt`)
     result = verify_collection(bundle) if read_manifest(bundle) else verify_bundle(bundle)
     for line in result.lines:
         click.echo(line)

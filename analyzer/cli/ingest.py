@@ -67,11 +67,24 @@ def ingest(
     metavar="SECONDS",
     help="Stop (writing nothing) when the collection takes longer than this.",
 )
+@click.option(
+    "--size-limit",
+    type=click.IntRange(min=1),
+    default=8192,
+    show_default=True,
+    metavar="MIB",
+    help="Stop (writing nothing) when the server's answers would take more room than this.",
+)
 @token_option
 @ui_options
 @clean_errors
 def collect(
-    url: str, target: Path, project: str | None, time_limit: float, token: str | None
+    url: str,
+    target: Path,
+    project: str | None,
+    time_limit: float,
+    size_limit: int,
+    token: str | None,
 ) -> None:
     """Collect a running dstack server's API (URL, or dstack:[PROJECT]) into a folder.
 
@@ -80,8 +93,8 @@ def collect(
 
     \b
     Exit status: 0 collected, 2 unreachable server, bad token, not a dstack
-    server, a server that failed mid-collection (nothing is left in DIR) or
-    wrong usage.
+    server, a server that failed mid-collection or passed a limit (nothing is
+    left in DIR) or wrong usage.
     """
     from analyzer.sources.collect import collect as collect_server
     from analyzer.sources.live import target_of, use_token
@@ -91,7 +104,12 @@ def collect(
     if not found.token:
         raise AuditInputError(url, "no token given", "set DSTACK_TOKEN or give --token")
     result = collect_server(
-        found.url, target, found.token, project=project or found.project, time_limit=time_limit
+        found.url,
+        target,
+        found.token,
+        project=project or found.project,
+        time_limit=time_limit,
+        size_limit=size_limit * 2**20,
     )
     pages = len(result.pages)
     click.echo(

@@ -13,13 +13,14 @@ which is renamed at the end and removed on any failure (the CLI turns SIGTERM an
 exception, so a killed run removes it too), so a half-collected folder is never passed off as a
 snapshot. `httpx` is imported here only, when a server is asked.
 
-The server is a peer that may be hostile (docs/threat-model.md): every answer is read as a stream
-and refused past MAX_ANSWER_BYTES (decoded, so a gzip bomb too), each must arrive whole within
-ANSWER_DEADLINE_S and the whole collection within its time limit, a list is followed for at most
-MAX_PAGES pages and never past a page whose cursor it has already seen, every listed item must be
-an object with the fields the cursor needs, and the token is refused before it is sent when it is
-not one line of visible ASCII (an error could otherwise quote it). A token the server echoes is
-masked in the pages before they are written or hashed, and the manifest says so.
+The server is a peer that may be hostile (docs/threat-model.md): every answer is read as a
+stream and refused past MAX_ANSWER_BYTES (decoded, each inflate call bounded:
+sources/inflate.py), each must arrive whole within ANSWER_DEADLINE_S and the whole collection
+within its time limit and its size on disk (SIZE_LIMIT_BYTES), a list is followed for at most
+MAX_PAGES pages and never past a page whose cursor it has already seen, every listed item must
+be an object with the fields the cursor needs, and the token is refused before it is sent when
+it is not one line of visible ASCII (an error could otherwise quote it). A token the server
+echoes is masked in the pages before they are written or hashed, and the manifest says so.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from analyzer._version import __version__
 from analyzer.errors import AuditInputError
+from analyzer.sources.inflate import ACCEPTED, CodingError, Inflater
 
 MANIFEST = "manifest.json"
 GENERATED_BY = "dstack-audit collect"
@@ -56,6 +58,9 @@ ANSWER_DEADLINE_S = 300.0  # one answer, whole, even when every byte comes befor
 TIME_LIMIT_S = 3600.0  # the whole collection (collect --time-limit)
 MAX_ANSWER_BYTES = 64 * 1024 * 1024  # one page of 100 runs is far smaller; never held past this
 MAX_PAGES = 100_000  # of one list (10 million runs or events at 100 a page)
+# the whole collection on disk (collect --size-limit): a run of a dstack 0.22 server is ~17 KB
+# (its runs-list item and its runs/get answer), so this holds some 400,000 runs with events
+SIZE_LIMIT_BYTES = 8192 * 2**20  # collect --size-limit 8192 (MiB)
 ATTEMPTS = 4  # one try and three retries, 0.5 s, 1 s, 2 s apart
 BACKOFF_S = 0.5
 RETRY_STATUSES = {429, 500, 502, 503, 504}
@@ -177,7 +182,7 @@ class Server:
 
         self.url = url.rstrip("/")
         self.label = display_url(url)
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": "application/json", "Accept-Encoding": ACCEPTED}
         if token:
             check_token(self.label, token)
             headers["Authorization"] = f"Bearer {token}"
@@ -237,16 +242,21 @@ class Server:
             declared = response.headers.get("content-length", "")
             if declared.isdigit() and int(declared) > self.max_bytes:
                 raise self._too_big(path, int(declared))
+            inflater = Inflater(response.headers.get("content-encoding", ""))
             content = bytearray()
-            for chunk in response.iter_bytes():
-                if self.stopped:
-                    raise Stopped(path)
-                content += chunk
-                if len(content) > self.max_bytes:
-                    raise self._too_big(path)
-                if time.monotonic() > until:
-                    raise self._too_slow(path)
+            for chunk in response.iter_raw():  # decoded here, each call bounded (inflate.py)
+                for piece in inflater.feed(chunk):
+                    if self.stopped:
+                        raise Stopped(path)
+                    content += piece
+                    if len(content) > self.max_bytes:
+                        raise self._too_big(path)
+                    if time.monotonic() > until:
+                        raise self._too_slow(path)
+            inflater.end()
             return Answer(response.status_code, self._unechoed(path, bytes(content)))
+        except CodingError as error:
+            raise AuditInputError(self.label, f"POST {path} {error}") from None
         except httpx.TimeoutException:
             if time.monotonic() >= until - 0.01:
                 raise self._too_slow(path) from None
@@ -474,12 +484,15 @@ class _Collector:
         limit: int,
         on_page: Callable[[Page], None] | None,
         max_pages: int = MAX_PAGES,
+        size_limit: int = SIZE_LIMIT_BYTES,
     ) -> None:
         self.server = server
         self.folder = folder
         self.limit = limit
         self.on_page = on_page
         self.max_pages = max_pages
+        self.size_limit = size_limit
+        self.written = 0
         self.pages: list[Page] = []
         self._lock = threading.Lock()
 
@@ -491,7 +504,8 @@ class _Collector:
 
     def keep(self, file: str, path: str, body: dict | None, content: bytes, doc: Any) -> None:
         """Write one page; none once the collection is stopped (the lock lets a stop wait
-        for the page being written, so nothing lands in a folder being removed)."""
+        for the page being written, so nothing lands in a folder being removed), and none that
+        would take the collection past its size limit (a server answering for ever)."""
         target = self.folder / file
         items = len(doc) if isinstance(doc, list) else None
         digest = hashlib.sha256(content).hexdigest()
@@ -499,6 +513,15 @@ class _Collector:
         with self._lock:
             if self.server.stopped:
                 raise Stopped(path)
+            if self.written + len(content) > self.size_limit:
+                raise AuditInputError(
+                    self.server.label,
+                    f"POST {path}: the collection would pass its size limit of "
+                    f"{self.size_limit} bytes ({self.written} written): stopped",
+                    "give `dstack-audit collect` a larger --size-limit, or --project to collect "
+                    "one project",
+                )
+            self.written += len(content)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(content)
             self.pages.append(page)
@@ -630,6 +653,7 @@ def collect_into(
     on_page: Callable[[Page], None] | None = None,
     time_limit: float = TIME_LIMIT_S,
     max_pages: int = MAX_PAGES,
+    size_limit: int = SIZE_LIMIT_BYTES,
 ) -> Collection:
     """Ask the server everything an audit needs and write it into `folder` (a new, private
     folder: on failure the caller removes it); the manifest is written last."""
@@ -642,7 +666,7 @@ def collect_into(
             )
         result = Collection(server.label, version, datetime.now(UTC))
         folder.mkdir(parents=True, exist_ok=True)
-        collector = _Collector(server, folder, page_size, on_page, max_pages)
+        collector = _Collector(server, folder, page_size, on_page, max_pages, size_limit)
         collector.keep(SERVER_INFO_FILE, "/api/server/get_info", None, info, None)
         path = "/api/projects/list"
         projects = _objects(
@@ -745,6 +769,7 @@ def collect(
     on_page: Callable[[Page], None] | None = None,
     time_limit: float = TIME_LIMIT_S,
     max_pages: int = MAX_PAGES,
+    size_limit: int = SIZE_LIMIT_BYTES,
 ) -> Collection:
     """Collect into `target`, which appears only once complete (see the module's docstring)."""
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
@@ -764,6 +789,7 @@ def collect(
             on_page=on_page,
             time_limit=time_limit,
             max_pages=max_pages,
+            size_limit=size_limit,
         )
         if target.exists():
             target.rmdir()

@@ -93,8 +93,8 @@ class ExportReader:
 
     def _csv(self, table: str, path: Path) -> pl.DataFrame:
         """A CSV export as text. Bytes that are not UTF-8 cannot be read as they are: the file is
-        read again with U+FFFD in their place and each such value read as unknown. A file that
-        ends inside a quoted field (cut short) has its last row cut: said, and counted."""
+        read again with U+FFFD in their place and each such value read as unknown. A file cut
+        short (see `_cut_short`) has its last row cut: said, and counted."""
         delimiter = _wrong_delimiter(_csv_header(path))
         if delimiter is not None:
             raise AuditInputError(
@@ -112,14 +112,15 @@ class ExportReader:
                 path, infer_schema=False, empty_string_is_null=True, encoding="utf8-lossy"
             )
             frame, found = cells.lossy(frame)
-        if _ends_inside_quotes(path) and frame.height:
+        where = _cut_short(path)
+        if where is not None and frame.height:
             last = frame.row(frame.height - 1)
             cut = max((i for i, value in enumerate(last) if value is not None), default=0)
             found.append(
                 cells.damage(
                     [frame.height - 1],
                     frame.columns[cut],
-                    "truncated: the file ends inside a quoted field, so its last row is cut "
+                    f"truncated: the file ends {where}, so its last row is cut "
                     "(the values after the cut are unknown)",
                     "damaged",
                 )
@@ -160,15 +161,24 @@ def _parquet(path: Path) -> pl.DataFrame:
     )
 
 
-def _ends_inside_quotes(path: Path) -> bool:
-    """Whether the file ends inside a quoted field: in a whole CSV file every quote is one of
-    a pair (`"` opens and closes a field, `""` is a quote inside one), so an odd count means
-    the last field was cut. Counted block by block: memory stays flat."""
+def _cut_short(path: Path) -> str | None:
+    """Where a CSV export was cut, or None when it ends whole. In a whole file every quote is
+    one of a pair (`"` opens and closes a field, `""` is a quote inside one), so an odd count
+    means it ends inside a quoted field; and every row ends with a line break (sqlite3 -csv
+    writes CRLF, psql's COPY CSV LF, after each row, the last too), so a last byte that is none
+    means the last row was cut, even where the cut leaves the quotes paired (`"{""0"`, a cut
+    between the two quotes of `""`). Counted block by block: memory stays flat."""
     quotes = 0
+    last = b""
     with path.open("rb") as handle:
         while block := handle.read(1 << 20):
             quotes += block.count(b'"')
-    return quotes % 2 == 1
+            last = block[-1:]
+    if quotes % 2:
+        return "inside a quoted field"
+    if last not in (b"\n", b""):
+        return "without the line break that ends every exported row"
+    return None
 
 
 def _without_data(message: str) -> str:

@@ -15,7 +15,7 @@ import polars as pl
 
 import analyzer.catalogue as catalogue
 from analyzer.model import EVENTS_SCHEMA, UTC_TIME
-from analyzer.redact import redact_records
+from analyzer.sources.logs.masking import RecordRun, redact_record_run
 from analyzer.sources.logs.reader import detached
 
 EVENT_LINE = (
@@ -160,6 +160,7 @@ class EventCollector:
         self._shapes: dict[str, list] = {}  # shape -> [count, first place]
         self._explicit_version: str | None = None
         self._markers: set[int] = set()
+        self._record_run = RecordRun()  # a secret left open by one chunk for the next
         self._events = catalogue.KnownMessages(
             catalogue.EVENT_TEMPLATES, catalogue.KNOWN_IRRELEVANT, fold_tolerant=True
         )
@@ -215,23 +216,29 @@ class EventCollector:
             ).alias("known"),
             (pl.col("logger").str.starts_with("dstack") | (pl.col("logger") == "")).alias("dstack"),
             pl.col("text"),
+            "seq",
             _PLACE,
         )
         unrecognised = pl.concat(
             [
-                plain_known.filter(~pl.col("known") & pl.col("dstack")).select("text", "place"),
-                status.filter(pl.col("kind") == "unrecognised").select("text", _PLACE),
-                events.filter(pl.col("kind") == "unrecognised").select(
-                    pl.col("message").alias("text"), _PLACE
+                plain_known.filter(~pl.col("known") & pl.col("dstack")).select(
+                    "text", "seq", "place"
                 ),
-                probes.filter(pl.col("kind") == "unrecognised").select("text", _PLACE),
+                status.filter(pl.col("kind") == "unrecognised").select("text", "seq", _PLACE),
+                events.filter(pl.col("kind") == "unrecognised").select(
+                    pl.col("message").alias("text"), "seq", _PLACE
+                ),
+                probes.filter(pl.col("kind") == "unrecognised").select("text", "seq", _PLACE),
             ]
-        )
+        ).sort("seq")
         facts.unrecognised += unrecognised.height
         if unrecognised.height:
             # secret shapes masked in the raw text, before templating can hide them, also
-            # one split across the record's lines
-            unrecognised = unrecognised.with_columns(redact_records(unrecognised["text"]))
+            # one split across the record's lines or over records (a key block, a label and
+            # its value), in the order they were written
+            unrecognised = unrecognised.with_columns(
+                redact_record_run(unrecognised["text"], self._record_run)
+            )
             shapes = unrecognised.group_by(_shape(pl.col("text")).alias("shape")).agg(
                 pl.len(), pl.col("place").first()
             )
