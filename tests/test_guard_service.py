@@ -11,6 +11,7 @@ import json
 import socket
 import threading
 import time
+import zlib
 from datetime import UTC, datetime
 
 import httpx
@@ -20,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_guard import OLD, RUN, changed, fleet, instance
 
+from analyzer.errors import AuditInputError
 from analyzer.redact import Redactor
 from analyzer.service.guard import decide
 from analyzer.service.http import MAX_BODY, Guard, Policy, listening, server
@@ -272,7 +274,7 @@ def test_a_model_older_than_max_age_is_unhealthy_and_answers_per_on_unknown():
             assert httpx.get(f"{url}/healthz", timeout=5).status_code == 503
             refused = apply(url, ROLLING).json()["error"]
             assert refused.startswith("undecided, answered reject per --on-unknown: the model is")
-            assert "HTTPStatusError" in refused
+            assert "AuditInputError" in refused and "HTTP 500" in refused
             metrics = httpx.get(f"{url}/metrics", headers=AUTH, timeout=5).text.splitlines()
             assert "dstack_audit_guard_undecided_total 1" in metrics
         finally:
@@ -320,3 +322,21 @@ def test_no_request_body_makes_the_guard_call_another_path(service, user, projec
     response = apply(url, spec, user=user, project=project)
     assert response.status_code in (200, 422), response.text
     assert set(fake.paths()) <= ALLOWED
+
+
+def test_the_models_refresh_reads_through_the_bounded_reader():
+    """The guard's refresh is read like `collect`'s pages (issue 36): a nested coding is
+    refused by name before a byte is inflated, and the model keeps its last snapshot."""
+    squeeze = zlib.compressobj(9, zlib.DEFLATED, 31)
+    inner = squeeze.compress(b"[" + b" " * 2**24) + squeeze.flush()
+    squeeze = zlib.compressobj(9, zlib.DEFLATED, 31)
+    bomb = squeeze.compress(inner) + squeeze.flush()
+    with FakeDstack(answers([RUN], [fleet([instance()])])) as fake:
+        model = ServerModel(fake.url, TOKEN, every=60)
+        before = model.refresh()
+        fake.answers["/api/runs/list"] = lambda r: r.raw(
+            bomb, headers={"Content-Encoding": "gzip, gzip"}
+        )
+        with pytest.raises(AuditInputError, match="more than one coding"):
+            model.refresh()
+        assert model.snapshot is before

@@ -29,6 +29,7 @@ ENDPOINTS = (
 )
 PAGE = 100  # runs/list's largest page (dstack 0.22.5 `ListRunsRequest.limit`)
 CALL_TIMEOUT_S = 10.0
+REFRESH_LIMIT_S = 60.0  # a refresh as a whole; a server dripping past it fails the refresh
 
 
 @dataclass(frozen=True)
@@ -93,19 +94,21 @@ class ServerModel:
         return None if self.snapshot is None else time.monotonic() - self.snapshot.taken
 
     def refresh(self) -> Snapshot:
-        import httpx
+        """One read of the server through the collector's reader, the one that bounds every
+        answer in bytes (decoded ones too), in time, and a refresh as a whole in time."""
+        from analyzer.sources.collect import Server
 
         with self._lock:
-            headers = {"Authorization": f"Bearer {self.token}", "Accept": "application/json"}
-            with httpx.Client(headers=headers, timeout=CALL_TIMEOUT_S) as client:
+            server = Server(
+                self.url, self.token, timeout=CALL_TIMEOUT_S, time_limit=REFRESH_LIMIT_S
+            )
+            try:
 
                 def call(template: str, body: dict | None, project: str = "") -> Any:
                     if template not in ENDPOINTS:
                         raise ValueError(f"{template} is not an endpoint the guard may call")
                     path = template.replace("{project}", quote(project, safe=""))
-                    response = client.post(self.url + path, json=body)
-                    response.raise_for_status()
-                    return response.json()
+                    return server.call(path, body, retries=False)[1]  # the next refresh retries
 
                 taken, at = time.monotonic(), datetime.now(UTC)
                 version = (call(ENDPOINTS[0], None) or {}).get("server_version")
@@ -115,6 +118,8 @@ class ServerModel:
                 for name in filter(PROJECT_NAME.fullmatch, names):
                     fleets[name] = call(ENDPOINTS[2], {}, name) or []
                     runs[name] = _active_runs(lambda body: call(ENDPOINTS[3], body), name)
+            finally:
+                server.close()
             self.snapshot = Snapshot(taken, at, version, fleets, runs)
             self.refreshes += 1
             return self.snapshot

@@ -343,9 +343,11 @@ class Server:
             return None, "POST /api/server/get_info answered a server_version that is no version"
         return str(version or "unknown"), response.content
 
-    def call(self, path: str, body: dict[str, Any] | None) -> tuple[bytes, Any]:
+    def call(
+        self, path: str, body: dict[str, Any] | None, *, retries: bool = True
+    ) -> tuple[bytes, Any]:
         """One authenticated call: the answer's bytes and parsed JSON, or a one-line error."""
-        response = self.post(path, body)
+        response = self.post(path, body, retries=retries)
         status = response.status_code
         if status in (401, 403):
             raise AuditInputError(
