@@ -25,6 +25,7 @@ from analyzer.cli.options import (
     token_option,
     tz_option,
     ui_options,
+    width_option,
 )
 from analyzer.errors import AuditInputError
 from analyzer.vocabulary import VERDICTS
@@ -75,6 +76,7 @@ RENDERERS: dict[str, Callable[[Any], Iterable[str]]] = {  # besides "table", the
     + ".",
 )
 @tz_option
+@width_option
 @click.option(
     "--fail-on-findings",
     is_flag=True,
@@ -151,6 +153,7 @@ def audit(
     full_inputs: bool,
     verdicts: tuple[str, ...],
     tz: str | None,
+    width: int | None,
     fail_on_findings: bool,
     allow_undecided: bool,
     quarantine: Path | None,
@@ -211,8 +214,9 @@ def audit(
         return [
             render_table(
                 report,
-                width=screen_width(output),
+                width=screen_width(output, width),
                 colour=to_terminal and colour_wanted(sys.stdout),
+                terminal=to_terminal and sys.stdout.isatty(),
                 all_runs=all_runs,
                 full_inputs=full_inputs,
                 verdicts=verdicts,

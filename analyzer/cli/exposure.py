@@ -24,6 +24,7 @@ from analyzer.cli.options import (
     time_zone,
     tz_option,
     ui_options,
+    width_option,
 )
 
 FORMAT_BY_SUFFIX = {".json": "json", ".md": "markdown", ".markdown": "markdown", ".txt": "table"}
@@ -143,6 +144,7 @@ def register(main: click.Group) -> None:
         "--fail-on-exposed", is_flag=True, help="Exit 1 when any running service is exposed."
     )
     @tz_option
+    @width_option
     @log_options
     @ui_options
     @clean_errors
@@ -154,6 +156,7 @@ def register(main: click.Group) -> None:
         output: Path | None,
         fail_on_exposed: bool,
         tz: str | None,
+        width: int | None,
         log_tz: str | None,
         log_date: Any,
     ) -> None:
@@ -176,7 +179,7 @@ def register(main: click.Group) -> None:
         outputs.add_inputs(i.path for i in opened.evidence.inputs)
         report = exposure_report(opened, as_of)
         if fmt == "table":
-            text = render_table(report, width=screen_width(output), tz=zone)
+            text = render_table(report, width=screen_width(output, width), tz=zone)
         else:
             text = RENDERERS[fmt](report, tz=zone)
         outputs.write_text(output, opened.redact(text))

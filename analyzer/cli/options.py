@@ -213,13 +213,26 @@ def time_zone(tz: str | None):
         raise AuditInputError("--tz", f"unknown time zone {tz!r}", "e.g. Europe/Berlin") from None
 
 
-def screen_width(output: Path | None) -> int:
-    """The terminal's width when printing to one; COLUMNS or 100 otherwise."""
+def width_option(command: Command) -> Command:
+    """--width N on every command that draws a table or fits text to the screen."""
+    return click.option(
+        "--width",
+        type=click.IntRange(min=40),
+        help="Fit tables and text to N columns (default: the terminal's width; in a pipe "
+        "COLUMNS, else 100). No figure, id or time is ever cut, at any width.",
+        metavar="N",
+    )(command)
+
+
+def screen_width(output: Path | None, width: int | None = None) -> int:
+    """--width when given; else the terminal's width when printing to one; COLUMNS or 100."""
+    if width:
+        return width
     if output is None or str(output) == "-":
         if sys.stdout.isatty():
-            return shutil.get_terminal_size().columns
+            return max(shutil.get_terminal_size().columns, 40)
         if os.environ.get("COLUMNS", "").isdigit():
-            return int(os.environ["COLUMNS"])
+            return max(int(os.environ["COLUMNS"]), 40)
     return 100
 
 

@@ -17,6 +17,7 @@ from analyzer.cli.options import (
     time_zone,
     tz_option,
     ui_options,
+    width_option,
 )
 
 TIMELINE_FORMATS = ["text", "json", "jsonl", "csv", "timesketch"]
@@ -36,11 +37,7 @@ TIMELINE_BY_SUFFIX = {".json": "json", ".jsonl": "jsonl", ".csv": "csv", ".txt":
     "timestamp_desc for Timesketch); without it, -o FILE's extension decides.",
 )
 @click.option("--sources", "show_sources", is_flag=True, help="List each line's provenance.")
-@click.option(
-    "--width",
-    type=click.IntRange(min=40),
-    help="Text: fit this many columns (default: the terminal's width, else COLUMNS or 100).",
-)
+@width_option
 @tz_option
 @log_options
 @ui_options
@@ -91,7 +88,7 @@ def timeline(
             opened.deployments.filter(key),
             opened.submissions.filter(key),
             events,
-            width=width or max(screen_width(output), 40),
+            width=screen_width(output, width),
             sources=show_sources,
             roles=marked,
             findings=found,
