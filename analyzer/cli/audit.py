@@ -13,6 +13,7 @@ import click
 
 from analyzer.cli.options import (
     clean_errors,
+    format_option,
     log_options,
     open_audit,
     output_format,
@@ -30,8 +31,8 @@ from analyzer.cli.options import (
 from analyzer.errors import AuditInputError
 from analyzer.vocabulary import VERDICTS
 
-AUDIT_FORMATS = ["json", "markdown", "table"]
-FORMAT_BY_SUFFIX = {".json": "json", ".md": "markdown", ".markdown": "markdown", ".txt": "table"}
+AUDIT_FORMATS = ("table", "markdown", "json", "csv", "jsonl")
+ROWS = ("findings", "victims")  # what csv and jsonl hold: one row a finding, or a victim
 
 
 def _markdown(report: Any) -> str:
@@ -54,12 +55,13 @@ RENDERERS: dict[str, Callable[[Any], Iterable[str]]] = {  # besides "table", the
 
 @click.command(short_help="Audit SOURCES and report every run's verdict and every finding.")
 @click.argument("sources", nargs=-1)
+@format_option(AUDIT_FORMATS, "table")
 @click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(AUDIT_FORMATS),
-    help="Output format: a readable table (default), markdown, or the JSON report contract; "
-    "without it, -o FILE's extension decides (.json, .md).",
+    "--rows",
+    type=click.Choice(ROWS),
+    default="findings",
+    show_default=True,
+    help="csv and jsonl: one row a finding, or one row a healthy replica killed (a victim).",
 )
 @output_option("Write to FILE (- is standard output).")
 @run_selection_options
@@ -144,6 +146,7 @@ RENDERERS: dict[str, Callable[[Any], Iterable[str]]] = {  # besides "table", the
 def audit(
     sources: tuple[str, ...],
     fmt: str | None,
+    rows: str,
     output: Path | None,
     project: str | None,
     run: str | None,
@@ -206,6 +209,10 @@ def audit(
     zone = time_zone(tz)
 
     def render(report: Any) -> Iterable[str]:
+        if fmt in ("csv", "jsonl"):
+            from analyzer.render.rows import report_rows
+
+            return [report_rows(report, rows, fmt)]
         if fmt != "table":
             return RENDERERS[fmt](report)
         from analyzer.render.screen import render_table
@@ -232,7 +239,7 @@ def audit(
     labels = parse_server_labels(server_labels)
     sources = tuple(dict.fromkeys([*sources, *labels]))
     outputs = plan(sources, files=(output, quarantine), folders=(bundle,), force=force)
-    fmt = output_format(fmt, output, FORMAT_BY_SUFFIX, "table", "audit")  # after: evidence first
+    fmt = output_format(fmt, output, AUDIT_FORMATS, "table", "audit")  # after: evidence first
     options = {
         "server_labels": labels,
         "project": project,

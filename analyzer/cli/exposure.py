@@ -16,6 +16,7 @@ import click
 from analyzer.cli.options import (
     IsoTime,
     clean_errors,
+    format_option,
     log_options,
     open_audit,
     output_format,
@@ -27,7 +28,7 @@ from analyzer.cli.options import (
     width_option,
 )
 
-FORMAT_BY_SUFFIX = {".json": "json", ".md": "markdown", ".markdown": "markdown", ".txt": "table"}
+EXPOSURE_FORMATS = ("table", "markdown", "json")
 
 
 def _when(report, tz: tzinfo | None) -> str:
@@ -132,13 +133,7 @@ def register(main: click.Group) -> None:
         "evidence).",
     )
     @click.option("--project", help="Only services of this project.")
-    @click.option(
-        "--format",
-        "fmt",
-        type=click.Choice(sorted(RENDERERS)),
-        help="Output format: table (default), markdown or json; without it, -o FILE's "
-        "extension decides (.json, .md).",
-    )
+    @format_option(EXPOSURE_FORMATS, "table")
     @output_option("Write to FILE (- is standard output).")
     @click.option(
         "--fail-on-exposed", is_flag=True, help="Exit 1 when any running service is exposed."
@@ -173,7 +168,7 @@ def register(main: click.Group) -> None:
         from analyzer.pipeline.exposure import exposure_report
 
         outputs = plan(sources, files=(output,))
-        fmt = output_format(fmt, output, FORMAT_BY_SUFFIX, "table", "exposure")
+        fmt = output_format(fmt, output, EXPOSURE_FORMATS, "table", "exposure")
         zone = time_zone(tz)
         opened = open_audit(sources, log_tz, log_date, project=project)
         outputs.add_inputs(i.path for i in opened.evidence.inputs)

@@ -236,26 +236,44 @@ def screen_width(output: Path | None, width: int | None = None) -> int:
     return 100
 
 
+def format_option(names: tuple[str, ...], default: str | None) -> Callable[[Command], Command]:
+    """--format NAME: one of the registry's formats `names` (analyzer.render.formats), the same
+    name on every command; without it, -o FILE's extension decides."""
+    from analyzer.render.formats import listing
+
+    fallback = f"default {default}; " if default else ""
+    return click.option(
+        "--format",
+        "fmt",
+        type=click.Choice(list(names)),
+        help=f"Output format ({fallback}without it, -o FILE's extension decides): "
+        f"{listing(names)}.",
+    )
+
+
 def output_format(
     fmt: str | None,
     output: Path | None,
-    by_suffix: dict[str, str],
+    names: tuple[str, ...],
     default: str | None,
     command: str,
 ) -> str:
     """--format when given, else -o FILE's extension, else `default` (standard output, or a
     FILE without an extension). An extension none of `command`'s formats has is refused, one
     line naming those it has: `audit -o x.html` once wrote the terminal table under that name."""
+    from analyzer.render.formats import by_suffix
+
     if fmt:
         return fmt
+    suffixes = by_suffix(names)
     if output is None or str(output) == "-":
-        return default or next(iter(by_suffix.values()))
+        return default or names[0]
     if default is not None and not output.suffix:
         return default
-    found = by_suffix.get(output.suffix.lower())
+    found = suffixes.get(output.suffix.lower())
     if found is not None:
         return found
-    *most, last = by_suffix
+    *most, last = suffixes
     wanted = f"{', '.join(most)} or {last}" if most else last
     html = output.suffix.lower() in (".html", ".htm")
     raise AuditInputError(

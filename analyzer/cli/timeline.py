@@ -9,6 +9,7 @@ import click
 
 from analyzer.cli.options import (
     clean_errors,
+    format_option,
     log_options,
     open_audit,
     output_format,
@@ -20,8 +21,7 @@ from analyzer.cli.options import (
     width_option,
 )
 
-TIMELINE_FORMATS = ["text", "json", "jsonl", "csv", "timesketch"]
-TIMELINE_BY_SUFFIX = {".json": "json", ".jsonl": "jsonl", ".csv": "csv", ".txt": "text"}
+TIMELINE_FORMATS = ("text", "json", "jsonl", "csv", "timesketch")
 
 
 @click.command(short_help="Print a run's timeline: deployments, replicas and events.")
@@ -29,13 +29,7 @@ TIMELINE_BY_SUFFIX = {".json": "json", ".jsonl": "jsonl", ".csv": "csv", ".txt":
 @click.argument("sources", nargs=-1, required=True)
 @click.option("--project", help="The run's project, when several projects have a run of that name.")
 @output_option("Write to FILE (- is standard output); its extension picks the format.")
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(TIMELINE_FORMATS),
-    help="text (default), json, jsonl, csv, or timesketch (JSONL with message, datetime and "
-    "timestamp_desc for Timesketch); without it, -o FILE's extension decides.",
-)
+@format_option(TIMELINE_FORMATS, "text")
 @click.option("--sources", "show_sources", is_flag=True, help="List each line's provenance.")
 @width_option
 @tz_option
@@ -71,7 +65,7 @@ def timeline(
     from analyzer.render.timeline_view import export, merged_events, roles
 
     outputs = plan(sources, files=(output,))
-    fmt = output_format(fmt, output, TIMELINE_BY_SUFFIX, "text", "timeline")
+    fmt = output_format(fmt, output, TIMELINE_FORMATS, "text", "timeline")
     zone = time_zone(tz)
     opened = open_audit(sources, log_tz, log_date, project=project, run=run)
     outputs.add_inputs(i.path for i in opened.evidence.inputs)

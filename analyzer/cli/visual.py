@@ -14,6 +14,7 @@ import click
 
 from analyzer.cli.options import (
     clean_errors,
+    format_option,
     log_options,
     open_audit,
     output_format,
@@ -21,9 +22,9 @@ from analyzer.cli.options import (
     ui_options,
 )
 
-PLOT_FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
+PLOT_FORMATS = ("png", "svg", "pdf")
 MAX_PLOTS = 20
-REPORT_FORMATS = {".html": "html", ".htm": "html", ".md": "markdown", ".markdown": "markdown"}
+REPORT_FORMATS = ("html", "markdown")
 
 
 def _wrote(output: Path) -> None:
@@ -50,12 +51,7 @@ def register(main: click.Group) -> None:
         type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
         help="The picture to write: FILE.png, FILE.svg or FILE.pdf (- is standard output).",
     )
-    @click.option(
-        "--format",
-        "fmt",
-        type=click.Choice(sorted(set(PLOT_FORMATS.values()))),
-        help="The picture's format, when FILE's extension does not say it.",
-    )
+    @format_option(PLOT_FORMATS, None)
     @click.option("--project", help="The run's project (when several projects have the name).")
     @click.option("--tz", help="Show times in this zone (IANA name, e.g. Europe/Berlin); UTC.")
     @click.option(
@@ -123,12 +119,7 @@ def register(main: click.Group) -> None:
         help="FILE.html (one self-contained file) or FILE.md (PNGs in FILE-images/ beside it); "
         "- writes the HTML to standard output.",
     )
-    @click.option(
-        "--format",
-        "fmt",
-        type=click.Choice(["html", "markdown"]),
-        help="The report's format, when FILE's extension does not say it.",
-    )
+    @format_option(REPORT_FORMATS, None)
     @click.option(
         "--max-plots",
         type=click.IntRange(min=0),
