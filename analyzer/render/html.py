@@ -32,6 +32,7 @@ from analyzer.render.format import (
     fmt_cost,
     group_rows,
     outage_text,
+    prevention,
     replica_time_text,
     resolve_zone,
 )
@@ -341,6 +342,19 @@ def _summary(report: Report, images: _Images) -> str:
     return "\n".join(out)
 
 
+def _prevention(n: int, f: Finding) -> str:
+    """Could it have been prevented: foreseeable before the update, would the guard have
+    refused the update, and how to check the services exposed now."""
+    answer = prevention(f)
+    return (
+        f'<div class="prevention" id="prevention-{n}"><h4>could it have been prevented?</h4><ul>'
+        f"<li>foreseeable before the update: {_code_spans(answer.foreseeable)}</li>"
+        "<li>would <code>dstack-audit guard</code> have refused the update: "
+        f"{_code_spans(answer.guard)}</li>"
+        f"<li>check now: {_code_spans(answer.check_now)}</li></ul></div>"
+    )
+
+
 def _finding(
     n: int,
     f: Finding,
@@ -359,6 +373,7 @@ def _finding(
         f'<span class="badge {_e(f.category)}">{_e(f.category)}</span> '
         f'<span class="badge">{_e(f.confidence)}</span></h3>',
         f'<p class="narrative">{_code_spans(narrative(audit, f, tz=tz, frames=frames))}</p>',
+        _prevention(n, f),
         f'<p class="muted">run id <code>{_e(f.run_id)}</code> on server <code>{_e(f.server)}'
         f"</code>; run termination reason <code>{_e(f.run_termination_reason)}</code>"
         + (

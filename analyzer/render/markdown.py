@@ -12,6 +12,7 @@ from analyzer.render.format import (
     fmt_time,
     group_rows,
     outage_text,
+    prevention,
     replica_time_text,
     undecided,
 )
@@ -164,6 +165,12 @@ def render_markdown(report: Report) -> str:
                 f"{md_code(cf.surge_capacity)} as of {fmt_time(cf.as_of)}: "
                 f"{md_text(cf.reasons[0] if cf.reasons else 'no facts')})"
             ]
+        prevent = prevention(f)
+        out += [
+            f"- would `dstack-audit guard` have refused the update: "
+            f"{md_text(prevent.guard, keep_code=True)}",
+            f"- check now: {prevent.check_now}",  # our own words, no data in them
+        ]
         if f.counterfactuals:
             out += ["", "What a well-behaved rollout would have done:", ""]
             out += [
