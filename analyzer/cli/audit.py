@@ -27,6 +27,7 @@ from analyzer.cli.options import (
     tz_option,
     ui_options,
     width_option,
+    wrote,
 )
 from analyzer.errors import AuditInputError
 from analyzer.vocabulary import VERDICTS
@@ -53,8 +54,8 @@ RENDERERS: dict[str, Callable[[Any], Iterable[str]]] = {  # besides "table", the
 }
 
 
-@click.command(short_help="Audit SOURCES and report every run's verdict and every finding.")
-@click.argument("sources", nargs=-1)
+@click.command(short_help="Audit SOURCE... and report every run's verdict and every finding.")
+@click.argument("sources", nargs=-1, metavar="SOURCE...")  # none: one line, exit 2
 @format_option(AUDIT_FORMATS, "table")
 @click.option(
     "--rows",
@@ -172,9 +173,9 @@ def audit(
     log_date: Any,
     token: str | None,
 ) -> None:
-    """Audit SOURCES and report every run's verdict and every finding.
+    """Audit SOURCE... and report every run's verdict and every finding.
 
-    SOURCES: dstack SQLite databases, folders of table exports, server logs (rich, standard or
+    SOURCE: dstack SQLite databases, folders of table exports, server logs (rich, standard or
     json; plain, .gz, docker/kubectl --timestamps, journalctl -o json), or folders of these.
 
     \b
@@ -235,6 +236,7 @@ def audit(
         """The report to `output` through the final redaction pass, rendered, redacted and
         written piece by piece (analyzer.redact.redact_pieces: every byte written passes it)."""
         outputs.write_pieces(output, redact_pieces(render(report), redact))
+        wrote(output)
 
     labels = parse_server_labels(server_labels)
     sources = tuple(dict.fromkeys([*sources, *labels]))

@@ -22,10 +22,13 @@ from analyzer.cli.options import (
     output_format,
     output_option,
     screen_width,
+    source_token_option,
+    sources_argument,
     time_zone,
     tz_option,
     ui_options,
     width_option,
+    wrote,
 )
 
 EXPOSURE_FORMATS = ("table", "markdown", "json")
@@ -125,14 +128,14 @@ RENDERERS = {
 
 def register(main: click.Group) -> None:
     @main.command(short_help="Find running services a failed rollout would take down.")
-    @click.argument("sources", nargs=-1, required=True)
+    @sources_argument
     @click.option(
         "--as-of",
         type=IsoTime(),
         help="The moment to assess (ISO 8601; UTC without a zone; default: the end of the "
         "evidence).",
     )
-    @click.option("--project", help="Only services of this project.")
+    @click.option("--project", help="Only runs of this project.")
     @format_option(EXPOSURE_FORMATS, "table")
     @output_option("Write to FILE (- is standard output).")
     @click.option(
@@ -141,6 +144,7 @@ def register(main: click.Group) -> None:
     @tz_option
     @width_option
     @log_options
+    @source_token_option
     @ui_options
     @clean_errors
     def exposure(
@@ -178,5 +182,6 @@ def register(main: click.Group) -> None:
         else:
             text = RENDERERS[fmt](report, tz=zone)
         outputs.write_text(output, opened.redact(text))
+        wrote(output)
         if fail_on_exposed and any(s.exposed == "yes" for s in report.services):
             sys.exit(1)

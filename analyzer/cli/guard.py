@@ -53,7 +53,13 @@ def register(main: click.Group) -> None:
         "the dstack CLI's configured one.",
     )
     @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-    @click.option("--port", default=8001, show_default=True, type=click.IntRange(0, 65535))
+    @click.option(
+        "--port",
+        default=8001,
+        show_default=True,
+        type=click.IntRange(0, 65535),
+        help="Port to listen on (DSTACK_PLUGIN_SERVICE_URI points the server at it).",
+    )
     @click.option(
         "--mode",
         type=click.Choice(["reject", "warn"]),

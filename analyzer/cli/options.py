@@ -121,6 +121,7 @@ def _fail(message: str) -> None:
 
 
 def tz_option(command: Command) -> Command:
+    """--tz, the display zone, worded alike on every command."""
     return click.option(
         "--tz", help="Show times in this zone (IANA name, e.g. Europe/Berlin); default UTC."
     )(command)
@@ -163,12 +164,44 @@ def run_selection_options(command: Command) -> Command:
     return command
 
 
+TOKEN_HELP = (
+    "A dstack user token for a server URL (prefer DSTACK_TOKEN: a command line is visible to "
+    "other users). Never printed or stored."
+)
+
+
 def token_option(command: Command) -> Command:
-    return click.option(
-        "--token",
-        help="A dstack user token for a server URL (prefer DSTACK_TOKEN: a command line is "
-        "visible to other users). Never printed or stored.",
-    )(command)
+    """--token, passed to a command that talks to a server itself (collect, guard)."""
+    return click.option("--token", help=TOKEN_HELP)(command)
+
+
+def source_token_option(command: Command) -> Command:
+    """--token on every command that reads SOURCE...: any SOURCE may be a server URL, which
+    reads the token given here in preference to DSTACK_TOKEN while the command runs."""
+
+    @wraps(command)
+    def wrapper(*args: Any, token: str | None, **kwargs: Any) -> Any:
+        from analyzer.sources.live import use_token
+
+        reset = use_token(token)
+        try:
+            return command(*args, **kwargs)
+        finally:
+            reset()
+
+    return click.option("--token", help=TOKEN_HELP)(wrapper)
+
+
+def sources_argument(command: Command) -> Command:
+    """SOURCE...: one name for the inputs on every command."""
+    return click.argument("sources", nargs=-1, required=True, metavar="SOURCE...")(command)
+
+
+def wrote(output: Path | None) -> None:
+    """'wrote FILE' on stderr after a file is written (not for standard output or a device such
+    as /dev/null, not with -q)."""
+    if output is not None and str(output) != "-" and output.is_file() and not SETTINGS.quiet:
+        click.echo(f"dstack-audit: wrote {output}", err=True)
 
 
 def target_option(help: str) -> Callable[[Command], Command]:

@@ -15,10 +15,13 @@ from analyzer.cli.options import (
     output_format,
     output_option,
     screen_width,
+    source_token_option,
+    sources_argument,
     time_zone,
     tz_option,
     ui_options,
     width_option,
+    wrote,
 )
 
 TIMELINE_FORMATS = ("text", "json", "jsonl", "csv", "timesketch")
@@ -26,7 +29,7 @@ TIMELINE_FORMATS = ("text", "json", "jsonl", "csv", "timesketch")
 
 @click.command(short_help="Print a run's timeline: deployments, replicas and events.")
 @click.argument("run")
-@click.argument("sources", nargs=-1, required=True)
+@sources_argument
 @click.option("--project", help="The run's project, when several projects have a run of that name.")
 @output_option("Write to FILE (- is standard output); its extension picks the format.")
 @format_option(TIMELINE_FORMATS, "text")
@@ -34,6 +37,7 @@ TIMELINE_FORMATS = ("text", "json", "jsonl", "csv", "timesketch")
 @width_option
 @tz_option
 @log_options
+@source_token_option
 @ui_options
 @clean_errors
 def timeline(
@@ -91,6 +95,7 @@ def timeline(
     else:
         text = export(row, merged_events(events, marked), fmt)
     outputs.write_text(output, opened.redact(text))
+    wrote(output)
 
 
 def register(cli: click.Group) -> None:
