@@ -103,3 +103,28 @@ def test_tables_take_a_width_and_every_command_its_ui_options(name):
         assert "--width" in options, name
     if name not in SERVERS:
         assert {"--quiet", "--verbose", "--no-color"} <= set(options), name
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["audit", "SRC", "--run", "nope"],
+        ["report", "SRC", "-o", "OUT.html", "--run", "nope"],
+        ["timeline", "nope", "SRC"],
+        ["plot", "nope", "SRC", "-o", "OUT.png"],
+    ],
+    ids=lambda args: args[0],
+)
+def test_a_run_that_matches_nothing_is_the_same_error_everywhere(args, tmp_path):
+    """A typo in --run (or RUN) is exit 2 naming it on every command, never an empty report."""
+    from conftest import CAPTURES
+
+    seed = str(CAPTURES / "v0.22.5" / "seed" / "server.db")
+    args = [seed if a == "SRC" else a.replace("OUT", str(tmp_path / "out")) for a in args]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert result.output == (
+        "dstack-audit: nope: no run with this name, project/name or id prefix in the given "
+        "sources (dstack-audit audit SOURCE... --all-runs lists them)\n"
+    )
+    assert list(tmp_path.iterdir()) == []

@@ -226,12 +226,16 @@ def output_option(help: str) -> Callable[[Command], Command]:
 
 
 def open_audit(sources: tuple[str, ...], log_tz: str | None, log_date: Any, **options: Any):
-    """The library's `open_sources` with the shared log options applied."""
+    """The library's `open_sources` with the shared log options applied; a --run or --project
+    that selects no run is exit 2 on every command (analyzer.pipeline.selectors)."""
     from analyzer.api import open_sources
+    from analyzer.pipeline.selectors import matched_something
 
-    return open_sources(
+    opened = open_sources(
         sources, log_tz=log_tz, log_date=log_date.date() if log_date else None, **options
     )
+    matched_something(opened.runs, options.get("project"), options.get("run"))
+    return opened
 
 
 def time_zone(tz: str | None):
