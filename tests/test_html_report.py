@@ -609,3 +609,14 @@ def test_each_finding_says_if_foreseeable_if_the_guard_would_refuse_and_how_to_c
     assert "have refused the update: yes" in capacity
     assert "foreseeable before the update: no: the culprit did not fail for lack" in crash
     assert "have refused the update: no" in crash
+
+
+def test_the_markdown_report_tells_the_story_first_and_escapes_only_what_acts(seed):
+    """Story first, the inputs' SHA-256 in an appendix; Slack, Jira and mail show no stray
+    backslashes: parentheses and underscores inside words are left as written."""
+    text = render_report_markdown(seed)
+    story, appendix = text.index("## What happened"), text.index("## Appendix: inputs")
+    assert story < appendix and "| SHA-256 |" not in text[:appendix]
+    assert all(i.sha256[:16] in text[appendix:] for i in seed.report.inputs if i.sha256)
+    assert "failed_to_start_due_to_no_capacity" in text and "\\_" not in text
+    assert "\\(" not in text and "\\)" not in text

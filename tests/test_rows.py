@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner
-from conftest import CAPTURES
+from conftest import CAPTURES, execute
 
 from analyzer.cli import main
 from analyzer.render.formats import FORMATS
@@ -121,3 +121,14 @@ def test_every_command_takes_its_formats_from_the_registry():
             assert f"{choice}" in option.help and FORMATS[choice].holds in option.help
             seen.add(choice)
     assert {"csv", "jsonl", "json", "markdown", "table", "html", "png"} <= seen
+
+
+def test_a_run_name_never_becomes_a_formula(copy_db):
+    """A run name is the user's text: in the findings' and the victims' CSV a name starting a
+    spreadsheet formula is prefixed with `'` (analyzer.render.safe), as in the timeline's."""
+    db = copy_db("v0.22.5/seed")
+    execute(db, "UPDATE runs SET run_name = ?", params=('=HYPERLINK("http://x","web")',))
+    for rows in ("findings", "victims"):
+        text = run("audit", "-q", str(db), "--format", "csv", "--rows", rows)
+        (row,) = csv.DictReader(io.StringIO(text))
+        assert row["run_name"] == '\'=HYPERLINK("http://x","web")', row

@@ -745,15 +745,9 @@ def render_report_markdown(
             else "unknown"
         ),
         f"- times in the narratives: {clock.zone_label(report.end_of_evidence)}; tables below: UTC",
+        f"- inputs: {len(report.inputs)}, each with its SHA-256 in the appendix",
         "",
-        "| input | kind | SHA-256 |",
-        "|---|---|---|",
     ]
-    out += [
-        f"| {md_text(i.path)} | {md_text(i.kind)} | {md_code(i.sha256 or 'not computed')} |"
-        for i in report.inputs
-    ]
-    out.append("")
     if len({(f.server, f.run_id) for f in report.findings}) > 1 or len(s.by_day) > 1:
         path = save(_plots().plot_fleet(report), "fleet.png")
         if path:
@@ -785,5 +779,10 @@ def render_report_markdown(
     details = render_markdown(report).splitlines()
     first = next((i for i, line in enumerate(details) if line.startswith("## ")), len(details))
     details = [("#" + line if line.startswith("#") else line) for line in details[first:]]
-    out += ["## Details", "", *details]
+    out += ["## Details", "", *details, "", "## Appendix: inputs and their SHA-256", ""]
+    out += ["| input | kind | SHA-256 |", "|---|---|---|"]
+    out += [
+        f"| {md_text(i.path)} | {md_text(i.kind)} | {md_code(i.sha256 or 'not computed')} |"
+        for i in report.inputs
+    ]
     return audit.redact("\n".join(out).rstrip("\n") + "\n")
