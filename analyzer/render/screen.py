@@ -72,14 +72,14 @@ def wrapped(text: str, width: int, indent: str = "  ") -> str:
     return "\n".join(lines or [text]).replace(KEEP, " ")
 
 
-def one_line(message: str) -> str:
-    """A culprit's message as one line for the findings table: its first line, cut at a word
-    with "…" when longer (a cloud's no-capacity error runs to many lines); the whole text is in
+def one_line(message: str, room: int = MESSAGE_ROOM) -> str:
+    """A message as one line of at most `room` columns: its first line, cut at a word with "…"
+    when longer (a cloud's no-capacity error runs to many lines); the whole text is in
     `timeline`, the reports and the JSON."""
     text = message.strip()
     first = next((line.strip() for line in text.splitlines() if line.strip()), "")
-    if len(first) > MESSAGE_ROOM:
-        first = first[:MESSAGE_ROOM].rsplit(" ", 1)[0]
+    if len(first) > room:
+        first = first[: room - 2].rsplit(" ", 1)[0]
     return first if first == text else first + " …"
 
 
@@ -326,6 +326,7 @@ def _input_problems(item: InputRecord) -> list[str]:
             problems.append(f"{unknown.group(1)} dstack line(s) of unknown shape")
     if item.kind == "unrecognised":
         problems.append("not recognised")
+        problems += [n for n in item.notes if n.startswith("a pg_dump")]
     return problems
 
 
@@ -385,24 +386,17 @@ def _inputs(
     )
     out.append(_fill(_table("kind", "inputs", "records", "unparsed"), rows, width))
     problems = [(i, _input_problems(i)) for i in inputs]
-    problems = [(i, p) for i, p in problems if p]
-    out.extend(
-        [
-            _bullets(
-                " !",
-                (
-                    short(item.path, max(20, width - 6 - len("; ".join(found))))
-                    + ": "
-                    + "; ".join(found)
-                    for item, found in problems[:20]
-                ),
-                width,
-                "bold yellow",
-            )
-        ]
-        if problems
-        else []
-    )
+    skipped = [i.path for i, p in problems if p == ["not recognised"]]
+    lines = [
+        short(item.path, max(20, width - 6 - len("; ".join(found)))) + ": " + "; ".join(found)
+        for item, found in problems
+        if found and found != ["not recognised"]
+    ]
+    if skipped:  # said once: files beside the evidence (manifests, notes) are no problem
+        lines.append(f"not recognised, skipped ({len(skipped)}): {', '.join(skipped)}")
+    problems = lines
+    if lines:
+        out.append(_bullets(" !", lines[:20], width, "bold yellow"))
     if len(problems) > 20:
         out.append(Text(f"  ... and {len(problems) - 20} more input(s) with problems"))
     out.append(Text("  (every input with its SHA-256: --inputs)", "dim"))
@@ -450,17 +444,12 @@ def render_table(
         *_runs(report, shown, note, width),
     ]
     if report.limitations:
-        parts += [Text(""), Text("LIMITATIONS (what the evidence cannot show)", "bold")]
-        parts.append(
-            _bullets(
-                "-",
-                (
-                    f"[{lim.code}] {lim.message} ({short(lim.source, width - 6)})"
-                    for lim in report.limitations
-                ),
-                width,
-            )
-        )
+        folded = "; in full: --format markdown or json" if terminal else ""
+        parts += [Text(""), Text(f"LIMITATIONS (what the evidence cannot show{folded})", "bold")]
+        said = (f"[{lim.code}] {lim.message} ({lim.source})" for lim in report.limitations)
+        if terminal:  # on a terminal, a line each: the code and how it begins
+            said = (one_line(text, width - 2) for text in said)
+        parts.append(_bullets("-", said, width))
     parts += _inputs(report, full_inputs, width, short)
     if report.findings:
         parts += [
