@@ -620,3 +620,13 @@ def test_the_markdown_report_tells_the_story_first_and_escapes_only_what_acts(se
     assert all(i.sha256[:16] in text[appendix:] for i in seed.report.inputs if i.sha256)
     assert "failed_to_start_due_to_no_capacity" in text and "\\_" not in text
     assert "\\(" not in text and "\\)" not in text
+
+
+def test_the_terminal_table_says_the_guards_answer_and_how_to_prevent_the_next():
+    from analyzer.render.screen import render_table
+
+    audit = open_sources([SEED / "server.db", CRASH / "server.db"])
+    text = " ".join(render_table(audit.report, width=80).split())
+    assert "guard: would have refused it: no room" in text  # no capacity: foreseeable
+    assert "guard: would not have: not a lack of room" in text  # a crash
+    assert "PREVENT THE NEXT: `dstack-audit exposure SERVER-URL` shows the services" in text

@@ -22,11 +22,14 @@ from rich.text import Text
 
 from analyzer.contract import Finding, InputRecord, Report, RunVerdict
 from analyzer.render.format import (
+    EXPOSURE_NOW,
     GROUP_HEADERS,
+    GUARD_HOW,
     cost_text,
     fmt_time,
     group_rows,
     outage_text,
+    prevention,
     replica_time_text,
     undecided,
 )
@@ -150,6 +153,8 @@ def _finding_cell(finding: Finding, tz: tzinfo | None) -> Text:
     if finding.changed_fields:
         cell.append("\nupdate: ", "dim")
         cell.append(f"{finding.updated_by or '?'} changed {finding.changed_fields}")
+    cell.append("\nguard: ", "dim")
+    cell.append(prevention(finding).guard_short)
     return cell
 
 
@@ -196,6 +201,14 @@ def _findings(report: Report, tz: tzinfo | None, width: int) -> list:
                 f"{whole(replica_time_text(summary))}, cost {whole(cost_text(summary))} (until "
                 "recovery, or until the end of the evidence "
                 f"{whole(fmt_time(report.end_of_evidence, tz=tz))})",
+                width,
+                indent="",
+            )
+        ),
+        Text(
+            wrapped(
+                f"PREVENT THE NEXT: `{EXPOSURE_NOW}` shows the services exposed now, "
+                f"`{GUARD_HOW}` refuses such an update at `dstack apply` (docs/guard.md)",
                 width,
                 indent="",
             )
