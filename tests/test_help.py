@@ -128,3 +128,17 @@ def test_a_run_that_matches_nothing_is_the_same_error_everywhere(args, tmp_path)
         "sources (dstack-audit audit SOURCE... --all-runs lists them)\n"
     )
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_guards_missing_token_message_reads_whole(tmp_path):
+    """The masker hides `--token VALUE`; the hint naming the option must not look like one."""
+    result = CliRunner().invoke(
+        main,
+        ["guard", "--server", "http://127.0.0.1:9"],
+        env={"DSTACK_TOKEN": None, "HOME": str(tmp_path)},
+    )
+    assert result.exit_code == 2, result.output
+    assert "***" not in result.output
+    assert result.output.rstrip().endswith(
+        "(set DSTACK_TOKEN (a dstack user token) or give --token)"
+    )

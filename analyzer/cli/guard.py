@@ -19,7 +19,7 @@ def _check_server(url: str, token: str | None) -> str:
     label = display_url(url)
     if not token:
         raise AuditInputError(
-            label, "no token was given", "set DSTACK_TOKEN or give --token (a dstack user token)"
+            label, "no token was given", "set DSTACK_TOKEN (a dstack user token) or give --token"
         )
     server = Server(url, token)
     try:
