@@ -52,6 +52,20 @@ def _fitted(line: str, width: int, indent: str) -> list[str]:
     ) or [line]
 
 
+def _now_if_live(sources: tuple[str, ...], opened: Any) -> datetime | None:
+    """A live server is assessed as of now (it was just asked), not as of the last moment its
+    answers record; never before that moment (a server whose clock is behind its records)."""
+    from datetime import UTC
+
+    from analyzer.sources.live import LIVE_URL
+
+    if not any(LIVE_URL.match(source) for source in sources):
+        return None
+    now = datetime.now(UTC)
+    end = opened.end_of_evidence
+    return now if end is None or now > end else end
+
+
 def render_table(report, *, width: int = 100, tz: tzinfo | None = None) -> str:
     """One block per service: the verdicts, then the facts behind them, fitted to `width`."""
     blocks: list[tuple[str, str]] = [
@@ -176,7 +190,7 @@ def register(main: click.Group) -> None:
         zone = time_zone(tz)
         opened = open_audit(sources, log_tz, log_date, project=project)
         outputs.add_inputs(i.path for i in opened.evidence.inputs)
-        report = exposure_report(opened, as_of)
+        report = exposure_report(opened, as_of or _now_if_live(sources, opened))
         if fmt == "table":
             text = render_table(report, width=screen_width(output, width), tz=zone)
         else:
