@@ -46,12 +46,17 @@ FINDINGS = {
     "outage_is_lower_bound": pl.Boolean,
     "healthy_replica_seconds_lost": pl.Float64,
     "lost_cost": pl.Float64,
+    "healthy_replica_seconds_lost_is_lower_bound": pl.Boolean,
+    "lost_cost_is_lower_bound": pl.Boolean,
+    "cost_unknown_victims": pl.Int64,
 }
 VICTIMS = {
     "rank": pl.Int64,
     "server": pl.String,
     "run_id": pl.String,
     "category": pl.String,
+    "project": pl.String,
+    "run_name": pl.String,
     "job_id": pl.String,
     "job_name": pl.String,
     "replica_num": pl.Int64,
@@ -132,6 +137,14 @@ def findings(report: Report) -> pl.DataFrame:
                 if impact
                 else None,
                 "lost_cost": impact.lost_cost if impact else None,
+                # as the CLI says it: "≥" and "(+N unknown)" (analyzer.render.format)
+                "healthy_replica_seconds_lost_is_lower_bound": (
+                    impact.healthy_replica_seconds_lost_is_lower_bound if impact else None
+                ),
+                "lost_cost_is_lower_bound": impact.lost_cost_is_lower_bound if impact else None,
+                "cost_unknown_victims": len(impact.per_victim) - impact.cost_known_for
+                if impact
+                else None,
             }
         )
     return _frame(rows, FINDINGS)
@@ -149,6 +162,8 @@ def victims(report: Report) -> pl.DataFrame:
                     "server": f.server,
                     "run_id": f.run_id,
                     "category": f.category,
+                    "project": f.project,
+                    "run_name": f.run_name,
                     **v.model_dump(exclude={"submission_num"}),
                     "price_per_hour": cost.price_per_hour if cost else None,
                     "lost_seconds": cost.lost_seconds if cost else None,

@@ -127,6 +127,8 @@ def test_timeline_of_an_ambiguous_name_asks_for_more(tmp_path):
     result = run("timeline", "web", *both)
     assert result.exit_code == 2
     assert "2 runs match" in result.output
+    assert "submitted 2026-11-02 09:00:41Z" in result.output  # as the tool prints times
+    assert "+00:00" not in result.output  # not Python's
     assert run("timeline", "web", *both, "--project", "hooli").exit_code == 0
 
 

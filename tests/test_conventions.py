@@ -120,10 +120,10 @@ def test_exposure_table_fits_the_width(width):
 @pytest.mark.parametrize(
     ("args", "name", "offered"),
     [
-        (["audit", SEED_DB], "x.html", ".json, .md, .markdown or .txt"),
-        (["audit", SEED_DB], "x.csv", ".json, .md, .markdown or .txt"),
-        (["timeline", "web", SEED_DB], "x.html", ".json, .jsonl, .csv or .txt"),
-        (["exposure", SEED_DB], "x.csv", ".json, .md, .markdown or .txt"),
+        (["audit", SEED_DB], "x.html", ".txt, .md, .markdown, .json, .csv, .jsonl or .ndjson"),
+        (["audit", SEED_DB], "x.xlsx", ".txt, .md, .markdown, .json, .csv, .jsonl or .ndjson"),
+        (["timeline", "web", SEED_DB], "x.html", ".txt, .json, .jsonl, .ndjson or .csv"),
+        (["exposure", SEED_DB], "x.csv", ".txt, .md, .markdown or .json"),
         (["plot", "web", SEED_DB], "x.html", ".png, .svg or .pdf"),
         (["report", SEED_DB], "x.csv", ".html, .htm, .md or .markdown"),
     ],

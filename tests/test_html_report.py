@@ -556,3 +556,77 @@ def test_max_plots_draws_the_worst_runs_only(fleet):
 def _check_findings_complete_without_pictures(audit, text: str) -> None:
     articles = re.findall(r'<article class="finding" id="finding-(\d+)"', text)
     assert [int(n) for n in articles] == list(range(1, len(audit.report.findings) + 1))
+
+
+# ---------------------------------------------------------------------------------------------
+# From post-mortem to prevention (issue 37)
+
+
+PREVENTION = """<script>
+window.addEventListener('load', function () {
+  var out = document.createElement('pre');
+  out.id = 'prevention-result';
+  out.textContent = JSON.stringify(Array.from(document.querySelectorAll('.prevention')).map(
+    function (e) { return {id: e.id, text: e.innerText, shown: e.offsetHeight > 0,
+                           inside: e.closest('article').id}; }));
+  document.body.appendChild(out);
+});
+</script>"""
+
+
+def test_each_finding_says_if_foreseeable_if_the_guard_would_refuse_and_how_to_check_now(
+    tmp_path,
+):
+    """Read in headless Chromium: the no-capacity incident was foreseeable and the guard would
+    have refused its update; the crash was neither; both say how to check exposure now."""
+    audit = open_sources([SEED / "server.db", CRASH / "server.db"])
+    copy = (
+        render_html(audit)
+        .replace(
+            "style-src 'unsafe-inline';",
+            "style-src 'unsafe-inline'; script-src 'unsafe-inline';",
+            1,
+        )
+        .replace("</head>", PREVENTION + "</head>", 1)
+    )
+    page = tmp_path / "prevention.html"
+    page.write_text(copy, encoding="utf-8")
+    done = _chromium(tmp_path, "--virtual-time-budget=10000", "--dump-dom", page.as_uri())
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = re.search(r'<pre id="prevention-result">(.*?)</pre>', done.stdout, re.S)
+    assert found, done.stdout[-2000:]
+    blocks = json.loads(html.unescape(found.group(1)))
+    by_run = {}
+    for n, finding in enumerate(audit.report.findings, 1):
+        (block,) = [b for b in blocks if b["id"] == f"prevention-{n}"]
+        assert block["shown"] and block["inside"] == f"finding-{n}"
+        by_run[finding.run_name] = block["text"]
+        assert "dstack-audit exposure SERVER-URL" in block["text"]
+        assert "dstack-audit guard" in block["text"]
+    assert len(by_run) == 2
+    capacity, crash = by_run["web"], by_run["svc"]
+    assert "foreseeable before the update: yes: no surge capacity" in capacity
+    assert "have refused the update: yes" in capacity
+    assert "foreseeable before the update: no: the culprit did not fail for lack" in crash
+    assert "have refused the update: no" in crash
+
+
+def test_the_markdown_report_tells_the_story_first_and_escapes_only_what_acts(seed):
+    """Story first, the inputs' SHA-256 in an appendix; Slack, Jira and mail show no stray
+    backslashes: parentheses and underscores inside words are left as written."""
+    text = render_report_markdown(seed)
+    story, appendix = text.index("## What happened"), text.index("## Appendix: inputs")
+    assert story < appendix and "| SHA-256 |" not in text[:appendix]
+    assert all(i.sha256[:16] in text[appendix:] for i in seed.report.inputs if i.sha256)
+    assert "failed_to_start_due_to_no_capacity" in text and "\\_" not in text
+    assert "\\(" not in text and "\\)" not in text
+
+
+def test_the_terminal_table_says_the_guards_answer_and_how_to_prevent_the_next():
+    from analyzer.render.screen import render_table
+
+    audit = open_sources([SEED / "server.db", CRASH / "server.db"])
+    text = " ".join(render_table(audit.report, width=80).split())
+    assert "guard: would have refused it: no room" in text  # no capacity: foreseeable
+    assert "guard: would not have: not a lack of room" in text  # a crash
+    assert "PREVENT THE NEXT: `dstack-audit exposure SERVER-URL` shows the services" in text

@@ -50,6 +50,7 @@ def test_fleet_audit_notebook():
     out = _run("fleet_audit.ipynb")
     assert f"{len(truth['runs'])} runs," in out and f"{victims} victims" in out
     assert "precision 1.0 recall 1.0" in out
+    assert "findings" in out  # incidents counted per run, findings beside them
     assert "<png>" in out
 
 
@@ -59,3 +60,21 @@ def test_notebooks_are_stored_clean(name):
     for cell in book["cells"]:
         if cell["cell_type"] == "code":
             assert cell["outputs"] == [] and cell["execution_count"] is None
+
+
+@pytest.mark.parametrize("name", ["post_incident.ipynb", "fleet_audit.ipynb"])
+def test_a_notebook_copied_elsewhere_says_what_to_set(name, tmp_path):
+    """Copied out of the repository, a notebook stops at its first cell with one sentence
+    saying what to point at the evidence, not a traceback from deep in the library."""
+    from nbclient.exceptions import CellExecutionError
+
+    book = nbformat.read(NOTEBOOKS / name, as_version=4)
+    assert "pip install '.[notebook]'" in book.cells[0].source  # how to run it, in it
+    client = NotebookClient(
+        book, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
+    with pytest.raises(CellExecutionError) as stopped:
+        client.execute()
+    assert stopped.value.ename == "SystemExit", stopped.value
+    assert "is not here: set " in stopped.value.evalue
+    assert not any(cell.get("outputs") for cell in book.cells[2:] if cell.cell_type == "code")

@@ -475,19 +475,19 @@ def test_fleet_wide_audit_run_and_fleet_pictures():
         "incidents-per-day",
         "outage-by-project",
         "cost-by-project",
-        "outage-by-fleet",
-        "cost-by-fleet",
         "failure-classes",
     ):
         assert gid in gids, gid
+    # one fleet: a line of the totals, not two panels (issue 37)
+    assert "outage-by-fleet" not in gids and "cost-by-fleet" not in gids
     projects = [t.get_text() for t in _axes(fig, "outage-by-project").get_yticklabels()]
     assert set(projects) == {g.key for g in report.summary.by_project}
     classes = [t.get_text() for t in _axes(fig, "failure-classes").get_yticklabels()]
     assert set(classes) == {g.key for g in report.summary.by_failure_class}
     days = _axes(fig, "incidents-per-day")
     assert sum(p.get_height() for p in days.patches) == len(report.findings)
-    fleets = [t.get_text() for t in _axes(fig, "cost-by-fleet").get_yticklabels()]
-    assert fleets == ["cpu-fleet"]
+    assert [g.key for g in report.summary.by_fleet] == ["cpu-fleet"]
+    assert "fleet: cpu-fleet (every incident)" in _all_text(fig)
 
 
 def test_fleet_without_findings():

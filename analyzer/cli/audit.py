@@ -13,6 +13,7 @@ import click
 
 from analyzer.cli.options import (
     clean_errors,
+    format_option,
     log_options,
     open_audit,
     output_format,
@@ -25,12 +26,14 @@ from analyzer.cli.options import (
     token_option,
     tz_option,
     ui_options,
+    width_option,
+    wrote,
 )
 from analyzer.errors import AuditInputError
 from analyzer.vocabulary import VERDICTS
 
-AUDIT_FORMATS = ["json", "markdown", "table"]
-FORMAT_BY_SUFFIX = {".json": "json", ".md": "markdown", ".markdown": "markdown", ".txt": "table"}
+AUDIT_FORMATS = ("table", "markdown", "json", "csv", "jsonl")
+ROWS = ("findings", "victims")  # what csv and jsonl hold: one row a finding, or a victim
 
 
 def _markdown(report: Any) -> str:
@@ -51,14 +54,15 @@ RENDERERS: dict[str, Callable[[Any], Iterable[str]]] = {  # besides "table", the
 }
 
 
-@click.command(short_help="Audit SOURCES and report every run's verdict and every finding.")
-@click.argument("sources", nargs=-1)
+@click.command(short_help="Audit SOURCE... and report every run's verdict and every finding.")
+@click.argument("sources", nargs=-1, metavar="SOURCE...")  # none: one line, exit 2
+@format_option(AUDIT_FORMATS, "table")
 @click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(AUDIT_FORMATS),
-    help="Output format: a readable table (default), markdown, or the JSON report contract; "
-    "without it, -o FILE's extension decides (.json, .md).",
+    "--rows",
+    type=click.Choice(ROWS),
+    default="findings",
+    show_default=True,
+    help="csv and jsonl: one row a finding, or one row a healthy replica killed (a victim).",
 )
 @output_option("Write to FILE (- is standard output).")
 @run_selection_options
@@ -75,6 +79,7 @@ RENDERERS: dict[str, Callable[[Any], Iterable[str]]] = {  # besides "table", the
     + ".",
 )
 @tz_option
+@width_option
 @click.option(
     "--fail-on-findings",
     is_flag=True,
@@ -142,6 +147,7 @@ RENDERERS: dict[str, Callable[[Any], Iterable[str]]] = {  # besides "table", the
 def audit(
     sources: tuple[str, ...],
     fmt: str | None,
+    rows: str,
     output: Path | None,
     project: str | None,
     run: str | None,
@@ -151,6 +157,7 @@ def audit(
     full_inputs: bool,
     verdicts: tuple[str, ...],
     tz: str | None,
+    width: int | None,
     fail_on_findings: bool,
     allow_undecided: bool,
     quarantine: Path | None,
@@ -166,9 +173,9 @@ def audit(
     log_date: Any,
     token: str | None,
 ) -> None:
-    """Audit SOURCES and report every run's verdict and every finding.
+    """Audit SOURCE... and report every run's verdict and every finding.
 
-    SOURCES: dstack SQLite databases, folders of table exports, server logs (rich, standard or
+    SOURCE: dstack SQLite databases, folders of table exports, server logs (rich, standard or
     json; plain, .gz, docker/kubectl --timestamps, journalctl -o json), or folders of these.
 
     \b
@@ -203,6 +210,10 @@ def audit(
     zone = time_zone(tz)
 
     def render(report: Any) -> Iterable[str]:
+        if fmt in ("csv", "jsonl"):
+            from analyzer.render.rows import report_rows
+
+            return [report_rows(report, rows, fmt)]
         if fmt != "table":
             return RENDERERS[fmt](report)
         from analyzer.render.screen import render_table
@@ -211,8 +222,9 @@ def audit(
         return [
             render_table(
                 report,
-                width=screen_width(output),
+                width=screen_width(output, width),
                 colour=to_terminal and colour_wanted(sys.stdout),
+                terminal=to_terminal and sys.stdout.isatty(),
                 all_runs=all_runs,
                 full_inputs=full_inputs,
                 verdicts=verdicts,
@@ -224,11 +236,12 @@ def audit(
         """The report to `output` through the final redaction pass, rendered, redacted and
         written piece by piece (analyzer.redact.redact_pieces: every byte written passes it)."""
         outputs.write_pieces(output, redact_pieces(render(report), redact))
+        wrote(output)
 
     labels = parse_server_labels(server_labels)
     sources = tuple(dict.fromkeys([*sources, *labels]))
     outputs = plan(sources, files=(output, quarantine), folders=(bundle,), force=force)
-    fmt = output_format(fmt, output, FORMAT_BY_SUFFIX, "table", "audit")  # after: evidence first
+    fmt = output_format(fmt, output, AUDIT_FORMATS, "table", "audit")  # after: evidence first
     options = {
         "server_labels": labels,
         "project": project,

@@ -16,17 +16,22 @@ import click
 from analyzer.cli.options import (
     IsoTime,
     clean_errors,
+    format_option,
     log_options,
     open_audit,
     output_format,
     output_option,
     screen_width,
+    source_token_option,
+    sources_argument,
     time_zone,
     tz_option,
     ui_options,
+    width_option,
+    wrote,
 )
 
-FORMAT_BY_SUFFIX = {".json": "json", ".md": "markdown", ".markdown": "markdown", ".txt": "table"}
+EXPOSURE_FORMATS = ("table", "markdown", "json")
 
 
 def _when(report, tz: tzinfo | None) -> str:
@@ -45,6 +50,20 @@ def _fitted(line: str, width: int, indent: str) -> list[str]:
         break_long_words=False,
         break_on_hyphens=False,
     ) or [line]
+
+
+def _now_if_live(sources: tuple[str, ...], opened: Any) -> datetime | None:
+    """A live server is assessed as of now (it was just asked), not as of the last moment its
+    answers record; never before that moment (a server whose clock is behind its records)."""
+    from datetime import UTC
+
+    from analyzer.sources.live import LIVE_URL
+
+    if not any(LIVE_URL.match(source) for source in sources):
+        return None
+    now = datetime.now(UTC)
+    end = opened.end_of_evidence
+    return now if end is None or now > end else end
 
 
 def render_table(report, *, width: int = 100, tz: tzinfo | None = None) -> str:
@@ -123,27 +142,23 @@ RENDERERS = {
 
 def register(main: click.Group) -> None:
     @main.command(short_help="Find running services a failed rollout would take down.")
-    @click.argument("sources", nargs=-1, required=True)
+    @sources_argument
     @click.option(
         "--as-of",
         type=IsoTime(),
         help="The moment to assess (ISO 8601; UTC without a zone; default: the end of the "
         "evidence).",
     )
-    @click.option("--project", help="Only services of this project.")
-    @click.option(
-        "--format",
-        "fmt",
-        type=click.Choice(sorted(RENDERERS)),
-        help="Output format: table (default), markdown or json; without it, -o FILE's "
-        "extension decides (.json, .md).",
-    )
+    @click.option("--project", help="Only runs of this project.")
+    @format_option(EXPOSURE_FORMATS, "table")
     @output_option("Write to FILE (- is standard output).")
     @click.option(
         "--fail-on-exposed", is_flag=True, help="Exit 1 when any running service is exposed."
     )
     @tz_option
+    @width_option
     @log_options
+    @source_token_option
     @ui_options
     @clean_errors
     def exposure(
@@ -154,6 +169,7 @@ def register(main: click.Group) -> None:
         output: Path | None,
         fail_on_exposed: bool,
         tz: str | None,
+        width: int | None,
         log_tz: str | None,
         log_date: Any,
     ) -> None:
@@ -170,15 +186,16 @@ def register(main: click.Group) -> None:
         from analyzer.pipeline.exposure import exposure_report
 
         outputs = plan(sources, files=(output,))
-        fmt = output_format(fmt, output, FORMAT_BY_SUFFIX, "table", "exposure")
+        fmt = output_format(fmt, output, EXPOSURE_FORMATS, "table", "exposure")
         zone = time_zone(tz)
         opened = open_audit(sources, log_tz, log_date, project=project)
         outputs.add_inputs(i.path for i in opened.evidence.inputs)
-        report = exposure_report(opened, as_of)
+        report = exposure_report(opened, as_of or _now_if_live(sources, opened))
         if fmt == "table":
-            text = render_table(report, width=screen_width(output), tz=zone)
+            text = render_table(report, width=screen_width(output, width), tz=zone)
         else:
             text = RENDERERS[fmt](report, tz=zone)
         outputs.write_text(output, opened.redact(text))
+        wrote(output)
         if fail_on_exposed and any(s.exposed == "yes" for s in report.services):
             sys.exit(1)

@@ -19,7 +19,7 @@ def _check_server(url: str, token: str | None) -> str:
     label = display_url(url)
     if not token:
         raise AuditInputError(
-            label, "no token was given", "set DSTACK_TOKEN or give --token (a dstack user token)"
+            label, "no token was given", "set DSTACK_TOKEN (a dstack user token) or give --token"
         )
     server = Server(url, token)
     try:
@@ -88,7 +88,13 @@ def register(main: click.Group) -> None:
         "the dstack CLI's configured one.",
     )
     @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-    @click.option("--port", default=8001, show_default=True, type=click.IntRange(0, 65535))
+    @click.option(
+        "--port",
+        default=8001,
+        show_default=True,
+        type=click.IntRange(0, 65535),
+        help="Port to listen on (DSTACK_PLUGIN_SERVICE_URI points the server at it).",
+    )
     @click.option(
         "--mode",
         type=click.Choice(["reject", "warn"]),

@@ -12,6 +12,8 @@ from analyzer.cli.options import (
     clean_errors,
     log_options,
     open_audit,
+    source_token_option,
+    sources_argument,
     target_option,
     token_option,
     ui_options,
@@ -19,12 +21,13 @@ from analyzer.cli.options import (
 from analyzer.errors import AuditInputError
 
 
-@click.command(short_help="Write SOURCES as a Parquet dataset partitioned by run.")
-@click.argument("sources", nargs=-1, required=True)
+@click.command(short_help="Write SOURCE... as a Parquet dataset partitioned by run.")
+@sources_argument
 @target_option("Folder to write the dataset to (runs/, jobs/, events/ partitioned by bucket).")
 @click.option("--buckets", default=16, show_default=True, help="How many run buckets.")
 @click.option("--force", is_flag=True, help="Replace a non-empty --to DIR whole.")
 @log_options
+@source_token_option
 @ui_options
 @clean_errors
 def ingest(
@@ -35,7 +38,7 @@ def ingest(
     log_tz: str | None,
     log_date: Any,
 ) -> None:
-    """Read SOURCES once and write the canonical tables as a Parquet dataset partitioned by run.
+    """Read SOURCE... once and write the canonical tables as a Parquet dataset partitioned by run.
 
     `dstack-audit audit DIR` (or a URL polars reads) then audits it; `--partition I/N` audits a
     part of it, so a huge audit can be split and the reports compared or merged.

@@ -121,6 +121,7 @@ def _fail(message: str) -> None:
 
 
 def tz_option(command: Command) -> Command:
+    """--tz, the display zone, worded alike on every command."""
     return click.option(
         "--tz", help="Show times in this zone (IANA name, e.g. Europe/Berlin); default UTC."
     )(command)
@@ -163,12 +164,44 @@ def run_selection_options(command: Command) -> Command:
     return command
 
 
+TOKEN_HELP = (
+    "A dstack user token for a server URL (prefer DSTACK_TOKEN: a command line is visible to "
+    "other users). Never printed or stored."
+)
+
+
 def token_option(command: Command) -> Command:
-    return click.option(
-        "--token",
-        help="A dstack user token for a server URL (prefer DSTACK_TOKEN: a command line is "
-        "visible to other users). Never printed or stored.",
-    )(command)
+    """--token, passed to a command that talks to a server itself (collect, guard)."""
+    return click.option("--token", help=TOKEN_HELP)(command)
+
+
+def source_token_option(command: Command) -> Command:
+    """--token on every command that reads SOURCE...: any SOURCE may be a server URL, which
+    reads the token given here in preference to DSTACK_TOKEN while the command runs."""
+
+    @wraps(command)
+    def wrapper(*args: Any, token: str | None, **kwargs: Any) -> Any:
+        from analyzer.sources.live import use_token
+
+        reset = use_token(token)
+        try:
+            return command(*args, **kwargs)
+        finally:
+            reset()
+
+    return click.option("--token", help=TOKEN_HELP)(wrapper)
+
+
+def sources_argument(command: Command) -> Command:
+    """SOURCE...: one name for the inputs on every command."""
+    return click.argument("sources", nargs=-1, required=True, metavar="SOURCE...")(command)
+
+
+def wrote(output: Path | None) -> None:
+    """'wrote FILE' on stderr after a file is written (not for standard output or a device such
+    as /dev/null, not with -q)."""
+    if output is not None and str(output) != "-" and output.is_file() and not SETTINGS.quiet:
+        click.echo(f"dstack-audit: wrote {output}", err=True)
 
 
 def target_option(help: str) -> Callable[[Command], Command]:
@@ -193,12 +226,16 @@ def output_option(help: str) -> Callable[[Command], Command]:
 
 
 def open_audit(sources: tuple[str, ...], log_tz: str | None, log_date: Any, **options: Any):
-    """The library's `open_sources` with the shared log options applied."""
+    """The library's `open_sources` with the shared log options applied; a --run or --project
+    that selects no run is exit 2 on every command (analyzer.pipeline.selectors)."""
     from analyzer.api import open_sources
+    from analyzer.pipeline.selectors import matched_something
 
-    return open_sources(
+    opened = open_sources(
         sources, log_tz=log_tz, log_date=log_date.date() if log_date else None, **options
     )
+    matched_something(opened.runs, options.get("project"), options.get("run"))
+    return opened
 
 
 def time_zone(tz: str | None):
@@ -213,36 +250,67 @@ def time_zone(tz: str | None):
         raise AuditInputError("--tz", f"unknown time zone {tz!r}", "e.g. Europe/Berlin") from None
 
 
-def screen_width(output: Path | None) -> int:
-    """The terminal's width when printing to one; COLUMNS or 100 otherwise."""
+def width_option(command: Command) -> Command:
+    """--width N on every command that draws a table or fits text to the screen."""
+    return click.option(
+        "--width",
+        type=click.IntRange(min=40),
+        help="Fit tables and text to N columns (default: the terminal's width; in a pipe "
+        "COLUMNS, else 100). No figure, id or time is ever cut, at any width.",
+        metavar="N",
+    )(command)
+
+
+def screen_width(output: Path | None, width: int | None = None) -> int:
+    """--width when given; else the terminal's width when printing to one; COLUMNS or 100."""
+    if width:
+        return width
     if output is None or str(output) == "-":
         if sys.stdout.isatty():
-            return shutil.get_terminal_size().columns
+            return max(shutil.get_terminal_size().columns, 40)
         if os.environ.get("COLUMNS", "").isdigit():
-            return int(os.environ["COLUMNS"])
+            return max(int(os.environ["COLUMNS"]), 40)
     return 100
+
+
+def format_option(names: tuple[str, ...], default: str | None) -> Callable[[Command], Command]:
+    """--format NAME: one of the registry's formats `names` (analyzer.render.formats), the same
+    name on every command; without it, -o FILE's extension decides."""
+    from analyzer.render.formats import listing
+
+    fallback = f"default {default}; " if default else ""
+    return click.option(
+        "--format",
+        "fmt",
+        type=click.Choice(list(names)),
+        help=f"Output format ({fallback}without it, -o FILE's extension decides): "
+        f"{listing(names)}.",
+    )
 
 
 def output_format(
     fmt: str | None,
     output: Path | None,
-    by_suffix: dict[str, str],
+    names: tuple[str, ...],
     default: str | None,
     command: str,
 ) -> str:
     """--format when given, else -o FILE's extension, else `default` (standard output, or a
     FILE without an extension). An extension none of `command`'s formats has is refused, one
     line naming those it has: `audit -o x.html` once wrote the terminal table under that name."""
+    from analyzer.render.formats import by_suffix
+
     if fmt:
         return fmt
+    suffixes = by_suffix(names)
     if output is None or str(output) == "-":
-        return default or next(iter(by_suffix.values()))
+        return default or names[0]
     if default is not None and not output.suffix:
         return default
-    found = by_suffix.get(output.suffix.lower())
+    found = suffixes.get(output.suffix.lower())
     if found is not None:
         return found
-    *most, last = by_suffix
+    *most, last = suffixes
     wanted = f"{', '.join(most)} or {last}" if most else last
     html = output.suffix.lower() in (".html", ".htm")
     raise AuditInputError(

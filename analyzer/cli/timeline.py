@@ -9,40 +9,35 @@ import click
 
 from analyzer.cli.options import (
     clean_errors,
+    format_option,
     log_options,
     open_audit,
     output_format,
     output_option,
     screen_width,
+    source_token_option,
+    sources_argument,
     time_zone,
     tz_option,
     ui_options,
+    width_option,
+    wrote,
 )
 
-TIMELINE_FORMATS = ["text", "json", "jsonl", "csv", "timesketch"]
-TIMELINE_BY_SUFFIX = {".json": "json", ".jsonl": "jsonl", ".csv": "csv", ".txt": "text"}
+TIMELINE_FORMATS = ("text", "json", "jsonl", "csv", "timesketch")
 
 
 @click.command(short_help="Print a run's timeline: deployments, replicas and events.")
 @click.argument("run")
-@click.argument("sources", nargs=-1, required=True)
+@sources_argument
 @click.option("--project", help="The run's project, when several projects have a run of that name.")
 @output_option("Write to FILE (- is standard output); its extension picks the format.")
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(TIMELINE_FORMATS),
-    help="text (default), json, jsonl, csv, or timesketch (JSONL with message, datetime and "
-    "timestamp_desc for Timesketch); without it, -o FILE's extension decides.",
-)
+@format_option(TIMELINE_FORMATS, "text")
 @click.option("--sources", "show_sources", is_flag=True, help="List each line's provenance.")
-@click.option(
-    "--width",
-    type=click.IntRange(min=40),
-    help="Text: fit this many columns (default: the terminal's width, else COLUMNS or 100).",
-)
+@width_option
 @tz_option
 @log_options
+@source_token_option
 @ui_options
 @clean_errors
 def timeline(
@@ -74,7 +69,7 @@ def timeline(
     from analyzer.render.timeline_view import export, merged_events, roles
 
     outputs = plan(sources, files=(output,))
-    fmt = output_format(fmt, output, TIMELINE_BY_SUFFIX, "text", "timeline")
+    fmt = output_format(fmt, output, TIMELINE_FORMATS, "text", "timeline")
     zone = time_zone(tz)
     opened = open_audit(sources, log_tz, log_date, project=project, run=run)
     outputs.add_inputs(i.path for i in opened.evidence.inputs)
@@ -91,7 +86,7 @@ def timeline(
             opened.deployments.filter(key),
             opened.submissions.filter(key),
             events,
-            width=width or max(screen_width(output), 40),
+            width=screen_width(output, width),
             sources=show_sources,
             roles=marked,
             findings=found,
@@ -100,6 +95,7 @@ def timeline(
     else:
         text = export(row, merged_events(events, marked), fmt)
     outputs.write_text(output, opened.redact(text))
+    wrote(output)
 
 
 def register(cli: click.Group) -> None:

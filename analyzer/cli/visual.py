@@ -14,21 +14,21 @@ import click
 
 from analyzer.cli.options import (
     clean_errors,
+    format_option,
     log_options,
     open_audit,
     output_format,
     run_selection_options,
+    source_token_option,
+    sources_argument,
+    tz_option,
     ui_options,
+    wrote,
 )
 
-PLOT_FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
+PLOT_FORMATS = ("png", "svg", "pdf")
 MAX_PLOTS = 20
-REPORT_FORMATS = {".html": "html", ".htm": "html", ".md": "markdown", ".markdown": "markdown"}
-
-
-def _wrote(output: Path) -> None:
-    if str(output) != "-":
-        click.echo(f"dstack-audit: wrote {output}", err=True)
+REPORT_FORMATS = ("html", "markdown")
 
 
 def _only_images(folder: Path) -> bool:
@@ -50,21 +50,23 @@ def register(main: click.Group) -> None:
         type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
         help="The picture to write: FILE.png, FILE.svg or FILE.pdf (- is standard output).",
     )
-    @click.option(
-        "--format",
-        "fmt",
-        type=click.Choice(sorted(set(PLOT_FORMATS.values()))),
-        help="The picture's format, when FILE's extension does not say it.",
-    )
+    @format_option(PLOT_FORMATS, None)
     @click.option("--project", help="The run's project (when several projects have the name).")
-    @click.option("--tz", help="Show times in this zone (IANA name, e.g. Europe/Berlin); UTC.")
+    @tz_option
     @click.option(
         "--fleet",
         is_flag=True,
         help="Plot the fleet-wide charts instead of a run (then every argument is a SOURCE).",
     )
-    @click.option("--dpi", type=click.IntRange(50, 600), default=110, show_default=True)
+    @click.option(
+        "--dpi",
+        type=click.IntRange(50, 600),
+        default=110,
+        show_default=True,
+        help="The picture's resolution in dots per inch (PNG).",
+    )
     @log_options
+    @source_token_option
     @ui_options
     @clean_errors
     def plot(
@@ -109,12 +111,12 @@ def register(main: click.Group) -> None:
             outputs.add_inputs(i.path for i in opened.evidence.inputs)
             fig = plot_run(opened, run, tz=tz)
         outputs.write_bytes(output, figure_bytes(fig, fmt, dpi=dpi))
-        _wrote(output)
+        wrote(output)
 
     @click.command(
-        "report", short_help="Write the incident report of SOURCES, in HTML or markdown."
+        "report", short_help="Write the incident report of SOURCE..., in HTML or markdown."
     )
-    @click.argument("sources", nargs=-1, required=True)
+    @sources_argument
     @click.option(
         "--output",
         "-o",
@@ -123,12 +125,7 @@ def register(main: click.Group) -> None:
         help="FILE.html (one self-contained file) or FILE.md (PNGs in FILE-images/ beside it); "
         "- writes the HTML to standard output.",
     )
-    @click.option(
-        "--format",
-        "fmt",
-        type=click.Choice(["html", "markdown"]),
-        help="The report's format, when FILE's extension does not say it.",
-    )
+    @format_option(REPORT_FORMATS, None)
     @click.option(
         "--max-plots",
         type=click.IntRange(min=0),
@@ -137,12 +134,13 @@ def register(main: click.Group) -> None:
         help="Draw swimlanes for the worst N findings' runs (the rest are listed with their "
         "evidence, without a picture).",
     )
-    @click.option("--tz", help="Show times in this zone (IANA name, e.g. Europe/Berlin); UTC.")
+    @tz_option
     @run_selection_options
     @click.option(
         "--force", is_flag=True, help="Replace FILE-images/ whole even when it holds other files."
     )
     @log_options
+    @source_token_option
     @ui_options
     @clean_errors
     def report(
@@ -159,7 +157,7 @@ def register(main: click.Group) -> None:
         log_tz: str | None,
         log_date: Any,
     ) -> None:
-        """Write the incident report of SOURCES: the inputs' SHA-256, a summary, every finding
+        """Write the incident report of SOURCE...: the inputs' SHA-256, a summary, every finding
         with its story, swimlane, evidence chain, impact and counterfactuals, the run verdicts
         and the limitations. HTML opens offline and fetches nothing.
 
@@ -198,7 +196,7 @@ def register(main: click.Group) -> None:
                     opened, tz=tz, image_dir=staging, image_link=images.name, max_plots=max_plots
                 )
                 outputs.write_text(output, text)
-        _wrote(output)
+        wrote(output)
 
     for command in (plot, report):
         if command.name not in main.commands:

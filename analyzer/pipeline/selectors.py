@@ -17,6 +17,26 @@ def run_filter(selector: str) -> pl.Expr:
     return (pl.col("run_name") == text) | by_id
 
 
+NO_SUCH_RUN = "no run with this name, project/name or id prefix in the given sources"
+
+
+def matched_something(runs: pl.DataFrame, project: str | None, run: str | None) -> None:
+    """A --run that selects no run is a typo, not an all-clear: an AuditInputError naming it,
+    on every command alike (`timeline` included). A --project with no run keeps its empty
+    scope (an audit or a report of a project with no run yet)."""
+    if runs.height or not run:
+        return
+    where = f" of project {project!r}" if project else ""
+    raise AuditInputError(
+        run, NO_SUCH_RUN + where, "dstack-audit audit SOURCE... --all-runs lists them"
+    )
+
+
+def _when(value) -> str:
+    """A submission time as the tool prints times (UTC, Z), not Python's repr."""
+    return value.strftime("%Y-%m-%d %H:%M:%SZ") if value is not None else "?"
+
+
 def one_run(runs: pl.DataFrame, selector: str) -> dict:
     """The one run `selector` names in `runs`; none or several is an AuditInputError."""
     found = runs.filter(run_filter(selector))
@@ -24,12 +44,11 @@ def one_run(runs: pl.DataFrame, selector: str) -> dict:
     if exact.height == 1:
         found = exact
     if found.height == 0:
-        raise AuditInputError(
-            selector, "no run with this name, project/name or id prefix in the given sources"
-        )
+        raise AuditInputError(selector, NO_SUCH_RUN)
     if found.height > 1:
         listed = "; ".join(
-            f"{r['project']}/{r['run_name']} id {r['run_id'][:8]} submitted {r['submitted_at']}"
+            f"{r['project']}/{r['run_name']} id {r['run_id'][:8]} submitted "
+            f"{_when(r['submitted_at'])}"
             for r in found.head(10).iter_rows(named=True)
         )
         more = f" and {found.height - 10} more" if found.height > 10 else ""

@@ -15,7 +15,7 @@ from datetime import UTC, datetime, tzinfo
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from analyzer.contract import Culprit, GroupSummary, Impact, Totals
+from analyzer.contract import Culprit, Finding, GroupSummary, Impact, Totals
 from analyzer.errors import AuditInputError
 from analyzer.pipeline.story import as_utc, is_pseudo_date
 
@@ -31,6 +31,65 @@ REASON_PHRASES = {
     "max_duration_exceeded": "was stopped: max duration exceeded",
     "port_unreachable": "failed: its port was unreachable",
 }
+
+
+EXPOSURE_NOW = "dstack-audit exposure SERVER-URL"
+GUARD_HOW = "dstack-audit guard"
+
+
+@dataclass(frozen=True)
+class Prevention:
+    """From post-mortem to prevention, for one finding: was it foreseeable before the update,
+    would the guard have refused the update at `dstack apply`, and how to check now."""
+
+    foreseeable: str
+    guard: str
+    guard_short: str  # the guard's answer in a few words, for the terminal table
+    check_now: str = (
+        f"the services exposed now: `{EXPOSURE_NOW}` (the dstack server's URL, a user token in "
+        f"DSTACK_TOKEN); refuse the next such update: `{GUARD_HOW}` (docs/guard.md)"
+    )
+
+
+def prevention(finding: Finding) -> Prevention:
+    """The guard (analyzer.guard.decide) refuses an update of a running service only when its
+    new replicas would find no room (no idle instance that fits, no cloud fleet below
+    `nodes.max`); the capacity foresight asks the same question as of just before the update
+    (analyzer.pipeline.foresight), so the one answers for the other. A culprit that failed for
+    another reason (a crash) is neither foreseeable from the room nor refused by the guard."""
+    cf = finding.capacity_foresight
+    if finding.update_deployment_num is None:
+        no_update = "no update started it (no `dstack apply` to refuse)"
+        return Prevention(f"no: {no_update}", f"no: {no_update}", "no update to refuse")
+    if cf is None:
+        reasons = ", ".join(sorted({c.termination_reason or "unknown" for c in finding.culprits}))
+        return Prevention(
+            f"no: the culprit did not fail for lack of room ({reasons}); no check of the room "
+            "before the update could have seen it",
+            "no: the guard refuses an update only when its new replicas have no room",
+            "would not have: not a lack of room",
+        )
+    why = cf.reasons[0] if cf.reasons else "no facts"
+    as_of = fmt_time(cf.as_of) if cf.as_of else "an undated moment"
+    if cf.foreseeable:
+        return Prevention(
+            f"yes: no surge capacity as of {as_of}, just before the update ({why})",
+            "yes: the guard would have refused the update at `dstack apply`: its new replica "
+            "had no room",
+            "would have refused it: no room",
+        )
+    if cf.foreseeable is False:
+        return Prevention(
+            f"no: surge capacity was available as of {as_of} ({why})",
+            "no: there was room for the new replica when the update came, so the guard would "
+            "have let it through",
+            "would not have: there was room",
+        )
+    return Prevention(
+        f"cannot tell: the surge capacity before the update is {cf.surge_capacity} ({why})",
+        "cannot tell: the evidence does not show the room the guard would have seen",
+        "cannot tell: room unknown",
+    )
 
 
 def undecided(report: Any) -> str | None:

@@ -32,6 +32,7 @@ from analyzer.render.format import (
     fmt_cost,
     group_rows,
     outage_text,
+    prevention,
     replica_time_text,
     resolve_zone,
 )
@@ -341,6 +342,19 @@ def _summary(report: Report, images: _Images) -> str:
     return "\n".join(out)
 
 
+def _prevention(n: int, f: Finding) -> str:
+    """Could it have been prevented: foreseeable before the update, would the guard have
+    refused the update, and how to check the services exposed now."""
+    answer = prevention(f)
+    return (
+        f'<div class="prevention" id="prevention-{n}"><h4>could it have been prevented?</h4><ul>'
+        f"<li>foreseeable before the update: {_code_spans(answer.foreseeable)}</li>"
+        "<li>would <code>dstack-audit guard</code> have refused the update: "
+        f"{_code_spans(answer.guard)}</li>"
+        f"<li>check now: {_code_spans(answer.check_now)}</li></ul></div>"
+    )
+
+
 def _finding(
     n: int,
     f: Finding,
@@ -359,6 +373,7 @@ def _finding(
         f'<span class="badge {_e(f.category)}">{_e(f.category)}</span> '
         f'<span class="badge">{_e(f.confidence)}</span></h3>',
         f'<p class="narrative">{_code_spans(narrative(audit, f, tz=tz, frames=frames))}</p>',
+        _prevention(n, f),
         f'<p class="muted">run id <code>{_e(f.run_id)}</code> on server <code>{_e(f.server)}'
         f"</code>; run termination reason <code>{_e(f.run_termination_reason)}</code>"
         + (
@@ -730,15 +745,9 @@ def render_report_markdown(
             else "unknown"
         ),
         f"- times in the narratives: {clock.zone_label(report.end_of_evidence)}; tables below: UTC",
+        f"- inputs: {len(report.inputs)}, each with its SHA-256 in the appendix",
         "",
-        "| input | kind | SHA-256 |",
-        "|---|---|---|",
     ]
-    out += [
-        f"| {md_text(i.path)} | {md_text(i.kind)} | {md_code(i.sha256 or 'not computed')} |"
-        for i in report.inputs
-    ]
-    out.append("")
     if len({(f.server, f.run_id) for f in report.findings}) > 1 or len(s.by_day) > 1:
         path = save(_plots().plot_fleet(report), "fleet.png")
         if path:
@@ -770,5 +779,10 @@ def render_report_markdown(
     details = render_markdown(report).splitlines()
     first = next((i for i, line in enumerate(details) if line.startswith("## ")), len(details))
     details = [("#" + line if line.startswith("#") else line) for line in details[first:]]
-    out += ["## Details", "", *details]
+    out += ["## Details", "", *details, "", "## Appendix: inputs and their SHA-256", ""]
+    out += ["| input | kind | SHA-256 |", "|---|---|---|"]
+    out += [
+        f"| {md_text(i.path)} | {md_text(i.kind)} | {md_code(i.sha256 or 'not computed')} |"
+        for i in report.inputs
+    ]
     return audit.redact("\n".join(out).rstrip("\n") + "\n")

@@ -12,15 +12,22 @@ from analyzer.render.format import (
     fmt_time,
     group_rows,
     outage_text,
+    prevention,
     replica_time_text,
     undecided,
 )
 
 # Markdown's active characters: data (a termination message is the workload's free text) must
 # never become raw HTML (`<img onerror=...>`), a link or an image (`[x](javascript:...)`,
-# `![x](http://...)`, which a viewer fetches), emphasis or a table break.
-_ACTIVE = re.compile(r"([\\`*_{}\[\]()<>#!|~])")
-_ACTIVE_BUT_CODE = re.compile(r"([\\*_{}\[\]()<>#!|~])")
+# `![x](http://...)`, which a viewer fetches), emphasis, a heading or a table break. Only what
+# would change the rendering is escaped, so Slack, Jira and mail show no stray backslashes:
+# with `[` and `]` escaped no link or image can form (`!` and `(` stay, but a `(` right after a
+# `]`, where a link's target would open), an underscore inside a word is no emphasis
+# (`failed_to_start`), a `#` only heads a line.
+_ALWAYS = r"\\*\[\]<>|~"
+_IN_PLACE = r"|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])|^#|(?<=\])\("
+_ACTIVE = re.compile(rf"[{_ALWAYS}`]{_IN_PLACE}")
+_ACTIVE_BUT_CODE = re.compile(rf"[{_ALWAYS}]{_IN_PLACE}")
 
 
 def md_text(value: object, *, keep_code: bool = False) -> str:
@@ -28,7 +35,7 @@ def md_text(value: object, *, keep_code: bool = False) -> str:
     (which GitHub-flavoured viewers turn into links) broken, newlines made spaces.
     `keep_code` leaves backticks alone, for our own texts that mark `code` with them."""
     text = "-" if value is None else str(value)
-    text = (_ACTIVE_BUT_CODE if keep_code else _ACTIVE).sub(r"\\\1", text)
+    text = (_ACTIVE_BUT_CODE if keep_code else _ACTIVE).sub(lambda m: "\\" + m.group(0), text)
     text = re.sub(r"(?i)(?<=[a-z0-9])://", r":\\/\\/", text)
     text = re.sub(r"(?i)\bwww\.", r"www\\.", text)
     return text.replace("\r", " ").replace("\n", " ")
@@ -164,6 +171,12 @@ def render_markdown(report: Report) -> str:
                 f"{md_code(cf.surge_capacity)} as of {fmt_time(cf.as_of)}: "
                 f"{md_text(cf.reasons[0] if cf.reasons else 'no facts')})"
             ]
+        prevent = prevention(f)
+        out += [
+            f"- would `dstack-audit guard` have refused the update: "
+            f"{md_text(prevent.guard, keep_code=True)}",
+            f"- check now: {prevent.check_now}",  # our own words, no data in them
+        ]
         if f.counterfactuals:
             out += ["", "What a well-behaved rollout would have done:", ""]
             out += [

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import io
 import re
+import textwrap
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import tzinfo
 
 from rich import box
@@ -21,11 +22,14 @@ from rich.text import Text
 
 from analyzer.contract import Finding, InputRecord, Report, RunVerdict
 from analyzer.render.format import (
+    EXPOSURE_NOW,
     GROUP_HEADERS,
+    GUARD_HOW,
     cost_text,
     fmt_time,
     group_rows,
     outage_text,
+    prevention,
     replica_time_text,
     undecided,
 )
@@ -53,6 +57,35 @@ def middle_ellipsis(text: str, width: int) -> str:
     return text[:head] + "…" + text[len(text) - tail :]
 
 
+KEEP = "\u00a0"  # joins a figure's parts while its line is wrapped, so a figure never breaks
+FINDING_ROOM = 30  # the narrowest finding column beside the impact; narrower: impact below
+MESSAGE_ROOM = 100  # a culprit's message in the table: one line (the whole text: timeline, reports)
+
+
+def whole(text: str) -> str:
+    """`text` (a figure, a time, an id) kept on one line when the line holding it wraps."""
+    return text.replace(" ", KEEP)
+
+
+def wrapped(text: str, width: int, indent: str = "  ") -> str:
+    """`text` wrapped at spaces to `width` columns, a figure made `whole` never split."""
+    lines = textwrap.wrap(
+        text, width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False
+    )
+    return "\n".join(lines or [text]).replace(KEEP, " ")
+
+
+def one_line(message: str, room: int = MESSAGE_ROOM) -> str:
+    """A message as one line of at most `room` columns: its first line, cut at a word with "…"
+    when longer (a cloud's no-capacity error runs to many lines); the whole text is in
+    `timeline`, the reports and the JSON."""
+    text = message.strip()
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    if len(first) > room:
+        first = first[: room - 2].rsplit(" ", 1)[0]
+    return first if first == text else first + " …"
+
+
 def _run_label(item: Finding | RunVerdict) -> str:
     label = f"{item.project}/{item.run_name}" if item.project else item.run_name
     return f"{item.server}:{label}" if item.server != "default" else label
@@ -75,18 +108,22 @@ def _table(*headers: str, **options: object) -> Table:
 
 def _fill(table: Table, rows: Iterable[Sequence[str | Text]], width: int) -> Table:
     """Add `rows`; each column at least as wide as its longest word, so rich wraps between
-    words instead of splitting one (only a word wider than the screen allows is folded)."""
+    words instead of splitting one (only a word wider than the screen allows is folded). A
+    column of fixed width keeps it."""
     words = [len(c.header) for c in table.columns]
     for row in rows:
         cells = [c if isinstance(c, Text) else Text(str(c)) for c in row]
         for i, cell in enumerate(cells):
             words[i] = max([words[i], *(len(w) for w in cell.plain.split())])
         table.add_row(*cells)
-    room = width - 2 * (len(words) - 1)
-    while sum(words) > room and max(words) > 8:
-        words[words.index(max(words))] -= 1
-    for column, word in zip(table.columns, words, strict=True):
-        column.min_width = word
+    fixed = [i for i, column in enumerate(table.columns) if column.width is not None]
+    room = width - 2 * (len(words) - 1) - sum(words[i] for i in fixed)
+    free = [i for i in range(len(words)) if i not in fixed]
+    while sum(words[i] for i in free) > room and max(words[i] for i in free) > 8:
+        widest = max(free, key=lambda i: words[i])
+        words[widest] -= 1
+    for i in free:
+        table.columns[i].min_width = words[i]
     return table
 
 
@@ -96,10 +133,11 @@ def _finding_cell(finding: Finding, tz: tzinfo | None) -> Text:
     cell.append(f" ({finding.confidence}) ")
     cell.append(_run_label(finding), "bold")
     cell.append(f" {finding.run_id[:8]}", "dim")
-    victims = ", ".join(f"{v.job_name} (dep {v.deployment_num})" for v in finding.victims)
+    victims = ", ".join(whole(f"{v.job_name} (dep {v.deployment_num})") for v in finding.victims)
     culprits = ", ".join(
-        f"{c.job_name} (dep {c.deployment_num}): {c.termination_reason}"
-        + (f" '{c.termination_reason_message}'" if c.termination_reason_message else "")
+        whole(f"{c.job_name} (dep {c.deployment_num})")
+        + f": {c.termination_reason}"
+        + (f" '{one_line(c.termination_reason_message)}'" if c.termination_reason_message else "")
         + (
             f", re-submitted after submission {c.earlier_failures[0].submission_num}: "
             f"{c.earlier_failures[0].termination_reason} (the root cause)"
@@ -115,25 +153,28 @@ def _finding_cell(finding: Finding, tz: tzinfo | None) -> Text:
     if finding.changed_fields:
         cell.append("\nupdate: ", "dim")
         cell.append(f"{finding.updated_by or '?'} changed {finding.changed_fields}")
+    cell.append("\nguard: ", "dim")
+    cell.append(prevention(finding).guard_short)
     return cell
 
 
-def _impact_cell(finding: Finding, tz: tzinfo | None) -> Text:
+def _impact_lines(finding: Finding, tz: tzinfo | None) -> list[Text]:
+    """The impact of a finding, one figure a line (a line is never wrapped inside a figure)."""
     impact = finding.impact
     killed = max((v.terminated_at for v in finding.victims if v.terminated_at), default=None)
-    cell = Text()
-    cell.append("killed ", "dim")
-    cell.append(fmt_time(killed, tz=tz))
-    cell.append("\noutage ", "dim")
-    cell.append(outage_text(impact) if impact else "unknown")
+    outage = Text.assemble(("outage ", "dim"), whole(outage_text(impact)) if impact else "unknown")
     if impact and impact.outage_seconds is not None and not impact.recovered:
-        cell.append(" (not recovered)", "red")
-    cell.append("\nlost ", "dim")
-    cell.append(replica_time_text(impact) if impact else "unknown")
-    cell.append(" replica-time")
-    cell.append("\ncost ", "dim")
-    cell.append(cost_text(impact) if impact else "unknown")
-    return cell
+        outage.append(" (not recovered)", "red")
+    return [
+        Text.assemble(("killed ", "dim"), whole(fmt_time(killed, tz=tz))),
+        outage,
+        Text.assemble(
+            ("lost ", "dim"),
+            whole(replica_time_text(impact)) if impact else "unknown",
+            " replica-time",
+        ),
+        Text.assemble(("cost ", "dim"), whole(cost_text(impact)) if impact else "unknown"),
+    ]
 
 
 def _findings(report: Report, tz: tzinfo | None, width: int) -> list:
@@ -144,14 +185,7 @@ def _findings(report: Report, tz: tzinfo | None, width: int) -> list:
         if report.summary.runs == 0:
             return [Text(f"FINDINGS: none, but {why}: nothing could be decided", "bold yellow")]
         return [Text(f"FINDINGS: none, but {why}", "bold yellow")]
-    table = _fill(
-        _table("#", "finding", "impact"),
-        (
-            (str(n), _finding_cell(f, tz), _impact_cell(f, tz))
-            for n, f in enumerate(report.findings, 1)
-        ),
-        width,
-    )
+    table = _findings_table(report.findings, tz, width)
     summary = report.summary
     return [
         Text(
@@ -161,12 +195,69 @@ def _findings(report: Report, tz: tzinfo | None, width: int) -> list:
         ),
         table,
         Text(
-            f"IMPACT: {summary.victims} healthy replica(s) killed in {summary.incidents} "
-            f"incident(s), outage {outage_text(summary)}, replica-time lost "
-            f"{replica_time_text(summary)}, cost {cost_text(summary)} (until recovery, or "
-            f"until the end of the evidence {fmt_time(report.end_of_evidence, tz=tz)})"
+            wrapped(
+                f"IMPACT: {summary.victims} healthy replica(s) killed in {summary.incidents} "
+                f"incident(s), outage {whole(outage_text(summary))}, replica-time lost "
+                f"{whole(replica_time_text(summary))}, cost {whole(cost_text(summary))} (until "
+                "recovery, or until the end of the evidence "
+                f"{whole(fmt_time(report.end_of_evidence, tz=tz))})",
+                width,
+                indent="",
+            )
+        ),
+        Text(
+            wrapped(
+                f"PREVENT THE NEXT: `{EXPOSURE_NOW}` shows the services exposed now, "
+                f"`{GUARD_HOW}` refuses such an update at `dstack apply` (docs/guard.md)",
+                width,
+                indent="",
+            )
         ),
     ]
+
+
+def _findings_table(findings: Sequence[Finding], tz: tzinfo | None, width: int) -> Table:
+    """The findings beside their impact, each impact line whole in a column of its own; when
+    that leaves the finding less than FINDING_ROOM columns, the impact goes under the finding
+    instead, each figure on its own line: no figure, id or time is ever cut."""
+    impacts = [_impact_lines(f, tz) for f in findings]
+    number = len(str(len(findings)))
+    impact_width = max(len(line.plain) for lines in impacts for line in lines)
+    room = width - number - impact_width - 4
+    beside = room >= FINDING_ROOM
+    table = _table("#", "finding", *(["impact"] if beside else []))
+    if beside:
+        column = table.columns[2]
+        column.no_wrap, column.width = True, impact_width
+    else:
+        room = width - number - 2
+    rows = []
+    for n, (finding, lines) in enumerate(zip(findings, impacts, strict=True), 1):
+        cell = _finding_cell(finding, tz)
+        impact = Text("\n").join(lines)
+        if not beside:
+            cell.append("\n")
+            cell.append(impact)
+        rows.append([str(n), _wrap_text(cell, room), impact])
+    longest = max(len(line) for row in rows for line in row[1].plain.splitlines())
+    table.columns[1].width = min(room, longest)
+    return _fill(table, (row if beside else row[:2] for row in rows), width)
+
+
+def _wrap_text(text: Text, width: int) -> Text:
+    """`text` wrapped at its spaces to `width` columns, styles kept (rich would also break a
+    figure made `whole`); a word wider than `width` is left for rich to fold."""
+    lines = []
+    for line in text.split("\n"):
+        offsets, start = [], 0
+        for word in re.finditer(r"[^ ]+", line.plain):
+            if word.end() - start > width and word.start() > start:
+                offsets.append(word.start())
+                start = word.start()
+        for piece in line.divide(offsets):
+            piece.rstrip()
+            lines.append(piece)
+    return Text("\n").join(lines)
 
 
 def _groups(report: Report, width: int) -> list:
@@ -186,13 +277,23 @@ def _groups(report: Report, width: int) -> list:
         if not groups:
             continue
         rows = [[str(v) for v in row] for row in group_rows(groups)]
-        others = [
-            max([len(header), *(len(row[i]) for row in rows)])
-            for i, header in enumerate(GROUP_HEADERS)
-        ][1:]
-        key_room = max(12, width - sum(others) - 2 * len(others))
-        rows = [[middle_ellipsis(row[0], key_room), *row[1:]] for row in rows]  # a server's path
-        table = _fill(_table(*GROUP_HEADERS), rows, width)
+        widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(GROUP_HEADERS)]
+        if sum(widths) + 2 * (len(widths) - 1) <= width:
+            table = _fill(_table(*GROUP_HEADERS), rows, width)
+        else:  # too narrow for the columns: one line a group, every figure whole
+            table = Text(
+                "\n".join(
+                    wrapped(
+                        f"{whole(row[0])}: "
+                        + ", ".join(
+                            f"{header} {whole(value)}"
+                            for header, value in zip(GROUP_HEADERS[1:], row[1:], strict=True)
+                        ),
+                        width,
+                    )
+                    for row in rows
+                )
+            )
         out += [Text(""), Text(title, "bold"), table]
     return out
 
@@ -238,20 +339,30 @@ def _input_problems(item: InputRecord) -> list[str]:
             problems.append(f"{unknown.group(1)} dstack line(s) of unknown shape")
     if item.kind == "unrecognised":
         problems.append("not recognised")
+        problems += [n for n in item.notes if n.startswith("a pg_dump")]
     return problems
 
 
-def _bullets(mark: str, lines: Iterable[Text], style: str = "") -> Table:
-    """Lines with a hanging indent under their mark."""
-    grid = Table.grid(padding=(0, 1, 0, 0))
-    grid.add_column(no_wrap=True)
-    grid.add_column(overflow="fold")
-    for line in lines:
-        grid.add_row(Text(mark, style), line)
-    return grid
+def _bullets(mark: str, lines: Iterable[str], width: int, style: str = "") -> Text:
+    """Lines with a hanging indent under their mark, wrapped at spaces: a word longer than the
+    line (a whole path in a pipe) overruns the width instead of being cut."""
+    out = Text(no_wrap=True, overflow="ignore")
+    indent = " " * (len(mark) + 1)
+    for n, line in enumerate(lines):
+        first, *rest = wrapped(line, width - len(indent), indent="").split("\n")
+        out.append("\n" if n else "")
+        out.append(mark, style)
+        out.append(" " + first + "".join("\n" + indent + more for more in rest))
+    return out
 
 
-def _inputs(report: Report, full: bool, width: int) -> list:
+def _whole(text: str, width: int) -> str:
+    return text
+
+
+def _inputs(
+    report: Report, full: bool, width: int, short: Callable[[str, int], str] = middle_ellipsis
+) -> list:
     inputs = report.inputs
     kinds = Counter(i.kind for i in inputs)
     families = Counter(i.kind.split(" (")[0] for i in inputs)
@@ -272,7 +383,7 @@ def _inputs(report: Report, full: bool, width: int) -> list:
         rows = (
             (
                 (item.sha256 or "-")[:16],
-                Text(middle_ellipsis(item.path, path_width), "bold")
+                Text(short(item.path, path_width), "bold")
                 + Text(
                     f"\n{item.kind}, version {item.server_version or '?'}, {item.records} "
                     f"records, {item.unparsed} unparsed"
@@ -288,21 +399,17 @@ def _inputs(report: Report, full: bool, width: int) -> list:
     )
     out.append(_fill(_table("kind", "inputs", "records", "unparsed"), rows, width))
     problems = [(i, _input_problems(i)) for i in inputs]
-    problems = [(i, p) for i, p in problems if p]
-    out.append(
-        _bullets(
-            " !",
-            (
-                Text(
-                    middle_ellipsis(item.path, max(20, width - 6 - len("; ".join(found))))
-                    + ": "
-                    + "; ".join(found)
-                )
-                for item, found in problems[:20]
-            ),
-            "bold yellow",
-        )
-    )
+    skipped = [i.path for i, p in problems if p == ["not recognised"]]
+    lines = [
+        short(item.path, max(20, width - 6 - len("; ".join(found)))) + ": " + "; ".join(found)
+        for item, found in problems
+        if found and found != ["not recognised"]
+    ]
+    if skipped:  # said once: files beside the evidence (manifests, notes) are no problem
+        lines.append(f"not recognised, skipped ({len(skipped)}): {', '.join(skipped)}")
+    problems = lines
+    if lines:
+        out.append(_bullets(" !", lines[:20], width, "bold yellow"))
     if len(problems) > 20:
         out.append(Text(f"  ... and {len(problems) - 20} more input(s) with problems"))
     out.append(Text("  (every input with its SHA-256: --inputs)", "dim"))
@@ -318,11 +425,14 @@ def render_table(
     full_inputs: bool = False,
     verdicts: Iterable[str] = (),
     tz: tzinfo | None = None,
+    terminal: bool = False,
 ) -> str:
     """The audit for a terminal of `width` columns (no line is wider); ANSI colour only when
-    `colour`. Runs are listed when their verdict is not no_incident (all with `all_runs`);
+    `colour`. Paths are shortened in the middle on a `terminal` only: a pipe or a file gets
+    them whole. Runs are listed when their verdict is not no_incident (all with `all_runs`);
     `verdicts` keeps only runs and findings of those verdicts."""
     width = width or DEFAULT_WIDTH
+    short = middle_ellipsis if terminal else _whole
     wanted = set(verdicts)
     if wanted:
         report = report.model_copy(
@@ -347,17 +457,13 @@ def render_table(
         *_runs(report, shown, note, width),
     ]
     if report.limitations:
-        parts += [Text(""), Text("LIMITATIONS (what the evidence cannot show)", "bold")]
-        parts.append(
-            _bullets(
-                "-",
-                (
-                    Text(f"[{lim.code}] {lim.message} ({middle_ellipsis(lim.source, width - 6)})")
-                    for lim in report.limitations
-                ),
-            )
-        )
-    parts += _inputs(report, full_inputs, width)
+        folded = "; in full: --format markdown or json" if terminal else ""
+        parts += [Text(""), Text(f"LIMITATIONS (what the evidence cannot show{folded})", "bold")]
+        said = (f"[{lim.code}] {lim.message} ({lim.source})" for lim in report.limitations)
+        if terminal:  # on a terminal, a line each: the code and how it begins
+            said = (one_line(text, width - 2) for text in said)
+        parts.append(_bullets("-", said, width))
+    parts += _inputs(report, full_inputs, width, short)
     if report.findings:
         parts += [
             Text(""),
@@ -369,5 +475,6 @@ def render_table(
         ]
     buffer = io.StringIO()
     console = terminal_console(buffer, width=width, colour=colour, color_system="standard")
-    console.print(Group(*parts))
-    return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
+    console.print(Group(*parts), crop=False)
+    shown = buffer.getvalue().replace(KEEP, " ")
+    return "\n".join(line.rstrip() for line in shown.splitlines()) + "\n"

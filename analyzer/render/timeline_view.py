@@ -9,8 +9,6 @@ Exports: JSON, JSON lines, CSV (spreadsheets, lnav) and Timesketch's JSONL (`mes
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 from collections.abc import Iterable
 from datetime import datetime
@@ -19,7 +17,7 @@ import polars as pl
 
 from analyzer.contract import Finding
 from analyzer.pipeline.story import job_roles
-from analyzer.render.safe import csv_cell
+from analyzer.render.rows import csv_text, jsonl_text
 
 EXPORT_FIELDS = [
     "time",
@@ -111,7 +109,7 @@ def export(run: dict, items: list[dict], fmt: str) -> str:
         head = {k: _plain(run.get(k)) for k in ("server", "project", "run_name", "run_id")}
         return json.dumps({"run": head, "events": records}, indent=2) + "\n"
     if fmt == "jsonl":
-        return "".join(json.dumps(r) + "\n" for r in records)
+        return jsonl_text(records)
     if fmt == "timesketch":
         lines = []
         for item, record in zip(items, records, strict=True):
@@ -128,12 +126,5 @@ def export(run: dict, items: list[dict], fmt: str) -> str:
             lines.append(json.dumps(sketch) + "\n")
         return "".join(lines)
     if fmt == "csv":
-        buffer = io.StringIO()
-        fields = [*EXPORT_FIELDS, "run_id", "run_name", "project"]
-        writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
-        writer.writeheader()
-        for record in records:
-            row = {**record, "provenance": "; ".join(record["provenance"] or [])}
-            writer.writerow({name: csv_cell(value) for name, value in row.items()})
-        return buffer.getvalue()
+        return csv_text(records, [*EXPORT_FIELDS, "run_id", "run_name", "project"])
     raise ValueError(fmt)

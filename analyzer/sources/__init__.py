@@ -82,8 +82,26 @@ def sniff(path: Path) -> Source | None:
     return next((source for source in sources() if source.sniff(path)), None)
 
 
+PG_DUMP_RECIPE = (
+    "a pg_dump of a PostgreSQL database: restore it (createdb dstack && psql -d dstack -f "
+    "FILE), then audit postgresql://USER@HOST/dstack"
+)
+
+
+def _pg_dump(path: Path) -> bool:
+    """A plain `pg_dump` (its header comment, as pg_dump writes it): not readable as it is,
+    but one restore away from an audit."""
+    try:
+        with path.open("rb") as handle:
+            return b"-- PostgreSQL database dump" in handle.read(4096)
+    except OSError:
+        return False
+
+
 def _unrecognised(path: Path) -> SourceData:
     info = InputInfo(path=str(path), kind="unrecognised", sha256=None, size=None, mtime=None)
+    if path.is_file() and _pg_dump(path):
+        info.notes.append(PG_DUMP_RECIPE)
     info.notes.append("not a dstack database, table export or server log; not audited")
     return SourceData(inputs=[info])
 
@@ -199,7 +217,9 @@ def _load_entry(
     raise AuditInputError(
         str(path),
         "not a recognised input",
-        "expected a dstack SQLite database, a folder of table exports, or a server log",
+        PG_DUMP_RECIPE.replace("FILE", str(path))
+        if _pg_dump(path)
+        else "expected a dstack SQLite database, a folder of table exports, or a server log",
     )
 
 

@@ -91,11 +91,23 @@ def _hbars(
 
 def plot_fleet(report: Report, *, limit: int = 12) -> Figure:
     """Fleet-wide charts from a report: incidents per day, outage time and lost cost by project
-    and by fleet, and the culprits' failure classes."""
+    and by fleet (a breakdown of one project or one fleet is a line of the totals, not two
+    panels), and the culprits' failure classes."""
     s = report.summary
-    fig = Figure(figsize=(12.5, 13.0), layout="constrained")
+    breakdowns = [
+        (name, groups)
+        for name, groups in (("project", s.by_project), ("fleet", s.by_fleet))
+        if len(groups) > 1
+    ]
+    single = [
+        f"{name}: {groups[0].key} (every incident)"
+        for name, groups in (("project", s.by_project), ("fleet", s.by_fleet))
+        if len(groups) == 1
+    ]
+    ratios = [1.0, *[1.15] * len(breakdowns), 1.0]
+    fig = Figure(figsize=(12.5, 13.0 * sum(ratios) / 4.3), layout="constrained")
     FigureCanvasAgg(fig)
-    grid = fig.add_gridspec(4, 2, height_ratios=[1.0, 1.15, 1.15, 1.0])
+    grid = fig.add_gridspec(len(ratios), 2, height_ratios=ratios)
     fig.suptitle(
         f"Healthy replicas killed by a failed rollout: {s.incidents} incident(s), "
         f"{s.victims} replica(s), {s.runs} run(s) audited",
@@ -186,7 +198,7 @@ def plot_fleet(report: Report, *, limit: int = 12) -> Figure:
     def cost_label(value: float, group: Any) -> str:
         return _label(group, cost_text, lambda groups: cost_text(merged_totals(groups)))
 
-    for row, (name, groups) in enumerate((("project", s.by_project), ("fleet", s.by_fleet)), 1):
+    for row, (name, groups) in enumerate(breakdowns, 1):
         rows, unit = outage_rows(groups)
         _hbars(
             fig.add_subplot(grid[row, 0]),
@@ -210,7 +222,7 @@ def plot_fleet(report: Report, *, limit: int = 12) -> Figure:
     classes = [(g.key, float(g.incidents), g) for g in s.by_failure_class]
     classes.sort(key=lambda r: (-r[1], r[0]))
     _hbars(
-        fig.add_subplot(grid[3, 0]),
+        fig.add_subplot(grid[len(ratios) - 1, 0]),
         classes,
         color="#4a90c8",
         label=lambda v, g: f"{int(v)} incident(s), {g.victims} victim(s)" if g else "",
@@ -218,7 +230,7 @@ def plot_fleet(report: Report, *, limit: int = 12) -> Figure:
         xlabel="incidents",
         gid="failure-classes",
     )
-    totals = fig.add_subplot(grid[3, 1])
+    totals = fig.add_subplot(grid[len(ratios) - 1, 1])
     totals.axis("off")
     totals.set_gid("totals")
     lines = [
@@ -228,6 +240,7 @@ def plot_fleet(report: Report, *, limit: int = 12) -> Figure:
         f"outage, summed: {outage_text(s)}",
         f"healthy replica-time lost: {replica_time_text(s)}",
         f"lost cost: {cost_text(s)}",
+        *single,
         f"end of the evidence: {Clock().full(report.end_of_evidence)}"
         if report.end_of_evidence
         else "end of the evidence: unknown",
