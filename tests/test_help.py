@@ -135,7 +135,11 @@ def test_the_guards_missing_token_message_reads_whole(tmp_path):
     result = CliRunner().invoke(
         main,
         ["guard", "--server", "http://127.0.0.1:9"],
-        env={"DSTACK_TOKEN": None, "HOME": str(tmp_path)},
+        env={
+            "DSTACK_TOKEN": None,
+            "HOME": str(tmp_path),
+            "DSTACK_AUDIT_GUARD_SECRET": "a-caller-secret-0123",  # checked first
+        },
     )
     assert result.exit_code == 2, result.output
     assert "***" not in result.output
