@@ -22,7 +22,7 @@ from analyzer.sources.base import (
     file_head,
     file_version,
 )
-from analyzer.sources.logs.messages import ADMIN_TOKEN, EventCollector, may_matter
+from analyzer.sources.logs.messages import ADMIN_TOKEN, MATTER_WORDS, EventCollector
 from analyzer.sources.logs.reader import SNIFF_BYTES, LogStream, file_blocks, sniff_log
 
 STDIN = "-"
@@ -126,10 +126,10 @@ def load_stdin(server: str) -> SourceData:
 
 def _stream(info: InputInfo, blocks: Iterable[bytes], server: str) -> SourceData:
     """Each chunk of records straight into the event collector: only the kept events, the
-    counts and the unparsed lines' places outlive their chunk. Lines that cannot matter (by
-    ``may_matter``) are set aside before they are classified: only counted."""
+    counts and the unparsed lines' places outlive their chunk. Lines that cannot matter (no
+    ``MATTER_WORDS``) are set aside before they are classified: only counted."""
     path = info.path
-    stream = LogStream(path, may_matter=may_matter)
+    stream = LogStream(path, matter_words=MATTER_WORDS)
     collector = EventCollector(path, server)
     secrets: set[str] = set()
     launches: list[pl.DataFrame] = []
