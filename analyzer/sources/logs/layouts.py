@@ -265,8 +265,8 @@ def quiet_standard_records(
     in (their notes and cleaning are made in ``classify_lines``), and so are the lines before
     one; the last line never goes (its record may go on in the next chunk).
 
-    The words are looked for first, in the whole line (one literal search, no regex per
-    field): only when a good share of the chunk holds none of them (a busy server's access
+    The words are looked for first, in the whole line (one search for literals, no field
+    parsed): only when a good share of the chunk holds none of them (a busy server's access
     log) are the record starts matched. Returns the lines kept, in order, and the lines set
     aside as line, level, local_time and wrapper_time."""
     content = pl.col("content")
@@ -274,15 +274,17 @@ def quiet_standard_records(
     marked = frame.with_columns(quiet.alias("_quiet"))
     if marked["_quiet"].sum() * QUIET_SHARE < frame.height:
         return frame, pl.DataFrame(schema=SET_ASIDE_SCHEMA)
-    level_end = content.str.find(" ", literal=True)
-    local_time = content.str.slice(level_end + 1, 23).str.to_datetime(
-        _STD_TIME_FORMAT, time_unit="ms", strict=False
-    )
+    level_end = pl.col("_level_end")
     marked = marked.with_columns(
         _start=content.str.contains(_STD_HEAD_RE) & ~content.str.contains("\x1b", literal=True),
-        local_time=local_time,
+        _level_end=content.str.find(" ", literal=True),
     ).with_columns(
-        _start=pl.col("_start") & in_range(pl.col("local_time")).is_not_null(),
+        local_time=content.str.slice(level_end + 1, 23).str.to_datetime(
+            _STD_TIME_FORMAT, time_unit="ms", strict=False
+        )
+    )
+    marked = marked.with_columns(
+        _start=pl.col("_start") & in_range(pl.col("local_time")).is_not_null()
     )
     start = pl.col("_start")
     lone = start & start.shift(-1).fill_null(False) & pl.col("flag").is_null() & pl.col("_quiet")
