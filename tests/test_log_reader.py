@@ -824,3 +824,40 @@ def test_every_line_that_can_matter_holds_a_matter_word(data) -> None:
         text = data.draw(st.from_regex(pattern), label=pattern)
         assert re.search(pattern, text)
         assert any(word in text for word in MATTER_WORDS), (pattern, text)
+
+
+@needs_captures
+def test_a_busy_log_gives_the_same_source_whatever_its_chunks_and_batches(
+    tmp_path, monkeypatch
+) -> None:
+    """The real standard log with access lines between its lines, read as the audit reads a
+    file: in one batch, and in 4 KiB chunks handed to the event collector one by one, the
+    events, every note on the input (the lines' account) and the limitations are the same,
+    and most access lines never reach classification."""
+    from analyzer.sources.logs import source
+
+    seed_log = CAPTURES / "v0.22.5" / "seed" / "logs" / "server-info.standard.log"
+    padded: list[str] = []
+    for line in seed_log.read_text().splitlines():
+        padded.append(line)
+        t = line.split(" ")[1] if line.startswith("INFO ") else "2026-11-02T09:00:00.000"
+        padded += [_ACCESS.format(t=t, i=i) for i in range(8)]
+    log = tmp_path / "busy.log"
+    log.write_text("\n".join(padded) + "\n")
+
+    whole = source._load_file(log, "server")
+    with monkeypatch.context() as patch:
+        patch.setattr(log_lines, "CHUNK_BYTES", 4096)
+        patch.setattr(log_lines, "BLOCK_BYTES", 1024)
+        patch.setattr(source, "_BATCH_RECORDS", 1)
+        aside: list[int] = []
+        classify = reader.classify_lines
+        patch.setattr(
+            reader, "classify_lines", lambda frame: aside.append(frame.height) or classify(frame)
+        )
+        chunked = source._load_file(log, "server")
+    assert_frame_equal(chunked.events, whole.events)
+    assert chunked.inputs[0].notes == whole.inputs[0].notes
+    assert chunked.limitations == whole.limitations
+    assert whole.events.height > 0 and len(aside) >= 5
+    assert sum(aside) * 4 < len(padded)  # classified: the lifecycle lines, few access lines
