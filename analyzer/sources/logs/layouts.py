@@ -270,13 +270,14 @@ def quiet_standard_records(
     log) are the record starts matched. Returns the lines kept, in order, and the lines set
     aside as line, level, local_time and wrapper_time."""
     content = pl.col("content")
-    quiet = ~content.str.contains("|".join(re.escape(w) for w in (*words, "\x1b")))
-    marked = frame.with_columns(quiet.alias("_quiet"))
+    marked = frame.with_columns(_escape=content.str.contains("\x1b", literal=True))
+    words_found = content.str.contains("|".join(map(re.escape, words)))
+    marked = marked.with_columns(_quiet=~words_found & ~pl.col("_escape"))
     if marked["_quiet"].sum() * QUIET_SHARE < frame.height:
         return frame, pl.DataFrame(schema=SET_ASIDE_SCHEMA)
     level_end = pl.col("_level_end")
     marked = marked.with_columns(
-        _start=content.str.contains(_STD_HEAD_RE) & ~content.str.contains("\x1b", literal=True),
+        _start=content.str.contains(_STD_HEAD_RE) & ~pl.col("_escape"),
         _level_end=content.str.find(" ", literal=True),
     ).with_columns(
         local_time=content.str.slice(level_end + 1, 23).str.to_datetime(
