@@ -267,7 +267,8 @@ def quiet_standard_records(
 
     The words are looked for first, in the whole line (one search for literals, no field
     parsed): only when a good share of the chunk holds none of them (a busy server's access
-    log) are the record starts matched. Returns the lines kept, in order, and the lines set
+    log) are the record starts matched, and only when a good share of those are standard
+    record starts is any field parsed. Returns the lines kept, in order, and the lines set
     aside as line, level, local_time and wrapper_time."""
     content = pl.col("content")
     marked = frame.with_columns(_escape=content.str.contains("\x1b", literal=True))
@@ -275,11 +276,11 @@ def quiet_standard_records(
     marked = marked.with_columns(_quiet=~words_found & ~pl.col("_escape"))
     if marked["_quiet"].sum() * QUIET_SHARE < frame.height:
         return frame, pl.DataFrame(schema=SET_ASIDE_SCHEMA)
+    marked = marked.with_columns(_start=content.str.contains(_STD_HEAD_RE) & ~pl.col("_escape"))
+    if (marked["_start"] & marked["_quiet"]).sum() * QUIET_SHARE < frame.height:  # rich, json
+        return frame, pl.DataFrame(schema=SET_ASIDE_SCHEMA)
     level_end = pl.col("_level_end")
-    marked = marked.with_columns(
-        _start=content.str.contains(_STD_HEAD_RE) & ~pl.col("_escape"),
-        _level_end=content.str.find(" ", literal=True),
-    ).with_columns(
+    marked = marked.with_columns(_level_end=content.str.find(" ", literal=True)).with_columns(
         local_time=content.str.slice(level_end + 1, 23).str.to_datetime(
             _STD_TIME_FORMAT, time_unit="ms", strict=False
         )
