@@ -849,15 +849,19 @@ def test_a_busy_log_gives_the_same_source_whatever_its_chunks_and_batches(
     with monkeypatch.context() as patch:
         patch.setattr(log_lines, "CHUNK_BYTES", 4096)
         patch.setattr(log_lines, "BLOCK_BYTES", 1024)
+        batched = source._load_file(log, "server")  # the small chunks in one batch
         patch.setattr(source, "_BATCH_RECORDS", 1)
-        aside: list[int] = []
+        classified: list[int] = []
         classify = reader.classify_lines
         patch.setattr(
-            reader, "classify_lines", lambda frame: aside.append(frame.height) or classify(frame)
+            reader,
+            "classify_lines",
+            lambda frame: classified.append(frame.height) or classify(frame),
         )
-        chunked = source._load_file(log, "server")
-    assert_frame_equal(chunked.events, whole.events)
-    assert chunked.inputs[0].notes == whole.inputs[0].notes
-    assert chunked.limitations == whole.limitations
-    assert whole.events.height > 0 and len(aside) >= 5
-    assert sum(aside) * 4 < len(padded)  # classified: the lifecycle lines, few access lines
+        chunked = source._load_file(log, "server")  # each its own batch
+    for read in (batched, chunked):
+        assert_frame_equal(read.events, whole.events)
+        assert read.inputs[0].notes == whole.inputs[0].notes
+        assert read.limitations == whole.limitations
+    assert whole.events.height > 0 and len(classified) >= 5
+    assert sum(classified) * 4 < len(padded)  # the lifecycle lines, few access lines

@@ -177,7 +177,11 @@ def _batches(
 def _joined(held: list[tuple[pl.DataFrame, pl.DataFrame]]) -> tuple[pl.DataFrame, pl.DataFrame]:
     if len(held) == 1:
         return held[0]
-    return pl.concat([r for r, _ in held]), pl.concat([a for _, a in held])
+    # one chunk per column: string functions over a concatenation of several chunks' string
+    # views can fail inside polars (an index assertion in its view arrays)
+    return pl.concat([r for r, _ in held], rechunk=True), pl.concat(
+        [a for _, a in held], rechunk=True
+    )
 
 
 def _from_read(info: InputInfo, read, facts, events: pl.DataFrame) -> SourceData:
