@@ -17,10 +17,15 @@ from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 
 from analyzer.model import LOG_RECORDS_SCHEMA
+from analyzer.sources.logs import layouts, reader
 from analyzer.sources.logs import lines as log_lines
-from analyzer.sources.logs import reader
 from analyzer.sources.logs.lines import rotated_set, split_text, split_with_csv_reader
-from analyzer.sources.logs.messages import EventCollector, may_matter
+from analyzer.sources.logs.messages import (
+    MATTER_LOGGER_PATTERNS,
+    MATTER_TEXT_PATTERNS,
+    MATTER_WORDS,
+    EventCollector,
+)
 from analyzer.sources.logs.reader import (
     LogRead,
     LogStream,
@@ -750,6 +755,8 @@ _KEPT_NEIGHBOURS = (
     "INFO 2026-13-40T09:00:00.000 uvicorn.access no such time",  # not a record: unparsed
     "INFO {t} uvicorn.access \x1b[31mcoloured\x1b[0m",  # cleaned in classification
     "INFO {t} \x1b[0m no logger once cleaned",  # a start only before cleaning
+    "INFO {t} uvicorn.access GET /api/Service/list 200",  # a word: the full path, irrelevant
+    "WARNING {t} dstack.web run(abc123)web: something new",  # dstack's: counted unrecognised
     "    continuation of the record above",
     "",
 )
@@ -759,8 +766,8 @@ def _collected(data: bytes, chunk: int, monkeypatch, *, set_aside: bool):
     with monkeypatch.context() as patch:
         patch.setattr(log_lines, "CHUNK_BYTES", chunk)
         patch.setattr(log_lines, "BLOCK_BYTES", 97)
-        patch.setattr(reader, "FOREIGN_SHARE", 1 << 30)  # every chunk, whatever its share
-        stream = LogStream("x.log", may_matter=may_matter if set_aside else None)
+        patch.setattr(layouts, "QUIET_SHARE", 1 << 30)  # every chunk, whatever its share
+        stream = LogStream("x.log", matter_words=MATTER_WORDS if set_aside else ())
         collector = EventCollector("x.log", "server")
         aside_lines = 0
         for records, aside in stream.chunks([data]):
@@ -806,3 +813,55 @@ def test_setting_irrelevant_lines_aside_changes_no_count_event_or_place(
     assert_frame_equal(read.unparsed, full.unparsed)
     for name in ("lines_total", "lines_irrelevant", "record_count", "format", "damage"):
         assert getattr(read, name) == getattr(full, name), name
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_every_line_that_can_matter_holds_a_matter_word(data) -> None:
+    """The prefilter's proof: whatever a pattern of what can matter matches (in the message or
+    in the logger) holds one of MATTER_WORDS, so a line holding none of them cannot matter."""
+    for pattern in (*MATTER_TEXT_PATTERNS, *MATTER_LOGGER_PATTERNS):
+        text = data.draw(st.from_regex(pattern), label=pattern)
+        assert re.search(pattern, text)
+        assert any(word in text for word in MATTER_WORDS), (pattern, text)
+
+
+@needs_captures
+def test_a_busy_log_gives_the_same_source_whatever_its_chunks_and_batches(
+    tmp_path, monkeypatch
+) -> None:
+    """The real standard log with access lines between its lines, read as the audit reads a
+    file: in one batch, and in 4 KiB chunks handed to the event collector one by one, the
+    events, every note on the input (the lines' account) and the limitations are the same,
+    and most access lines never reach classification."""
+    from analyzer.sources.logs import source
+
+    seed_log = CAPTURES / "v0.22.5" / "seed" / "logs" / "server-info.standard.log"
+    padded: list[str] = []
+    for line in seed_log.read_text().splitlines():
+        padded.append(line)
+        t = line.split(" ")[1] if line.startswith("INFO ") else "2026-11-02T09:00:00.000"
+        padded += [_ACCESS.format(t=t, i=i) for i in range(8)]
+    log = tmp_path / "busy.log"
+    log.write_text("\n".join(padded) + "\n")
+
+    whole = source._load_file(log, "server")
+    with monkeypatch.context() as patch:
+        patch.setattr(log_lines, "CHUNK_BYTES", 4096)
+        patch.setattr(log_lines, "BLOCK_BYTES", 1024)
+        batched = source._load_file(log, "server")  # the small chunks in one batch
+        patch.setattr(source, "_BATCH_RECORDS", 1)
+        classified: list[int] = []
+        classify = reader.classify_lines
+        patch.setattr(
+            reader,
+            "classify_lines",
+            lambda frame: classified.append(frame.height) or classify(frame),
+        )
+        chunked = source._load_file(log, "server")  # each its own batch
+    for read in (batched, chunked):
+        assert_frame_equal(read.events, whole.events)
+        assert read.inputs[0].notes == whole.inputs[0].notes
+        assert read.limitations == whole.limitations
+    assert whole.events.height > 0 and len(classified) >= 5
+    assert sum(classified) * 4 < len(padded)  # the lifecycle lines, few access lines

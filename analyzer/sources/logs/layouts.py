@@ -11,7 +11,7 @@ from datetime import time
 
 import polars as pl
 
-from analyzer.model import LOG_RECORDS_SCHEMA, conform
+from analyzer.model import LOG_RECORDS_SCHEMA, UTC_TIME, conform
 
 LEVELS = "DEBUG|INFO|WARNING|ERROR|CRITICAL"
 
@@ -29,11 +29,6 @@ _STD_RE = (
 _STD_HEAD_RE = re.sub(r"\(\?P<\w+>", "(?:", _STD_RE)
 
 _STD_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S%.3f"
-
-# A standard line whose logger is not dstack's (it does not start with "d"): a quick count
-# that tells whether a chunk has lines worth setting aside.
-FOREIGN_STD_RE = rf"^(?:{LEVELS}) \S+ [^d]"
-
 
 # rich: 10-char time column (or 10 spaces when the time repeats), space, 8-char level, space.
 _RICH_RE = (
@@ -259,37 +254,60 @@ def _groups(pattern: str, names: tuple[str, ...], match: bool) -> pl.Expr:
     return pl.struct([pl.lit(None, pl.String).alias(name) for name in names])
 
 
-def lone_standard_records(frame: pl.DataFrame) -> pl.DataFrame:
-    """The lines of unwrapped lines (``unwrap``'s columns) that are each a whole standard
-    record: a standard record start followed by another one. Taking such a line out changes
-    how no other line is classified (a start ends the record before it, and the line after it
-    starts its own), so these are the only lines a pre-filter may set aside unfolded. Lines
-    with wrapper damage or escape sequences are left in (their notes and cleaning are made in
-    ``classify_lines``), and so are the lines before one. Returns line, level, logger,
-    local_time, wrapper_time and text (the message, stripped, as the event collector reads
-    it); the last line is never one (its record may go on in the next chunk)."""
+def quiet_standard_records(
+    frame: pl.DataFrame, words: tuple[str, ...]
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Split off the lines of unwrapped lines (``unwrap``'s columns) that are each a whole
+    standard record holding none of ``words``: a standard record start followed by another
+    one. Taking such a line out changes how no other line is classified (a start ends the
+    record before it, and the line after it starts its own), so these are the only lines a
+    pre-filter may set aside unfolded. Lines with wrapper damage or escape sequences are left
+    in (their notes and cleaning are made in ``classify_lines``), and so are the lines before
+    one; the last line never goes (its record may go on in the next chunk).
+
+    The words are looked for first, in the whole line (one search for literals, no field
+    parsed): only when a good share of the chunk holds none of them (a busy server's access
+    log) are the record starts matched, and only when a good share of those are standard
+    record starts is any field parsed. Returns the lines kept, in order, and the lines set
+    aside as line, level, local_time and wrapper_time."""
     content = pl.col("content")
-    head = pl.col("head")
-    level_end = head.str.find(" ", literal=True)
-    heads = frame.select(
-        "line", "wrapper_time", "flag", content, content.str.extract(_STD_HEAD_RE, 0).alias("head")
-    ).with_columns(
-        head.str.slice(level_end + 1, 23)
-        .str.to_datetime(_STD_TIME_FORMAT, time_unit="ms", strict=False)
-        .alias("local_time")
+    marked = frame.with_columns(_escape=content.str.contains("\x1b", literal=True))
+    words_found = content.str.contains("|".join(map(re.escape, words)))
+    marked = marked.with_columns(_quiet=~words_found & ~pl.col("_escape"))
+    if marked["_quiet"].sum() * QUIET_SHARE < frame.height:
+        return frame, pl.DataFrame(schema=SET_ASIDE_SCHEMA)
+    marked = marked.with_columns(_start=content.str.contains(_STD_HEAD_RE) & ~pl.col("_escape"))
+    if (marked["_start"] & marked["_quiet"]).sum() * QUIET_SHARE < frame.height:  # rich, json
+        return frame, pl.DataFrame(schema=SET_ASIDE_SCHEMA)
+    level_end = pl.col("_level_end")
+    marked = marked.with_columns(_level_end=content.str.find(" ", literal=True)).with_columns(
+        local_time=content.str.slice(level_end + 1, 23).str.to_datetime(
+            _STD_TIME_FORMAT, time_unit="ms", strict=False
+        )
     )
-    heads = heads.with_columns(in_range(pl.col("local_time")))
-    # a start as classify_lines sees it (escape sequences, removed there, could unmake one)
-    start = pl.col("local_time").is_not_null() & ~content.str.contains("\x1b", literal=True)
-    lone = start & start.shift(-1).fill_null(False) & pl.col("flag").is_null()
-    return heads.filter(lone).select(
-        "line",
-        head.str.slice(0, level_end).alias("level"),
-        head.str.slice(level_end + 25).str.strip_suffix(" ").alias("logger"),
-        "local_time",
-        "wrapper_time",
-        content.str.slice(head.str.len_chars()).str.strip_chars().alias("text"),
+    marked = marked.with_columns(
+        _start=pl.col("_start") & in_range(pl.col("local_time")).is_not_null()
     )
+    start = pl.col("_start")
+    lone = start & start.shift(-1).fill_null(False) & pl.col("flag").is_null() & pl.col("_quiet")
+    marked = marked.with_columns(lone.alias("_lone"))
+    aside = marked.filter(pl.col("_lone")).select(
+        "line", content.str.slice(0, level_end).alias("level"), "local_time", "wrapper_time"
+    )
+    return marked.filter(~pl.col("_lone")).select(frame.columns), aside
+
+
+# Lines are set aside in a chunk only when at least one in QUIET_SHARE holds none of the words
+# (a chunk of dstack's own lines, nearly all kept, would only be looked at twice).
+QUIET_SHARE = 4
+
+
+SET_ASIDE_SCHEMA = {
+    "line": pl.Int64(),
+    "level": pl.String(),
+    "local_time": pl.Datetime("ms"),
+    "wrapper_time": UTC_TIME,
+}
 
 
 def _json_fields(frame: pl.DataFrame) -> pl.DataFrame:

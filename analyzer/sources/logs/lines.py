@@ -179,7 +179,9 @@ def line_chunks(blocks: Iterable[bytes], ends: list[bool]) -> Iterator[bytes]:
             tail = len(buffer) - (len(block) - block.rfind(b"\n") - 1)
             break
         if tail >= CHUNK_BYTES:
-            yield bytes(buffer[:tail])
+            with memoryview(buffer) as view:
+                chunk = bytes(view[:tail])  # one copy (a bytearray slice would be two)
+            yield chunk
             del buffer[:tail]
             tail = 0
     if skipped is not None:
@@ -210,14 +212,21 @@ def split_lines(data: bytes, first: bool) -> tuple[pl.Series, bool]:
     the first chunk) and whether the UTF-8 was bad (bad bytes become U+FFFD)."""
     if not data:
         return pl.Series("raw", [], dtype=pl.String), False
-    try:
-        data.decode("utf-8")
-        invalid = False
-    except UnicodeDecodeError:
-        invalid = True
     body = data.removeprefix(b"\xef\xbb\xbf") if first else data
     raw = split_with_csv_reader(body)
-    return (raw if raw is not None else split_text(body)), invalid
+    if raw is None:
+        raw = split_text(body)
+    # decoding with replacement leaves no U+FFFD in valid UTF-8 that held none: only when
+    # one is there are the bytes decoded again to tell a bad byte from a written U+FFFD
+    return raw, bool(raw.str.contains("\ufffd", literal=True).any()) and not _utf8(data)
+
+
+def _utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def split_with_csv_reader(body: bytes) -> pl.Series | None:

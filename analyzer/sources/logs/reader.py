@@ -28,24 +28,24 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
 
-from analyzer.model import LOG_RECORDS_SCHEMA, UTC_TIME
+from analyzer.model import LOG_RECORDS_SCHEMA
 from analyzer.sources.logs import lines
 from analyzer.sources.logs.layouts import (
     ANSI_RE,
-    FOREIGN_STD_RE,
     LEVELS,
     LOGO_LINES,
+    SET_ASIDE_SCHEMA,
     STARTUP_RE,
     RichClock,
     classify_lines,
     fold_records,
-    lone_standard_records,
+    quiet_standard_records,
 )
 from analyzer.sources.logs.lines import (
     MAX_LINE_BYTES,
@@ -123,22 +123,6 @@ def _may_be_log(head: bytes) -> bool:
     if b"\x1b" in head:
         head = _ANSI_BYTES.sub(b"", head)
     return _MAYBE_RECORD.search(head) is not None
-
-
-# Lines are set aside in a chunk when at least one in FOREIGN_SHARE is a standard line of a
-# logger other than dstack's.
-FOREIGN_SHARE = 4
-
-
-_NOTHING_SET_ASIDE = pl.DataFrame(
-    schema={
-        "line": pl.Int64(),
-        "level": pl.String(),
-        "logger": pl.String(),
-        "local_time": pl.Datetime("ms"),
-        "wrapper_time": UTC_TIME,
-    }
-)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,11 +203,6 @@ def _own_text(column: pl.Expr, dtype: pl.DataType) -> pl.Expr:
     return column.list.eval(pl.concat_str([pl.element(), pl.lit("")]))
 
 
-# Which one-line standard records can matter (given their stripped message text and logger);
-# the rest are set aside by ``LogStream.chunks``, counted but never folded.
-MayMatter = Callable[[pl.Expr, pl.Expr], pl.Expr]
-
-
 class LogStream:
     """One log read chunk by chunk (of about lines.CHUNK_BYTES): ``records`` yields each chunk's
     records, in order; the counts of every line, the damage, the unparsed lines' places (and
@@ -232,14 +211,15 @@ class LogStream:
     read with the next chunk when it is still open at the end of one, so chunking never changes
     a record; a record longer than a chunk is cut there (its further lines are then unparsed).
 
-    With ``may_matter``, ``chunks`` sets aside the one-line standard records it rejects before
-    they are classified (most of a busy server's lines: access logs, heartbeats): they are
-    counted as records of their format and handed over as a small frame (line, level, logger,
-    local_time, wrapper_time, text) beside the chunk's records, for their counts and times."""
+    With ``matter_words`` (literals one of which every line that can matter holds),
+    ``chunks`` sets aside the one-line standard records that hold none of them before they are
+    classified (most of a busy server's lines: access logs, heartbeats): they are counted as
+    records of their format and handed over as a small frame (line, level, local_time,
+    wrapper_time) beside the chunk's records, for their counts and times."""
 
-    def __init__(self, display_path: str, *, may_matter: MayMatter | None = None) -> None:
+    def __init__(self, display_path: str, *, matter_words: tuple[str, ...] = ()) -> None:
         self.display_path = display_path
-        self.may_matter = may_matter
+        self.matter_words = matter_words
         self.wrapper: str | None = None
         self.lines_total = 0
         self.lines_irrelevant = 0
@@ -267,7 +247,7 @@ class LogStream:
 
     def chunks(self, blocks: Iterable[bytes]) -> Iterator[tuple[pl.DataFrame, pl.DataFrame]]:
         """Each chunk's records and the records set aside from it (empty without
-        ``may_matter``), in order."""
+        ``matter_words``), in order."""
         ends: list[bool] = []
         carry = pl.Series("raw", [], dtype=pl.String)
         next_line = 1
@@ -305,25 +285,15 @@ class LogStream:
         self.ends_with_newline = not ends or ends[-1]
 
     def _set_aside(self, frame: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
-        """Split off the lone standard records that ``may_matter`` rejects."""
-        if self.may_matter is None:
-            return frame, _NOTHING_SET_ASIDE
-        # it pays when a good share of the lines are others' (a chunk of dstack's own lines,
-        # nearly all kept, would only be looked at twice)
-        foreign = frame.select(pl.col("content").str.contains(FOREIGN_STD_RE).sum()).item()
-        if foreign * FOREIGN_SHARE < frame.height:
-            return frame, _NOTHING_SET_ASIDE
-        lone = lone_standard_records(frame)
-        if lone.height == 0:
-            return frame, _NOTHING_SET_ASIDE
-        aside = lone.filter(~self.may_matter(pl.col("text"), pl.col("logger")))
-        if aside.height == 0:
-            return frame, _NOTHING_SET_ASIDE
-        self.record_count += aside.height
-        self.non_blank_lines += aside.height
-        self.formats["standard"] = self.formats.get("standard", 0) + aside.height
-        kept = frame.join(aside.select("line"), on="line", how="anti", maintain_order="left")
-        return kept, aside.drop("text")
+        """Split off the lone standard records that hold none of ``matter_words``."""
+        if not self.matter_words:
+            return frame, pl.DataFrame(schema=SET_ASIDE_SCHEMA)
+        kept, aside = quiet_standard_records(frame, self.matter_words)
+        if aside.height:
+            self.record_count += aside.height
+            self.non_blank_lines += aside.height
+            self.formats["standard"] = self.formats.get("standard", 0) + aside.height
+        return kept, aside
 
     def _count_raw(self, raw: pl.Series, invalid: bool) -> None:
         """Damage seen on the bytes of each new line (once per line)."""
