@@ -127,6 +127,7 @@ def _finding(victims, culprits) -> Finding:
 def test_one_role_per_job_and_an_unstopped_victim_says_what_is_expected():
     at = datetime(2026, 11, 2, 9, 9, tzinfo=UTC)
     victim = Victim(
+        rule="collateral_termination",
         job_id="a",
         job_name="web-0-0",
         replica_num=0,

@@ -38,13 +38,11 @@ from analyzer.model import (
 from analyzer.pipeline.moments import dated_after, healthy_at, probe_state_at, run_failures
 from analyzer.pipeline.rules import (
     CATEGORY_ORDER,
-    Hit,
+    RULES_BY_ID,
     cascade_stop,
-    categorise,
-    find_culprits,
-    first_rule,
+    judge_jobs,
     own_failure,
-    triggering_culprits,
+    reason,
 )
 from analyzer.pipeline.timeline import HEALTH_PROOFS
 from analyzer.vocabulary import Category, Confidence, Verdict
@@ -205,17 +203,14 @@ def _judge_candidate(ctx: _Context) -> RunJudgement:
     run = ctx.run
     run_reason = run["failure_reason"] or run["termination_reason"]
     terminating = ctx.run_event("run_status", new_status="terminating")
-    run_terminating_at = terminating["time"] if terminating else None
 
-    culprits = find_culprits(ctx.jobs, run_terminating_at)
-    if run["failure_basis"] == "culprit_before_stop":
-        culprits = [c for c in culprits if (_failed_at(c) or datetime.max) <= run["stop_at"]]
-        if not culprits:
-            return RunJudgement(
-                "no_incident",
-                f"run ended with {run['termination_reason']}: the user's stop came before any "
-                "job of the run failed by itself",
-            )
+    culprits = sorted((j for j in ctx.jobs if j["culprit"]), key=lambda j: j["_culprit_order"])
+    if not culprits and run["failure_basis"] == "culprit_before_stop":
+        return RunJudgement(
+            "no_incident",
+            f"run ended with {run['termination_reason']}: the user's stop came before any "
+            "job of the run failed by itself",
+        )
     if not culprits:
         return RunJudgement(
             "inconclusive",
@@ -227,24 +222,20 @@ def _judge_candidate(ctx: _Context) -> RunJudgement:
     victims: dict[Category, list[tuple[Row, list[Row]]]] = defaultdict(list)
     also: list[OtherJob] = []
     undecided: list[str] = []
-    culprit_ids = {c["job_id"] for c in culprits}
+    by_id = {c["job_id"]: c for c in culprits}
     # A copy taken mid-cascade (the run still TERMINATING): the jobs the cascade has not
-    # reached yet are doomed, victims not yet stopped (rules.VICTIM_RULES say which are not).
+    # reached yet are doomed, victims not yet stopped (rules.RULES say which are not).
     in_flight = run["status"] == "terminating"
-    if run["stopped_during_cascade"]:
-        ctx.jobs = [_doomed_by_failure(run, job) for job in ctx.jobs]
     for job in ctx.jobs:
-        if job["job_id"] in culprit_ids:
+        if job["culprit"]:
             continue
-        hit = Hit(job, in_flight, triggering_culprits(job, culprits))
-        rule = first_rule(hit)
-        if rule is None:
-            category, triggered_by = categorise(hit)
-            victims[category].append((job, triggered_by))
+        rule = RULES_BY_ID[job["rule"]]
+        if rule.outcome == "victim":
+            victims[rule.id].append((job, [by_id[i] for i in job[rule.culprits]]))
         elif rule.outcome == "not_victim":
-            also.append(_other(job, rule.reason(hit)))
+            also.append(_other(job, reason(rule, job)))
         elif rule.outcome == "undecided":
-            undecided.append(rule.reason(hit))
+            undecided.append(reason(rule, job))
 
     victim_categories = {
         v["job_id"]: category for category, entries in victims.items() for v, _ in entries
@@ -289,25 +280,6 @@ def _judge_candidate(ctx: _Context) -> RunJudgement:
     return RunJudgement("no_healthy_victim", why)
 
 
-def _doomed_by_failure(run: Row, job: Row) -> Row:
-    """A job the user's stop reached after the run had failed: dstack's terminating pass gave it
-    TERMINATED_BY_USER (ABORTED_BY_USER) only because stop_runs() had overwritten the run's
-    reason (services/runs/__init__.py; pipeline_tasks/runs/terminating.py,
-    process_terminating_run); the failure had doomed it already, so it is the cascade's stop."""
-    if job["cascade_stop"] or run["failed_at"] is None:
-        return job
-    stop = job["terminating_at"] or job["stopped_at"]
-    if (
-        job["termination_reason"] in USER_STOP_JOB_REASONS
-        and job["termination_reason_message"] is None
-        and job["status"] in ("terminated", "terminating", "aborted")
-        and stop is not None
-        and stop >= run["failed_at"]
-    ):
-        return {**job, "cascade_stop": True}
-    return job
-
-
 def _split_by_provable(
     entries: list[tuple[Row, list[Row]]],
 ) -> list[list[tuple[Row, list[Row]]]]:
@@ -320,6 +292,7 @@ def _other(job: Row, why: str) -> OtherJob:
     return OtherJob(
         job_id=job["job_id"],
         job_name=job["job_name"],
+        rule=job["rule"],
         deployment_num=job["deployment_num"],
         status=job["status"],
         why_not_victim=why,
@@ -487,6 +460,7 @@ def _finding(
             Victim(
                 job_id=v["job_id"],
                 job_name=v["job_name"],
+                rule=v["rule"],
                 replica_num=v["replica_num"],
                 deployment_num=v["deployment_num"],
                 submission_num=v["submission_num"],
@@ -844,7 +818,26 @@ def _detect(
     at_moment = probe_state_at(
         subs.join(failure_moments, on=["server", "run_id"], maintain_order="left")
     )
-    jobs_by_run = (
+    read = events.filter(pl.col("kind").is_in(DETECTION_KINDS)).join(
+        keys, on=["server", "run_id"], maintain_order="left"
+    )
+    # the run's first TERMINATING as the evidence chain reads it (its first such event)
+    went_terminating = (
+        read.filter((pl.col("kind") == "run_status") & (pl.col("new_status") == "terminating"))
+        .group_by(["server", "run_id"], maintain_order=True)
+        .first()
+        .select("server", "run_id", pl.col("time").alias("run_terminating_at"))
+    )
+    run_columns = candidate_runs.select(
+        "server",
+        "run_id",
+        "failure_basis",
+        "stop_at",
+        "stopped_during_cascade",
+        pl.col("failed_at").alias("run_failed_at"),
+        (pl.col("status") == "terminating").fill_null(False).alias("in_flight"),
+    ).join(went_terminating, on=["server", "run_id"], how="left", maintain_order="left")
+    judged_jobs = judge_jobs(
         at_moment.join(
             with_status, on=["server", "run_id", "job_id"], how="left", maintain_order="left"
         )
@@ -864,11 +857,9 @@ def _detect(
             .alias("healthy_then"),
             (at_failure & dated_after(pl.col("as_of"))).fill_null(False).alias("served_later"),
         )
-        .rows_by_key(["server", "run_id"], named=True)
+        .join(run_columns, on=["server", "run_id"], maintain_order="left")
     )
-    read = events.filter(pl.col("kind").is_in(DETECTION_KINDS)).join(
-        keys, on=["server", "run_id"], maintain_order="left"
-    )
+    jobs_by_run = judged_jobs.rows_by_key(["server", "run_id"], named=True)
     dateless = set(
         read.filter(pl.col("time_basis") == "time_of_day_only")
         .select("server", "run_id")
