@@ -19,7 +19,6 @@ from typing import Any
 
 import polars as pl
 
-from analyzer.catalogue import IN_PLACE_FIELDS
 from analyzer.contract import (
     Culprit,
     EarlierFailure,
@@ -30,8 +29,10 @@ from analyzer.contract import (
     RunVerdict,
     Victim,
 )
-from analyzer.model import (
+from analyzer.dstack import (
+    ACTIVE_RUN_STATUSES,
     FINISHED_RUN_STATUSES,
+    IN_PLACE_CHANGES,
     RUN_FAILURE_REASONS,
     USER_STOP_JOB_REASONS,
 )
@@ -353,7 +354,7 @@ def _finding(
             )
         if update and update["changed_fields"]:
             fields = {f.strip() for f in update["changed_fields"].split(",")}
-            if fields <= IN_PLACE_FIELDS:
+            if fields <= IN_PLACE_CHANGES:
                 notes.append(
                     "the update changed only fields applied in place; the older replicas kept "
                     "their deployment number in the database, which decides"
@@ -728,7 +729,7 @@ def _plain_verdicts(runs: pl.DataFrame) -> pl.DataFrame:
         .then(pl.format("a {} run: rolling deployments exist for services only", run_type))
         .when(pl.col("failure_basis").is_not_null())
         .then(pl.lit(None, pl.String))
-        .when(status.is_in(["pending", "submitted", "provisioning", "running"]))
+        .when(status.is_in(ACTIVE_RUN_STATUSES))
         .then(pl.format("run still {} at the end of the evidence", status))
         .when(_known(reason))
         .then(pl.format("run ended with {}, not a job failure", reason))

@@ -9,7 +9,8 @@ from datetime import datetime
 
 import polars as pl
 
-from analyzer.model import RUN_FAILURE_REASONS, USER_STOP_RUN_REASONS, UTC_TIME
+from analyzer.dstack import RUN_FAILURE_REASONS, USER_STOP_RUN_REASONS
+from analyzer.model import UTC_TIME
 
 # The bases on which a user's stop may have come after the failure, during the cascade.
 CASCADE_BASES = ("run_event", "culprit_before_stop", "cascade_label")

@@ -8,9 +8,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from functools import lru_cache
 
 import polars as pl
+
+from analyzer.dstack import blocks_fit
 
 
 @dataclass(frozen=True)
@@ -252,29 +253,7 @@ def fits(req: Requirement | None, inst: dict) -> bool | None:
     share of blocks that matches, and uses it when that many blocks are idle)."""
     if req is None or inst["cpus"] is None or inst["memory_mib"] is None:
         return None
-    return _fits_shape(req, *(inst[name] for name in SHAPE))
-
-
-@lru_cache(maxsize=4096)
-def _fits_shape(
-    req: Requirement,
-    cpus: int,
-    memory_mib: int,
-    gpus: int | None,
-    gpu_name: str | None,
-    gpu_memory_mib: int | None,
-    disk_mib: int | None,
-    total_blocks: int | None,
-    busy_blocks: int,
-) -> bool:
-    """`_fits` of one instance shape: a fleet's instances are mostly alike."""
-    total = max(total_blocks or 1, 1)
-    idle = total - busy_blocks
-    for blocks in range(1, total + 1):
-        share = (cpus // total, memory_mib // total, (gpus or 0) // total)
-        if req.matches(*(part * blocks for part in share), gpu_name, gpu_memory_mib, disk_mib):
-            return blocks <= idle
-    return False
+    return blocks_fit(req, *(inst[name] for name in SHAPE))
 
 
 @dataclass(frozen=True)

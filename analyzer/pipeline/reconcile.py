@@ -21,12 +21,16 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import polars as pl
 
-from analyzer.catalogue import IN_PLACE_FIELDS
+from analyzer.dstack import (
+    ENDED_JOB_STATUSES,
+    FINISHED_JOB_STATUSES,
+    FINISHED_RUN_STATUSES,
+    IN_PLACE_CHANGES,
+    REPLICA_COUNT_CHANGES,
+)
 from analyzer.errors import AuditInputError
 from analyzer.model import (
     EVENTS_SCHEMA,
-    FINISHED_JOB_STATUSES,
-    FINISHED_RUN_STATUSES,
     JOBS_SCHEMA,
     RUNS_SCHEMA,
     UTC_TIME,
@@ -37,7 +41,6 @@ from analyzer.sources.attach import attach_job_runs as attach_runs
 from analyzer.sources.base import Limitation
 from analyzer.sources.clock import majority_shift, quarter_hour
 
-AMBIGUOUS_FIELDS = frozenset({"configuration.replicas", "configuration.groups"})
 MATCH_TOLERANCE_US = 2_000_000  # log ms (or rich s) precision against the DB's microseconds
 UNALIGNED = ("log_local_unaligned", "time_of_day_only")
 DAY_US = 24 * 3600 * 1_000_000
@@ -688,7 +691,7 @@ def _derive_jobs(events: pl.DataFrame) -> pl.DataFrame:
     if jobs.height == 0:
         return pl.DataFrame()
     status = pl.col("kind") == "job_status"
-    terminating = status & (pl.col("new_status").is_in(["terminating", *FINISHED_JOB_STATUSES]))
+    terminating = status & (pl.col("new_status").is_in(ENDED_JOB_STATUSES))
     per_job = jobs.group_by(["server", "run_id", "entity_id"]).agg(
         pl.col("entity_name").first().alias("job_name"),
         pl.col("_order").min().alias("_first"),
@@ -721,7 +724,7 @@ def _derive_jobs(events: pl.DataFrame) -> pl.DataFrame:
         .alias("graceful_termination_attempts"),
         pl.col("deployment_num").filter(pl.col("kind") == "job_updated").max().alias("_bumped"),
         pl.col("_order")
-        .filter(pl.col("new_status").is_in(["terminating", *FINISHED_JOB_STATUSES]))
+        .filter(pl.col("new_status").is_in(ENDED_JOB_STATUSES))
         .min()
         .alias("_ended"),
         pl.col("provenance").first().list.first().alias("provenance"),
@@ -761,7 +764,7 @@ def _derive_jobs(events: pl.DataFrame) -> pl.DataFrame:
     # In-place updates bump every job active at that moment (no event on the pipeline path).
     in_place = updates.filter(
         pl.col("changed_fields").map_elements(
-            lambda fields: {f.strip() for f in fields.split(",")} <= IN_PLACE_FIELDS,
+            lambda fields: {f.strip() for f in fields.split(",")} <= IN_PLACE_CHANGES,
             return_dtype=pl.Boolean,
         )
     )
@@ -786,7 +789,7 @@ def _derive_jobs(events: pl.DataFrame) -> pl.DataFrame:
         .join(
             updates.filter(
                 pl.col("changed_fields").map_elements(
-                    lambda fields: {f.strip() for f in fields.split(",")} <= AMBIGUOUS_FIELDS,
+                    lambda fields: {f.strip() for f in fields.split(",")} <= REPLICA_COUNT_CHANGES,
                     return_dtype=pl.Boolean,
                 )
             ).select("server", "run_id", "_u_order"),

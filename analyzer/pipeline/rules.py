@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 import polars as pl
 
-from analyzer.model import (
-    FINISHED_JOB_STATUSES,
+from analyzer.dstack import (
+    ENDED_JOB_STATUSES,
     NORMAL_JOB_REASONS,
     RETRY_STOP_MESSAGES,
     SERVER_STOP_JOB_REASONS,
@@ -108,7 +108,7 @@ def doomed_by_failure() -> pl.Expr:
 
 def is_active() -> pl.Expr:
     """Neither finished nor TERMINATING: the cascade has not reached it yet."""
-    return ~pl.col("status").is_in([*FINISHED_JOB_STATUSES, "terminating"]).fill_null(False)
+    return ~pl.col("status").is_in(ENDED_JOB_STATUSES).fill_null(False)
 
 
 def with_triggering(jobs: pl.DataFrame) -> pl.DataFrame:
@@ -371,7 +371,7 @@ def judge_jobs(jobs: pl.DataFrame) -> pl.DataFrame:
 
 def reason_fields(job: Row) -> dict[str, str]:
     """The words a reason template may name beside the job's own columns."""
-    active = job["status"] not in (*FINISHED_JOB_STATUSES, "terminating")
+    active = job["status"] not in ENDED_JOB_STATUSES
     proof = job["health_proof"]
     probe_at = job.get("probe_line_at")
     return {

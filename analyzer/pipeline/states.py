@@ -25,7 +25,8 @@ from typing import Literal, get_args
 
 import polars as pl
 
-from analyzer.model import FINISHED_JOB_STATUSES, UTC_TIME
+from analyzer.dstack import FINISHED_JOB_STATUSES
+from analyzer.model import UTC_TIME
 from analyzer.pipeline.placement import spans_at
 
 Aspect = Literal["status", "ready", "probe", "deployment", "termination"]

@@ -12,7 +12,7 @@ from typing import Any
 import polars as pl
 
 from analyzer.contract import Finding, RunVerdict
-from analyzer.model import FINISHED_JOB_STATUSES
+from analyzer.dstack import FINISHED_JOB_STATUSES
 
 # A rich log writes `[%X]`, a time of day without a date (dstack-data.md 9.2); the log reader
 # stores it on the 1970-01-01 pseudo date (sources/logs/messages.py), older than any dstack record.

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from analyzer.model import FINISHED_JOB_STATUSES, UTC_TIME
+from analyzer.dstack import FINISHED_JOB_STATUSES
+from analyzer.model import UTC_TIME
 from analyzer.pipeline.evidence import Evidence
 from analyzer.pipeline.moments import probe_results, probe_state_at
 from analyzer.vocabulary import HEALTH_PROOFS as PROOF_NAMES

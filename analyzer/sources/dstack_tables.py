@@ -14,6 +14,7 @@ from typing import Protocol
 import polars as pl
 
 import analyzer.catalogue as catalogue
+from analyzer.dstack import ROLLING_JOB_SPEC_PATHS, spec_fingerprint
 from analyzer.errors import AuditInputError
 from analyzer.model import id_from_hex, id_hex, normalise_enum, normalise_id, parse_db_time
 from analyzer.redact import Redactor, json_secret_values
@@ -126,25 +127,6 @@ REQUIRED_COLUMNS = {
     "jobs": ("id", "run_id", "job_name", "status", "submission_num", "replica_num"),
 }
 
-# JobSpec fields a rolling deployment changes (reference 6.1, 11.1.5): their hash tells a
-# redeployed job from one bumped in place.
-ROLLING_SPEC_PATHS = (
-    "$.commands",
-    "$.image_name",
-    "$.env",
-    "$.requirements",
-    "$.repo_code_hash",
-    "$.probes",
-    "$.service_port",
-    "$.working_dir",
-    "$.user",
-    "$.privileged",
-    "$.volumes",
-    "$.file_archives",
-    "$.app_specs",
-    "$.registry_auth",
-)
-
 # Profile parameters of a run spec that decide where a replica can go (reference 4.1): the
 # configuration's value overrides the profile's.
 PLACEMENT_PARAMS = ("resources", "retry", "fleets", "creation_policy")
@@ -156,7 +138,7 @@ JSON_PATHS: dict[str, dict[str, tuple[str, ...]]] = {
     "jobs": {
         "job_spec_data": (
             "$.replica_group",
-            *ROLLING_SPEC_PATHS,
+            *ROLLING_JOB_SPEC_PATHS,
             "$.ssh_key.private",
         ),
         "job_provisioning_data": ("$.price",),
@@ -764,13 +746,7 @@ def _jobs(
         spec.str.json_path_match("$.probes")
         .str.json_decode(pl.List(pl.Struct({"ready_after": pl.Int64})))
         .alias("_probe_specs"),
-        pl.concat_str(
-            [spec.str.json_path_match(path).fill_null("") for path in ROLLING_SPEC_PATHS],
-            separator="\x1f",
-        )
-        .hash()
-        .cast(pl.String)
-        .alias("spec_fingerprint"),
+        spec_fingerprint(spec).alias("spec_fingerprint"),
     )
     jobs = _per_distinct(
         jobs,
