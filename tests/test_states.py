@@ -4,14 +4,20 @@ real rows of a capture read from its database and from its log."""
 
 from __future__ import annotations
 
+import ast
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import polars as pl
 import pytest
 
+import analyzer
 from analyzer import open_sources
-from analyzer.model import EVENTS_SCHEMA, JOBS_SCHEMA
+from analyzer.model import EVENTS_SCHEMA, JOBS_SCHEMA, RUNS_SCHEMA
+from analyzer.pipeline.evidence import Evidence
+from analyzer.pipeline.impact import serving_capacity
 from analyzer.pipeline.states import at, basis_of, final, job_states, serving_at
+from analyzer.pipeline.timeline import submissions
 from tests.conftest import DATA
 
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
@@ -363,3 +369,106 @@ def test_the_replica_the_cascade_killed_served_until_the_kill(mid_cascade):
     counts = subs.select("server", "job_id", "probe_count")
     serving = serving_at(at(states, moments), counts).sort("as_of")
     assert serving["serving"].to_list() == [True, False]
+
+
+def test_serving_capacity_counts_a_replica_that_served_then_failed_a_probe_until_it_failed():
+    # ready at minute 3 (its probe passing), the probe fails at minute 40, the run's cascade
+    # stops it at minute 45: the final verdict is not healthy, yet it served 37 minutes
+    probe = "svc-0-0-0"
+    rows = jobs(
+        status="terminated",
+        termination_reason="terminated_by_server",
+        last_processed_at=minutes(46),
+        probe_count=1,
+        probe_ready_after=1,
+    )
+    logged = events(
+        event("job_ready", 3),
+        event("probe_passed", 3, place=f"{LOG}:1", probe=probe),
+        event("probe_failed", 40, place=f"{LOG}:2", probe=probe),
+        event("job_status", 45, old_status="running", new_status="terminating"),
+    )
+    evidence = Evidence(
+        runs=pl.DataFrame([{"server": "s", "run_id": RUN}], schema=RUNS_SCHEMA),
+        jobs=rows,
+        events=logged,
+    )
+    subs = submissions(evidence)
+    assert subs["health"].to_list() == ["not_healthy"]
+    capacity = serving_capacity(subs, logged, END, {"s": END})
+    assert capacity.select("time", "healthy_replicas").rows() == [(minutes(3), 1), (minutes(40), 0)]
+
+
+# What health and liveness at a moment are decided from: only states.py reads these (the
+# sources write them, the canonical model declares them).
+HEALTH_FACTS = {
+    "ready",
+    "ready_at",
+    "running_event_at",
+    "probes_below_ready_after",
+    "probe_rows",
+    "min_probe_streak",
+    "probe_results",
+}
+# A job's stop or serving start compared with a moment decides liveness or health then.
+MOMENT_COLUMNS = {"stopped_at", "healthy_since"}
+MOMENTS = {"as_of", "failed", "moment", "at", "start"}
+READERS_OF_RAW_FACTS = ("sources", "synth")
+
+
+def _strings(node: ast.AST) -> set[str]:
+    return {
+        n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    }
+
+
+def _decisions(tree: ast.AST) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "pl"
+            and node.func.attr in ("col", "coalesce")
+        ):
+            read = {a.value for a in node.args if isinstance(a, ast.Constant)} & HEALTH_FACTS
+            found += [(node.lineno, f"pl.{node.func.attr}({name!r})") for name in read]
+        if (
+            isinstance(node, ast.Subscript)
+            and isinstance(node.slice, ast.Constant)
+            and node.slice.value in HEALTH_FACTS
+        ):
+            found.append((node.lineno, f"[{node.slice.value!r}]"))
+        if isinstance(node, ast.Compare) and not isinstance(node.ops[0], (ast.Eq, ast.NotEq)):
+            strings = _strings(node)
+            if strings & MOMENT_COLUMNS and strings & MOMENTS:
+                found.append((node.lineno, f"compares {sorted(strings & MOMENT_COLUMNS)}"))
+    return found
+
+
+def test_no_place_but_states_decides_health_or_liveness_at_a_moment():
+    package = Path(analyzer.__file__).parent
+    offending = []
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package)
+        if relative.parts[0] in READERS_OF_RAW_FACTS or path.name in ("states.py", "model.py"):
+            continue
+        offending += [
+            f"{relative}:{line}: {what}" for line, what in _decisions(ast.parse(path.read_text()))
+        ]
+    assert offending == []
+
+
+def test_the_decision_scan_finds_a_decision():
+    # the scan is no test that can never fail: each kind of decision it looks for is found
+    source = (
+        "ok = pl.col('ready_at') <= pl.col('as_of')\n"
+        "alive = pl.col('stopped_at') > pl.col('as_of')\n"
+        "flag = job['probes_below_ready_after']\n"
+    )
+    assert sorted(_decisions(ast.parse(source))) == [
+        (1, "pl.col('ready_at')"),
+        (2, "compares ['stopped_at']"),
+        (3, "['probes_below_ready_after']"),
+    ]

@@ -36,7 +36,7 @@ from analyzer.dstack import (
     RUN_FAILURE_REASONS,
     USER_STOP_JOB_REASONS,
 )
-from analyzer.pipeline.moments import dated_after, healthy_at, probe_state_at, run_failures
+from analyzer.pipeline.moments import run_failures
 from analyzer.pipeline.rules import (
     CATEGORY_ORDER,
     RULES_BY_ID,
@@ -44,6 +44,13 @@ from analyzer.pipeline.rules import (
     judge_jobs,
     own_failure,
     reason,
+)
+from analyzer.pipeline.states import (
+    dated_after,
+    healthy_at,
+    probe_state_at,
+    readiness_line_only,
+    served_from,
 )
 from analyzer.pipeline.timeline import HEALTH_PROOFS
 from analyzer.vocabulary import Category, Confidence, Verdict
@@ -372,7 +379,7 @@ def _finding(
             "deployment and redeployed; the category is the log's best reading, a database of "
             "the same server (jobs.deployment_num) decides",
         )
-    sticky = [v["job_name"] for v in victim_rows if _sticky_readiness_only(v)]
+    sticky = [v["job_name"] for v in victim_rows if v["readiness_line_only"]]
     if sticky:
         limit(
             "health_not_provable_from_logs",
@@ -627,25 +634,6 @@ def _at(ctx: _Context, moment: datetime | None) -> str:
     return moment.isoformat()
 
 
-READY_AT_RUNNING_SECONDS = 1.0
-
-
-def _sticky_readiness_only(job: Row) -> bool:
-    """Health proven by a readiness line alone, for a service that may have probes.
-
-    The line is never retracted (reference 6.4), so it proves health at the kill only where
-    the service has no probes: dstack then counts the replica ready in the same pass that made
-    it RUNNING, and the log shows both at once."""
-    if job["health_proof"] not in ("ready_event", "registered_event"):
-        return False
-    if job["probe_count"] is not None:
-        return job["probe_count"] > 0
-    ready, running = job["ready_at"], job["running_event_at"]
-    if ready is None or running is None:
-        return True
-    return (ready - running).total_seconds() > READY_AT_RUNNING_SECONDS
-
-
 def _culprit_evidence(ctx: _Context, culprit: Row) -> list[EvidenceItem]:
     events = _job_events(ctx, culprit["job_id"])
     items = [
@@ -857,6 +845,8 @@ def _detect(
             .fill_null(False)
             .alias("healthy_then"),
             (at_failure & dated_after(pl.col("as_of"))).fill_null(False).alias("served_later"),
+            served_from().alias("served_from"),
+            readiness_line_only().alias("readiness_line_only"),
         )
         .join(run_columns, on=["server", "run_id"], maintain_order="left")
     )

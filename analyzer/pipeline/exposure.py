@@ -35,7 +35,6 @@ import polars as pl
 from pydantic import BaseModel, ConfigDict, Field
 
 from analyzer.contract import Finding, LimitationRecord
-from analyzer.pipeline.moments import healthy_at, probe_state_at
 from analyzer.pipeline.placement import (
     STATIC_SHAPE,
     Queued,
@@ -48,6 +47,7 @@ from analyzer.pipeline.placement import (
     queued_first,
     spans_at,
 )
+from analyzer.pipeline.states import alive_at, healthy_at, probe_state_at
 
 Exposed = Literal["yes", "no", "unknown"]
 Surge = Literal["none", "available", "unknown"]
@@ -175,10 +175,11 @@ def running_services(
     ended = pl.col("status").is_in(["terminated", "failed", "done"]) & (
         pl.col("last_processed_at") <= as_of
     )
-    alive = submissions.filter(
-        (pl.col("created_at") <= as_of)
-        & (pl.col("stopped_at").is_null() | (pl.col("stopped_at") > as_of))
-    ).select("server", "run_id")
+    alive = (
+        submissions.with_columns(pl.lit(as_of).cast(pl.Datetime("us", "UTC")).alias("as_of"))
+        .filter(alive_at())
+        .select("server", "run_id")
+    )
     return (
         runs.filter((pl.col("run_type") == "service") & (pl.col("submitted_at") <= as_of) & ~ended)
         .join(alive.unique(), on=["server", "run_id"], how="semi")
@@ -220,9 +221,7 @@ def assess_states(
         return []
     probe = ["server", "run_id", "as_of"]
     subs = probe_state_at(frames.submissions.join(probes, on=["server", "run_id"]))
-    live = (pl.col("created_at") <= pl.col("as_of")) & (
-        pl.col("stopped_at").is_null() | (pl.col("stopped_at") > pl.col("as_of"))
-    )
+    live = alive_at()
     healthy = (
         subs.filter(live & healthy_at(frames.evidence_ends))
         .group_by(probe)

@@ -247,7 +247,7 @@ RULES: tuple[Rule, ...] = (
         "a replica serves only while every probe's success_streak >= ready_after "
         "(services/probes.py, is_probe_ready); a failed probe resets the streak to 0 "
         "(scheduled_tasks/probes.py, _process_probe_async), and the DEBUG probe lines date "
-        "each result (moments.probe_state_at)",
+        "each result (states.probe_state_at)",
     ),
     Rule(
         "not_healthy",
@@ -266,7 +266,7 @@ RULES: tuple[Rule, ...] = (
         "failure",
         "the cascade began when the run failed (its TERMINATING transition): a replica dstack "
         "marked ready only later (jobs_running.py, _maybe_register_replica) had never served "
-        "when the failure doomed it (moments.dated_after)",
+        "when the failure doomed it (states.dated_after)",
     ),
     Rule(
         "health_not_dated",
@@ -277,7 +277,7 @@ RULES: tuple[Rule, ...] = (
         "health at the failure, not at the end: a probe streak or ready flag read from the "
         "final rows proves health at T only where the evidence dates it at or before T "
         "(services/probes.py, is_probe_ready; jobs_running.py, _maybe_register_replica; "
-        "moments.healthy_at, the same test as `exposure --as-of`)",
+        "states.healthy_at, the same test as `exposure --as-of`)",
     ),
     Rule(
         "health_undecided",
@@ -378,7 +378,6 @@ def reason_fields(job: Row) -> dict[str, str]:
         "label": job_label(job),
         "when_said": "at the end of the evidence" if active else "when stopped",
         "unhealthy_proof": UNHEALTHY_PROOFS.get(proof, proof),
-        "served_from": "readiness" if job["ready_at"] is not None else "RUNNING",
         "hit_or_stopped": "hit" if active else "stopped",
         "proof_note": f" ({proof})" if proof else "",
         "probe_line_time": probe_at.isoformat() if probe_at is not None else "",
