@@ -472,3 +472,32 @@ def test_the_decision_scan_finds_a_decision():
         (2, "compares ['stopped_at']"),
         (3, "['probes_below_ready_after']"),
     ]
+
+
+# The wrong claims of issue 34, on the real rows of dstack 0.22.5's own server: a broken
+# `commands` update (deployment 1), then a `replicas`-only change (deployment 2) while the
+# surge replica was starting; the crashing replica is created in deployment 2, the healthy old
+# replicas of deployment 0 are killed (copied from the captures).
+SCALE_DOWN = DATA / "states" / "scale-down-mid-rollout"
+OLD_REPLICAS = {"svc-0-0": 0, "svc-0-1": 0}
+
+
+@pytest.mark.parametrize("source", ["server.db", "server-info.standard.log"])
+def test_the_root_cause_is_the_update_whose_spec_the_crashing_replica_runs(source):
+    (finding,) = open_sources([SCALE_DOWN / source]).report.findings
+    assert finding.category == "collateral_termination"
+    assert {v.job_name: v.deployment_num for v in finding.victims} == OLD_REPLICAS
+    assert [(c.job_name, c.deployment_num) for c in finding.culprits] == [("svc-0-2", 2)]
+    # not the renumbering (deployment 2: replicas only, applied in place)
+    assert finding.changed_fields == "configuration.commands"
+    assert finding.root_cause.changed_fields == "configuration.commands"
+    assert any("runs the job spec of deployment 1" in note for note in finding.notes)
+
+
+def test_a_log_proves_the_old_replicas_kept_their_deployment_through_a_replicas_change():
+    # the commands update came after their creation: their spec is older than the run's, so
+    # the replicas-only update bumped nothing of theirs (reference 6.2) and the log says so
+    (finding,) = open_sources([SCALE_DOWN / "server-info.standard.log"]).report.findings
+    codes = {limitation.code for limitation in finding.limitations}
+    assert "deployment_not_provable_from_logs" not in codes
+    assert [v.rule for v in finding.victims] == ["collateral_termination"] * 2

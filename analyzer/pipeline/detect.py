@@ -288,6 +288,24 @@ def _judge_candidate(ctx: _Context) -> RunJudgement:
     return RunJudgement("no_healthy_victim", why)
 
 
+def _spec_deployment(ctx: _Context, dep: int, victims_dep: int) -> int:
+    """The deployment whose update set the job spec that deployment `dep` runs: an update of
+    only fields applied in place leaves the JobSpec as it was (services/runs/spec.py; a job is
+    bumped, not redeployed: reference 6.2), so a replica created after it runs the spec of the
+    last update before it that changed a rolling field, which is the change that broke it.
+    `dep` itself when no such update is newer than the victims' deployment, or the events do
+    not say what an update changed."""
+    spec = dep
+    while spec > victims_dep:
+        update = ctx.run_event("run_updated", deployment_num=spec)
+        if update is None or not update["changed_fields"]:
+            return dep
+        if not {f.strip() for f in update["changed_fields"].split(",")} <= IN_PLACE_CHANGES:
+            return spec
+        spec -= 1
+    return dep
+
+
 def _split_by_provable(
     entries: list[tuple[Row, list[Row]]],
 ) -> list[list[tuple[Row, list[Row]]]]:
@@ -338,7 +356,20 @@ def _finding(
         update_dep = max(v["deployment_num"] for v in victim_rows)
     else:
         update_dep = max(c["deployment_num"] for c in culprits)
-    update = ctx.run_event("run_updated", deployment_num=update_dep)
+    # the root cause: the update whose job spec the failing replica runs
+    cause_dep = update_dep
+    if category == "collateral_termination":
+        victims_dep = max(v["deployment_num"] for v in victim_rows)
+        cause_dep = _spec_deployment(ctx, update_dep, victims_dep)
+    update = ctx.run_event("run_updated", deployment_num=cause_dep)
+    if cause_dep != update_dep:
+        renumbered = ctx.run_event("run_updated", deployment_num=update_dep)
+        notes.append(
+            f"deployment {update_dep} changed only "
+            f"{renumbered['changed_fields'] if renumbered else 'fields applied in place'}, "
+            f"applied in place: the failing replica runs the job spec of deployment "
+            f"{cause_dep}, whose update is the root cause"
+        )
     if category == "collateral_termination":
         for culprit in culprits:
             proven, how = _culprit_created_in_its_deployment(ctx, culprit)

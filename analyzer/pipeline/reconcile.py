@@ -761,15 +761,40 @@ def _derive_jobs(events: pl.DataFrame) -> pl.DataFrame:
         strategy="backward",
         check_sortedness=False,
     )
-    # In-place updates bump every job active at that moment (no event on the pipeline path).
-    in_place = updates.filter(
-        pl.col("changed_fields").map_elements(
-            lambda fields: {f.strip() for f in fields.split(",")} <= IN_PLACE_CHANGES,
-            return_dtype=pl.Boolean,
-        )
+    # In-place updates bump every job active at that moment whose spec is the run's current
+    # one (no event on the pipeline path). A job created before a rolling update runs an older
+    # spec from then on: dstack bumps a job only when the JobSpec rebuilt from the new run spec
+    # equals its own (reference 6.2), so a later in-place update leaves it at its deployment,
+    # provably (the log says which fields each update changed).
+    in_place_only = pl.col("changed_fields").map_elements(
+        lambda fields: {f.strip() for f in fields.split(",")} <= IN_PLACE_CHANGES,
+        return_dtype=pl.Boolean,
     )
+    in_place = updates.filter(in_place_only)
+    # a rolling update for sure: it changed a field neither applied in place nor a replica
+    # count or the groups (a `groups` change may or may not roll a group out)
+    rolling = ~pl.col("changed_fields").map_elements(
+        lambda fields: (
+            {f.strip() for f in fields.split(",")} <= IN_PLACE_CHANGES | REPLICA_COUNT_CHANGES
+        ),
+        return_dtype=pl.Boolean,
+    )
+    stale = (
+        per_job.select("server", "run_id", "entity_id", "_first")
+        .join(
+            updates.filter(rolling.fill_null(False)).select(
+                "server", "run_id", pl.col("_u_order").alias("_r_order")
+            ),
+            on=["server", "run_id"],
+        )
+        .filter(pl.col("_r_order") > pl.col("_first"))
+        .group_by(["server", "entity_id"])
+        .agg(pl.col("_r_order").min().alias("_stale_from"))
+    )
+    per_job = per_job.join(stale, on=["server", "entity_id"], how="left", maintain_order="left")
+    on_current_spec = pl.col("_stale_from").is_null() | (pl.col("_u_order") < pl.col("_stale_from"))
     bumps = (
-        per_job.select("server", "run_id", "entity_id", "_first", "_ended")
+        per_job.select("server", "run_id", "entity_id", "_first", "_ended", "_stale_from")
         .join(
             in_place.select("server", "run_id", "_u_order", pl.col("_u_dep").alias("_b_dep")),
             on=["server", "run_id"],
@@ -777,6 +802,7 @@ def _derive_jobs(events: pl.DataFrame) -> pl.DataFrame:
         .filter(
             (pl.col("_u_order") > pl.col("_first"))
             & (pl.col("_ended").is_null() | (pl.col("_ended") > pl.col("_u_order")))
+            & on_current_spec
         )
         .group_by(["server", "entity_id"])
         .agg(pl.col("_b_dep").max().alias("_in_place"))
@@ -785,7 +811,7 @@ def _derive_jobs(events: pl.DataFrame) -> pl.DataFrame:
     # place and redeploy others (per group); pipeline builds log no bump, so a job active at
     # such an update has a deployment the log cannot prove.
     ambiguous = (
-        per_job.select("server", "run_id", "entity_id", "_first", "_ended")
+        per_job.select("server", "run_id", "entity_id", "_first", "_ended", "_stale_from")
         .join(
             updates.filter(
                 pl.col("changed_fields").map_elements(
@@ -798,6 +824,7 @@ def _derive_jobs(events: pl.DataFrame) -> pl.DataFrame:
         .filter(
             (pl.col("_u_order") > pl.col("_first"))
             & (pl.col("_ended").is_null() | (pl.col("_ended") > pl.col("_u_order")))
+            & on_current_spec
         )
         .select("server", "entity_id", pl.lit(True).alias("_ambiguous"))
         .unique()
