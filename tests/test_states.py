@@ -501,3 +501,26 @@ def test_a_log_proves_the_old_replicas_kept_their_deployment_through_a_replicas_
     codes = {limitation.code for limitation in finding.limitations}
     assert "deployment_not_provable_from_logs" not in codes
     assert [v.rule for v in finding.victims] == ["collateral_termination"] * 2
+
+
+# dstack 0.22.5 accepted `dstack apply` of the fix 1.9 s after the run went TERMINATING, as an
+# in-place update (deployment 2), then finished the cascade; a second apply made a new run.
+MID_CASCADE = DATA / "states" / "fix-applied-mid-cascade"
+
+
+@pytest.mark.parametrize("source", ["server.db", "server-info.standard.log"])
+def test_a_fix_accepted_during_the_cascade_is_reported_as_never_run(source):
+    report = open_sources([MID_CASCADE / source]).report
+    (finding,) = report.findings
+    (verdict,) = [v for v in report.runs if v.run_id == finding.run_id]
+    assert "an update accepted during the cascade never ran (deployment 2" in verdict.why
+    (note,) = [n for n in finding.notes if n.startswith("deployment 2 (")]
+    assert "changed configuration.commands) was accepted at 2026-12-23T10:10:19" in note
+    assert "after the run had failed at 2026-12-23T10:10:17" in note
+    (again,) = [v for v in report.runs if v.run_id != finding.run_id]
+    assert f"applied again as a new run of the same name ({again.run_id})" in note
+    assert "submitted at 2026-12-23T10:12:36" in note
+    assert any("Deployment: 2" in item.text for item in finding.evidence)
+    # the root cause stays the update the failing replica ran
+    assert finding.changed_fields == "configuration.commands"
+    assert finding.update_deployment_num == 1

@@ -269,6 +269,13 @@ def _judge_candidate(ctx: _Context) -> RunJudgement:
             why += "; also undecided: " + "; ".join(undecided)
             for finding in findings:
                 finding.notes.extend(undecided)
+        never_ran = [e["deployment_num"] for e in _accepted_during_cascade(ctx, terminating)]
+        if never_ran:
+            why += (
+                "; an update accepted during the cascade never ran (deployment "
+                + ", ".join(str(d) for d in never_ran)
+                + ", see the notes)"
+            )
         if run["stopped_during_cascade"]:
             why += (
                 f"; then the user stopped the run during the cascade "
@@ -286,6 +293,44 @@ def _judge_candidate(ctx: _Context) -> RunJudgement:
             f"{o.job_name}: {o.why_not_victim}" for o in also
         )
     return RunJudgement("no_healthy_victim", why)
+
+
+def _accepted_during_cascade(ctx: _Context, terminating: Row | None) -> list[Row]:
+    """The updates dstack accepted after the run had failed, that no job ever ran: it updates a
+    run in place while the run is not finished (services/runs/__init__.py, apply_plan; a
+    TERMINATING run is not finished), and its terminating pass goes on and ends the run at
+    that deployment (pipeline_tasks/runs/terminating.py, process_terminating_run)."""
+    if terminating is None or terminating["time"] is None:
+        return []
+    deployments = [j["deployment_num"] for j in ctx.jobs if j["deployment_num"] is not None]
+    return [
+        e
+        for e in ctx.events
+        if e["kind"] == "run_updated"
+        and e["time"] is not None
+        and e["time"] > terminating["time"]
+        and e["deployment_num"] is not None
+        and not any(d >= e["deployment_num"] for d in deployments)
+    ]
+
+
+def _never_ran(ctx: _Context, update: Row, terminating: Row) -> str:
+    run = ctx.run
+    who = (update["actor"] or "an unknown actor").removeprefix("user ")
+    again = (
+        f"it was applied again as a new run of the same name ({run['next_run_id']}) "
+        f"submitted at {_at(ctx, run['next_submitted_at'])}"
+        if run.get("next_run_id")
+        else "no later run of the same name is in the evidence"
+    )
+    return (
+        f"deployment {update['deployment_num']} ({who} changed "
+        f"{update['changed_fields'] or 'fields not named'}) was accepted at "
+        f"{_at(ctx, update['time'])}, after the run had failed at {_at(ctx, terminating['time'])}: "
+        "dstack updates a run in place until it is finished (services/runs/__init__.py, "
+        "apply_plan) and its terminating pass went on; no job ever ran that deployment and the "
+        f"run ended {run['status']} at it; {again}"
+    )
 
 
 def _spec_deployment(ctx: _Context, dep: int, victims_dep: int) -> int:
@@ -465,6 +510,9 @@ def _finding(
         evidence.append(_evidence_from_event(terminating_event))
     for victim in victim_rows:
         evidence.extend(_victim_evidence(ctx, victim))
+    for accepted in _accepted_during_cascade(ctx, terminating_event):
+        evidence.append(_evidence_from_event(accepted))
+        notes.append(_never_ran(ctx, accepted, terminating_event))
     final = ctx.run_event("run_status", old_status="terminating")
     if final:
         evidence.append(_evidence_from_event(final))
@@ -798,6 +846,21 @@ def _undecided_where_disputed(
     return decided, [f for f in findings if (f.server, f.run_id) not in disputed]
 
 
+def _next_runs(runs: pl.DataFrame) -> pl.DataFrame:
+    """Per run, the next run of the same name in its project (`dstack apply` after a run
+    failed submits a new run: services/runs/__init__.py, apply_plan)."""
+    name = ["server", "project", "run_name"]
+    return (
+        runs.select(*name, "run_id", "submitted_at")
+        .sort([*name, "submitted_at"], nulls_last=True)
+        .with_columns(
+            pl.col("run_id").shift(-1).over(name).alias("next_run_id"),
+            pl.col("submitted_at").shift(-1).over(name).alias("next_submitted_at"),
+        )
+        .select("server", "run_id", "next_run_id", "next_submitted_at")
+    )
+
+
 def _detect(
     runs: pl.DataFrame, subs: pl.DataFrame, events: pl.DataFrame, ends: dict[str, datetime]
 ) -> tuple[list[RunVerdict], list[Finding]]:
@@ -819,6 +882,7 @@ def _detect(
     candidate_runs = (
         judged.filter(pl.col("_why").is_null())
         .drop("_why")
+        .join(_next_runs(runs), on=["server", "run_id"], how="left", maintain_order="left")
         .sort(["server", "project", "run_name", "run_id"], nulls_last=True)
     )
     if candidate_runs.is_empty():
