@@ -5,6 +5,8 @@ real rows of a capture read from its database and from its log."""
 from __future__ import annotations
 
 import ast
+import shutil
+import sqlite3
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -524,3 +526,28 @@ def test_a_fix_accepted_during_the_cascade_is_reported_as_never_run(source):
     # the root cause stays the update the failing replica ran
     assert finding.changed_fields == "configuration.commands"
     assert finding.update_deployment_num == 1
+
+
+def test_the_end_of_the_evidence_counts_every_event_a_deleted_projects_too(tmp_path):
+    # a "Project deleted" event 30 s after every row of the tables: the server was at work then,
+    # so an outage not recovered by then lasted at least until it (its target is no run or job)
+    db = tmp_path / "server.db"
+    shutil.copyfile(MID_CASCADE / "server.db", db)
+    before = open_sources([db]).end_of_evidence
+    with sqlite3.connect(db) as connection:
+        query = "SELECT id FROM projects WHERE name = 'hanso'"
+        (project_id,) = connection.execute(query).fetchone()
+        later = (before + timedelta(seconds=30)).strftime("%Y-%m-%d %H:%M:%S.%f")
+        connection.execute(
+            "INSERT INTO events VALUES ('e0e0e0e0e0e0e0e0e0e0e0e0e0e0e0e0', 'Project deleted', ?, "
+            "NULL)",
+            (later,),
+        )
+        connection.execute(
+            "INSERT INTO event_targets VALUES ('f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0', "
+            "'e0e0e0e0e0e0e0e0e0e0e0e0e0e0e0e0', ?, 'PROJECT', ?, 'hanso', NULL, NULL, NULL)",
+            (project_id, project_id),
+        )
+    after = open_sources([db])
+    assert after.end_of_evidence == before + timedelta(seconds=30)
+    assert after.events.filter(pl.col("message") == "Project deleted").is_empty()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Protocol
 
 import polars as pl
@@ -16,7 +17,14 @@ import polars as pl
 import analyzer.catalogue as catalogue
 from analyzer.dstack import ROLLING_JOB_SPEC_PATHS, spec_fingerprint
 from analyzer.errors import AuditInputError
-from analyzer.model import id_from_hex, id_hex, normalise_enum, normalise_id, parse_db_time
+from analyzer.model import (
+    UTC_TIME,
+    id_from_hex,
+    id_hex,
+    normalise_enum,
+    normalise_id,
+    parse_db_time,
+)
 from analyzer.redact import Redactor, json_secret_values
 from analyzer.sources import cells
 from analyzer.sources.attach import attach_job_runs
@@ -401,7 +409,7 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
 
     data.jobs = _jobs(reader, ledger, raw_jobs, fleet_tables, server, runs)
     del raw_jobs
-    data.events = _events(reader, ledger, server, label, data.jobs, runs, users)
+    data.events, events_latest = _events(reader, ledger, server, label, data.jobs, runs, users)
 
     missing_columns = [
         f"{table}.{column}"
@@ -437,7 +445,7 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
     ledger.record(data)
     data.server_version = version
     data.events_table_of = {server} if "events" in present else set()
-    latest = _latest_alive(data, fleet_tables.alive)
+    latest = _latest_alive(data, fleet_tables.alive, events_latest)
     if latest is not None:
         data.latest_time = {server: latest}
     return data
@@ -701,12 +709,16 @@ def _alive_in(reader: TableReader, raw: dict[str, pl.DataFrame | None]) -> pl.Da
     return pl.concat(frames, how="vertical_relaxed").select(pl.max("t")) if frames else None
 
 
-def _latest_alive(data: SourceData, fleet_tables_alive: pl.DataFrame | None):
+def _latest_alive(
+    data: SourceData, fleet_tables_alive: pl.DataFrame | None, events_latest: datetime | None
+):
     """The latest moment any table shows the server at work: a lower bound of when the copy
-    was taken (runs, jobs and events as mapped; instances and fleets from their raw rows)."""
+    was taken (runs and jobs as mapped; every event, whatever its target, a project deleted
+    after the incident too; instances and fleets from their raw rows)."""
     frames = [
         data.runs.select(pl.max_horizontal("submitted_at", "last_processed_at").alias("t")),
         data.jobs.select(pl.max_horizontal("submitted_at", "last_processed_at").alias("t")),
+        pl.DataFrame({"t": [events_latest]}, schema={"t": UTC_TIME}),
     ]
     if data.events.height:
         frames.append(data.events.select(pl.col("time").alias("t")))
@@ -890,11 +902,13 @@ def _events(
     jobs: pl.DataFrame,
     runs: pl.DataFrame,
     users: pl.DataFrame,
-) -> pl.DataFrame:
+) -> tuple[pl.DataFrame, datetime | None]:
+    """The events of runs and jobs, and the latest moment any event of the table speaks of
+    (a project's, a fleet's or a user's too: the server was at work then)."""
     events = _read(reader, "events", ledger)
     targets = _read(reader, "event_targets", ledger)
     if events is None or targets is None:
-        return pl.DataFrame()
+        return pl.DataFrame(), None
     ev = _per_distinct(
         events.lazy(), ["actor_user_id"], normalise_id(pl.col("actor_user_id")).alias("actor_id")
     ).select(
@@ -918,10 +932,13 @@ def _events(
         "entity_name",
         "entity_run_id",
     )
-    joined = (
-        ev.join(tg, on="event_uuid")
-        .join(users.lazy(), left_on="actor_id", right_on="id", how="left", maintain_order="left")
-        .collect()
+    joined, latest = pl.collect_all(
+        [
+            ev.join(tg, on="event_uuid").join(
+                users.lazy(), left_on="actor_id", right_on="id", how="left", maintain_order="left"
+            ),
+            ev.select(pl.col("time").max()),
+        ]
     )
     # an event has a row per target: ties broken by the target, so the order (and `seq`)
     # is the content's, not whatever order the join produced
@@ -944,7 +961,7 @@ def _events(
         pl.int_range(pl.len(), dtype=pl.Int64).alias("seq"),
     )
     parsed = catalogue.parse_event_messages_of(frame)
-    return attach_job_runs(parsed, jobs=jobs, runs=runs)
+    return attach_job_runs(parsed, jobs=jobs, runs=runs), latest.item()
 
 
 def _with_ids(frame: pl.LazyFrame, columns: dict[str, str]) -> pl.LazyFrame:
