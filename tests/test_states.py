@@ -20,7 +20,7 @@ from analyzer.pipeline.evidence import Evidence
 from analyzer.pipeline.impact import serving_capacity
 from analyzer.pipeline.states import at, basis_of, final, job_states, serving_at
 from analyzer.pipeline.timeline import submissions
-from tests.conftest import DATA
+from tests.conftest import CAPTURES, DATA
 
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
 END = T0 + timedelta(hours=1)
@@ -551,3 +551,33 @@ def test_the_end_of_the_evidence_counts_every_event_a_deleted_projects_too(tmp_p
     after = open_sources([db])
     assert after.end_of_evidence == before + timedelta(seconds=30)
     assert after.events.filter(pl.col("message") == "Project deleted").is_empty()
+
+
+def test_an_earlier_failure_whose_row_dstack_deleted_is_read_from_its_events(tmp_path):
+    # retry-on-error (dstack 0.22.5): the new replica crashed, was re-submitted and failed again;
+    # dstack deletes superseded submissions' rows and keeps their events
+    # (delete_superseded_no_capacity_job_submissions): the first failure is still the root cause
+    db = tmp_path / "server.db"
+    shutil.copyfile(CAPTURES / "v0.22.5" / "retry-on-error" / "server.db", db)
+    (kept,) = open_sources([db]).report.findings[0].culprits
+    (first,) = kept.earlier_failures
+    with sqlite3.connect(db) as connection:
+        for table, column in (("probes", "job_id"), ("jobs", "id")):
+            connection.execute(
+                f"DELETE FROM {table} WHERE {column} IN (SELECT id FROM jobs WHERE "
+                "job_name = 'inference-0-1' AND submission_num = 0)"
+            )
+    report = open_sources([db]).report
+    (finding,) = report.findings
+    (culprit,) = finding.culprits
+    (earlier,) = culprit.earlier_failures
+    assert (earlier.job_id, earlier.termination_reason, earlier.failed_at) == (
+        first.job_id,
+        "container_exited_with_error",
+        first.failed_at,
+    )
+    assert earlier.submission_num is None and earlier.exit_status is None  # not in its events
+    assert finding.root_cause.failure_class == report.findings[0].root_cause.failure_class
+    # the ECS circuit breaker trips at the first failed launch of the new deployment
+    (ecs,) = [c for c in finding.counterfactuals if c.model == "ecs-circuit-breaker-rollback"]
+    assert ecs.declared_failed_at == first.failed_at

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any
 
@@ -35,16 +35,16 @@ from analyzer.dstack import (
     IN_PLACE_CHANGES,
     RUN_FAILURE_REASONS,
     USER_STOP_JOB_REASONS,
-)
-from analyzer.pipeline.moments import run_failures
-from analyzer.pipeline.rules import (
-    CATEGORY_ORDER,
-    RULES_BY_ID,
     cascade_stop,
-    judge_jobs,
     own_failure,
-    reason,
 )
+from analyzer.pipeline.moments import (
+    deleted_failures,
+    next_runs,
+    run_failures,
+    stopped_during_cascade,
+)
+from analyzer.pipeline.rules import CATEGORY_ORDER, RULES_BY_ID, judge_jobs, reason
 from analyzer.pipeline.states import (
     dated_after,
     healthy_at,
@@ -151,6 +151,8 @@ class _Context:
     jobs: list[Row]
     events: list[Row]
     dateless: bool  # only times of day are known (a rich log alone): report no datetimes
+    # own failures of submissions whose rows dstack deleted, from their events (moments)
+    deleted: list[Row] = field(default_factory=list)
 
     @cached_property
     def events_by_job(self) -> dict[str, list[Row]]:
@@ -467,7 +469,12 @@ def _finding(
             "the kill; jobs.ready and the probes' streaks in a database decide",
         )
     if run["stopped_during_cascade"]:
-        code, message = _stopped_during_cascade(ctx, victim_rows)
+        code, message = stopped_during_cascade(
+            run,
+            victim_rows,
+            ctx.run_event("run_status", old_status="terminating"),
+            lambda moment: _at(ctx, moment),
+        )
         if run["failure_basis"] == "run_event":
             limitations.append(
                 LimitationRecord(code=code, message=message, source=run["provenance"])
@@ -617,91 +624,33 @@ def _earlier_failures(ctx: _Context, culprit: Row) -> list[Row]:
     in `retry.on_events` (services/runs/replicas.py; reference 6.7), so the first failure is
     the root cause and the last the trigger; a slot refilled by a later deployment is another
     story (its deployment differs)."""
+    rows = [
+        j
+        for j in ctx.jobs
+        if j["job_id"] != culprit["job_id"]
+        and j["own_failure"]
+        and (j["replica_num"], j["job_num"]) == (culprit["replica_num"], culprit["job_num"])
+        and j["deployment_num"] == culprit["deployment_num"]
+        and (j["submission_num"] or 0) < (culprit["submission_num"] or 0)
+    ]
+    created = culprit["created_at"]
+    updates = [e["time"] for e in ctx.events if e["kind"] == "run_updated" and e["time"]]
+    deleted = [
+        {**d, "deployment_num": culprit["deployment_num"]}
+        for d in ctx.deleted
+        if d["job_name"] == culprit["job_name"]
+        and created is not None
+        and d["created_at"] is not None
+        and d["created_at"] < created
+        # the same deployment: no update came between its creation and the culprit's
+        and not any(d["created_at"] < u <= created for u in updates)
+    ]
     return sorted(
-        (
-            j
-            for j in ctx.jobs
-            if j["job_id"] != culprit["job_id"]
-            and j["own_failure"]
-            and (j["replica_num"], j["job_num"]) == (culprit["replica_num"], culprit["job_num"])
-            and j["deployment_num"] == culprit["deployment_num"]
-            and (j["submission_num"] or 0) < (culprit["submission_num"] or 0)
+        [*rows, *deleted],
+        key=lambda j: (
+            j["created_at"] is None,
+            j["created_at"] or datetime.min.replace(tzinfo=UTC),
         ),
-        key=lambda j: j["submission_num"] or 0,
-    )
-
-
-def _stopped_during_cascade(ctx: _Context, victims: list[Row]) -> tuple[str, str]:
-    """The limitation that says a user stopped the run after its failure: what dstack wrote
-    over the failure, and when the stop came as far as the evidence dates it."""
-    run = ctx.run
-    final = (run["stop_reason"] or "").upper() or (
-        "status TERMINATED, which dstack gives a run only for a user's stop or abort "
-        "(RunTerminationReason.to_status)"
-    )
-    by_user = [v for v in victims if v["termination_reason"] in USER_STOP_JOB_REASONS]
-    by_server = [v for v in victims if v["termination_reason"] not in USER_STOP_JOB_REASONS]
-    finished = ctx.run_event("run_status", old_status="terminating")
-    basis = run["failure_basis"]
-    if basis == "culprit_before_stop":
-        actor = (run["stop_actor"] or "an unknown actor").removeprefix("user ")
-        failed = (
-            f"a replica had already failed by itself at {_at(ctx, run['failed_at'])} when "
-            f"{actor} stopped the run at {_at(ctx, run['stop_at'])} (the stop's event), before "
-            "dstack's run pass failed it (pipeline_tasks/runs/active.py): whether the run would "
-            "have failed depends on the replica's retry policy"
-        )
-    elif basis == "cascade_label":
-        failed = (
-            f"no event dates the run's failure, but its final reason {final} is a user's and "
-            + ", ".join(v["job_name"] for v in by_server)
-            + " carries the cascade's TERMINATED_BY_SERVER without a message, which dstack "
-            "gives only for a server reason (RunTerminationReason.to_job_termination_reason): "
-            "the run had failed before the user's stop, with a reason the evidence does not name"
-        )
-    else:
-        lower = max(
-            [run["failed_at"], *(v["terminating_at"] for v in by_server if v["terminating_at"])]
-        )
-        upper = min(
-            [
-                t
-                for t in (
-                    *(v["terminating_at"] for v in by_user),
-                    finished["time"] if finished else None,
-                )
-                if t is not None
-            ],
-            default=None,
-        )
-        window = f"at or after {_at(ctx, lower)}" + (
-            f" and before {_at(ctx, upper)}" if upper else ""
-        )
-        failed = (
-            f"the run went TERMINATING with {run['failure_reason'].upper()} at "
-            f"{_at(ctx, run['failed_at'])} (its status-change event) and ends with {final}: "
-            "dstack's stop_runs() (services/runs/__init__.py) writes the user's reason over "
-            "the failure and emits no event when the run is already TERMINATING "
-            f"(switch_run_status), so the stop's time is known only as {window} and its actor "
-            "is not in the evidence"
-        )
-    labels = []
-    if by_server:
-        labels.append(
-            ", ".join(v["job_name"] for v in by_server) + " kept TERMINATED_BY_SERVER "
-            "(already TERMINATING at the stop)"
-        )
-    if by_user:
-        labels.append(
-            ", ".join(v["job_name"] for v in by_user)
-            + f" got {by_user[0]['termination_reason'].upper()} (the terminating pass reached "
-            "it after the stop)"
-        )
-    return "run_stopped_during_cascade", (
-        f"run {run['run_name']}: the user stopped the run during the cascade: {failed}; "
-        + "; ".join(labels)
-        + " (pipeline_tasks/runs/terminating.py, process_terminating_run): the failure had "
-        "already doomed them, so they are its victims whichever label the stop gave them"
     )
 
 
@@ -846,21 +795,6 @@ def _undecided_where_disputed(
     return decided, [f for f in findings if (f.server, f.run_id) not in disputed]
 
 
-def _next_runs(runs: pl.DataFrame) -> pl.DataFrame:
-    """Per run, the next run of the same name in its project (`dstack apply` after a run
-    failed submits a new run: services/runs/__init__.py, apply_plan)."""
-    name = ["server", "project", "run_name"]
-    return (
-        runs.select(*name, "run_id", "submitted_at")
-        .sort([*name, "submitted_at"], nulls_last=True)
-        .with_columns(
-            pl.col("run_id").shift(-1).over(name).alias("next_run_id"),
-            pl.col("submitted_at").shift(-1).over(name).alias("next_submitted_at"),
-        )
-        .select("server", "run_id", "next_run_id", "next_submitted_at")
-    )
-
-
 def _detect(
     runs: pl.DataFrame, subs: pl.DataFrame, events: pl.DataFrame, ends: dict[str, datetime]
 ) -> tuple[list[RunVerdict], list[Finding]]:
@@ -882,7 +816,7 @@ def _detect(
     candidate_runs = (
         judged.filter(pl.col("_why").is_null())
         .drop("_why")
-        .join(_next_runs(runs), on=["server", "run_id"], how="left", maintain_order="left")
+        .join(next_runs(runs), on=["server", "run_id"], how="left", maintain_order="left")
         .sort(["server", "project", "run_name", "run_id"], nulls_last=True)
     )
     if candidate_runs.is_empty():
@@ -958,10 +892,19 @@ def _detect(
         .rows_by_key(["server", "run_id"], named=True)
     )
 
+    deleted_by_run = deleted_failures(events.join(keys, on=["server", "run_id"]), subs).rows_by_key(
+        ["server", "run_id"], named=True
+    )
     for run in candidates:
         key = (run["server"], run["run_id"])
         judgement = _judge_candidate(
-            _Context(run, jobs_by_run.get(key, []), events_by_run.get(key, []), key in dateless)
+            _Context(
+                run,
+                jobs_by_run.get(key, []),
+                events_by_run.get(key, []),
+                key in dateless,
+                deleted_by_run.get(key, []),
+            )
         )
         verdicts.append(_verdict(run, judgement.verdict, judgement.why))
         findings.extend(judgement.findings)

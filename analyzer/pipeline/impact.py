@@ -353,9 +353,19 @@ def _facts(
         update_at=found.update_times.get(i),
         older_running=i in found.older_running,
         in_place=i in found.in_place,
+        # the culprits first, then the earlier failures of their slots (re-submitted by the
+        # retry policy; dstack may have deleted their rows and kept their events): each is a
+        # failed launch of its deployment
         culprits=[
-            FailedReplica(c.deployment_num, c.failed_at, c.termination_reason, c.exit_status)
-            for c in finding.culprits
+            *(
+                FailedReplica(c.deployment_num, c.failed_at, c.termination_reason, c.exit_status)
+                for c in finding.culprits
+            ),
+            *(
+                FailedReplica(c.deployment_num, e.failed_at, e.termination_reason, e.exit_status)
+                for c in finding.culprits
+                for e in c.earlier_failures
+            ),
         ],
         new_available=found.new_available.get(i, []),
         victims=len(finding.victims),

@@ -1,12 +1,23 @@
-"""A run's failure: the moment its cascade began, whatever a later user stop wrote over it.
-The detector judges each job at that moment (what held then: pipeline/states.py).
+"""A run's failure: the moment its cascade began, whatever a later user stop wrote over it
+(and what that stop wrote), the own failures of submissions whose rows dstack deleted, and
+the run applied after it. The detector judges each job at that moment (what held then:
+pipeline/states.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
 import polars as pl
 
-from analyzer.dstack import RUN_FAILURE_REASONS, USER_STOP_RUN_REASONS
+from analyzer.dstack import (
+    RUN_FAILURE_REASONS,
+    USER_STOP_JOB_REASONS,
+    USER_STOP_RUN_REASONS,
+    own_failure,
+)
 from analyzer.model import UTC_TIME
 
 # The bases on which a user's stop may have come after the failure, during the cascade.
@@ -112,4 +123,146 @@ def run_failures(runs: pl.DataFrame, subs: pl.DataFrame, events: pl.DataFrame) -
         pl.when(stopped & final.is_in(USER_STOP_RUN_REASONS)).then(final).alias("stop_reason"),
         pl.when(user_first).then(pl.col("_first_at")).cast(UTC_TIME).alias("stop_at"),
         pl.when(user_first).then(pl.col("_first_actor")).alias("stop_actor"),
+    )
+
+
+def next_runs(runs: pl.DataFrame) -> pl.DataFrame:
+    """Per run, the next run of the same name in its project (`dstack apply` after a run
+    failed submits a new run: services/runs/__init__.py, apply_plan)."""
+    name = ["server", "project", "run_name"]
+    return (
+        runs.select(*name, "run_id", "submitted_at")
+        .sort([*name, "submitted_at"], nulls_last=True)
+        .with_columns(
+            pl.col("run_id").shift(-1).over(name).alias("next_run_id"),
+            pl.col("submitted_at").shift(-1).over(name).alias("next_submitted_at"),
+        )
+        .select("server", "run_id", "next_run_id", "next_submitted_at")
+    )
+
+
+def deleted_failures(events: pl.DataFrame, subs: pl.DataFrame) -> pl.DataFrame:
+    """The own failures of submissions whose rows dstack deleted but whose events it kept (it
+    deletes superseded no-capacity submissions: background/scheduled_tasks,
+    delete_superseded_no_capacity_job_submissions, 0.20.29+): one row each, named and timed by
+    its events, judged by the reason its TERMINATING event carries (`own_failure`)."""
+    kind, new = pl.col("kind"), pl.col("new_status")
+    terminating = (kind == "job_status") & (new == "terminating")
+    orphans = events.filter(
+        (pl.col("entity_type") == "job") & kind.is_in(["job_created", "job_status"])
+    ).join(
+        subs.select("server", pl.col("job_id").alias("entity_id")),
+        on=["server", "entity_id"],
+        how="anti",
+    )
+    return (
+        orphans.group_by(["server", "run_id", "entity_id"])
+        .agg(
+            pl.col("entity_name").drop_nulls().first().alias("job_name"),
+            pl.col("time").filter(kind == "job_created").min().alias("created_at"),
+            pl.col("time").filter(terminating).min().alias("terminating_at"),
+            pl.col("termination_reason").filter(terminating).first(),
+            pl.col("termination_message")
+            .filter(terminating)
+            .first()
+            .alias("termination_reason_message"),
+            pl.col("provenance").first().list.first().alias("provenance"),
+        )
+        .filter(pl.col("terminating_at").is_not_null())
+        .with_columns(pl.lit("failed").alias("status"))
+        .filter(own_failure())
+        .select(
+            "server",
+            "run_id",
+            pl.col("entity_id").alias("job_id"),
+            "job_name",
+            "created_at",
+            "terminating_at",
+            "termination_reason",
+            "termination_reason_message",
+            "provenance",
+            pl.lit(None, pl.Int64).alias("submission_num"),
+            pl.lit(None, pl.Int64).alias("exit_status"),
+            pl.lit(None, pl.String).alias("event_reason"),
+            pl.lit(None, pl.String).alias("event_message"),
+            pl.lit(None, UTC_TIME).alias("finished_at"),
+            pl.lit(None, UTC_TIME).alias("last_processed_at"),
+        )
+        .sort("created_at")
+    )
+
+
+def stopped_during_cascade(
+    run: dict[str, Any],
+    victims: list[dict[str, Any]],
+    finished: dict[str, Any] | None,
+    at: Callable[[datetime | None], str],
+) -> tuple[str, str]:
+    """The limitation that says a user stopped the run after its failure: what dstack wrote
+    over the failure, and when the stop came as far as the evidence dates it (`finished`: the
+    run's TERMINATING -> finished event; `at` words a moment)."""
+    final = (run["stop_reason"] or "").upper() or (
+        "status TERMINATED, which dstack gives a run only for a user's stop or abort "
+        "(RunTerminationReason.to_status)"
+    )
+    by_user = [v for v in victims if v["termination_reason"] in USER_STOP_JOB_REASONS]
+    by_server = [v for v in victims if v["termination_reason"] not in USER_STOP_JOB_REASONS]
+    basis = run["failure_basis"]
+    if basis == "culprit_before_stop":
+        actor = (run["stop_actor"] or "an unknown actor").removeprefix("user ")
+        failed = (
+            f"a replica had already failed by itself at {at(run['failed_at'])} when "
+            f"{actor} stopped the run at {at(run['stop_at'])} (the stop's event), before "
+            "dstack's run pass failed it (pipeline_tasks/runs/active.py): whether the run would "
+            "have failed depends on the replica's retry policy"
+        )
+    elif basis == "cascade_label":
+        failed = (
+            f"no event dates the run's failure, but its final reason {final} is a user's and "
+            + ", ".join(v["job_name"] for v in by_server)
+            + " carries the cascade's TERMINATED_BY_SERVER without a message, which dstack "
+            "gives only for a server reason (RunTerminationReason.to_job_termination_reason): "
+            "the run had failed before the user's stop, with a reason the evidence does not name"
+        )
+    else:
+        lower = max(
+            [run["failed_at"], *(v["terminating_at"] for v in by_server if v["terminating_at"])]
+        )
+        upper = min(
+            [
+                t
+                for t in (
+                    *(v["terminating_at"] for v in by_user),
+                    finished["time"] if finished else None,
+                )
+                if t is not None
+            ],
+            default=None,
+        )
+        window = f"at or after {at(lower)}" + (f" and before {at(upper)}" if upper else "")
+        failed = (
+            f"the run went TERMINATING with {run['failure_reason'].upper()} at "
+            f"{at(run['failed_at'])} (its status-change event) and ends with {final}: "
+            "dstack's stop_runs() (services/runs/__init__.py) writes the user's reason over "
+            "the failure and emits no event when the run is already TERMINATING "
+            f"(switch_run_status), so the stop's time is known only as {window} and its actor "
+            "is not in the evidence"
+        )
+    labels = []
+    if by_server:
+        labels.append(
+            ", ".join(v["job_name"] for v in by_server) + " kept TERMINATED_BY_SERVER "
+            "(already TERMINATING at the stop)"
+        )
+    if by_user:
+        labels.append(
+            ", ".join(v["job_name"] for v in by_user)
+            + f" got {by_user[0]['termination_reason'].upper()} (the terminating pass reached "
+            "it after the stop)"
+        )
+    return "run_stopped_during_cascade", (
+        f"run {run['run_name']}: the user stopped the run during the cascade: {failed}; "
+        + "; ".join(labels)
+        + " (pipeline_tasks/runs/terminating.py, process_terminating_run): the failure had "
+        "already doomed them, so they are its victims whichever label the stop gave them"
     )

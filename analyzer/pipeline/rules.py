@@ -17,53 +17,13 @@ from typing import Any, Literal
 
 import polars as pl
 
-from analyzer.dstack import (
-    ENDED_JOB_STATUSES,
-    NORMAL_JOB_REASONS,
-    RETRY_STOP_MESSAGES,
-    SERVER_STOP_JOB_REASONS,
-    USER_STOP_JOB_REASONS,
-)
+from analyzer.dstack import ENDED_JOB_STATUSES, USER_STOP_JOB_REASONS
 from analyzer.pipeline.moments import OWN_FAILURE_AT
 from analyzer.pipeline.timeline import UNHEALTHY_PROOFS
 from analyzer.vocabulary import Category
 
 Row = dict[str, Any]
 Outcome = Literal["ignored", "not_victim", "undecided", "victim"]
-
-
-def own_failure() -> pl.Expr:
-    """A job that failed by itself (reference 5.4 fail class, or a server stop with a message
-    that is not a retry step); cascade kills (TERMINATED_BY_SERVER, no message) are not.
-
-    dstack's run pass counts every latest submission that is neither DONE nor SCALED_DOWN as a
-    failure of its replica (reference 6.7; background/pipeline_tasks/runs/active.py,
-    `_analyze_active_run_replica`); the retry steps of services/runs/replicas.py stop siblings
-    with "Replica is to be retried" / "Run is to be resubmitted", which are no failures."""
-    reason = pl.col("termination_reason")
-    message = pl.col("termination_reason_message")
-    retry_step = pl.any_horizontal([message.str.starts_with(m) for m in RETRY_STOP_MESSAGES])
-    return (
-        pl.when(reason.is_in(NORMAL_JOB_REASONS))
-        .then(False)
-        .when(reason.is_in(SERVER_STOP_JOB_REASONS))
-        .then(message.is_not_null() & ~retry_step)
-        .when(reason.is_not_null())
-        .then(True)
-        .otherwise((pl.col("status") == "failed").fill_null(False))
-    )
-
-
-def cascade_stop() -> pl.Expr:
-    """Stopped by the run's termination cascade: dstack's terminating-run pass gives every job
-    neither finished nor TERMINATING the reason `RunTerminationReason.to_job_termination_reason()`
-    (JOB_FAILED, RETRY_LIMIT_EXCEEDED -> TERMINATED_BY_SERVER) and leaves the message NULL
-    (reference 6.8; core/models/runs.py, pipeline_tasks/runs/terminating.py)."""
-    return (
-        (pl.col("termination_reason") == "terminated_by_server")
-        & pl.col("termination_reason_message").is_null()
-        & pl.col("status").is_in(["terminated", "terminating"])
-    ).fill_null(False)
 
 
 def _slot() -> list[str]:
