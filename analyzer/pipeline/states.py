@@ -25,7 +25,7 @@ from typing import Literal, get_args
 
 import polars as pl
 
-from analyzer.dstack import FINISHED_JOB_STATUSES
+from analyzer.dstack import FINISHED_JOB_STATUSES, FINISHED_RUN_STATUSES
 from analyzer.model import UTC_TIME
 from analyzer.pipeline.placement import spans_at
 from analyzer.vocabulary import HEALTH_PROOFS as HEALTH_PROOF_NAMES
@@ -494,6 +494,24 @@ def alive_at(moment: pl.Expr | None = None) -> pl.Expr:
     (TERMINATING or finished)."""
     moment = pl.col("as_of") if moment is None else moment
     return (pl.col("created_at") <= moment) & ~stopped_by(moment)
+
+
+def running_services(
+    runs: pl.DataFrame, submissions: pl.DataFrame, as_of: datetime
+) -> pl.DataFrame:
+    """(server, run_id, as_of) of every service running at `as_of`: submitted, not finished,
+    with at least one job alive then."""
+    ended = pl.col("status").is_in(FINISHED_RUN_STATUSES) & (pl.col("last_processed_at") <= as_of)
+    alive = (
+        submissions.with_columns(pl.lit(as_of).cast(pl.Datetime("us", "UTC")).alias("as_of"))
+        .filter(alive_at())
+        .select("server", "run_id")
+    )
+    return (
+        runs.filter((pl.col("run_type") == "service") & (pl.col("submitted_at") <= as_of) & ~ended)
+        .join(alive.unique(), on=["server", "run_id"], how="semi")
+        .select("server", "run_id", pl.lit(as_of).cast(pl.Datetime("us", "UTC")).alias("as_of"))
+    )
 
 
 def stopped_by(moment: pl.Expr) -> pl.Expr:

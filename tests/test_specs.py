@@ -1,0 +1,74 @@
+"""Spec history (pipeline/specs.py): what the evidence proves of a run's and a fleet's spec at
+T, on the seed capture's real rows (dstack 0.22.5): a 0..1 fleet whose one instance served
+web-0-0, where web-0-1's placement was refused "Fleet is at capacity" (TERMINATING at 09:09:01)
+after `commands` was updated at 09:08:50."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from datetime import UTC, datetime
+
+import pytest
+
+from analyzer import open_sources
+from analyzer.pipeline.exposure import exposure_report
+from tests.conftest import CAPTURES
+
+SEED = CAPTURES / "v0.22.5" / "seed" / "server.db"
+BEFORE_UPDATE = datetime(2026, 11, 2, 9, 8, 50, tzinfo=UTC)
+
+
+@pytest.fixture
+def seed(tmp_path):
+    db = tmp_path / "server.db"
+    shutil.copyfile(SEED, db)
+    return db
+
+
+def _service(db, as_of):
+    (service,) = exposure_report(open_sources([db]), as_of).services
+    return service
+
+
+def _sql(db, statement: str) -> None:
+    with sqlite3.connect(db) as connection:
+        connection.execute(statement)
+
+
+def test_the_capture_as_recorded_has_no_room_before_the_update(seed):
+    service = _service(seed, BEFORE_UPDATE)
+    assert service.surge_capacity == "none"
+    assert service.fleets[0].nodes == "0..1"
+
+
+def test_a_fleet_edited_after_the_refusal_is_unknown_at_t_never_the_final_spec(seed):
+    # the fleet edited to 0..2 after the incident: dstack records no event for it, but the
+    # refusal at 09:09:01 with 1 active instance contradicts a final spec with room for 2
+    _sql(seed, "UPDATE fleets SET spec = replace(spec, '\"max\":1', '\"max\":2')")
+    service = _service(seed, BEFORE_UPDATE)
+    assert service.surge_capacity == "unknown"
+    (fleet,) = service.fleets
+    assert fleet.nodes.startswith("unknown at T: dstack refused a placement 'Fleet is at capacity'")
+    assert "2026-11-02 09:09:01 with 1 active instance(s)" in fleet.nodes
+    assert not fleet.can_add_node
+    # after the last contradicting refusal the final spec is not contradicted
+    later = _service(seed, datetime(2026, 11, 2, 9, 9, 2, tzinfo=UTC))
+    assert later.fleets[0].nodes == "0..2"
+
+
+def test_a_run_spec_changed_after_t_is_not_read_back_into_t(seed):
+    # an update that changed resources and replicas after T: the final spec's are not T's
+    _sql(
+        seed,
+        "UPDATE events SET message = replace(message, 'configuration.commands', "
+        "'configuration.replicas, configuration.resources') WHERE message LIKE 'Run updated%'",
+    )
+    service = _service(seed, BEFORE_UPDATE)
+    assert service.surge_capacity == "unknown"
+    assert service.desired_replicas is None
+    assert any(
+        "'Run updated' changed replicas, resources after T" in reason for reason in service.reasons
+    )
+    # after the update no update came later: the final spec speaks
+    assert _service(seed, datetime(2026, 11, 2, 9, 8, 55, tzinfo=UTC)).desired_replicas == 1
