@@ -9,10 +9,12 @@ import shutil
 import sqlite3
 from datetime import UTC, datetime
 
+import polars as pl
 import pytest
 
 from analyzer import open_sources
 from analyzer.pipeline.exposure import exposure_report
+from analyzer.pipeline.placement import holders_at
 from tests.conftest import CAPTURES
 
 SEED = CAPTURES / "v0.22.5" / "seed" / "server.db"
@@ -72,3 +74,44 @@ def test_a_run_spec_changed_after_t_is_not_read_back_into_t(seed):
     )
     # after the update no update came later: the final spec speaks
     assert _service(seed, datetime(2026, 11, 2, 9, 8, 55, tzinfo=UTC)).desired_replicas == 1
+
+
+def test_the_finding_names_who_held_the_room_at_the_failure():
+    # the seed: web-0-1 refused 'Fleet is at capacity' at 09:09:01; the 0..1 fleet's one
+    # instance was held by web-0-0, the run's own old replica, until the cascade stopped it
+    (finding,) = open_sources([SEED]).report.findings
+    (held,) = [r for r in finding.capacity_foresight.reasons if r.startswith("at the failure")]
+    assert held == (
+        "at the failure (2026-11-02 09:09:01) fleet cpu-fleet was at capacity: this run's "
+        "web-0-0 (deployment 0) held instance cpu-fleet-0 since 2026-11-02 09:00:41, until "
+        "2026-11-02 09:09:20 (health: healthy, ready_flag)"
+    )
+
+
+def test_holders_are_the_jobs_on_the_fleet_not_stopped_at_the_failure():
+    at = datetime(2026, 11, 2, 9, 9, 1, tzinfo=UTC)
+    subs = pl.DataFrame(
+        {
+            "server": ["s"] * 3,
+            "fleet_name": ["f", "f", "other"],
+            "run_id": ["neighbour", "gone", "elsewhere"],
+            "job_id": ["a", "b", "c"],
+            "job_name": ["chat-0-0", "old-0-0", "x-0-0"],
+            "deployment_num": [1, 0, 0],
+            "instance_id": ["i1", "i1", "i2"],
+            "instance_name": ["f-0", "f-0", "o-0"],
+            "created_at": [datetime(2026, 11, 2, 9, 4, 31, tzinfo=UTC)] * 3,
+            "stopped_at": [None, datetime(2026, 11, 2, 9, 5, tzinfo=UTC), None],
+            "health": ["unknown", "healthy", "healthy"],
+            "health_proof": [None, "ready_flag", "ready_flag"],
+        }
+    )
+    runs = pl.DataFrame({"server": ["s"] * 3, "run_id": ["neighbour", "gone", "elsewhere"]})
+    runs = runs.with_columns(pl.col("run_id").alias("run_name"))
+    failures = pl.DataFrame(
+        {"i": [0], "server": ["s"], "fleet_name": ["f"], "as_of": [at], "own": ["web"]}
+    )
+    held = holders_at(failures, subs, runs)
+    assert held.select("run_name", "job_name", "health").rows() == [
+        ("neighbour", "chat-0-0", "unknown")
+    ]

@@ -329,3 +329,33 @@ def place_queue(
             growth[grows[0]] -= 1
             taken.append(f"{who} takes a new node of fleet {names.get(grows[0])} first")
     return taken
+
+
+def holders_at(failures: pl.DataFrame, subs: pl.DataFrame, runs: pl.DataFrame) -> pl.DataFrame:
+    """Who held the room when a placement was refused for lack of it: per failure (`i`,
+    `server`, `fleet_name`, `as_of`), every job placed on an instance of that fleet and not
+    yet stopped then (`instance_id` kept after release: jobs.used_instance_id), with its run,
+    since when it held it, until when, and its final health. dstack places a replica only on
+    idle blocks or a new instance below `nodes.max` (jobs_submitted.py); these held the rest."""
+    held = subs.filter(pl.col("instance_id").is_not_null()).select(
+        "server",
+        "fleet_name",
+        "run_id",
+        "job_id",
+        "job_name",
+        "deployment_num",
+        "instance_name",
+        "created_at",
+        "stopped_at",
+        "health",
+        "health_proof",
+    )
+    return (
+        failures.join(held, on=["server", "fleet_name"])
+        .filter(
+            (pl.col("created_at") <= pl.col("as_of"))
+            & (pl.col("stopped_at").is_null() | (pl.col("stopped_at") > pl.col("as_of")))
+        )
+        .join(runs.select("server", "run_id", "run_name"), on=["server", "run_id"], how="left")
+        .sort("i", "created_at")
+    )
