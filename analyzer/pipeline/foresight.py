@@ -103,6 +103,9 @@ def foresight(
     return updated
 
 
+HOLDERS_NAMED = 3  # per finding: the jobs that held the room, the rest counted
+
+
 def _capacity_holders(findings: list[Finding], frames: Frames) -> dict[tuple, list[str]]:
     """Per finding whose culprit was refused 'Fleet is at capacity': who held the fleet's room
     at that moment (placement.holders_at), named with its run, since when and until when, and
@@ -132,8 +135,17 @@ def _capacity_holders(findings: list[Finding], frames: Frames) -> dict[tuple, li
     )
     if failures.is_empty():
         return {}
+    held = (
+        holders_at(failures, frames.submissions, frames.runs)
+        # other runs' first (the neighbour that held the room), then the earliest placed
+        .sort("i", pl.col("run_id") == pl.col("own"), "created_at", "job_id")
+        .with_columns(
+            pl.int_range(pl.len()).over("i").alias("_rank"), pl.len().over("i").alias("_of")
+        )
+        .filter(pl.col("_rank") < HOLDERS_NAMED)
+    )
     said: dict[tuple, list[str]] = {}
-    for row in holders_at(failures, frames.submissions, frames.runs).iter_rows(named=True):
+    for row in held.iter_rows(named=True):
         whose = "this run's" if row["run_id"] == row["own"] else f"run {row['run_name']}'s"
         until = (
             f"until {row['stopped_at']:%Y-%m-%d %H:%M:%S}"
@@ -148,6 +160,11 @@ def _capacity_holders(findings: list[Finding], frames: Frames) -> dict[tuple, li
             f"{until} (health: {row['health']}"
             + (f", {row['health_proof']}" if row["health_proof"] else "")
             + ")"
+            + (
+                f"; and {row['_of'] - HOLDERS_NAMED} more job(s) on its instances"
+                if row["_rank"] == HOLDERS_NAMED - 1 and row["_of"] > HOLDERS_NAMED
+                else ""
+            )
         )
     return said
 

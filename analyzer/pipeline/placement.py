@@ -333,10 +333,11 @@ def place_queue(
 
 def holders_at(failures: pl.DataFrame, subs: pl.DataFrame, runs: pl.DataFrame) -> pl.DataFrame:
     """Who held the room when a placement was refused for lack of it: per failure (`i`,
-    `server`, `fleet_name`, `as_of`), every job placed on an instance of that fleet and not
-    yet stopped then (`instance_id` kept after release: jobs.used_instance_id), with its run,
-    since when it held it, until when, and its final health. dstack places a replica only on
-    idle blocks or a new instance below `nodes.max` (jobs_submitted.py); these held the rest."""
+    `server`, `fleet_name`, `as_of`, and any other columns), every job placed on an instance of
+    that fleet and not yet stopped then (`instance_id` kept after release:
+    jobs.used_instance_id), with its run, since when it held it, until when, and its final
+    health. dstack places a replica only on idle blocks or a new instance below `nodes.max`
+    (jobs_submitted.py); these held the rest. One inequality join (`spans_at`)."""
     held = subs.filter(pl.col("instance_id").is_not_null()).select(
         "server",
         "fleet_name",
@@ -347,15 +348,15 @@ def holders_at(failures: pl.DataFrame, subs: pl.DataFrame, runs: pl.DataFrame) -
         "instance_name",
         "created_at",
         "stopped_at",
+        pl.col("created_at").alias("_since"),
         "health",
         "health_proof",
     )
+    moments = failures.with_row_index("_moment")
+    alive = spans_at(moments, held, ("server", "fleet_name"), "_since", "stopped_at")
     return (
-        failures.join(held, on=["server", "fleet_name"])
-        .filter(
-            (pl.col("created_at") <= pl.col("as_of"))
-            & (pl.col("stopped_at").is_null() | (pl.col("stopped_at") > pl.col("as_of")))
-        )
+        moments.join(alive, on="_moment")
+        .drop("_moment", "_since")
         .join(runs.select("server", "run_id", "run_name"), on=["server", "run_id"], how="left")
         .sort("i", "created_at")
     )

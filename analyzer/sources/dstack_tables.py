@@ -932,14 +932,15 @@ def _events(
         "entity_name",
         "entity_run_id",
     )
-    joined, latest = pl.collect_all(
-        [
-            ev.join(tg, on="event_uuid").join(
-                users.lazy(), left_on="actor_id", right_on="id", how="left", maintain_order="left"
-            ),
-            ev.select(pl.col("time").max()),
-        ]
+    # the latest event of any target, taken while the times are parsed once
+    joined = (
+        ev.with_columns(pl.col("time").max().alias("_latest"))
+        .join(tg, on="event_uuid")
+        .join(users.lazy(), left_on="actor_id", right_on="id", how="left", maintain_order="left")
+        .collect()
     )
+    latest = joined["_latest"].max() if joined.height else None
+    joined = joined.drop("_latest")
     # an event has a row per target: ties broken by the target, so the order (and `seq`)
     # is the content's, not whatever order the join produced
     frame = _in_order(joined, ["time", "event_id", "entity_type", "entity_id"]).with_columns(
@@ -961,7 +962,7 @@ def _events(
         pl.int_range(pl.len(), dtype=pl.Int64).alias("seq"),
     )
     parsed = catalogue.parse_event_messages_of(frame)
-    return attach_job_runs(parsed, jobs=jobs, runs=runs), latest.item()
+    return attach_job_runs(parsed, jobs=jobs, runs=runs), latest
 
 
 def _with_ids(frame: pl.LazyFrame, columns: dict[str, str]) -> pl.LazyFrame:
