@@ -115,3 +115,65 @@ def test_holders_are_the_jobs_on_the_fleet_not_stopped_at_the_failure():
     assert held.select("run_name", "job_name", "health").rows() == [
         ("neighbour", "chat-0-0", "unknown")
     ]
+
+
+PROVIDER_REFUSAL = (
+    "Failed to provision in fleet 'cpu-fleet': tried 1 of 1 offers, all failed.\n"
+    "See https://dstack.ai/docs/guides/troubleshooting/#provisioning"
+)
+CHAT = "c4a7c4a7c4a7c4a7c4a7c4a7c4a7c4a7"
+
+
+def _room_for_two(db) -> None:
+    """The seed's fleet as 0..2; with room, dstack asks the provider, so web-0-1's refusal is
+    the provider's (consistent with the spec: no contradiction)."""
+    _sql(db, "UPDATE fleets SET spec = replace(spec, '\"max\":1', '\"max\":2')")
+    with sqlite3.connect(db) as connection:
+        connection.execute(
+            "UPDATE jobs SET termination_reason_message = ? WHERE job_name = 'web-0-1'",
+            (PROVIDER_REFUSAL,),
+        )
+
+
+def _neighbour_updated(db, at: str) -> None:
+    """A second service, chat, in the same fleet (the web run's row, renamed and RUNNING),
+    whose `dstack apply` of a commands change dstack accepted at `at`, no job created since."""
+    with sqlite3.connect(db) as connection:
+        columns = [r[1] for r in connection.execute("PRAGMA table_info(runs)")]
+        values = ", ".join(
+            {"id": "?", "run_name": "'chat'", "status": "'RUNNING'"}.get(c, c) for c in columns
+        )
+        connection.execute(
+            f"INSERT INTO runs ({', '.join(columns)}) SELECT {values} FROM runs "
+            "WHERE run_name = 'web'",
+            (CHAT,),
+        )
+        connection.execute(
+            "INSERT INTO events SELECT 'e1e1e1e1e1e1e1e1e1e1e1e1e1e1e1e1', message, ?, "
+            "actor_user_id FROM events WHERE message LIKE 'Run updated%'",
+            (at,),
+        )
+        connection.execute(
+            "INSERT INTO event_targets SELECT 'f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1f1', "
+            "'e1e1e1e1e1e1e1e1e1e1e1e1e1e1e1e1', entity_project_id, 'RUN', ?, 'chat', ?, NULL, "
+            "NULL FROM event_targets WHERE entity_type = 'RUN' LIMIT 1",
+            (CHAT, CHAT),
+        )
+
+
+def _web(db, as_of):
+    report = exposure_report(open_sources([db]), as_of)
+    (web,) = [s for s in report.services if s.run_name == "web"]
+    return web
+
+
+def test_room_promised_to_a_neighbours_accepted_update_is_no_room(seed):
+    _room_for_two(seed)
+    assert _web(seed, BEFORE_UPDATE).surge_capacity == "available"
+    # chat's update accepted 2.5 s before T: its surge replica is not created yet, and will
+    # take the fleet's one free node
+    _neighbour_updated(seed, "2026-11-02 09:08:47.500000")
+    web = _web(seed, BEFORE_UPDATE)
+    assert web.surge_capacity == "unknown"
+    (promise,) = [r for r in web.reasons if r.startswith("run chat's update")]
+    assert "deployment 1 (accepted at 2026-11-02 09:08:47) has not created its surge" in promise

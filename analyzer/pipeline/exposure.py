@@ -47,7 +47,7 @@ from analyzer.pipeline.placement import (
     queued_first,
     spans_at,
 )
-from analyzer.pipeline.specs import changed_after, nodes_contradicted
+from analyzer.pipeline.specs import changed_after, nodes_contradicted, promised_surges
 from analyzer.pipeline.states import alive_at, healthy_at, probe_state_at, running_services
 
 Exposed = Literal["yes", "no", "unknown"]
@@ -353,6 +353,11 @@ def assess_states(
     if frames.updates is not None:
         runs = runs.join(
             changed_after(frames.updates, probes), on=probe, how="left", maintain_order="left"
+        ).join(
+            promised_surges(frames.updates, frames.submissions, frames.runs, probes),
+            on=probe,
+            how="left",
+            maintain_order="left",
         )
         contradicted = nodes_contradicted(
             frames.submissions, frames.runs, frames.fleets, frames.instances
@@ -688,6 +693,9 @@ def _assess_one(row: dict, fleets: list[dict], context: _Context) -> _Assessment
             surge = "unknown"
         if {"replicas", "groups"} & set(later):
             row["desired_replica_count"] = None
+    for promise in row.get("promised") or []:
+        reasons.append(f"{promise}: it goes into the same fleet's room, maybe first")
+        surge = "unknown" if surge == "available" else surge
     past = sum(
         1
         for when in context.incidents.get((server, row.get("project"), row.get("run_name")), [])

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from analyzer.dstack import FINISHED_RUN_STATUSES, IN_PLACE_CHANGES, REPLICA_COUNT_CHANGES
 from analyzer.pipeline.placement import spans_at
 
 # Run spec fields that decide where a replica goes and how many are wanted (the run's
@@ -115,4 +116,68 @@ def nodes_contradicted(
         .rename({"as_of": "refused_at"})
         .select(list(schema))
         .cast(schema)
+    )
+
+
+def promised_surges(
+    updates: pl.DataFrame, submissions: pl.DataFrame, runs: pl.DataFrame, moments: pl.DataFrame
+) -> pl.DataFrame:
+    """Room promised but not yet taken: per moment (server, run_id, as_of), the other runs of
+    its fleet whose update dstack accepted by then, that changed a rolling field (so their
+    next run pass creates a surge replica: pipeline_tasks/runs/active.py, rolling
+    deployment), whose surge job is not created yet at T. That replica goes into the same
+    fleet's room: `promised`, one text per such run."""
+    rolling = ~pl.col("changed_fields").map_elements(
+        lambda fields: (
+            {f.strip() for f in fields.split(",")} <= IN_PLACE_CHANGES | REPLICA_COUNT_CHANGES
+        ),
+        return_dtype=pl.Boolean,
+    )
+    accepted = updates.filter(rolling.fill_null(False)).select(
+        "server", pl.col("run_id").alias("other"), pl.col("time").alias("_at"), "deployment_num"
+    )
+    fleet = runs.select("server", "run_id", "fleet_id", "run_name", "status", "last_processed_at")
+    asked = (
+        moments.select("server", "run_id", "as_of")
+        .unique()
+        .join(fleet.select("server", "run_id", "fleet_id"), on=["server", "run_id"])
+    )
+    others = fleet.rename({"run_id": "other", "fleet_id": "_fleet"})
+    created = submissions.select(
+        "server", pl.col("run_id").alias("other"), pl.col("created_at").alias("_created")
+    )
+    pending = (
+        asked.join(others, left_on=["server", "fleet_id"], right_on=["server", "_fleet"])
+        .filter(pl.col("other") != pl.col("run_id"))
+        .join(accepted, on=["server", "other"])
+        # a run finished by T creates nothing more
+        .filter(
+            (pl.col("_at") <= pl.col("as_of"))
+            & ~(
+                pl.col("status").is_in(FINISHED_RUN_STATUSES)
+                & (pl.col("last_processed_at") <= pl.col("as_of"))
+            ).fill_null(False)
+        )
+        .sort("_at")
+        .group_by("server", "run_id", "as_of", "other")
+        .agg(pl.all().last())
+    )
+    surged = (
+        pending.join(created, on=["server", "other"])
+        .filter((pl.col("_created") > pl.col("_at")) & (pl.col("_created") <= pl.col("as_of")))
+        .select("server", "run_id", "as_of", "other")
+        .unique()
+    )
+    return (
+        pending.join(surged, on=["server", "run_id", "as_of", "other"], how="anti")
+        .group_by("server", "run_id", "as_of")
+        .agg(
+            pl.format(
+                "run {}'s update to deployment {} (accepted at {}) has not created its surge "
+                "replica yet",
+                "run_name",
+                "deployment_num",
+                pl.col("_at").dt.strftime("%Y-%m-%d %H:%M:%S"),
+            ).alias("promised")
+        )
     )
