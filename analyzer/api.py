@@ -112,7 +112,12 @@ class Audit:
     @cached_property
     def capacity(self) -> pl.DataFrame:
         """Healthy replicas per run over time (a step function)."""
-        return serving_capacity(self.submissions, self.end_of_evidence)
+        return serving_capacity(
+            self.submissions,
+            self.events,
+            self.end_of_evidence,
+            self.evidence.ends_by_server(),
+        )
 
     def story(self, run: str) -> RunStory:
         """The story of one run (a selector as the CLI takes) that every renderer draws."""

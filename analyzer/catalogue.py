@@ -321,18 +321,3 @@ LOG_PLAIN_IRRELEVANT: tuple[str, ...] = (
     r"^The admin token is ",
     r"^The dstack server .* is running at ",
 )
-
-
-# Changed fields of "Run updated" that only rescale or re-prioritise: jobs are bumped in place,
-# not redeployed (reference 6.1, 6.2, 11.2.6). `configuration.replicas`/`groups` are ambiguous
-# once replica groups carry their own specs (0.20.7+); see detect.
-IN_PLACE_FIELDS = frozenset(
-    {
-        "configuration.replicas",
-        "configuration.scaling",
-        "configuration.priority",
-        "configuration.gateway",
-        "configuration.inactivity_duration",
-    }
-)
-AMBIGUOUS_FIELDS = frozenset({"configuration.groups"})

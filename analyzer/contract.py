@@ -10,7 +10,11 @@ parts (null when no part is known, never 0.0 for unknown), with `*_is_lower_boun
 ran to the end of the evidence or was measured from a time rounded to its precision, and the
 count of its unknown parts; an impact says why its outage is a lower bound
 (`lower_bound_reasons`). `incidents` counts runs (a run with findings of two categories is one
-incident). A counterfactual says whether its model applies to the run's sequence."""
+incident). A counterfactual says whether its model applies to the run's sequence.
+
+Version 4: each judged job names the rule that judged it (`rule`, on every victim and every
+other job the cascade stopped): the ids of `analyzer.pipeline.rules.RULES`, listed below, so
+a reader can count and filter findings by rule."""
 
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from analyzer.vocabulary import Category, Confidence, Verdict
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 class _Record(BaseModel):
@@ -55,6 +59,7 @@ class EvidenceItem(_Record):
 class Victim(_Record):
     job_id: str
     job_name: str
+    rule: str  # the rule that made it a victim: its category (docs/json-contract.md, the rules)
     replica_num: int | None
     deployment_num: int | None
     submission_num: int | None = None
@@ -99,6 +104,7 @@ class OtherJob(_Record):
 
     job_id: str
     job_name: str
+    rule: str  # the first rule that matched it (docs/json-contract.md, the rules)
     deployment_num: int | None
     status: str | None
     why_not_victim: str

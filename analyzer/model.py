@@ -174,30 +174,6 @@ LOG_RECORDS_SCHEMA: dict[str, pl.DataType] = {
     "message": pl.String(),
 }
 
-FINISHED_JOB_STATUSES = ("terminated", "aborted", "failed", "done")
-FINISHED_RUN_STATUSES = ("terminated", "failed", "done")
-
-# JobTerminationReason classes (reference 5.4).
-NORMAL_JOB_REASONS = (
-    "terminated_by_user",
-    "scaled_down",
-    "done_by_runner",
-    "aborted_by_user",
-)
-SERVER_STOP_JOB_REASONS = (
-    "terminated_by_server",
-    "inactivity_duration_exceeded",
-    "terminated_due_to_utilization_policy",
-    "max_duration_exceeded",
-)
-# Messages that mark a server stop as a resubmission/retry step, not a failure.
-RETRY_STOP_MESSAGES = ("Run is to be resubmitted", "Replica is to be retried")
-RUN_FAILURE_REASONS = ("job_failed", "retry_limit_exceeded")
-# A user's stop or abort of a run, and the labels the terminating pass then gives the jobs it
-# reaches (RunTerminationReason.to_job_termination_reason, dstack core/models/runs.py).
-USER_STOP_RUN_REASONS = ("stopped_by_user", "aborted_by_user")
-USER_STOP_JOB_REASONS = ("terminated_by_user", "aborted_by_user")
-
 
 def empty_frame(schema: dict[str, pl.DataType]) -> pl.DataFrame:
     return pl.DataFrame(schema=schema)

@@ -123,6 +123,7 @@ LimitationCode = Literal[
     "log_time_aligned",
     "log_time_of_day_only",
     "log_time_zone_unknown",
+    "log_unreachable_hint",
     "log_without_run_evidence",
     "missing_columns",
     "no_events_table",

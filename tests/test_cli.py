@@ -33,7 +33,7 @@ def test_json_is_the_report_contract():
     result = run("audit", SEED, "--format", "json")
     assert result.exit_code == 0
     report = json.loads(result.output)
-    assert report["schema_version"] == 3
+    assert report["schema_version"] == 4
     assert report["generated_by"].startswith("dstack-audit ")
     assert set(report) >= {"inputs", "limitations", "runs", "findings"}
     finding = report["findings"][0]

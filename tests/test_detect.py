@@ -12,7 +12,7 @@ from analyzer.model import EVENTS_SCHEMA, JOBS_SCHEMA, RUNS_SCHEMA
 from analyzer.pipeline.detect import detect
 from analyzer.pipeline.evidence import Evidence
 from analyzer.pipeline.impact import impact_rank
-from analyzer.pipeline.rules import CATEGORIES, CATEGORY_ORDER, VICTIM_RULES, find_culprits
+from analyzer.pipeline.rules import CATEGORIES, CATEGORY_ORDER, RULES, VICTIM_RULES, is_culprit
 from analyzer.pipeline.timeline import submissions
 
 T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
@@ -104,12 +104,13 @@ def also_stopped(findings) -> dict[str, str]:
 
 
 def test_rule_and_category_names_are_unique_and_cite_dstack():
-    names = [r.name for r in VICTIM_RULES] + [c.name for c in CATEGORIES]
+    names = [r.id for r in RULES]
     assert len(names) == len(set(names))
     assert all(
         r.dstack and r.outcome in ("ignored", "not_victim", "undecided") for r in VICTIM_RULES
     )
     assert all("reference" in r.dstack or ".py" in r.dstack for r in VICTIM_RULES)
+    assert all(c.outcome == "victim" and c.culprits for c in CATEGORIES)
     assert CATEGORY_ORDER[0] == "collateral_termination"
 
 
@@ -383,7 +384,7 @@ RULE_CASES = {
 
 
 def test_every_rule_has_its_case():
-    assert set(RULE_CASES) == {r.name for r in VICTIM_RULES}
+    assert set(RULE_CASES) == {r.id for r in VICTIM_RULES}
 
 
 @pytest.mark.parametrize("name", list(RULE_CASES))
@@ -408,10 +409,15 @@ def test_a_not_victim_beside_a_victim_is_listed_in_the_finding():
     verdict, findings = judge([run()], [old_replica(), never, culprit()])
     assert verdict.verdict == "collateral_termination"
     assert also_stopped(findings) == {"svc-2-0": "never got an instance (no provisioning data)"}
+    # each judged job names the rule that judged it (JSON contract, schema 4)
+    assert [v.rule for v in findings[0].victims] == ["collateral_termination"]
+    assert [o.rule for o in findings[0].also_stopped] == ["never_provisioned"]
 
 
 def _slot(submission: int, created: datetime, own_failure: bool) -> dict:
     return {
+        "server": "s",
+        "run_id": "r",
         "job_id": f"j{submission}",
         "replica_num": 1,
         "job_num": 0,
@@ -421,16 +427,28 @@ def _slot(submission: int, created: datetime, own_failure: bool) -> dict:
     }
 
 
+def find_culprits(slots: list[dict], run_terminating_at: datetime | None) -> list[str]:
+    frame = pl.DataFrame(slots).with_columns(
+        pl.lit(run_terminating_at, pl.Datetime("us", "UTC")).alias("run_terminating_at"),
+        pl.lit(None, pl.String).alias("failure_basis"),
+        *(
+            pl.lit(None, pl.Datetime("us", "UTC")).alias(c)
+            for c in ("stop_at", "terminating_at", "finished_at", "last_processed_at")
+        ),
+    )
+    return frame.with_row_index("_row").filter(is_culprit())["job_id"].to_list()
+
+
 def test_only_the_latest_submission_of_a_slot_is_a_culprit():
     retried = [_slot(0, at(1), True), _slot(1, at(2), False)]
     assert find_culprits(retried, at(10)) == []
     failed_again = [_slot(0, at(1), False), _slot(1, at(2), True)]
-    assert [c["job_id"] for c in find_culprits(failed_again, at(10))] == ["j1"]
+    assert find_culprits(failed_again, at(10)) == ["j1"]
 
 
 def test_a_submission_created_after_the_run_went_terminating_is_no_culprit():
     jobs = [_slot(0, at(1), True), _slot(1, at(12), False)]
-    assert [c["job_id"] for c in find_culprits(jobs, at(10))] == ["j0"]
+    assert find_culprits(jobs, at(10)) == ["j0"]
     assert find_culprits(jobs, None) == []
 
 

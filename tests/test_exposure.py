@@ -149,6 +149,13 @@ def test_a_cloud_capacity_failure_is_never_a_confident_none(copy_db):
 def test_an_earlier_provider_refusal_makes_room_unknown(copy_db):
     db = copy_db("v0.22.5/seed")
     execute(db, "UPDATE fleets SET spec = json_set(spec, '$.configuration.nodes.max', 2)")
+    # with room for 2, dstack asks the provider: the culprit's refusal is the provider's too
+    # (a 'Fleet is at capacity' with 1 instance would say the fleet was 0..1 then: specs.py)
+    execute(
+        db,
+        "UPDATE jobs SET termination_reason_message = ? WHERE job_name = 'web-0-1'",
+        params=(PROVIDER_REFUSAL,),
+    )
     # A refused submission two minutes before the update: the real culprit row, earlier.
     _copy_row(
         db,

@@ -23,6 +23,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "analyzer.contract",
             "analyzer.contract_frames",
             "analyzer.model",
+            "analyzer.dstack",
             "analyzer.catalogue",
             "analyzer.redact",
             "analyzer.times",

@@ -372,6 +372,30 @@ def test_warning_log_names_runs_whose_launch_was_refused_as_a_hint_never_a_findi
     assert "log_without_run_evidence" in {lim.code for lim in report.limitations}
 
 
+# jobs_running (0.22.5, the disconnect handling of a running job): dstack's own line
+_UNREACHABLE = (
+    "dstack._internal.server.background.pipeline_tasks.jobs_running",
+    "job(5c1e2a)chat-api-0-0: is unreachable, waiting for the instance to become reachable "
+    "again, age=0:41:12.503194",
+)
+
+
+@pytest.mark.parametrize("fmt", ["standard", "json"])
+def test_warning_log_names_runs_whose_instance_was_unreachable_as_a_hint(tmp_path, fmt):
+    log = _warning_log(tmp_path, fmt, [_UNREACHABLE, _UNREACHABLE, _REFUSED])
+    report = open_sources([log]).report
+    assert report.findings == [] and report.runs == []
+    hints = {lim.code: lim.message for lim in report.limitations if lim.code.endswith("_hint")}
+    assert set(hints) == {"log_unreachable_hint", "log_capacity_hint"}
+    unreachable = hints["log_unreachable_hint"]
+    assert "run chat-api (job chat-api-0-0: 2 line(s) saying its instance was unreachable" in (
+        unreachable
+    )
+    assert f"{log}:1" in unreachable and "not a finding" in unreachable
+    (without,) = [lim for lim in report.limitations if lim.code == "log_without_run_evidence"]
+    assert "nothing about these incidents is logged" not in without.message
+
+
 def test_a_warning_log_without_refused_launches_gives_no_hint():
     log = CAPTURES / "v0.22.5" / "user-stop-mid-rollout" / "logs" / "server-warning.standard.log"
     codes = {lim.code for lim in open_sources([log]).report.limitations}

@@ -108,7 +108,12 @@ def _replace(audit, **frames) -> None:
     for name, frame in frames.items():
         audit.__dict__[name] = frame
     if "submissions" in frames:
-        audit.__dict__["capacity"] = serving_capacity(frames["submissions"], audit.end_of_evidence)
+        audit.__dict__["capacity"] = serving_capacity(
+            frames["submissions"],
+            frames.get("events", audit.events),
+            audit.end_of_evidence,
+            audit.evidence.ends_by_server(),
+        )
 
 
 def retried_audit(retries: int = 30):

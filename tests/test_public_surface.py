@@ -68,5 +68,5 @@ def test_audit_members_and_docstrings():
 
 
 def test_report_json_schema_is_unchanged():
-    assert SCHEMA_VERSION == 3
+    assert SCHEMA_VERSION == 4
     assert json.loads(SNAPSHOT.read_text()) == Report.model_json_schema()

@@ -127,6 +127,7 @@ def _finding(victims, culprits) -> Finding:
 def test_one_role_per_job_and_an_unstopped_victim_says_what_is_expected():
     at = datetime(2026, 11, 2, 9, 9, tzinfo=UTC)
     victim = Victim(
+        rule="collateral_termination",
         job_id="a",
         job_name="web-0-0",
         replica_num=0,
@@ -184,3 +185,16 @@ def test_rich_log_alone_narrative_and_swimlane_share_the_end_of_the_evidence():
     assert "did not serve again before the end of the evidence (09:09:29)" in said
     view = run_view(audit, finding.run_id, None)
     assert [o[1] for o in view.outages] == [told.end_of_evidence]
+
+
+def test_the_story_names_the_reason_the_run_failed_with_not_the_stop_written_over_it():
+    # stop-after-kill (dstack 0.22.5): the run went TERMINATING with JOB_FAILED, then the
+    # user's stop overwrote runs.termination_reason with STOPPED_BY_USER (stop_runs)
+    from analyzer.render.narrative import narrative
+
+    audit = open_sources([CAPTURES / "v0.22.5" / "stop-after-kill" / "server.db"])
+    (finding,) = audit.report.findings
+    assert finding.run_termination_reason == "stopped_by_user"
+    story = narrative(audit, finding)
+    assert "dstack failed the whole run (JOB_FAILED)" in story
+    assert "STOPPED_BY_USER" not in story

@@ -96,5 +96,17 @@ def contract_reference() -> str:
     return "\n".join(parts)
 
 
+def rules_reference() -> str:
+    """The rules of the detector (analyzer.pipeline.rules.RULES), in the order they are asked:
+    one row per rule id, its outcome and the dstack behaviour it encodes."""
+    from analyzer.pipeline.rules import RULES
+
+    rows = ["| rule | outcome | the dstack behaviour it encodes |", "|---|---|---|"]
+    for rule in RULES:
+        said = rule.dstack.replace("|", "\\|")
+        rows.append(f"| `{rule.id}` | {rule.outcome} | {said} |")
+    return "\n".join(rows) + "\n"
+
+
 if __name__ == "__main__":
     print(command_reference(), end="")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import cached_property
 
 from analyzer.contract import Counterfactual, ModelDescription
 
@@ -56,6 +57,13 @@ class RolloutFacts:
         """A new version was being rolled out when the failure came."""
         return self.updated and not self.in_place and self.older_running
 
+    @cached_property
+    def failed_deployments(self) -> str:
+        """The deployments of the failed replicas, in words (the culprits and their slots'
+        earlier failures: a long retry loop lists many)."""
+        numbers = sorted({c.deployment_num for c in self.culprits if c.deployment_num is not None})
+        return ", ".join(str(n) for n in numbers) or "unknown"
+
     @property
     def new_failed(self) -> bool:
         """A replica of the update's deployment failed (not only older ones)."""
@@ -66,11 +74,6 @@ class RolloutFacts:
 
 def _when(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S UTC") if value else "a time the evidence does not date"
-
-
-def _failed_deployments(facts: RolloutFacts) -> str:
-    numbers = sorted({c.deployment_num for c in facts.culprits if c.deployment_num is not None})
-    return ", ".join(str(n) for n in numbers) or "unknown"
 
 
 def _pod_state(culprit: FailedReplica) -> str:
@@ -126,7 +129,7 @@ class KubernetesRollingUpdate:
             story = (
                 f"no update: there is no rollout, so maxSurge, maxUnavailable and "
                 f"progressDeadlineSeconds play no part; the failed replica of deployment "
-                f"{_failed_deployments(facts)} {_pod_state(culprit)}, and a Deployment never "
+                f"{facts.failed_deployments} {_pod_state(culprit)}, and a Deployment never "
                 f"stops healthy pods because another failed: {_kept(facts)}"
             )
         elif facts.in_place:
@@ -147,7 +150,7 @@ class KubernetesRollingUpdate:
         elif not facts.new_failed:
             story = (
                 f"the replica that failed belongs to the old deployment "
-                f"{_failed_deployments(facts)}, not to the rollout of deployment "
+                f"{facts.failed_deployments}, not to the rollout of deployment "
                 f"{facts.update_deployment}: the kubelet restarts it (or the old ReplicaSet, "
                 "being scaled down, simply loses it) and the rollout goes on; nothing is "
                 f"declared failed and {_kept(facts)}"
@@ -216,7 +219,7 @@ class CircuitBreakerRollback:
             story = (
                 "no update: no deployment is in progress, so the breaker has nothing to watch "
                 "and there is nothing to roll back to; the service scheduler replaces the "
-                f"failed task of deployment {_failed_deployments(facts)} and {_kept(facts)}"
+                f"failed task of deployment {facts.failed_deployments} and {_kept(facts)}"
             )
         elif facts.in_place:
             applies = False
@@ -235,7 +238,7 @@ class CircuitBreakerRollback:
         elif not facts.new_failed:
             story = (
                 f"the task that failed belongs to the old deployment "
-                f"{_failed_deployments(facts)}: the breaker counts failures of the new "
+                f"{facts.failed_deployments}: the breaker counts failures of the new "
                 f"deployment {facts.update_deployment}'s tasks only, so it does not trip; "
                 f"nothing is rolled back and {_kept(facts)}"
             )

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any
 
 import polars as pl
 
-from analyzer.catalogue import IN_PLACE_FIELDS
 from analyzer.contract import (
     Culprit,
     EarlierFailure,
@@ -30,21 +29,28 @@ from analyzer.contract import (
     RunVerdict,
     Victim,
 )
-from analyzer.model import (
+from analyzer.dstack import (
+    ACTIVE_RUN_STATUSES,
     FINISHED_RUN_STATUSES,
+    IN_PLACE_CHANGES,
     RUN_FAILURE_REASONS,
     USER_STOP_JOB_REASONS,
-)
-from analyzer.pipeline.moments import dated_after, healthy_at, probe_state_at, run_failures
-from analyzer.pipeline.rules import (
-    CATEGORY_ORDER,
-    Hit,
     cascade_stop,
-    categorise,
-    find_culprits,
-    first_rule,
     own_failure,
-    triggering_culprits,
+)
+from analyzer.pipeline.moments import (
+    deleted_failures,
+    next_runs,
+    run_failures,
+    stopped_during_cascade,
+)
+from analyzer.pipeline.rules import CATEGORY_ORDER, RULES_BY_ID, judge_jobs, reason
+from analyzer.pipeline.states import (
+    dated_after,
+    healthy_at,
+    probe_state_at,
+    readiness_line_only,
+    served_from,
 )
 from analyzer.pipeline.timeline import HEALTH_PROOFS
 from analyzer.vocabulary import Category, Confidence, Verdict
@@ -145,6 +151,8 @@ class _Context:
     jobs: list[Row]
     events: list[Row]
     dateless: bool  # only times of day are known (a rich log alone): report no datetimes
+    # own failures of submissions whose rows dstack deleted, from their events (moments)
+    deleted: list[Row] = field(default_factory=list)
 
     @cached_property
     def events_by_job(self) -> dict[str, list[Row]]:
@@ -205,17 +213,14 @@ def _judge_candidate(ctx: _Context) -> RunJudgement:
     run = ctx.run
     run_reason = run["failure_reason"] or run["termination_reason"]
     terminating = ctx.run_event("run_status", new_status="terminating")
-    run_terminating_at = terminating["time"] if terminating else None
 
-    culprits = find_culprits(ctx.jobs, run_terminating_at)
-    if run["failure_basis"] == "culprit_before_stop":
-        culprits = [c for c in culprits if (_failed_at(c) or datetime.max) <= run["stop_at"]]
-        if not culprits:
-            return RunJudgement(
-                "no_incident",
-                f"run ended with {run['termination_reason']}: the user's stop came before any "
-                "job of the run failed by itself",
-            )
+    culprits = sorted((j for j in ctx.jobs if j["culprit"]), key=lambda j: j["_culprit_order"])
+    if not culprits and run["failure_basis"] == "culprit_before_stop":
+        return RunJudgement(
+            "no_incident",
+            f"run ended with {run['termination_reason']}: the user's stop came before any "
+            "job of the run failed by itself",
+        )
     if not culprits:
         return RunJudgement(
             "inconclusive",
@@ -227,24 +232,20 @@ def _judge_candidate(ctx: _Context) -> RunJudgement:
     victims: dict[Category, list[tuple[Row, list[Row]]]] = defaultdict(list)
     also: list[OtherJob] = []
     undecided: list[str] = []
-    culprit_ids = {c["job_id"] for c in culprits}
+    by_id = {c["job_id"]: c for c in culprits}
     # A copy taken mid-cascade (the run still TERMINATING): the jobs the cascade has not
-    # reached yet are doomed, victims not yet stopped (rules.VICTIM_RULES say which are not).
+    # reached yet are doomed, victims not yet stopped (rules.RULES say which are not).
     in_flight = run["status"] == "terminating"
-    if run["stopped_during_cascade"]:
-        ctx.jobs = [_doomed_by_failure(run, job) for job in ctx.jobs]
     for job in ctx.jobs:
-        if job["job_id"] in culprit_ids:
+        if job["culprit"]:
             continue
-        hit = Hit(job, in_flight, triggering_culprits(job, culprits))
-        rule = first_rule(hit)
-        if rule is None:
-            category, triggered_by = categorise(hit)
-            victims[category].append((job, triggered_by))
+        rule = RULES_BY_ID[job["rule"]]
+        if rule.outcome == "victim":
+            victims[rule.id].append((job, [by_id[i] for i in job[rule.culprits]]))
         elif rule.outcome == "not_victim":
-            also.append(_other(job, rule.reason(hit)))
+            also.append(_other(job, reason(rule, job)))
         elif rule.outcome == "undecided":
-            undecided.append(rule.reason(hit))
+            undecided.append(reason(rule, job))
 
     victim_categories = {
         v["job_id"]: category for category, entries in victims.items() for v, _ in entries
@@ -270,6 +271,13 @@ def _judge_candidate(ctx: _Context) -> RunJudgement:
             why += "; also undecided: " + "; ".join(undecided)
             for finding in findings:
                 finding.notes.extend(undecided)
+        never_ran = [e["deployment_num"] for e in _accepted_during_cascade(ctx, terminating)]
+        if never_ran:
+            why += (
+                "; an update accepted during the cascade never ran (deployment "
+                + ", ".join(str(d) for d in never_ran)
+                + ", see the notes)"
+            )
         if run["stopped_during_cascade"]:
             why += (
                 f"; then the user stopped the run during the cascade "
@@ -289,23 +297,60 @@ def _judge_candidate(ctx: _Context) -> RunJudgement:
     return RunJudgement("no_healthy_victim", why)
 
 
-def _doomed_by_failure(run: Row, job: Row) -> Row:
-    """A job the user's stop reached after the run had failed: dstack's terminating pass gave it
-    TERMINATED_BY_USER (ABORTED_BY_USER) only because stop_runs() had overwritten the run's
-    reason (services/runs/__init__.py; pipeline_tasks/runs/terminating.py,
-    process_terminating_run); the failure had doomed it already, so it is the cascade's stop."""
-    if job["cascade_stop"] or run["failed_at"] is None:
-        return job
-    stop = job["terminating_at"] or job["stopped_at"]
-    if (
-        job["termination_reason"] in USER_STOP_JOB_REASONS
-        and job["termination_reason_message"] is None
-        and job["status"] in ("terminated", "terminating", "aborted")
-        and stop is not None
-        and stop >= run["failed_at"]
-    ):
-        return {**job, "cascade_stop": True}
-    return job
+def _accepted_during_cascade(ctx: _Context, terminating: Row | None) -> list[Row]:
+    """The updates dstack accepted after the run had failed, that no job ever ran: it updates a
+    run in place while the run is not finished (services/runs/__init__.py, apply_plan; a
+    TERMINATING run is not finished), and its terminating pass goes on and ends the run at
+    that deployment (pipeline_tasks/runs/terminating.py, process_terminating_run)."""
+    if terminating is None or terminating["time"] is None:
+        return []
+    deployments = [j["deployment_num"] for j in ctx.jobs if j["deployment_num"] is not None]
+    return [
+        e
+        for e in ctx.events
+        if e["kind"] == "run_updated"
+        and e["time"] is not None
+        and e["time"] > terminating["time"]
+        and e["deployment_num"] is not None
+        and not any(d >= e["deployment_num"] for d in deployments)
+    ]
+
+
+def _never_ran(ctx: _Context, update: Row, terminating: Row) -> str:
+    run = ctx.run
+    who = (update["actor"] or "an unknown actor").removeprefix("user ")
+    again = (
+        f"it was applied again as a new run of the same name ({run['next_run_id']}) "
+        f"submitted at {_at(ctx, run['next_submitted_at'])}"
+        if run.get("next_run_id")
+        else "no later run of the same name is in the evidence"
+    )
+    return (
+        f"deployment {update['deployment_num']} ({who} changed "
+        f"{update['changed_fields'] or 'fields not named'}) was accepted at "
+        f"{_at(ctx, update['time'])}, after the run had failed at {_at(ctx, terminating['time'])}: "
+        "dstack updates a run in place until it is finished (services/runs/__init__.py, "
+        "apply_plan) and its terminating pass went on; no job ever ran that deployment and the "
+        f"run ended {run['status']} at it; {again}"
+    )
+
+
+def _spec_deployment(ctx: _Context, dep: int, victims_dep: int) -> int:
+    """The deployment whose update set the job spec that deployment `dep` runs: an update of
+    only fields applied in place leaves the JobSpec as it was (services/runs/spec.py; a job is
+    bumped, not redeployed: reference 6.2), so a replica created after it runs the spec of the
+    last update before it that changed a rolling field, which is the change that broke it.
+    `dep` itself when no such update is newer than the victims' deployment, or the events do
+    not say what an update changed."""
+    spec = dep
+    while spec > victims_dep:
+        update = ctx.run_event("run_updated", deployment_num=spec)
+        if update is None or not update["changed_fields"]:
+            return dep
+        if not {f.strip() for f in update["changed_fields"].split(",")} <= IN_PLACE_CHANGES:
+            return spec
+        spec -= 1
+    return dep
 
 
 def _split_by_provable(
@@ -320,6 +365,7 @@ def _other(job: Row, why: str) -> OtherJob:
     return OtherJob(
         job_id=job["job_id"],
         job_name=job["job_name"],
+        rule=job["rule"],
         deployment_num=job["deployment_num"],
         status=job["status"],
         why_not_victim=why,
@@ -357,7 +403,20 @@ def _finding(
         update_dep = max(v["deployment_num"] for v in victim_rows)
     else:
         update_dep = max(c["deployment_num"] for c in culprits)
-    update = ctx.run_event("run_updated", deployment_num=update_dep)
+    # the root cause: the update whose job spec the failing replica runs
+    cause_dep = update_dep
+    if category == "collateral_termination":
+        victims_dep = max(v["deployment_num"] for v in victim_rows)
+        cause_dep = _spec_deployment(ctx, update_dep, victims_dep)
+    update = ctx.run_event("run_updated", deployment_num=cause_dep)
+    if cause_dep != update_dep:
+        renumbered = ctx.run_event("run_updated", deployment_num=update_dep)
+        notes.append(
+            f"deployment {update_dep} changed only "
+            f"{renumbered['changed_fields'] if renumbered else 'fields applied in place'}, "
+            f"applied in place: the failing replica runs the job spec of deployment "
+            f"{cause_dep}, whose update is the root cause"
+        )
     if category == "collateral_termination":
         for culprit in culprits:
             proven, how = _culprit_created_in_its_deployment(ctx, culprit)
@@ -380,7 +439,7 @@ def _finding(
             )
         if update and update["changed_fields"]:
             fields = {f.strip() for f in update["changed_fields"].split(",")}
-            if fields <= IN_PLACE_FIELDS:
+            if fields <= IN_PLACE_CHANGES:
                 notes.append(
                     "the update changed only fields applied in place; the older replicas kept "
                     "their deployment number in the database, which decides"
@@ -398,7 +457,7 @@ def _finding(
             "deployment and redeployed; the category is the log's best reading, a database of "
             "the same server (jobs.deployment_num) decides",
         )
-    sticky = [v["job_name"] for v in victim_rows if _sticky_readiness_only(v)]
+    sticky = [v["job_name"] for v in victim_rows if v["readiness_line_only"]]
     if sticky:
         limit(
             "health_not_provable_from_logs",
@@ -410,7 +469,12 @@ def _finding(
             "the kill; jobs.ready and the probes' streaks in a database decide",
         )
     if run["stopped_during_cascade"]:
-        code, message = _stopped_during_cascade(ctx, victim_rows)
+        code, message = stopped_during_cascade(
+            run,
+            victim_rows,
+            ctx.run_event("run_status", old_status="terminating"),
+            lambda moment: _at(ctx, moment),
+        )
         if run["failure_basis"] == "run_event":
             limitations.append(
                 LimitationRecord(code=code, message=message, source=run["provenance"])
@@ -453,6 +517,9 @@ def _finding(
         evidence.append(_evidence_from_event(terminating_event))
     for victim in victim_rows:
         evidence.extend(_victim_evidence(ctx, victim))
+    for accepted in _accepted_during_cascade(ctx, terminating_event):
+        evidence.append(_evidence_from_event(accepted))
+        notes.append(_never_ran(ctx, accepted, terminating_event))
     final = ctx.run_event("run_status", old_status="terminating")
     if final:
         evidence.append(_evidence_from_event(final))
@@ -487,6 +554,7 @@ def _finding(
             Victim(
                 job_id=v["job_id"],
                 job_name=v["job_name"],
+                rule=v["rule"],
                 replica_num=v["replica_num"],
                 deployment_num=v["deployment_num"],
                 submission_num=v["submission_num"],
@@ -556,91 +624,33 @@ def _earlier_failures(ctx: _Context, culprit: Row) -> list[Row]:
     in `retry.on_events` (services/runs/replicas.py; reference 6.7), so the first failure is
     the root cause and the last the trigger; a slot refilled by a later deployment is another
     story (its deployment differs)."""
+    rows = [
+        j
+        for j in ctx.jobs
+        if j["job_id"] != culprit["job_id"]
+        and j["own_failure"]
+        and (j["replica_num"], j["job_num"]) == (culprit["replica_num"], culprit["job_num"])
+        and j["deployment_num"] == culprit["deployment_num"]
+        and (j["submission_num"] or 0) < (culprit["submission_num"] or 0)
+    ]
+    created = culprit["created_at"]
+    updates = [e["time"] for e in ctx.events if e["kind"] == "run_updated" and e["time"]]
+    deleted = [
+        {**d, "deployment_num": culprit["deployment_num"]}
+        for d in ctx.deleted
+        if d["job_name"] == culprit["job_name"]
+        and created is not None
+        and d["created_at"] is not None
+        and d["created_at"] < created
+        # the same deployment: no update came between its creation and the culprit's
+        and not any(d["created_at"] < u <= created for u in updates)
+    ]
     return sorted(
-        (
-            j
-            for j in ctx.jobs
-            if j["job_id"] != culprit["job_id"]
-            and j["own_failure"]
-            and (j["replica_num"], j["job_num"]) == (culprit["replica_num"], culprit["job_num"])
-            and j["deployment_num"] == culprit["deployment_num"]
-            and (j["submission_num"] or 0) < (culprit["submission_num"] or 0)
+        [*rows, *deleted],
+        key=lambda j: (
+            j["created_at"] is None,
+            j["created_at"] or datetime.min.replace(tzinfo=UTC),
         ),
-        key=lambda j: j["submission_num"] or 0,
-    )
-
-
-def _stopped_during_cascade(ctx: _Context, victims: list[Row]) -> tuple[str, str]:
-    """The limitation that says a user stopped the run after its failure: what dstack wrote
-    over the failure, and when the stop came as far as the evidence dates it."""
-    run = ctx.run
-    final = (run["stop_reason"] or "").upper() or (
-        "status TERMINATED, which dstack gives a run only for a user's stop or abort "
-        "(RunTerminationReason.to_status)"
-    )
-    by_user = [v for v in victims if v["termination_reason"] in USER_STOP_JOB_REASONS]
-    by_server = [v for v in victims if v["termination_reason"] not in USER_STOP_JOB_REASONS]
-    finished = ctx.run_event("run_status", old_status="terminating")
-    basis = run["failure_basis"]
-    if basis == "culprit_before_stop":
-        actor = (run["stop_actor"] or "an unknown actor").removeprefix("user ")
-        failed = (
-            f"a replica had already failed by itself at {_at(ctx, run['failed_at'])} when "
-            f"{actor} stopped the run at {_at(ctx, run['stop_at'])} (the stop's event), before "
-            "dstack's run pass failed it (pipeline_tasks/runs/active.py): whether the run would "
-            "have failed depends on the replica's retry policy"
-        )
-    elif basis == "cascade_label":
-        failed = (
-            f"no event dates the run's failure, but its final reason {final} is a user's and "
-            + ", ".join(v["job_name"] for v in by_server)
-            + " carries the cascade's TERMINATED_BY_SERVER without a message, which dstack "
-            "gives only for a server reason (RunTerminationReason.to_job_termination_reason): "
-            "the run had failed before the user's stop, with a reason the evidence does not name"
-        )
-    else:
-        lower = max(
-            [run["failed_at"], *(v["terminating_at"] for v in by_server if v["terminating_at"])]
-        )
-        upper = min(
-            [
-                t
-                for t in (
-                    *(v["terminating_at"] for v in by_user),
-                    finished["time"] if finished else None,
-                )
-                if t is not None
-            ],
-            default=None,
-        )
-        window = f"at or after {_at(ctx, lower)}" + (
-            f" and before {_at(ctx, upper)}" if upper else ""
-        )
-        failed = (
-            f"the run went TERMINATING with {run['failure_reason'].upper()} at "
-            f"{_at(ctx, run['failed_at'])} (its status-change event) and ends with {final}: "
-            "dstack's stop_runs() (services/runs/__init__.py) writes the user's reason over "
-            "the failure and emits no event when the run is already TERMINATING "
-            f"(switch_run_status), so the stop's time is known only as {window} and its actor "
-            "is not in the evidence"
-        )
-    labels = []
-    if by_server:
-        labels.append(
-            ", ".join(v["job_name"] for v in by_server) + " kept TERMINATED_BY_SERVER "
-            "(already TERMINATING at the stop)"
-        )
-    if by_user:
-        labels.append(
-            ", ".join(v["job_name"] for v in by_user)
-            + f" got {by_user[0]['termination_reason'].upper()} (the terminating pass reached "
-            "it after the stop)"
-        )
-    return "run_stopped_during_cascade", (
-        f"run {run['run_name']}: the user stopped the run during the cascade: {failed}; "
-        + "; ".join(labels)
-        + " (pipeline_tasks/runs/terminating.py, process_terminating_run): the failure had "
-        "already doomed them, so they are its victims whichever label the stop gave them"
     )
 
 
@@ -650,25 +660,6 @@ def _at(ctx: _Context, moment: datetime | None) -> str:
     if ctx.dateless:
         return moment.strftime("%H:%M:%S.%f")[:-3] + " (time of day)"
     return moment.isoformat()
-
-
-READY_AT_RUNNING_SECONDS = 1.0
-
-
-def _sticky_readiness_only(job: Row) -> bool:
-    """Health proven by a readiness line alone, for a service that may have probes.
-
-    The line is never retracted (reference 6.4), so it proves health at the kill only where
-    the service has no probes: dstack then counts the replica ready in the same pass that made
-    it RUNNING, and the log shows both at once."""
-    if job["health_proof"] not in ("ready_event", "registered_event"):
-        return False
-    if job["probe_count"] is not None:
-        return job["probe_count"] > 0
-    ready, running = job["ready_at"], job["running_event_at"]
-    if ready is None or running is None:
-        return True
-    return (ready - running).total_seconds() > READY_AT_RUNNING_SECONDS
 
 
 def _culprit_evidence(ctx: _Context, culprit: Row) -> list[EvidenceItem]:
@@ -754,7 +745,7 @@ def _plain_verdicts(runs: pl.DataFrame) -> pl.DataFrame:
         .then(pl.format("a {} run: rolling deployments exist for services only", run_type))
         .when(pl.col("failure_basis").is_not_null())
         .then(pl.lit(None, pl.String))
-        .when(status.is_in(["pending", "submitted", "provisioning", "running"]))
+        .when(status.is_in(ACTIVE_RUN_STATUSES))
         .then(pl.format("run still {} at the end of the evidence", status))
         .when(_known(reason))
         .then(pl.format("run ended with {}, not a job failure", reason))
@@ -825,6 +816,7 @@ def _detect(
     candidate_runs = (
         judged.filter(pl.col("_why").is_null())
         .drop("_why")
+        .join(next_runs(runs), on=["server", "run_id"], how="left", maintain_order="left")
         .sort(["server", "project", "run_name", "run_id"], nulls_last=True)
     )
     if candidate_runs.is_empty():
@@ -844,7 +836,26 @@ def _detect(
     at_moment = probe_state_at(
         subs.join(failure_moments, on=["server", "run_id"], maintain_order="left")
     )
-    jobs_by_run = (
+    read = events.filter(pl.col("kind").is_in(DETECTION_KINDS)).join(
+        keys, on=["server", "run_id"], maintain_order="left"
+    )
+    # the run's first TERMINATING as the evidence chain reads it (its first such event)
+    went_terminating = (
+        read.filter((pl.col("kind") == "run_status") & (pl.col("new_status") == "terminating"))
+        .group_by(["server", "run_id"], maintain_order=True)
+        .first()
+        .select("server", "run_id", pl.col("time").alias("run_terminating_at"))
+    )
+    run_columns = candidate_runs.select(
+        "server",
+        "run_id",
+        "failure_basis",
+        "stop_at",
+        "stopped_during_cascade",
+        pl.col("failed_at").alias("run_failed_at"),
+        (pl.col("status") == "terminating").fill_null(False).alias("in_flight"),
+    ).join(went_terminating, on=["server", "run_id"], how="left", maintain_order="left")
+    judged_jobs = judge_jobs(
         at_moment.join(
             with_status, on=["server", "run_id", "job_id"], how="left", maintain_order="left"
         )
@@ -863,12 +874,12 @@ def _detect(
             .fill_null(False)
             .alias("healthy_then"),
             (at_failure & dated_after(pl.col("as_of"))).fill_null(False).alias("served_later"),
+            served_from().alias("served_from"),
+            readiness_line_only().alias("readiness_line_only"),
         )
-        .rows_by_key(["server", "run_id"], named=True)
+        .join(run_columns, on=["server", "run_id"], maintain_order="left")
     )
-    read = events.filter(pl.col("kind").is_in(DETECTION_KINDS)).join(
-        keys, on=["server", "run_id"], maintain_order="left"
-    )
+    jobs_by_run = judged_jobs.rows_by_key(["server", "run_id"], named=True)
     dateless = set(
         read.filter(pl.col("time_basis") == "time_of_day_only")
         .select("server", "run_id")
@@ -881,10 +892,19 @@ def _detect(
         .rows_by_key(["server", "run_id"], named=True)
     )
 
+    deleted_by_run = deleted_failures(events.join(keys, on=["server", "run_id"]), subs).rows_by_key(
+        ["server", "run_id"], named=True
+    )
     for run in candidates:
         key = (run["server"], run["run_id"])
         judgement = _judge_candidate(
-            _Context(run, jobs_by_run.get(key, []), events_by_run.get(key, []), key in dateless)
+            _Context(
+                run,
+                jobs_by_run.get(key, []),
+                events_by_run.get(key, []),
+                key in dateless,
+                deleted_by_run.get(key, []),
+            )
         )
         verdicts.append(_verdict(run, judgement.verdict, judgement.why))
         findings.extend(judgement.findings)

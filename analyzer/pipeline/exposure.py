@@ -26,7 +26,7 @@ nothing since; otherwise `unknown`, with the reason.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import cache
 from typing import Literal
@@ -35,7 +35,6 @@ import polars as pl
 from pydantic import BaseModel, ConfigDict, Field
 
 from analyzer.contract import Finding, LimitationRecord
-from analyzer.pipeline.moments import healthy_at, probe_state_at
 from analyzer.pipeline.placement import (
     STATIC_SHAPE,
     Queued,
@@ -48,6 +47,8 @@ from analyzer.pipeline.placement import (
     queued_first,
     spans_at,
 )
+from analyzer.pipeline.specs import changed_after, nodes_contradicted, promised_surges
+from analyzer.pipeline.states import alive_at, healthy_at, probe_state_at, running_services
 
 Exposed = Literal["yes", "no", "unknown"]
 Surge = Literal["none", "available", "unknown"]
@@ -167,25 +168,6 @@ def retry_for_no_capacity(retry, run_age: float | None) -> tuple[str, bool]:
     return f"retry on no-capacity for {duration:g} s from the run's submission{left}", False
 
 
-def running_services(
-    runs: pl.DataFrame, submissions: pl.DataFrame, as_of: datetime
-) -> pl.DataFrame:
-    """(server, run_id, as_of) of every service running at `as_of`: submitted, not finished,
-    with at least one job alive then."""
-    ended = pl.col("status").is_in(["terminated", "failed", "done"]) & (
-        pl.col("last_processed_at") <= as_of
-    )
-    alive = submissions.filter(
-        (pl.col("created_at") <= as_of)
-        & (pl.col("stopped_at").is_null() | (pl.col("stopped_at") > as_of))
-    ).select("server", "run_id")
-    return (
-        runs.filter((pl.col("run_type") == "service") & (pl.col("submitted_at") <= as_of) & ~ended)
-        .join(alive.unique(), on=["server", "run_id"], how="semi")
-        .select("server", "run_id", pl.lit(as_of).cast(pl.Datetime("us", "UTC")).alias("as_of"))
-    )
-
-
 @dataclass
 class Frames:
     """What the computation reads: the canonical frames and the timeline's submissions."""
@@ -199,6 +181,8 @@ class Frames:
     narrowed: bool = False  # jobs of some runs not read: an idle-looking instance may be busy
     # per server, the end of its evidence: the final rows (probe streaks, ready) speak of it
     evidence_ends: dict[str, datetime] = field(default_factory=dict)
+    # the runs' "Run updated" events: given, a spec changed after T is not read back into T
+    updates: pl.DataFrame | None = None
 
 
 def assess_probes(
@@ -220,9 +204,7 @@ def assess_states(
         return []
     probe = ["server", "run_id", "as_of"]
     subs = probe_state_at(frames.submissions.join(probes, on=["server", "run_id"]))
-    live = (pl.col("created_at") <= pl.col("as_of")) & (
-        pl.col("stopped_at").is_null() | (pl.col("stopped_at") > pl.col("as_of"))
-    )
+    live = alive_at()
     healthy = (
         subs.filter(live & healthy_at(frames.evidence_ends))
         .group_by(probe)
@@ -367,6 +349,22 @@ def assess_states(
     )
     specs = _Specs()
     latest, refusals = _provider_history(frames, runs, fleets_at, specs, instances, kinds)
+    nodes_unknown = {}
+    if frames.updates is not None:
+        runs = runs.join(
+            changed_after(frames.updates, probes), on=probe, how="left", maintain_order="left"
+        ).join(
+            promised_surges(frames.updates, frames.submissions, frames.runs, probes),
+            on=probe,
+            how="left",
+            maintain_order="left",
+        )
+        contradicted = nodes_contradicted(
+            frames.submissions, frames.runs, frames.fleets, frames.instances
+        )
+        nodes_unknown = {
+            (r["server"], r["fleet_id"]): r for r in contradicted.iter_rows(named=True)
+        }
     context = _Context(
         frames=frames,
         instances=_group(listed, tuple(key)) if listed is not None else {},
@@ -378,6 +376,7 @@ def assess_states(
         incidents=_incidents(findings),
         queued=queued_at(frames.runs, frames.submissions, probes),
         specs=specs,
+        nodes_unknown=nodes_unknown,
     )
     fleets_of = _group(fleets_at, ("server", "run_id", "as_of"))
     return [
@@ -556,6 +555,8 @@ class _Context:
     incidents: dict[tuple, list[datetime]]  # (server, project, run_name) -> incident times
     queued: dict[tuple, list[Queued]]  # (server, project, as_of) -> jobs queued then
     specs: _Specs
+    # (server, fleet_id) -> the last refusal its final nodes contradict (specs.nodes_contradicted)
+    nodes_unknown: dict[tuple, dict] = field(default_factory=dict)
     fleet_cache: dict[tuple, _FleetState] = field(default_factory=dict)
 
 
@@ -571,6 +572,7 @@ class _FleetState:
     instances: list[dict]  # InstanceAtT's fields, when listed
     can_add_node: bool
     provenance: str | None
+    nodes_known: bool = True  # false: the final spec is contradicted at T (specs.py)
     _shown: FleetAtT | None = None
 
     def record(self) -> FleetAtT:
@@ -681,6 +683,19 @@ def _assess_one(row: dict, fleets: list[dict], context: _Context) -> _Assessment
     reasons.append(retry_text)
     if spec and not groups:
         reasons.append("the run spec holds no resources: the fit of an idle instance is unknown")
+    later = row.get("changed_later") or []
+    if later:
+        reasons.append(
+            f"'Run updated' changed {', '.join(later)} after T: the run's final spec read here "
+            "is not T's"
+        )
+        if {"resources", "groups", "fleets", "creation_policy"} & set(later) and surge != "unknown":
+            surge = "unknown"
+        if {"replicas", "groups"} & set(later):
+            row["desired_replica_count"] = None
+    for promise in row.get("promised") or []:
+        reasons.append(f"{promise}: it goes into the same fleet's room, maybe first")
+        surge = "unknown" if surge == "available" else surge
     past = sum(
         1
         for when in context.incidents.get((server, row.get("project"), row.get("run_name")), [])
@@ -714,10 +729,19 @@ def _fleet_at(
     ssh = bool(fleet["ssh"]) or remote
     nodes_max = fleet["nodes_max"]
     low = fleet["nodes_min"] if fleet["nodes_min"] is not None else ""
+    nodes = "ssh hosts" if ssh else f"{low}..{nodes_max if nodes_max is not None else ''}"
+    edited = context.nodes_unknown.get((fleet["server"], fleet["fleet_id"]))
+    if edited is not None and as_of <= edited["refused_at"]:
+        nodes = (
+            f"unknown at T: dstack refused a placement 'Fleet is at capacity' at "
+            f"{edited['refused_at']:%Y-%m-%d %H:%M:%S} with {edited['active']} active "
+            f"instance(s), which the final nodes {nodes} had room for (edited later, no event)"
+        )
     record = _FleetState(
         fleet_id=fleet["fleet_id"],
         fleet_name=fleet["fleet_name"],
-        nodes="ssh hosts" if ssh else f"{low}..{nodes_max if nodes_max is not None else ''}",
+        nodes=nodes,
+        nodes_known=not nodes.startswith("unknown"),
         ssh=ssh,
         active_instances=count,
         instances=[
@@ -733,7 +757,10 @@ def _fleet_at(
             }
             for i in mine
         ],
-        can_add_node=not ssh and creation != "reuse" and (nodes_max is None or count < nodes_max),
+        can_add_node=not ssh
+        and creation != "reuse"
+        and (nodes_max is None or count < nodes_max)
+        and not nodes.startswith("unknown"),
         provenance=fleet["provenance"],
     )
     context.fleet_cache[key] = record
@@ -815,6 +842,9 @@ def _group_surge(
         unknown = unknown or (verdict, text + before)
     if unknown is not None:
         return unknown
+    edited = [r for r in fleet_records if not r.nodes_known]
+    if edited:
+        return "unknown", f"group {name}: fleet {edited[0].fleet_name}'s nodes {edited[0].nodes}"
     if fits_unknown:
         return (
             "unknown",
@@ -925,13 +955,14 @@ def exposure_report(audit, as_of: datetime | None = None) -> ExposureReport:
         LimitationRecord(
             code="fleet_spec_as_last_recorded",
             message="fleet specs (nodes) are read as last recorded: an edit of a fleet's nodes "
-            "range before T is not dated in the tables",
+            "range is not dated in the tables (unknown at T where a refusal 'Fleet is at "
+            "capacity' contradicts the last recorded range)",
             source="exposure",
         )
     ]
     if moment is None:
         return ExposureReport(as_of=None, services=[], limitations=limitations)
-    frames = frames_of(audit)
+    frames = replace(frames_of(audit), updates=audit.events.filter(pl.col("kind") == "run_updated"))
     missing = {s for s in set(audit.runs["server"]) if s not in frames.fleet_table_servers}
     for server in sorted(missing):
         limitations.append(

@@ -10,6 +10,7 @@ import polars as pl
 
 from analyzer.contract import CapacityForesight, Finding
 from analyzer.pipeline.exposure import BEFORE_UPDATE, NO_CAPACITY, Frames, assess_states
+from analyzer.pipeline.placement import holders_at
 
 DATELESS = CapacityForesight(
     as_of=None,
@@ -75,6 +76,7 @@ def foresight(
         (a.row["server"], a.row["run_id"]): a
         for a in assess_states(frames, probes, [], detail=False)
     }
+    holders = _capacity_holders(wanted, frames)
     updated = []
     for finding in findings:
         state = states.get((finding.server, finding.run_id))
@@ -85,7 +87,7 @@ def foresight(
         if state is None or not no_capacity:
             updated.append(finding)
             continue
-        reasons = state.reasons[1:]
+        reasons = [*state.reasons[1:], *holders.get((finding.server, finding.run_id), [])]
         update: dict = {
             "capacity_foresight": CapacityForesight(
                 as_of=state.row["as_of"],
@@ -99,6 +101,72 @@ def foresight(
             update["root_cause"] = root
         updated.append(finding.model_copy(update=update))
     return updated
+
+
+HOLDERS_NAMED = 3  # per finding: the jobs that held the room, the rest counted
+
+
+def _capacity_holders(findings: list[Finding], frames: Frames) -> dict[tuple, list[str]]:
+    """Per finding whose culprit was refused 'Fleet is at capacity': who held the fleet's room
+    at that moment (placement.holders_at), named with its run, since when and until when, and
+    its final health; this run's own replicas included."""
+    failures = pl.DataFrame(
+        [
+            {
+                "i": i,
+                "server": f.server,
+                "fleet_name": name,
+                "as_of": c.failed_at,
+                "own": f.run_id,
+            }
+            for i, f in enumerate(findings)
+            for c in f.culprits[:1]
+            if c.failed_at is not None
+            and "fleet is at capacity" in (c.termination_reason_message or "").lower()
+            for name in (f.root_cause.fleets if f.root_cause else [])
+        ],
+        schema={
+            "i": pl.Int64,
+            "server": pl.String,
+            "fleet_name": pl.String,
+            "as_of": pl.Datetime("us", "UTC"),
+            "own": pl.String,
+        },
+    )
+    if failures.is_empty():
+        return {}
+    held = (
+        holders_at(failures, frames.submissions, frames.runs)
+        # other runs' first (the neighbour that held the room), then the earliest placed
+        .sort("i", pl.col("run_id") == pl.col("own"), "created_at", "job_id")
+        .with_columns(
+            pl.int_range(pl.len()).over("i").alias("_rank"), pl.len().over("i").alias("_of")
+        )
+        .filter(pl.col("_rank") < HOLDERS_NAMED)
+    )
+    said: dict[tuple, list[str]] = {}
+    for row in held.iter_rows(named=True):
+        whose = "this run's" if row["run_id"] == row["own"] else f"run {row['run_name']}'s"
+        until = (
+            f"until {row['stopped_at']:%Y-%m-%d %H:%M:%S}"
+            if row["stopped_at"]
+            else "still there at the end of the evidence"
+        )
+        finding = findings[row["i"]]
+        said.setdefault((finding.server, finding.run_id), []).append(
+            f"at the failure ({row['as_of']:%Y-%m-%d %H:%M:%S}) fleet {row['fleet_name']} was at "
+            f"capacity: {whose} {row['job_name']} (deployment {row['deployment_num']}) held "
+            f"instance {row['instance_name']} since {row['created_at']:%Y-%m-%d %H:%M:%S}, "
+            f"{until} (health: {row['health']}"
+            + (f", {row['health_proof']}" if row["health_proof"] else "")
+            + ")"
+            + (
+                f"; and {row['_of'] - HOLDERS_NAMED} more job(s) on its instances"
+                if row["_rank"] == HOLDERS_NAMED - 1 and row["_of"] > HOLDERS_NAMED
+                else ""
+            )
+        )
+    return said
 
 
 _QUEUE_TOOK_IT = "the room left goes to other runs' queued replicas first"

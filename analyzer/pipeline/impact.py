@@ -27,21 +27,49 @@ from analyzer.contract import (
 )
 from analyzer.model import UTC_TIME
 from analyzer.pipeline.counterfactual import FailedReplica, RolloutFacts, evaluate_all
+from analyzer.pipeline.states import served_by, serving_spans, stopped_by
 from analyzer.pipeline.story import is_pseudo_date
 
 # A replica with unknown start of health (table-only evidence) counts from its submission.
 CAPACITY_COLUMNS = ["server", "run_id", "time", "healthy_replicas"]
 
 
-def serving_capacity(subs: pl.DataFrame, end_of_evidence: datetime | None) -> pl.DataFrame:
+def serving_capacity(
+    subs: pl.DataFrame,
+    events: pl.DataFrame,
+    end_of_evidence: datetime | None,
+    ends: dict[str, datetime] | None = None,
+) -> pl.DataFrame:
     """Per run: the number of healthy replicas (RUNNING and ready) as a step function; one row
-    per change, `healthy_replicas` holding from `time` until the next row."""
-    healthy = subs.filter(pl.col("health") == "healthy").select(
-        "server",
-        "run_id",
-        "deployment_num",
-        pl.coalesce("healthy_since", "running_at", "submitted_at").alias("start"),
-        pl.coalesce("stopped_at", pl.lit(end_of_evidence)).alias("stop"),
+    per change, `healthy_replicas` holding from `time` until the next row. Each job counts
+    while its states say it served (states.serving_spans: one that served and then failed a
+    probe served until then); a job whose serving no state dates counts by its final verdict,
+    from when it was healthy until it stopped."""
+    spans = serving_spans(subs, events, ends)
+    dated = subs.join(spans, on=["server", "job_id"], how="semi").select(
+        "server", "run_id", "job_id", "deployment_num"
+    )
+    undated = subs.join(spans, on=["server", "job_id"], how="anti").filter(
+        pl.col("health") == "healthy"
+    )
+    healthy = pl.concat(
+        [
+            dated.join(spans.drop("run_id"), on=["server", "job_id"]).select(
+                "server",
+                "run_id",
+                "deployment_num",
+                "start",
+                pl.coalesce("until", pl.lit(end_of_evidence)).alias("stop"),
+            ),
+            undated.select(
+                "server",
+                "run_id",
+                "deployment_num",
+                pl.coalesce("healthy_since", "running_at", "submitted_at").alias("start"),
+                pl.coalesce("stopped_at", pl.lit(end_of_evidence)).alias("stop"),
+            ),
+        ],
+        how="vertical_relaxed",
     )
     steps = pl.concat(
         [
@@ -285,12 +313,7 @@ def _lookups(
         on=["server", "run_id"],
     )
     older = of_update.filter(
-        (pl.col("deployment_num") < pl.col("dep"))
-        & (
-            pl.col("stopped_at").is_null()
-            | pl.col("failed").is_null()
-            | (pl.col("stopped_at") >= pl.col("failed"))
-        )
+        (pl.col("deployment_num") < pl.col("dep")) & ~stopped_by(pl.col("failed"))
     )
     bumped = of_update.filter(
         (pl.col("deployment_num") == pl.col("dep")) & (pl.col("created_deployment") < pl.col("dep"))
@@ -299,9 +322,7 @@ def _lookups(
         of_update.filter(
             (pl.col("deployment_num") == pl.col("dep"))
             & (pl.col("created_deployment").fill_null(pl.col("dep")) >= pl.col("dep"))
-            & (pl.col("health") == "healthy")
-            & pl.col("healthy_since").is_not_null()
-            & (pl.col("failed").is_null() | (pl.col("healthy_since") <= pl.col("failed")))
+            & served_by(pl.col("failed"))
         )
         .group_by("i")
         .agg(pl.col("healthy_since").sort())
@@ -332,9 +353,19 @@ def _facts(
         update_at=found.update_times.get(i),
         older_running=i in found.older_running,
         in_place=i in found.in_place,
+        # the culprits first, then the earlier failures of their slots (re-submitted by the
+        # retry policy; dstack may have deleted their rows and kept their events): each is a
+        # failed launch of its deployment
         culprits=[
-            FailedReplica(c.deployment_num, c.failed_at, c.termination_reason, c.exit_status)
-            for c in finding.culprits
+            *(
+                FailedReplica(c.deployment_num, c.failed_at, c.termination_reason, c.exit_status)
+                for c in finding.culprits
+            ),
+            *(
+                FailedReplica(c.deployment_num, e.failed_at, e.termination_reason, e.exit_status)
+                for c in finding.culprits
+                for e in c.earlier_failures
+            ),
         ],
         new_available=found.new_available.get(i, []),
         victims=len(finding.victims),

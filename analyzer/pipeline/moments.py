@@ -1,15 +1,24 @@
-"""What was true at a moment: a run's failure (the moment its cascade began, whatever a later
-user stop wrote over it) and a replica's health at a moment T, from what the evidence dates at
-or before T. The detector asks them at the run's failure, `exposure --as-of` at its T.
+"""A run's failure: the moment its cascade began, whatever a later user stop wrote over it
+(and what that stop wrote), the own failures of submissions whose rows dstack deleted, and
+the run applied after it. The detector judges each job at that moment (what held then:
+pipeline/states.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
 import polars as pl
 
-from analyzer.model import RUN_FAILURE_REASONS, USER_STOP_RUN_REASONS, UTC_TIME
+from analyzer.dstack import (
+    RUN_FAILURE_REASONS,
+    USER_STOP_JOB_REASONS,
+    USER_STOP_RUN_REASONS,
+    own_failure,
+)
+from analyzer.model import UTC_TIME
 
 # The bases on which a user's stop may have come after the failure, during the cascade.
 CASCADE_BASES = ("run_event", "culprit_before_stop", "cascade_label")
@@ -117,167 +126,143 @@ def run_failures(runs: pl.DataFrame, subs: pl.DataFrame, events: pl.DataFrame) -
     )
 
 
-def healthy_at(evidence_ends: dict[str, datetime]) -> pl.Expr:
-    """Whether a submission alive at `as_of` was healthy then, from what the evidence dates at
-    or before `as_of` only (never the final rows' verdict about a later moment).
-
-    dstack marks a replica ready once (`jobs_running.py::_maybe_register_replica`: every probe
-    `success_streak >= ready_after`, `services/probes.py::is_probe_ready`; without probes on its
-    first RUNNING pass) and never resets `jobs.ready`. So: a ready/registered event dated at or
-    before T proves it; a probe-less job RUNNING by T (and `ready` not 0) is ready; the final
-    probe streaks and `ready` flag are undated, they speak of T only when T is at or after the
-    end of the server's evidence (a streak left by a later crash says nothing of T). Dated
-    probe results (DEBUG probe lines; `probe_state_at` adds them first) prove it either way:
-    passing at T proves health, a probe failing at T its absence, whatever a readiness said."""
-    as_of = pl.col("as_of")
-    end = pl.col("server").replace_strict(
-        evidence_ends, default=None, return_dtype=pl.Datetime("us", "UTC")
-    )
-    final_speaks = end.is_not_null() & (as_of >= end)
-    running_by = pl.coalesce("running_event_at", "running_at") <= as_of
-    dated_ready = (pl.col("ready_at") <= as_of).fill_null(False)
-    probe_less = (
-        (pl.col("probe_count") == 0)
-        & pl.col("ready").is_null().or_(pl.col("ready"))
-        & running_by
-        & (pl.col("health") == "healthy")
-    ).fill_null(False)
-    failing = (pl.col("probes_below_ready_after").fill_null(0) > 0) & final_speaks
-    final = (final_speaks & (pl.col("health") == "healthy") & running_by).fill_null(False)
+def next_runs(runs: pl.DataFrame) -> pl.DataFrame:
+    """Per run, the next run of the same name in its project (`dstack apply` after a run
+    failed submits a new run: services/runs/__init__.py, apply_plan)."""
+    name = ["server", "project", "run_name"]
     return (
-        ~failing
-        & ~pl.col("probe_failing_at")
-        & (dated_ready | probe_less | final | pl.col("probe_passing_at"))
-    )
-
-
-def dated_after(as_of: pl.Expr) -> pl.Expr:
-    """The evidence dates this job's readiness (or, without probes, its RUNNING) after T: it
-    had not served by T."""
-    ready_later = (pl.col("ready_at") > as_of).fill_null(False)
-    running_later = (
-        (pl.col("probe_count") == 0)
-        & (pl.coalesce("running_event_at", "running_at") > as_of)
-        & pl.col("ready_at").is_null()
-    ).fill_null(False)
-    return ready_later | running_later
-
-
-PROBE_RESULT_KINDS = ("probe_passed", "probe_failed")
-PROBE_RESULT = pl.Struct(
-    {
-        "probe": pl.String(),
-        "time": UTC_TIME,
-        "passed": pl.Boolean(),
-        "streak": pl.Int64(),
-        "failed_before": pl.Boolean(),
-        "last_failed_at": UTC_TIME,
-        "place": pl.String(),
-    }
-)
-
-
-def probe_results(events: pl.DataFrame) -> pl.DataFrame:
-    """Per job, its dated probe results (DEBUG probe lines), in time order, each with the
-    streak it leaves: `_process_probe_async` (scheduled_tasks/probes.py) adds one to
-    `success_streak` on a pass and resets it to 0 on a failure. A streak counted from a log
-    that starts mid-streak is a lower bound (`failed_before` false)."""
-    rows = events.filter(
-        pl.col("kind").is_in(PROBE_RESULT_KINDS)
-        & (pl.col("entity_type") == "job")
-        & pl.col("time").is_not_null()
-    )
-    schema = {"server": pl.String(), "job_id": pl.String(), "probe_results": pl.List(PROBE_RESULT)}
-    if rows.is_empty():
-        return pl.DataFrame(schema=schema)
-    passed = pl.col("kind") == "probe_passed"
-    key = ["server", "entity_id", "probe"]
-    failures = (~passed).cast(pl.Int64).cum_sum().over(key)
-    return (
-        rows.sort([*key, "time", "seq"])
+        runs.select(*name, "run_id", "submitted_at")
+        .sort([*name, "submitted_at"], nulls_last=True)
         .with_columns(
-            passed.alias("passed"),
-            pl.when(passed)
-            .then(pl.int_range(1, pl.len() + 1).over([*key, failures]))
-            .otherwise(0)
-            .alias("streak"),
-            (failures > 0).alias("failed_before"),
-            pl.when(~passed).then(pl.col("time")).forward_fill().over(key).alias("last_failed_at"),
-            pl.col("provenance").list.first().alias("place"),
+            pl.col("run_id").shift(-1).over(name).alias("next_run_id"),
+            pl.col("submitted_at").shift(-1).over(name).alias("next_submitted_at"),
         )
-        .group_by(["server", "entity_id"], maintain_order=True)
-        .agg(pl.struct(list(PROBE_RESULT.to_schema())).sort_by("time").alias("probe_results"))
-        .rename({"entity_id": "job_id"})
-        .cast(schema)
+        .select("server", "run_id", "next_run_id", "next_submitted_at")
     )
 
 
-def probe_state_at(frame: pl.DataFrame) -> pl.DataFrame:
-    """Each row's probes at its `as_of` (null: at the end), from its dated probe results
-    (`probe_results`): the last result of each probe at or before T.
-
-    dstack counts a replica ready while every probe's streak >= its `ready_after`
-    (services/probes.py, is_probe_ready). So a probe failed at T if its last result failed
-    (streak 0), or if `ready_after` is known and fewer passes than it followed a failure; it
-    passed at T if its last result passed and the passes since the last failure reach
-    `ready_after`, or none failed since a readiness dated at or before T (the streak was >=
-    `ready_after` then and only grew). `probe_failing_at`: some probe failed at T;
-    `probe_passing_at`: every probe seen passed and every declared probe was seen (or a
-    dated readiness covers the unseen); `probe_line_at` / `probe_line`: the deciding line."""
-    out = ("probe_passing_at", "probe_failing_at", "probe_line_at", "probe_line")
-    indexed = frame.drop(out, strict=False).with_row_index("_row")
-    as_of = pl.col("as_of")
-    ready_after = pl.col("probe_ready_after")
-    ready_at = pl.col("ready_at")
-    last = (
-        indexed.select("_row", "as_of", "ready_at", "probe_ready_after", "probe_results")
-        .explode("probe_results")
-        .drop_nulls("probe_results")
-        .unnest("probe_results")
-        .filter(as_of.is_null() | (pl.col("time") <= as_of))
-        .sort("time")
-        .group_by("_row", "probe")
-        .last()
+def deleted_failures(events: pl.DataFrame, subs: pl.DataFrame) -> pl.DataFrame:
+    """The own failures of submissions whose rows dstack deleted but whose events it kept (it
+    deletes superseded no-capacity submissions: background/scheduled_tasks,
+    delete_superseded_no_capacity_job_submissions, 0.20.29+): one row each, named and timed by
+    its events, judged by the reason its TERMINATING event carries (`own_failure`)."""
+    kind, new = pl.col("kind"), pl.col("new_status")
+    terminating = (kind == "job_status") & (new == "terminating")
+    orphans = events.filter(
+        (pl.col("entity_type") == "job") & kind.is_in(["job_created", "job_status"])
+    ).join(
+        subs.select("server", pl.col("job_id").alias("entity_id")),
+        on=["server", "entity_id"],
+        how="anti",
     )
-    passed, streak = pl.col("passed"), pl.col("streak")
-    reaches = (ready_after.is_not_null() & (streak >= ready_after)).fill_null(False)
-    unbroken = (
-        (as_of.is_null() | (ready_at <= as_of))
-        & (pl.col("last_failed_at").is_null() | (pl.col("last_failed_at") < ready_at))
-    ).fill_null(False)
-    below = ~passed | (
-        ready_after.is_not_null() & pl.col("failed_before") & (streak < ready_after)
-    ).fill_null(False)
-    per_row = (
-        last.with_columns(below.alias("_below"), (passed & (reaches | unbroken)).alias("_passing"))
-        .sort("time")
-        .group_by("_row")
+    return (
+        orphans.group_by(["server", "run_id", "entity_id"])
         .agg(
-            pl.col("_below").any().alias("probe_failing_at"),
-            pl.col("_passing").all().alias("_all_passing"),
-            pl.len().alias("_seen"),
-            pl.when(pl.col("_below").any())
-            .then(pl.col("time").filter(pl.col("_below")).last())
-            .otherwise(pl.col("time").last())
-            .alias("probe_line_at"),
-            pl.when(pl.col("_below").any())
-            .then(pl.col("place").filter(pl.col("_below")).last())
-            .otherwise(pl.col("place").last())
-            .alias("probe_line"),
+            pl.col("entity_name").drop_nulls().first().alias("job_name"),
+            pl.col("time").filter(kind == "job_created").min().alias("created_at"),
+            pl.col("time").filter(terminating).min().alias("terminating_at"),
+            pl.col("termination_reason").filter(terminating).first(),
+            pl.col("termination_message")
+            .filter(terminating)
+            .first()
+            .alias("termination_reason_message"),
+            pl.col("provenance").first().list.first().alias("provenance"),
         )
-    )
-    covered = (
-        pl.col("probe_count").is_null()
-        | (pl.col("_seen") >= pl.col("probe_count"))
-        | (ready_at <= as_of).fill_null(False)
-    )
-    return (
-        indexed.join(per_row, on="_row", how="left", maintain_order="left")
-        .with_columns(
-            pl.col("probe_failing_at").fill_null(False),
-            (~pl.col("probe_failing_at").fill_null(False) & pl.col("_all_passing") & covered)
-            .fill_null(False)
-            .alias("probe_passing_at"),
+        .filter(pl.col("terminating_at").is_not_null())
+        .with_columns(pl.lit("failed").alias("status"))
+        .filter(own_failure())
+        .select(
+            "server",
+            "run_id",
+            pl.col("entity_id").alias("job_id"),
+            "job_name",
+            "created_at",
+            "terminating_at",
+            "termination_reason",
+            "termination_reason_message",
+            "provenance",
+            pl.lit(None, pl.Int64).alias("submission_num"),
+            pl.lit(None, pl.Int64).alias("exit_status"),
+            pl.lit(None, pl.String).alias("event_reason"),
+            pl.lit(None, pl.String).alias("event_message"),
+            pl.lit(None, UTC_TIME).alias("finished_at"),
+            pl.lit(None, UTC_TIME).alias("last_processed_at"),
         )
-        .drop("_row", "_all_passing", "_seen")
+        .sort("created_at")
+    )
+
+
+def stopped_during_cascade(
+    run: dict[str, Any],
+    victims: list[dict[str, Any]],
+    finished: dict[str, Any] | None,
+    at: Callable[[datetime | None], str],
+) -> tuple[str, str]:
+    """The limitation that says a user stopped the run after its failure: what dstack wrote
+    over the failure, and when the stop came as far as the evidence dates it (`finished`: the
+    run's TERMINATING -> finished event; `at` words a moment)."""
+    final = (run["stop_reason"] or "").upper() or (
+        "status TERMINATED, which dstack gives a run only for a user's stop or abort "
+        "(RunTerminationReason.to_status)"
+    )
+    by_user = [v for v in victims if v["termination_reason"] in USER_STOP_JOB_REASONS]
+    by_server = [v for v in victims if v["termination_reason"] not in USER_STOP_JOB_REASONS]
+    basis = run["failure_basis"]
+    if basis == "culprit_before_stop":
+        actor = (run["stop_actor"] or "an unknown actor").removeprefix("user ")
+        failed = (
+            f"a replica had already failed by itself at {at(run['failed_at'])} when "
+            f"{actor} stopped the run at {at(run['stop_at'])} (the stop's event), before "
+            "dstack's run pass failed it (pipeline_tasks/runs/active.py): whether the run would "
+            "have failed depends on the replica's retry policy"
+        )
+    elif basis == "cascade_label":
+        failed = (
+            f"no event dates the run's failure, but its final reason {final} is a user's and "
+            + ", ".join(v["job_name"] for v in by_server)
+            + " carries the cascade's TERMINATED_BY_SERVER without a message, which dstack "
+            "gives only for a server reason (RunTerminationReason.to_job_termination_reason): "
+            "the run had failed before the user's stop, with a reason the evidence does not name"
+        )
+    else:
+        lower = max(
+            [run["failed_at"], *(v["terminating_at"] for v in by_server if v["terminating_at"])]
+        )
+        upper = min(
+            [
+                t
+                for t in (
+                    *(v["terminating_at"] for v in by_user),
+                    finished["time"] if finished else None,
+                )
+                if t is not None
+            ],
+            default=None,
+        )
+        window = f"at or after {at(lower)}" + (f" and before {at(upper)}" if upper else "")
+        failed = (
+            f"the run went TERMINATING with {run['failure_reason'].upper()} at "
+            f"{at(run['failed_at'])} (its status-change event) and ends with {final}: "
+            "dstack's stop_runs() (services/runs/__init__.py) writes the user's reason over "
+            "the failure and emits no event when the run is already TERMINATING "
+            f"(switch_run_status), so the stop's time is known only as {window} and its actor "
+            "is not in the evidence"
+        )
+    labels = []
+    if by_server:
+        labels.append(
+            ", ".join(v["job_name"] for v in by_server) + " kept TERMINATED_BY_SERVER "
+            "(already TERMINATING at the stop)"
+        )
+    if by_user:
+        labels.append(
+            ", ".join(v["job_name"] for v in by_user)
+            + f" got {by_user[0]['termination_reason'].upper()} (the terminating pass reached "
+            "it after the stop)"
+        )
+    return "run_stopped_during_cascade", (
+        f"run {run['run_name']}: the user stopped the run during the cascade: {failed}; "
+        + "; ".join(labels)
+        + " (pipeline_tasks/runs/terminating.py, process_terminating_run): the failure had "
+        "already doomed them, so they are its victims whichever label the stop gave them"
     )

@@ -37,6 +37,12 @@ _CROSS_RUN_COLUMNS = (
     "replica_group",
     "status",
     "left_queue_at",
+    # who held a fleet's room at a failure (foresight, placement.holders_at)
+    "fleet_name",
+    "deployment_num",
+    "instance_name",
+    "health",
+    "health_proof",
 )
 _CROSS_RUN_RUN_COLUMNS = ("server", "run_id", "project", "run_name", "fleet_id", "placement_spec")
 _TIMELINE_ORDER = ["server", "run_id", "replica_num", "job_num", "submission_num"]

@@ -8,9 +8,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from functools import lru_cache
 
 import polars as pl
+
+from analyzer.dstack import blocks_fit
 
 
 @dataclass(frozen=True)
@@ -252,29 +253,7 @@ def fits(req: Requirement | None, inst: dict) -> bool | None:
     share of blocks that matches, and uses it when that many blocks are idle)."""
     if req is None or inst["cpus"] is None or inst["memory_mib"] is None:
         return None
-    return _fits_shape(req, *(inst[name] for name in SHAPE))
-
-
-@lru_cache(maxsize=4096)
-def _fits_shape(
-    req: Requirement,
-    cpus: int,
-    memory_mib: int,
-    gpus: int | None,
-    gpu_name: str | None,
-    gpu_memory_mib: int | None,
-    disk_mib: int | None,
-    total_blocks: int | None,
-    busy_blocks: int,
-) -> bool:
-    """`_fits` of one instance shape: a fleet's instances are mostly alike."""
-    total = max(total_blocks or 1, 1)
-    idle = total - busy_blocks
-    for blocks in range(1, total + 1):
-        share = (cpus // total, memory_mib // total, (gpus or 0) // total)
-        if req.matches(*(part * blocks for part in share), gpu_name, gpu_memory_mib, disk_mib):
-            return blocks <= idle
-    return False
+    return blocks_fit(req, *(inst[name] for name in SHAPE))
 
 
 @dataclass(frozen=True)
@@ -350,3 +329,34 @@ def place_queue(
             growth[grows[0]] -= 1
             taken.append(f"{who} takes a new node of fleet {names.get(grows[0])} first")
     return taken
+
+
+def holders_at(failures: pl.DataFrame, subs: pl.DataFrame, runs: pl.DataFrame) -> pl.DataFrame:
+    """Who held the room when a placement was refused for lack of it: per failure (`i`,
+    `server`, `fleet_name`, `as_of`, and any other columns), every job placed on an instance of
+    that fleet and not yet stopped then (`instance_id` kept after release:
+    jobs.used_instance_id), with its run, since when it held it, until when, and its final
+    health. dstack places a replica only on idle blocks or a new instance below `nodes.max`
+    (jobs_submitted.py); these held the rest. One inequality join (`spans_at`)."""
+    held = subs.filter(pl.col("instance_id").is_not_null()).select(
+        "server",
+        "fleet_name",
+        "run_id",
+        "job_id",
+        "job_name",
+        "deployment_num",
+        "instance_name",
+        "created_at",
+        "stopped_at",
+        pl.col("created_at").alias("_since"),
+        "health",
+        "health_proof",
+    )
+    moments = failures.with_row_index("_moment")
+    alive = spans_at(moments, held, ("server", "fleet_name"), "_since", "stopped_at")
+    return (
+        moments.join(alive, on="_moment")
+        .drop("_moment", "_since")
+        .join(runs.select("server", "run_id", "run_name"), on=["server", "run_id"], how="left")
+        .sort("i", "created_at")
+    )

@@ -21,12 +21,16 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import polars as pl
 
-from analyzer.catalogue import IN_PLACE_FIELDS
+from analyzer.dstack import (
+    ENDED_JOB_STATUSES,
+    FINISHED_JOB_STATUSES,
+    FINISHED_RUN_STATUSES,
+    IN_PLACE_CHANGES,
+    REPLICA_COUNT_CHANGES,
+)
 from analyzer.errors import AuditInputError
 from analyzer.model import (
     EVENTS_SCHEMA,
-    FINISHED_JOB_STATUSES,
-    FINISHED_RUN_STATUSES,
     JOBS_SCHEMA,
     RUNS_SCHEMA,
     UTC_TIME,
@@ -37,7 +41,6 @@ from analyzer.sources.attach import attach_job_runs as attach_runs
 from analyzer.sources.base import Limitation
 from analyzer.sources.clock import majority_shift, quarter_hour
 
-AMBIGUOUS_FIELDS = frozenset({"configuration.replicas", "configuration.groups"})
 MATCH_TOLERANCE_US = 2_000_000  # log ms (or rich s) precision against the DB's microseconds
 UNALIGNED = ("log_local_unaligned", "time_of_day_only")
 DAY_US = 24 * 3600 * 1_000_000
@@ -688,7 +691,7 @@ def _derive_jobs(events: pl.DataFrame) -> pl.DataFrame:
     if jobs.height == 0:
         return pl.DataFrame()
     status = pl.col("kind") == "job_status"
-    terminating = status & (pl.col("new_status").is_in(["terminating", *FINISHED_JOB_STATUSES]))
+    terminating = status & (pl.col("new_status").is_in(ENDED_JOB_STATUSES))
     per_job = jobs.group_by(["server", "run_id", "entity_id"]).agg(
         pl.col("entity_name").first().alias("job_name"),
         pl.col("_order").min().alias("_first"),
@@ -721,7 +724,7 @@ def _derive_jobs(events: pl.DataFrame) -> pl.DataFrame:
         .alias("graceful_termination_attempts"),
         pl.col("deployment_num").filter(pl.col("kind") == "job_updated").max().alias("_bumped"),
         pl.col("_order")
-        .filter(pl.col("new_status").is_in(["terminating", *FINISHED_JOB_STATUSES]))
+        .filter(pl.col("new_status").is_in(ENDED_JOB_STATUSES))
         .min()
         .alias("_ended"),
         pl.col("provenance").first().list.first().alias("provenance"),
@@ -758,15 +761,40 @@ def _derive_jobs(events: pl.DataFrame) -> pl.DataFrame:
         strategy="backward",
         check_sortedness=False,
     )
-    # In-place updates bump every job active at that moment (no event on the pipeline path).
-    in_place = updates.filter(
-        pl.col("changed_fields").map_elements(
-            lambda fields: {f.strip() for f in fields.split(",")} <= IN_PLACE_FIELDS,
-            return_dtype=pl.Boolean,
-        )
+    # In-place updates bump every job active at that moment whose spec is the run's current
+    # one (no event on the pipeline path). A job created before a rolling update runs an older
+    # spec from then on: dstack bumps a job only when the JobSpec rebuilt from the new run spec
+    # equals its own (reference 6.2), so a later in-place update leaves it at its deployment,
+    # provably (the log says which fields each update changed).
+    in_place_only = pl.col("changed_fields").map_elements(
+        lambda fields: {f.strip() for f in fields.split(",")} <= IN_PLACE_CHANGES,
+        return_dtype=pl.Boolean,
     )
+    in_place = updates.filter(in_place_only)
+    # a rolling update for sure: it changed a field neither applied in place nor a replica
+    # count or the groups (a `groups` change may or may not roll a group out)
+    rolling = ~pl.col("changed_fields").map_elements(
+        lambda fields: (
+            {f.strip() for f in fields.split(",")} <= IN_PLACE_CHANGES | REPLICA_COUNT_CHANGES
+        ),
+        return_dtype=pl.Boolean,
+    )
+    stale = (
+        per_job.select("server", "run_id", "entity_id", "_first")
+        .join(
+            updates.filter(rolling.fill_null(False)).select(
+                "server", "run_id", pl.col("_u_order").alias("_r_order")
+            ),
+            on=["server", "run_id"],
+        )
+        .filter(pl.col("_r_order") > pl.col("_first"))
+        .group_by(["server", "entity_id"])
+        .agg(pl.col("_r_order").min().alias("_stale_from"))
+    )
+    per_job = per_job.join(stale, on=["server", "entity_id"], how="left", maintain_order="left")
+    on_current_spec = pl.col("_stale_from").is_null() | (pl.col("_u_order") < pl.col("_stale_from"))
     bumps = (
-        per_job.select("server", "run_id", "entity_id", "_first", "_ended")
+        per_job.select("server", "run_id", "entity_id", "_first", "_ended", "_stale_from")
         .join(
             in_place.select("server", "run_id", "_u_order", pl.col("_u_dep").alias("_b_dep")),
             on=["server", "run_id"],
@@ -774,6 +802,7 @@ def _derive_jobs(events: pl.DataFrame) -> pl.DataFrame:
         .filter(
             (pl.col("_u_order") > pl.col("_first"))
             & (pl.col("_ended").is_null() | (pl.col("_ended") > pl.col("_u_order")))
+            & on_current_spec
         )
         .group_by(["server", "entity_id"])
         .agg(pl.col("_b_dep").max().alias("_in_place"))
@@ -782,11 +811,11 @@ def _derive_jobs(events: pl.DataFrame) -> pl.DataFrame:
     # place and redeploy others (per group); pipeline builds log no bump, so a job active at
     # such an update has a deployment the log cannot prove.
     ambiguous = (
-        per_job.select("server", "run_id", "entity_id", "_first", "_ended")
+        per_job.select("server", "run_id", "entity_id", "_first", "_ended", "_stale_from")
         .join(
             updates.filter(
                 pl.col("changed_fields").map_elements(
-                    lambda fields: {f.strip() for f in fields.split(",")} <= AMBIGUOUS_FIELDS,
+                    lambda fields: {f.strip() for f in fields.split(",")} <= REPLICA_COUNT_CHANGES,
                     return_dtype=pl.Boolean,
                 )
             ).select("server", "run_id", "_u_order"),
@@ -795,6 +824,7 @@ def _derive_jobs(events: pl.DataFrame) -> pl.DataFrame:
         .filter(
             (pl.col("_u_order") > pl.col("_first"))
             & (pl.col("_ended").is_null() | (pl.col("_ended") > pl.col("_u_order")))
+            & on_current_spec
         )
         .select("server", "entity_id", pl.lit(True).alias("_ambiguous"))
         .unique()

@@ -12,7 +12,8 @@ from typing import Any
 import polars as pl
 
 from analyzer.contract import Finding, RunVerdict
-from analyzer.model import FINISHED_JOB_STATUSES
+from analyzer.dstack import FINISHED_JOB_STATUSES
+from analyzer.pipeline.states import serving_spans
 
 # A rich log writes `[%X]`, a time of day without a date (dstack-data.md 9.2); the log reader
 # stores it on the 1970-01-01 pseudo date (sources/logs/messages.py), older than any dstack record.
@@ -166,6 +167,37 @@ def _first_time(row: dict[str, Any], *names: str) -> datetime | None:
     return None
 
 
+def _served_then_failed(
+    submissions: pl.DataFrame,
+    events: pl.DataFrame,
+    ends_by_server: Callable[..., dict[str, datetime]] | None,
+) -> dict[str, Healthy]:
+    """The jobs whose final verdict is not healthy but whose states date a time they served
+    (states.serving_spans: a replica that served, then failed a probe): their band, from the
+    first time they served until the last."""
+    unhealthy = submissions.filter(pl.col("health") != "healthy")
+    if unhealthy.is_empty():
+        return {}
+    spans = serving_spans(unhealthy, events, ends_by_server() if ends_by_server else None)
+    bands = spans.group_by("job_id").agg(
+        pl.col("start").min(),
+        pl.when(pl.col("until").is_null().any())
+        .then(None)
+        .otherwise(pl.col("until").max())
+        .alias("until"),
+    )
+    proofs = dict(unhealthy.select("job_id", "health_proof").iter_rows())
+    return {
+        job_id: Healthy(
+            since=as_utc(start),
+            start=as_utc(start),
+            until=as_utc(until),
+            proof=f"served by its dated states, then {proofs.get(job_id) or 'not healthy'}",
+        )
+        for job_id, start, until in bands.iter_rows()
+    }
+
+
 def tell(
     run: dict[str, Any],
     *,
@@ -239,6 +271,7 @@ def tell(
         for job in submissions.iter_rows(named=True)
         if job.get("health") == "healthy"
     }
+    healthy |= _served_then_failed(submissions, events, ends_by_server)
     return RunStory(
         run=run,
         verdict=verdict.verdict if verdict else None,

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import polars as pl
 
-from analyzer.model import FINISHED_JOB_STATUSES, UTC_TIME
+from analyzer.dstack import FINISHED_JOB_STATUSES
+from analyzer.model import UTC_TIME
 from analyzer.pipeline.evidence import Evidence
-from analyzer.pipeline.moments import probe_results, probe_state_at
-from analyzer.vocabulary import HEALTH_PROOFS as PROOF_NAMES
-from analyzer.vocabulary import HEALTH_STATES, HEALTHY_PROOFS
-from analyzer.vocabulary import UNHEALTHY_PROOFS as UNHEALTHY_PROOF_NAMES
+from analyzer.pipeline.states import final_health, healthy_since, probe_results
 
 # Each proof of vocabulary.HEALTHY_PROOFS / UNHEALTHY_PROOFS in words (tests/test_health.py).
 HEALTH_PROOFS = {
@@ -138,106 +136,19 @@ def submissions(evidence: Evidence) -> pl.DataFrame:
     subs = subs.join(
         probe_results(evidence.events), on=["server", "job_id"], how="left", maintain_order="left"
     )
-    # the logged probe results at the job's stop (at the end while it runs)
-    at_stop = probe_state_at(
-        subs.select(
-            pl.coalesce(
-                "terminating_at",
-                pl.when(pl.col("status").is_in(list(FINISHED_JOB_STATUSES))).then(
-                    pl.col("last_processed_at")
-                ),
-            ).alias("as_of"),
-            "ready_at",
-            "probe_ready_after",
-            "probe_count",
-            "probe_results",
-        )
-    )
-    subs = subs.with_columns(
-        at_stop["probe_passing_at"].alias("_probe_lines_ok"),
-        at_stop["probe_failing_at"].alias("_probe_lines_failed"),
-    )
-
+    subs = final_health(subs)
     finished = pl.col("status").is_in(list(FINISHED_JOB_STATUSES))
-    running_marker = (
-        pl.col("graceful_termination_attempts").is_not_null()
-        | pl.col("remove_at").is_not_null()
-        | pl.col("graceful_stop_event").fill_null(False)
-        | (pl.col("terminating_from") == "running")
-    )
-    probes_failing = pl.col("probes_below_ready_after").fill_null(0) > 0
-    probes_ok = (pl.col("probe_rows").fill_null(0) > 0) & ~probes_failing
-    ever_running = pl.col("has_provisioning_data").fill_null(True) & (
-        pl.col("running_event_at").is_not_null()
-        | pl.col("running_at").is_not_null()
-        | running_marker
-        | (pl.col("probe_rows").fill_null(0) > 0)
-        | pl.col("ready").fill_null(False)
-        | pl.col("ready_at").is_not_null()
-    )
-    proof = (
-        pl.when(probes_failing)
-        .then(pl.lit("probe_failing"))
-        .when(pl.col("_probe_lines_failed"))
-        .then(pl.lit("probe_failed_logged"))
-        .when(pl.col("ready").fill_null(False) & probes_ok)
-        .then(pl.lit("ready_flag_and_probes"))
-        .when(pl.col("ready").fill_null(False))
-        .then(pl.lit("ready_flag"))
-        .when(pl.col("_probe_lines_ok") & pl.col("ready").is_null())
-        .then(pl.lit("probe_lines"))
-        .when((pl.col("ready_kind") == "job_ready") & probes_ok)
-        .then(pl.lit("ready_event_and_probes"))
-        .when(pl.col("ready_kind") == "job_ready")
-        .then(pl.lit("ready_event"))
-        .when((pl.col("ready_kind") == "job_registered") & probes_ok)
-        .then(pl.lit("registered_event_and_probes"))
-        .when(pl.col("ready_kind") == "job_registered")
-        .then(pl.lit("registered_event"))
-        # dstack sets jobs.ready (never reset) in the running pass the streaks pass
-        # (_maybe_register_replica): a final streak of a job it never marked ready grew later
-        .when(probes_ok & (pl.col("ready") == False))  # noqa: E712
-        .then(pl.lit("not_ready"))
-        .when(probes_ok)
-        .then(pl.lit("probe_streaks"))
-        .when(~ever_running)
-        .then(pl.lit("never_running"))
-        .when((pl.col("probe_count").fill_null(0) > 0) & (pl.col("probe_rows") == 0))
-        .then(pl.lit("probes_never_ran"))
-        .when((pl.col("ready") == False) & running_marker)  # noqa: E712
-        .then(pl.lit("ready_flag_contradicts_running"))
-        .when(pl.col("ready") == False)  # noqa: E712
-        .then(pl.lit("not_ready"))
-        .when(running_marker & (pl.col("probe_count") == 0))
-        .then(pl.lit("running_no_probes"))
-        .when((pl.col("status") == "running") & (pl.col("probe_count") == 0))
-        .then(pl.lit("still_running_no_probes"))
-        .otherwise(pl.lit(None, pl.String))
-    )
-    health = (
-        pl.when(pl.col("health_proof").is_in(HEALTHY_PROOFS))
-        .then(pl.lit("healthy"))
-        .when(pl.col("health_proof").is_in(UNHEALTHY_PROOF_NAMES))
-        .then(pl.lit("not_healthy"))
-        .otherwise(pl.lit("unknown"))
-    )
     stopped_at = pl.coalesce(
         "terminating_at", pl.when(finished).then(pl.col("last_processed_at"))
     ).cast(UTC_TIME)
-    return (
-        subs.with_columns(proof.cast(pl.Enum(PROOF_NAMES)).cast(pl.String).alias("health_proof"))
-        .with_columns(
-            health.cast(pl.Enum(HEALTH_STATES)).cast(pl.String).alias("health"),
-            pl.coalesce("created_event_at", "submitted_at").alias("created_at"),
-            stopped_at.alias("stopped_at"),
-            pl.coalesce("finished_event_at", pl.when(finished).then(pl.col("last_processed_at")))
-            .cast(UTC_TIME)
-            .alias("finished_at"),
-            pl.coalesce("ready_at", "running_event_at", "running_at").alias("healthy_since"),
-        )
-        .drop("_probe_lines_ok", "_probe_lines_failed")
-        .sort(["server", "run_id", "replica_num", "job_num", "submission_num"])
-    )
+    return subs.with_columns(
+        pl.coalesce("created_event_at", "submitted_at").alias("created_at"),
+        stopped_at.alias("stopped_at"),
+        pl.coalesce("finished_event_at", pl.when(finished).then(pl.col("last_processed_at")))
+        .cast(UTC_TIME)
+        .alias("finished_at"),
+        healthy_since().alias("healthy_since"),
+    ).sort(["server", "run_id", "replica_num", "job_num", "submission_num"])
 
 
 def deployments(evidence: Evidence, subs: pl.DataFrame) -> pl.DataFrame:

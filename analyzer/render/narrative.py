@@ -11,6 +11,7 @@ from typing import Any
 import polars as pl
 
 from analyzer.contract import Finding, RunVerdict
+from analyzer.dstack import USER_STOP_RUN_REASONS
 from analyzer.pipeline.story import RunStory, tell
 from analyzer.render.format import (
     Clock,
@@ -254,7 +255,13 @@ def narrative(
             else f"the replica {culprit.job_name} of deployment {culprit.deployment_num}"
         )
         sentences.append(_upper_first(f"{at(when)} {who} {describe_failure(culprit)}."))
-    reason = (finding.run_termination_reason or "").upper() or "reason not recorded"
+    # the reason the run failed with, not one a user's stop wrote over it later
+    # (services/runs/__init__.py, stop_runs)
+    final = finding.run_termination_reason
+    failed_with = finding.run_failure_reason or (
+        final if final not in USER_STOP_RUN_REASONS else None
+    )
+    reason = (failed_with or "").upper() or "reason not recorded"
     failed_when = max((t for t in f.culprit_at if t is not None), default=None)
     if f.terminating_at is not None and failed_when is not None:
         delta = (f.terminating_at - failed_when).total_seconds()

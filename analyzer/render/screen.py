@@ -139,7 +139,13 @@ def _finding_cell(finding: Finding, tz: tzinfo | None) -> Text:
         + f": {c.termination_reason}"
         + (f" '{one_line(c.termination_reason_message)}'" if c.termination_reason_message else "")
         + (
-            f", re-submitted after submission {c.earlier_failures[0].submission_num}: "
+            ", re-submitted after "
+            + (
+                f"submission {c.earlier_failures[0].submission_num}"
+                if c.earlier_failures[0].submission_num is not None
+                else "a submission whose row dstack deleted (its events kept)"
+            )
+            + ": "
             f"{c.earlier_failures[0].termination_reason} (the root cause)"
             if c.earlier_failures
             else ""

@@ -9,13 +9,22 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Protocol
 
 import polars as pl
 
 import analyzer.catalogue as catalogue
+from analyzer.dstack import ROLLING_JOB_SPEC_PATHS, spec_fingerprint
 from analyzer.errors import AuditInputError
-from analyzer.model import id_from_hex, id_hex, normalise_enum, normalise_id, parse_db_time
+from analyzer.model import (
+    UTC_TIME,
+    id_from_hex,
+    id_hex,
+    normalise_enum,
+    normalise_id,
+    parse_db_time,
+)
 from analyzer.redact import Redactor, json_secret_values
 from analyzer.sources import cells
 from analyzer.sources.attach import attach_job_runs
@@ -126,25 +135,6 @@ REQUIRED_COLUMNS = {
     "jobs": ("id", "run_id", "job_name", "status", "submission_num", "replica_num"),
 }
 
-# JobSpec fields a rolling deployment changes (reference 6.1, 11.1.5): their hash tells a
-# redeployed job from one bumped in place.
-ROLLING_SPEC_PATHS = (
-    "$.commands",
-    "$.image_name",
-    "$.env",
-    "$.requirements",
-    "$.repo_code_hash",
-    "$.probes",
-    "$.service_port",
-    "$.working_dir",
-    "$.user",
-    "$.privileged",
-    "$.volumes",
-    "$.file_archives",
-    "$.app_specs",
-    "$.registry_auth",
-)
-
 # Profile parameters of a run spec that decide where a replica can go (reference 4.1): the
 # configuration's value overrides the profile's.
 PLACEMENT_PARAMS = ("resources", "retry", "fleets", "creation_policy")
@@ -156,7 +146,7 @@ JSON_PATHS: dict[str, dict[str, tuple[str, ...]]] = {
     "jobs": {
         "job_spec_data": (
             "$.replica_group",
-            *ROLLING_SPEC_PATHS,
+            *ROLLING_JOB_SPEC_PATHS,
             "$.ssh_key.private",
         ),
         "job_provisioning_data": ("$.price",),
@@ -419,7 +409,7 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
 
     data.jobs = _jobs(reader, ledger, raw_jobs, fleet_tables, server, runs)
     del raw_jobs
-    data.events = _events(reader, ledger, server, label, data.jobs, runs, users)
+    data.events, events_latest = _events(reader, ledger, server, label, data.jobs, runs, users)
 
     missing_columns = [
         f"{table}.{column}"
@@ -455,7 +445,7 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
     ledger.record(data)
     data.server_version = version
     data.events_table_of = {server} if "events" in present else set()
-    latest = _latest_alive(data, fleet_tables.alive)
+    latest = _latest_alive(data, fleet_tables.alive, events_latest)
     if latest is not None:
         data.latest_time = {server: latest}
     return data
@@ -719,12 +709,16 @@ def _alive_in(reader: TableReader, raw: dict[str, pl.DataFrame | None]) -> pl.Da
     return pl.concat(frames, how="vertical_relaxed").select(pl.max("t")) if frames else None
 
 
-def _latest_alive(data: SourceData, fleet_tables_alive: pl.DataFrame | None):
+def _latest_alive(
+    data: SourceData, fleet_tables_alive: pl.DataFrame | None, events_latest: datetime | None
+):
     """The latest moment any table shows the server at work: a lower bound of when the copy
-    was taken (runs, jobs and events as mapped; instances and fleets from their raw rows)."""
+    was taken (runs and jobs as mapped; every event, whatever its target, a project deleted
+    after the incident too; instances and fleets from their raw rows)."""
     frames = [
         data.runs.select(pl.max_horizontal("submitted_at", "last_processed_at").alias("t")),
         data.jobs.select(pl.max_horizontal("submitted_at", "last_processed_at").alias("t")),
+        pl.DataFrame({"t": [events_latest]}, schema={"t": UTC_TIME}),
     ]
     if data.events.height:
         frames.append(data.events.select(pl.col("time").alias("t")))
@@ -764,13 +758,7 @@ def _jobs(
         spec.str.json_path_match("$.probes")
         .str.json_decode(pl.List(pl.Struct({"ready_after": pl.Int64})))
         .alias("_probe_specs"),
-        pl.concat_str(
-            [spec.str.json_path_match(path).fill_null("") for path in ROLLING_SPEC_PATHS],
-            separator="\x1f",
-        )
-        .hash()
-        .cast(pl.String)
-        .alias("spec_fingerprint"),
+        spec_fingerprint(spec).alias("spec_fingerprint"),
     )
     jobs = _per_distinct(
         jobs,
@@ -914,11 +902,13 @@ def _events(
     jobs: pl.DataFrame,
     runs: pl.DataFrame,
     users: pl.DataFrame,
-) -> pl.DataFrame:
+) -> tuple[pl.DataFrame, datetime | None]:
+    """The events of runs and jobs, and the latest moment any event of the table speaks of
+    (a project's, a fleet's or a user's too: the server was at work then)."""
     events = _read(reader, "events", ledger)
     targets = _read(reader, "event_targets", ledger)
     if events is None or targets is None:
-        return pl.DataFrame()
+        return pl.DataFrame(), None
     ev = _per_distinct(
         events.lazy(), ["actor_user_id"], normalise_id(pl.col("actor_user_id")).alias("actor_id")
     ).select(
@@ -942,11 +932,15 @@ def _events(
         "entity_name",
         "entity_run_id",
     )
+    # the latest event of any target, taken while the times are parsed once
     joined = (
-        ev.join(tg, on="event_uuid")
+        ev.with_columns(pl.col("time").max().alias("_latest"))
+        .join(tg, on="event_uuid")
         .join(users.lazy(), left_on="actor_id", right_on="id", how="left", maintain_order="left")
         .collect()
     )
+    latest = joined["_latest"].max() if joined.height else None
+    joined = joined.drop("_latest")
     # an event has a row per target: ties broken by the target, so the order (and `seq`)
     # is the content's, not whatever order the join produced
     frame = _in_order(joined, ["time", "event_id", "entity_type", "entity_id"]).with_columns(
@@ -968,7 +962,7 @@ def _events(
         pl.int_range(pl.len(), dtype=pl.Int64).alias("seq"),
     )
     parsed = catalogue.parse_event_messages_of(frame)
-    return attach_job_runs(parsed, jobs=jobs, runs=runs)
+    return attach_job_runs(parsed, jobs=jobs, runs=runs), latest
 
 
 def _with_ids(frame: pl.LazyFrame, columns: dict[str, str]) -> pl.LazyFrame:

@@ -15,6 +15,7 @@ from uuid import UUID
 import polars as pl
 from pydantic import ValidationError
 
+from analyzer.dstack import spec_fingerprint
 from analyzer.errors import AuditInputError
 from analyzer.model import UTC_TIME
 from analyzer.redact import Redactor, json_secret_values
@@ -49,7 +50,7 @@ from analyzer.sources.base import (
     InputInfo,
     file_facts,
 )
-from analyzer.sources.dstack_tables import PLACEMENT_PARAMS, ROLLING_SPEC_PATHS
+from analyzer.sources.dstack_tables import PLACEMENT_PARAMS
 
 # Which copy of a run or job a set keeps when several files hold it at the same moment.
 RUN_SOURCE_RANK = {RUN: 2, RUNS_PAGE: 1, PS_JSON: 0}
@@ -335,18 +336,9 @@ def spec_fingerprints(specs: list[str | None]) -> list[str | None]:
     spec = pl.col("spec")
     return (
         pl.DataFrame({"spec": specs}, schema={"spec": pl.String})
-        .select(
-            pl.when(spec.is_not_null())
-            .then(
-                pl.concat_str(
-                    [spec.str.json_path_match(path).fill_null("") for path in ROLLING_SPEC_PATHS],
-                    separator="\x1f",
-                )
-                .hash()
-                .cast(pl.String)
-            )
-            .alias("fingerprint")
-        )["fingerprint"]
+        .select(pl.when(spec.is_not_null()).then(spec_fingerprint(spec)).alias("fingerprint"))[
+            "fingerprint"
+        ]
         .to_list()
     )
 

@@ -7,6 +7,7 @@ import hashlib
 import os
 import sys
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -136,14 +137,12 @@ def _stream(info: InputInfo, blocks: Iterable[bytes], server: str) -> SourceData
     for records, aside in _batches(stream.chunks(blocks)):
         collector.add(records, aside)
         secrets.update(records["message"].str.extract(ADMIN_TOKEN, 1).drop_nulls().to_list())
-        launches.append(_capacity_launches(records))
+        launches.append(_hinted_jobs(records))
     read = stream.result()
     events, facts = collector.finish()
     data = _from_read(info, read, facts, events)
     if facts.relevant == 0 and launches:
-        hint = _capacity_hint(pl.concat(launches), path)
-        if hint is not None:
-            data.limitations.append(hint)
+        data.limitations.extend(_warning_hints(pl.concat(launches), path))
     text = read.unparsed["text"].drop_nulls()
     data.secrets.update(secrets, text.str.extract(ADMIN_TOKEN, 1).drop_nulls().to_list())
     return data
@@ -246,71 +245,111 @@ def _from_read(info: InputInfo, read, facts, events: pl.DataFrame) -> SourceData
             Limitation(
                 "log_without_run_evidence",
                 "this log holds no run or job lifecycle line (" + levels + "); at dstack's "
-                "WARNING level nothing about these incidents is logged, so it cannot show "
-                "whether any happened (run the server at INFO, dstack server's default)",
+                "WARNING level no run's status change is logged, so it cannot show whether an "
+                "incident happened, only hint at one (run the server at INFO, dstack server's "
+                "default)",
                 path,
             )
         )
     return data
 
 
-# jobs_submitted (0.22.5 `_provision_new_capacity`; 0.19 process_submitted_jobs): a backend
-# refusing an offer is logged at WARNING as "{job}: <instance> launch in <backend>/<region>
-# failed: <repr(error)>"; NoCapacityError is the cloud's "no capacity".
-_LAUNCH_NO_CAPACITY = r"^job\([0-9a-f]{6}\)(?P<job>\S+): .+ launch in \S+ failed: NoCapacityError\b"
+@dataclass(frozen=True)
+class WarningHint:
+    """A WARNING line that names a job (`job(<6 hex>)<name>: ...`) and says something that may
+    have failed its run: which runs to look at when the log holds no lifecycle line."""
+
+    code: str  # the limitation's code
+    literal: str  # a literal every such line holds: narrows the lines first
+    pattern: str  # anchored; its first group is the job's name
+    said: str  # what the lines say, for the hint's text
+    counted: str  # what each line is, counted per job
+    dstack: str  # the dstack code that logs it
+
+
+WARNING_HINTS = (
+    WarningHint(
+        "log_capacity_hint",
+        "NoCapacityError",
+        r"^job\([0-9a-f]{6}\)(\S+): .+ launch in \S+ failed: NoCapacityError\b",
+        "the cloud refused launches for lack of capacity (NoCapacityError)",
+        "launch(es) refused",
+        "jobs_submitted (0.22.5 `_provision_new_capacity`; 0.19 process_submitted_jobs): a "
+        "backend refusing an offer is logged at WARNING",
+    ),
+    WarningHint(
+        "log_unreachable_hint",
+        "unreachable",
+        r"^job\([0-9a-f]{6}\)(\S+): (?:is unreachable, waiting for the instance|failed "
+        r"because instance is unreachable)",
+        "the job's instance was unreachable (a replica that stays unreachable fails with "
+        "INSTANCE_UNREACHABLE)",
+        "line(s) saying its instance was unreachable",
+        "jobs_running (process_running_jobs): a job whose instance does not answer is logged "
+        "at WARNING, and failed once the instance stays unreachable (reference 9)",
+    ),
+)
 _HINT_RUNS = 20
 
 
-def _capacity_launches(records: pl.DataFrame) -> pl.DataFrame:
-    """Per job of a chunk: its first capacity-refused launch (line, time as written) and how
-    many there were; a handful of rows, whatever the chunk's size."""
-    return (
+def _hinted_jobs(records: pl.DataFrame) -> pl.DataFrame:
+    """Per hint and job of a chunk: its first such line (line, time as written) and how many
+    there were; a handful of rows, whatever the chunk's size."""
+    frames = [
         records.lazy()
-        # the error's name, a literal every such line holds, narrows the lines first
-        .filter(pl.col("message").str.contains("NoCapacityError", literal=True))
+        .filter(pl.col("message").str.contains(hint.literal, literal=True))
         .select(
-            pl.col("message").str.extract(_LAUNCH_NO_CAPACITY, 1).alias("job"),
+            pl.lit(hint.code).alias("code"),
+            pl.col("message").str.extract(hint.pattern, 1).alias("job"),
             "line",
             pl.col("local_time").cast(pl.String).alias("time"),
         )
         .drop_nulls("job")
-        .group_by("job")
-        .agg(pl.col("line").first(), pl.col("time").first(), pl.len().alias("launches"))
-        .collect()
-    )
-
-
-def _capacity_hint(launches: pl.DataFrame, path: str) -> Limitation | None:
-    """A log with no lifecycle line (dstack at WARNING) still names the jobs whose launches
-    the cloud refused for lack of capacity. If one was the surge replica of a service's
-    rolling deployment, dstack failed the run and stopped its healthy replicas (#4186), but
-    nothing here says it was: which runs to look at, as a hint, never as a finding."""
-    if launches.is_empty():
-        return None
-    per_job = (
-        launches.group_by("job")
-        .agg(pl.col("line").min(), pl.col("time").sort_by("line").first(), pl.col("launches").sum())
-        .with_columns(pl.col("job").str.replace(r"-\d+-\d+$", "").alias("run"))
-        .sort("line")
-    )
-    shown = per_job.head(_HINT_RUNS).iter_rows(named=True)
-    items = [
-        f"run {r['run']} (job {r['job']}: {r['launches']} launch(es) refused, first at "
-        f"{r['time'] or 'an unknown time'}, {path}:{r['line']})"
-        for r in shown
+        .group_by("code", "job")
+        .agg(pl.col("line").first(), pl.col("time").first(), pl.len().alias("lines"))
+        for hint in WARNING_HINTS
     ]
-    more = per_job.height - _HINT_RUNS
-    return Limitation(
-        "log_capacity_hint",
-        "this log has no run or job lifecycle line, but the cloud refused launches for lack of "
-        "capacity (NoCapacityError) for "
-        + "; ".join(items)
-        + (f"; and {more} more job(s)" if more > 0 else "")
-        + ". If such a job was the new replica of a service's rolling deployment, dstack may "
-        "have failed the run and stopped its healthy replicas: a hint, not a finding; the "
-        "database or a log at INFO decides",
-        path,
-    )
+    return pl.concat(pl.collect_all(frames))
+
+
+def _warning_hints(lines: pl.DataFrame, path: str) -> list[Limitation]:
+    """A log with no lifecycle line (dstack at WARNING) still names jobs that may have failed
+    their run: a launch the cloud refused, an instance that did not answer. If one was the
+    surge replica of a service's rolling deployment, dstack failed the run and stopped its
+    healthy replicas (#4186), but nothing here says it was: which runs to look at, as a hint,
+    never as a finding."""
+    hints = []
+    for hint in WARNING_HINTS:
+        mine = lines.filter(pl.col("code") == hint.code)
+        if mine.is_empty():
+            continue
+        per_job = (
+            mine.group_by("job")
+            .agg(
+                pl.col("line").min(), pl.col("time").sort_by("line").first(), pl.col("lines").sum()
+            )
+            .with_columns(pl.col("job").str.replace(r"-\d+-\d+$", "").alias("run"))
+            .sort("line")
+        )
+        items = [
+            f"run {r['run']} (job {r['job']}: {r['lines']} {hint.counted}, first at "
+            f"{r['time'] or 'an unknown time'}, {path}:{r['line']})"
+            for r in per_job.head(_HINT_RUNS).iter_rows(named=True)
+        ]
+        more = per_job.height - _HINT_RUNS
+        hints.append(
+            Limitation(
+                hint.code,
+                f"this log has no run or job lifecycle line, but {hint.said} for "
+                + "; ".join(items)
+                + (f"; and {more} more job(s)" if more > 0 else "")
+                + ". If such a job was the new replica of a service's rolling deployment, "
+                "dstack may have failed the run and stopped its healthy replicas: a hint, not a "
+                "finding; the database or a log at INFO decides",
+                path,
+            )
+        )
+    return hints
 
 
 SOURCE = InputKind(kind="log", load=_load, sniff=_sniff, claims=lambda given: given == STDIN)

@@ -1,0 +1,183 @@
+"""Spec history: what the evidence proves of a run's and a fleet's spec at a moment T, beside
+the job states (pipeline/states.py). The tables hold only the final specs; they speak of T
+only when nothing says the spec changed after T.
+
+- A run's spec: every `dstack apply` accepted in place is a "Run updated" event naming the
+  fields it changed (0.20.8+; services/runs/__init__.py, apply_plan). An update after T that
+  changed where a replica can go or how many are wanted means the final spec is not T's.
+- A fleet's `nodes`: dstack emits no event when a fleet is edited in place. When it refused a
+  placement "Fleet is at capacity" (pipeline_tasks/jobs_submitted.py,
+  can_create_new_cloud_instance_in_fleet: fewer active instances than `nodes.max`) while the
+  fleet held fewer active instances than the final `nodes.max`, the final spec contradicts
+  what dstack did: the fleet was edited later, and its `nodes` at or before that refusal are
+  unknown, never the final ones.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from analyzer.dstack import FINISHED_RUN_STATUSES, IN_PLACE_CHANGES, REPLICA_COUNT_CHANGES
+from analyzer.pipeline.placement import spans_at
+
+# Run spec fields that decide where a replica goes and how many are wanted (the run's
+# `placement_spec`, RUNS_SCHEMA), in the words of "Changed fields".
+PLACEMENT_CHANGES = {
+    "configuration.resources": "resources",
+    "configuration.replicas": "replicas",
+    "configuration.groups": "groups",
+    "configuration.fleets": "fleets",
+    "configuration.retry": "retry",
+    "configuration.creation_policy": "creation_policy",
+    "configuration.priority": "priority",
+}
+FLEET_AT_CAPACITY = "Fleet is at capacity"
+
+
+def changed_after(events: pl.DataFrame, moments: pl.DataFrame) -> pl.DataFrame:
+    """Per moment (server, run_id, as_of), the placement fields (PLACEMENT_CHANGES' words) that
+    updates after it changed, each once, sorted; moments no later update touched have none."""
+    updates = events.filter(pl.col("kind") == "run_updated").select(
+        "server",
+        "run_id",
+        pl.col("time").alias("_at"),
+        pl.col("changed_fields").str.split(",").list.eval(pl.element().str.strip_chars()),
+    )
+    return (
+        moments.select("server", "run_id", "as_of")
+        .unique()
+        .join(updates, on=["server", "run_id"])
+        .filter(pl.col("_at") > pl.col("as_of"))
+        .explode("changed_fields")
+        .filter(pl.col("changed_fields").is_in(list(PLACEMENT_CHANGES)))
+        .group_by("server", "run_id", "as_of")
+        .agg(
+            pl.col("changed_fields")
+            .replace_strict(PLACEMENT_CHANGES)
+            .unique()
+            .sort()
+            .alias("changed_later")
+        )
+    )
+
+
+def nodes_contradicted(
+    submissions: pl.DataFrame, runs: pl.DataFrame, fleets: pl.DataFrame, instances: pl.DataFrame
+) -> pl.DataFrame:
+    """Per fleet (server, fleet_id), the last time dstack refused a placement in it "Fleet is
+    at capacity" while it held fewer active instances than its final `nodes.max`
+    (`refused_at`), with that count and maximum: its `nodes` at or before then are unknown."""
+    refused = (
+        submissions.filter(
+            (pl.col("termination_reason") == "failed_to_start_due_to_no_capacity")
+            & pl.col("termination_reason_message").str.contains(FLEET_AT_CAPACITY, literal=True)
+        )
+        .join(
+            runs.select("server", "run_id", pl.col("fleet_id").alias("_run_fleet")),
+            on=["server", "run_id"],
+            how="left",
+        )
+        .select(
+            "server",
+            pl.coalesce("fleet_id", "_run_fleet").alias("fleet_id"),
+            pl.coalesce("stopped_at", "last_processed_at").alias("as_of"),
+        )
+        .drop_nulls()
+        .unique()
+    )
+    schema = {
+        "server": pl.String(),
+        "fleet_id": pl.String(),
+        "refused_at": pl.Datetime("us", "UTC"),
+        "active": pl.UInt32(),
+        "nodes_max": pl.Int64(),
+    }
+    if refused.is_empty():
+        return pl.DataFrame(schema=schema)
+    alive = instances.select(
+        "server", "fleet_id", "instance_id", pl.col("created_at").alias("_from"), "ended_at"
+    )
+    moments = refused.with_row_index("_moment")
+    held = spans_at(refused, alive, ("server", "fleet_id"), "_from", "ended_at")
+    counts = held.group_by("_moment").agg(pl.len().alias("active"))
+    return (
+        moments.join(counts, on="_moment", how="left")
+        .with_columns(pl.col("active").fill_null(0))
+        .join(
+            fleets.filter(~pl.col("ssh").fill_null(False)).select(
+                "server", "fleet_id", "nodes_max"
+            ),
+            on=["server", "fleet_id"],
+        )
+        .filter(pl.col("nodes_max").is_not_null() & (pl.col("active") < pl.col("nodes_max")))
+        .sort("as_of")
+        .group_by("server", "fleet_id")
+        .agg(pl.all().exclude("_moment").last())
+        .rename({"as_of": "refused_at"})
+        .select(list(schema))
+        .cast(schema)
+    )
+
+
+def promised_surges(
+    updates: pl.DataFrame, submissions: pl.DataFrame, runs: pl.DataFrame, moments: pl.DataFrame
+) -> pl.DataFrame:
+    """Room promised but not yet taken: per moment (server, run_id, as_of), the other runs of
+    its fleet whose update dstack accepted by then, that changed a rolling field (so their
+    next run pass creates a surge replica: pipeline_tasks/runs/active.py, rolling
+    deployment), whose surge job is not created yet at T. That replica goes into the same
+    fleet's room: `promised`, one text per such run."""
+    rolling = ~pl.col("changed_fields").map_elements(
+        lambda fields: (
+            {f.strip() for f in fields.split(",")} <= IN_PLACE_CHANGES | REPLICA_COUNT_CHANGES
+        ),
+        return_dtype=pl.Boolean,
+    )
+    accepted = updates.filter(rolling.fill_null(False)).select(
+        "server", pl.col("run_id").alias("other"), pl.col("time").alias("_at"), "deployment_num"
+    )
+    fleet = runs.select("server", "run_id", "fleet_id", "run_name", "status", "last_processed_at")
+    asked = (
+        moments.select("server", "run_id", "as_of")
+        .unique()
+        .join(fleet.select("server", "run_id", "fleet_id"), on=["server", "run_id"])
+    )
+    others = fleet.rename({"run_id": "other", "fleet_id": "_fleet"})
+    created = submissions.select(
+        "server", pl.col("run_id").alias("other"), pl.col("created_at").alias("_created")
+    )
+    pending = (
+        asked.join(others, left_on=["server", "fleet_id"], right_on=["server", "_fleet"])
+        .filter(pl.col("other") != pl.col("run_id"))
+        .join(accepted, on=["server", "other"])
+        # a run finished by T creates nothing more
+        .filter(
+            (pl.col("_at") <= pl.col("as_of"))
+            & ~(
+                pl.col("status").is_in(FINISHED_RUN_STATUSES)
+                & (pl.col("last_processed_at") <= pl.col("as_of"))
+            ).fill_null(False)
+        )
+        .sort("_at")
+        .group_by("server", "run_id", "as_of", "other")
+        .agg(pl.all().last())
+    )
+    surged = (
+        pending.join(created, on=["server", "other"])
+        .filter((pl.col("_created") > pl.col("_at")) & (pl.col("_created") <= pl.col("as_of")))
+        .select("server", "run_id", "as_of", "other")
+        .unique()
+    )
+    return (
+        pending.join(surged, on=["server", "run_id", "as_of", "other"], how="anti")
+        .group_by("server", "run_id", "as_of")
+        .agg(
+            pl.format(
+                "run {}'s update to deployment {} (accepted at {}) has not created its surge "
+                "replica yet",
+                "run_name",
+                "deployment_num",
+                pl.col("_at").dt.strftime("%Y-%m-%d %H:%M:%S"),
+            ).alias("promised")
+        )
+    )
