@@ -19,6 +19,10 @@ ENDED_JOB_STATUSES = ("terminating", *FINISHED_JOB_STATUSES)
 # A job not yet placed, or placed and not yet serving, or RUNNING
 ACTIVE_JOB_STATUSES = ("submitted", "provisioning", "pulling", "running")
 ACTIVE_RUN_STATUSES = ("pending", "submitted", "provisioning", "running")
+# InstanceStatus (core/models/instances.py): a terminating or terminated instance holds no
+# replica again; an idle or busy one can take one on its idle blocks.
+ENDED_INSTANCE_STATUSES = ("terminating", "terminated")
+PLACEABLE_INSTANCE_STATUSES = ("idle", "busy")
 
 # JobTerminationReason classes (reference 5.4).
 NORMAL_JOB_REASONS = (

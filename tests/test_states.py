@@ -16,6 +16,7 @@ import pytest
 import analyzer
 from analyzer import open_sources
 from analyzer.model import EVENTS_SCHEMA, JOBS_SCHEMA, RUNS_SCHEMA
+from analyzer.pipeline import states
 from analyzer.pipeline.evidence import Evidence
 from analyzer.pipeline.impact import serving_capacity
 from analyzer.pipeline.states import at, basis_of, final, job_states, serving_at
@@ -581,3 +582,49 @@ def test_an_earlier_failure_whose_row_dstack_deleted_is_read_from_its_events(tmp
     # the ECS circuit breaker trips at the first failed launch of the new deployment
     (ecs,) = [c for c in finding.counterfactuals if c.model == "ecs-circuit-breaker-rollback"]
     assert ecs.declared_failed_at == first.failed_at
+
+
+def _api_run(*jobs: tuple[int, int, str, list[int], list[int]]) -> dict:
+    """An API run of jobs (replica, job_num, status, ready_after per probe, streak per probe)."""
+    return {
+        "jobs": [
+            {
+                "job_spec": {
+                    "replica_num": replica,
+                    "job_num": job_num,
+                    "probes": [{"ready_after": wanted} for wanted in ready_after],
+                },
+                "job_submissions": [
+                    {"status": "terminated"},  # an earlier submission never speaks of now
+                    {"status": status, "probes": [{"success_streak": s} for s in streaks]},
+                ],
+            }
+            for replica, job_num, status, ready_after, streaks in jobs
+        ]
+    }
+
+
+def test_a_live_runs_replicas_serve_by_the_same_ladder():
+    """The guard's question about now, asked of states: RUNNING and every probe's streak at
+    its ready_after serves; a streak below it, a missing probe result, a pulling job or a
+    second job of a replica does not; active counts every replica not yet ending."""
+    run = _api_run(
+        (0, 0, "running", [2], [2]),  # ready
+        (1, 0, "running", [3], [1]),  # below ready_after
+        (2, 0, "running", [1, 1], [5]),  # one probe has no result yet
+        (3, 0, "pulling", [], []),
+        (4, 0, "running", [], []),  # no probes: RUNNING is ready
+        (5, 1, "running", [], []),  # a replica's second job is not the replica
+        (6, 0, "terminating", [], []),
+    )
+    assert states.replicas_serving_now(run) == 2
+    assert states.replicas_active_now(run) == 6
+    assert states.replicas_serving_now({"jobs": []}) == 0
+
+
+def test_the_guard_asks_states_about_now():
+    import analyzer.service.guard as guard
+
+    source = Path(guard.__file__).read_text()
+    assert "success_streak" not in source and "ready_after" not in source
+    assert "replicas_serving_now" in source

@@ -25,7 +25,7 @@ from typing import Literal, get_args
 
 import polars as pl
 
-from analyzer.dstack import FINISHED_JOB_STATUSES, FINISHED_RUN_STATUSES
+from analyzer.dstack import ACTIVE_JOB_STATUSES, FINISHED_JOB_STATUSES, FINISHED_RUN_STATUSES
 from analyzer.model import UTC_TIME
 from analyzer.pipeline.placement import spans_at
 from analyzer.vocabulary import HEALTH_PROOFS as HEALTH_PROOF_NAMES
@@ -726,4 +726,45 @@ def probe_state_at(frame: pl.DataFrame) -> pl.DataFrame:
             .alias("probe_passing_at"),
         )
         .drop("_row", "_all_passing", "_seen")
+    )
+
+
+# A live server's run as its API answers it (`runs/list` with `job_submissions_limit` 1): the
+# state now is each job's latest submission, so the same ladder reads it without a table.
+def latest_submissions(run: dict) -> list[dict]:
+    """(job spec, latest submission) of every job of an API run."""
+    found = []
+    for job in run.get("jobs") or []:
+        subs = job.get("job_submissions") or []
+        if subs:
+            found.append({"spec": job.get("job_spec") or {}, "sub": subs[-1]})
+    return found
+
+
+def replicas_serving_now(run: dict) -> int:
+    """Replicas of an API run serving now: the latest job RUNNING and every probe's streak at
+    its `ready_after` (default 1; services/probes.py, is_probe_ready). Without probes RUNNING
+    is ready on the first pass."""
+    replicas = set()
+    for job in latest_submissions(run):
+        sub, spec = job["sub"], job["spec"]
+        if sub.get("status") != "running" or spec.get("job_num", 0) != 0:
+            continue
+        wanted = [p.get("ready_after") or 1 for p in spec.get("probes") or []]
+        streaks = [p.get("success_streak") or 0 for p in sub.get("probes") or []]
+        if len(streaks) >= len(wanted) and all(
+            s >= w for s, w in zip(streaks, wanted, strict=False)
+        ):
+            replicas.add(spec.get("replica_num", 0))
+    return len(replicas)
+
+
+def replicas_active_now(run: dict) -> int:
+    """Replicas of an API run whose latest job is active (placed or not, not yet ending)."""
+    return len(
+        {
+            job["spec"].get("replica_num", 0)
+            for job in latest_submissions(run)
+            if job["sub"].get("status") in ACTIVE_JOB_STATUSES
+        }
     )

@@ -32,8 +32,22 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from analyzer.dstack import (
+    ENDED_INSTANCE_STATUSES,
+    IN_PLACE_CONF_FIELDS,
+    IN_PLACE_SPEC_FIELDS,
+    PLACEABLE_INSTANCE_STATUSES,
+    ROLLING_CONF_FIELDS,
+    ROLLING_SPEC_FIELDS,
+    blocks_fit,
+)
 from analyzer.pipeline.exposure import judge_release, retry_for_no_capacity
 from analyzer.pipeline.placement import Queued, Requirement, queued_first, requirement
+from analyzer.pipeline.states import (
+    latest_submissions,
+    replicas_active_now,
+    replicas_serving_now,
+)
 
 Decision = Literal["approve", "reject", "warn", "unknown"]
 ENDPOINTS = ("on_run_apply", "on_fleet_apply", "on_volume_apply", "on_gateway_apply")
@@ -43,31 +57,6 @@ ENDPOINTS = ("on_run_apply", "on_fleet_apply", "on_volume_apply", "on_gateway_ap
 # let a trailing newline through).
 RUN_NAME = re.compile(r"[a-z][a-z0-9-]{1,40}")
 PROJECT_NAME = re.compile(r"[a-zA-Z0-9_-]{1,50}")
-# dstack 0.22.5 services/runs/spec.py: what changes the JobSpec (a rolling deployment).
-ROLLING_CONF_FIELDS = (
-    "port",
-    "probes",
-    "resources",
-    "volumes",
-    "docker",
-    "files",
-    "image",
-    "user",
-    "privileged",
-    "entrypoint",
-    "working_dir",
-    "python",
-    "nvcc",
-    "single_branch",
-    "env",
-    "shell",
-    "commands",
-)
-ROLLING_SPEC_FIELDS = ("repo_data", "repo_code_hash", "file_archives", "working_dir")
-# Configuration fields updatable in place without a new replica (besides the rolling ones).
-IN_PLACE_CONF_FIELDS = ("replicas", "groups", "scaling", "gateway", "priority", "type", "name")
-IN_PLACE_SPEC_FIELDS = ("configuration_path", "configuration")
-BUSY_STATES = ("idle", "busy")
 
 
 @dataclass(frozen=True)
@@ -158,68 +147,31 @@ def _wanted(conf: dict, active: int) -> int:
     return active
 
 
-def _latest(run: dict) -> list[dict]:
-    """(job spec, latest submission) of every job of the run."""
-    found = []
-    for job in run.get("jobs") or []:
-        subs = job.get("job_submissions") or []
-        if subs:
-            found.append({"spec": job.get("job_spec") or {}, "sub": subs[-1]})
-    return found
-
-
-def _healthy(run: dict) -> int:
-    """Replicas serving now: the latest job RUNNING and every probe's streak at its
-    `ready_after` (default 1; dstack's readiness, reference 6.4). Without probes RUNNING is
-    ready on the first pass."""
-    replicas = set()
-    for job in _latest(run):
-        sub, spec = job["sub"], job["spec"]
-        if sub.get("status") != "running" or spec.get("job_num", 0) != 0:
-            continue
-        wanted = [p.get("ready_after") or 1 for p in spec.get("probes") or []]
-        streaks = [p.get("success_streak") or 0 for p in sub.get("probes") or []]
-        if all(s >= w for s, w in zip(streaks, wanted, strict=False)) and len(streaks) >= len(
-            wanted
-        ):
-            replicas.add(spec.get("replica_num", 0))
-    return len(replicas)
-
-
-def _active(run: dict) -> int:
-    return len(
-        {
-            j["spec"].get("replica_num", 0)
-            for j in _latest(run)
-            if j["sub"].get("status") in ("submitted", "provisioning", "pulling", "running")
-        }
-    )
-
-
 def _fits(req: Requirement | None, instance: dict) -> bool | None:
-    """Whether the instance's idle blocks hold one replica (`generate_shared_offer`: cpus,
-    memory and GPUs divided by blocks, disk not)."""
+    """Whether the instance's idle blocks hold one replica (dstack's block fit, said once in
+    `analyzer.dstack.blocks_fit`); None when the instance's resources are not known."""
     resources = ((instance.get("instance_type") or {}).get("resources")) or {}
     cpus, memory = resources.get("cpus"), resources.get("memory_mib")
     if req is None or cpus is None or memory is None:
         return None
     gpus = resources.get("gpus") or []
-    total = max(instance.get("total_blocks") or 1, 1)
-    idle = total - (instance.get("busy_blocks") or 0)
-    disk = (resources.get("disk") or {}).get("size_mib")
     first = gpus[0] if gpus else {}
-    for blocks in range(1, total + 1):
-        share = (cpus // total * blocks, memory // total * blocks, len(gpus) // total * blocks)
-        if req.matches(*share, first.get("name"), first.get("memory_mib"), disk):
-            return blocks <= idle
-    return False
+    return blocks_fit(
+        req,
+        cpus,
+        memory,
+        len(gpus),
+        first.get("name"),
+        first.get("memory_mib"),
+        (resources.get("disk") or {}).get("size_mib"),
+        instance.get("total_blocks"),
+        instance.get("busy_blocks") or 0,
+    )
 
 
 def _alive(fleet: dict) -> list[dict]:
     return [
-        i
-        for i in fleet.get("instances") or []
-        if i.get("status") not in ("terminating", "terminated")
+        i for i in fleet.get("instances") or [] if i.get("status") not in ENDED_INSTANCE_STATUSES
     ]
 
 
@@ -245,7 +197,7 @@ def room(
     for fleet in fleets:
         high, ssh = _nodes(fleet)
         alive = _alive(fleet)
-        fits = [_fits(req, i) for i in alive if i.get("status") in BUSY_STATES]
+        fits = [_fits(req, i) for i in alive if i.get("status") in PLACEABLE_INSTANCE_STATUSES]
         unknown += fits.count(None)
         idle = sum(1 for f in fits if f)
         grow: float = 0
@@ -271,7 +223,7 @@ def _pending(
         conf = spec.get("configuration") or {}
         names = conf.get("fleets") or (spec.get("profile") or {}).get("fleets")
         priority_of = conf.get("priority")
-        for job in _latest(run):
+        for job in latest_submissions(run):
             sub = job["sub"]
             if sub.get("status") != "submitted" or sub.get("job_provisioning_data"):
                 continue
@@ -320,13 +272,13 @@ def decide(
             "new one (no rolling deployment)",
         )
     rolling = _rolling_changes(old, spec)
-    active = _active(current)
+    active = replicas_active_now(current)
     wanted = _wanted(conf, active)
     needed = max(1, wanted + 1 - active) if rolling else max(0, wanted - active)
     name = spec.get("run_name")
     if needed == 0:
         return Verdict("approve", "an in-place update: it starts no replica")
-    healthy = _healthy(current)
+    healthy = replicas_serving_now(current)
     what = f"a rolling deployment ({', '.join(rolling)})" if rolling else "a scale-up"
     if healthy == 0:
         return Verdict("approve", f"{what}, but no healthy replica is at stake")

@@ -15,7 +15,7 @@ from typing import Protocol
 import polars as pl
 
 import analyzer.catalogue as catalogue
-from analyzer.dstack import ROLLING_JOB_SPEC_PATHS, spec_fingerprint
+from analyzer.dstack import ENDED_INSTANCE_STATUSES, ROLLING_JOB_SPEC_PATHS, spec_fingerprint
 from analyzer.errors import AuditInputError
 from analyzer.model import (
     UTC_TIME,
@@ -579,7 +579,7 @@ def _fleets(
             pl.List(pl.Struct({"name": pl.String, "memory_mib": pl.Int64}))
         )
         status = normalise_enum(pl.col("status"))
-        finished = status.is_in(["terminating", "terminated"]) | _bool(pl.col("deleted"))
+        finished = status.is_in(ENDED_INSTANCE_STATUSES) | _bool(pl.col("deleted"))
         instance_frame = (
             _per_distinct(
                 instances.lazy(),
