@@ -48,6 +48,13 @@ def _plots() -> ModuleType:
     return plots
 
 
+def _swimlane_svg(audit: Any, run_id: str, *, tz: str | None) -> str:
+    """A run's swimlane as SVG text, written without matplotlib's layout (plots/svg.py)."""
+    from analyzer.render.plots.svg import run_svg
+
+    return run_svg(audit, run_id, tz=tz)
+
+
 def figure_bytes(fig: Any, fmt: str = "png", *, dpi: int = IMAGE_DPI) -> bytes:
     """A picture of the report as file bytes (plots.figure_bytes, imported when drawing)."""
     return _plots().figure_bytes(fig, fmt, dpi=dpi)
@@ -179,6 +186,12 @@ class _Images:
     def add(self, fig: Any, alt: str, *, dpi: int = IMAGE_DPI) -> str:
         data = base64.b64encode(figure_bytes(fig, "png", dpi=dpi)).decode("ascii")
         self.payloads.append(f"data:image/png;base64,{data}")
+        return f'<img src="@@DSTACK-AUDIT-IMAGE-{len(self.payloads) - 1}@@" alt="{_e(alt)}">'
+
+    def add_svg(self, svg: str, alt: str) -> str:
+        """An SVG drawn without matplotlib (a run's swimlane: plots/svg.py)."""
+        data = base64.b64encode(svg.encode("utf-8")).decode("ascii")
+        self.payloads.append(f"data:image/svg+xml;base64,{data}")
         return f'<img src="@@DSTACK-AUDIT-IMAGE-{len(self.payloads) - 1}@@" alt="{_e(alt)}">'
 
     def fill(self, text: str) -> str:
@@ -385,8 +398,8 @@ def _finding(
     else:
         swimlanes[key] = n
         try:
-            picture = images.add(
-                _plots().plot_run(audit, f.run_id, tz=tz),
+            picture = images.add_svg(
+                _swimlane_svg(audit, f.run_id, tz=tz),
                 f"swimlane of run {run_label(f)}: lanes per job submission by deployment, "
                 "status bars, healthy interval hatched, markers, serving capacity and outage",
             )

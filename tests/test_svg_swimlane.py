@@ -1,0 +1,126 @@
+"""The HTML report's swimlanes are written as SVG straight from the run's layout (plots/svg.py,
+issue 38): the same picture plots.plot_run draws with matplotlib (the same lanes, bars, final
+marks, healthy intervals, marker lines and points, callouts, capacity, outage, key lines and
+texts), as well-formed SVG that lets no text of the evidence act or escape its element."""
+
+from __future__ import annotations
+
+import base64
+import re
+import xml.etree.ElementTree as ET
+from collections import Counter
+
+import pytest
+from conftest import CAPTURES, execute
+
+from analyzer import open_sources
+from analyzer.render.html import render_html
+from analyzer.render.plots import plot_run
+from analyzer.render.plots.svg import run_svg
+
+SVG = "{http://www.w3.org/2000/svg}"
+# the elements both drawings name: matplotlib's gid, the SVG's class (the capacity strip's own
+# marker lines and the legend's swatches carry neither)
+NAMED = re.compile(
+    r"^(status-\w+|final-\w+|healthy(-estimated)?|line-\w+|point-\w+|callout-\w+|key-\w+"
+    r"|capacity|outage|zoom-region|deployment-note)$"
+)
+CASES = [
+    "v0.22.5/seed",
+    "v0.22.5/multi-replica-crash",
+    "v0.22.5/old-replica-fails",
+    "v0.22.5/in-place-bump",
+    "v0.22.5/stop-after-kill",
+    "v0.22.5/scale-up-fails",
+    "v0.22.5/user-stop-mid-rollout",
+    "v0.22.5/unhealthy-old",
+    "v0.22.5/retry-on-error",
+    "v0.20/multi-replica-crash",
+    "v0.22.5/seed/logs/server-info.rich.log",  # times of day only
+]
+
+
+def _matplotlib_parts(fig) -> tuple[Counter, list[str], list[str]]:
+    """(gid counts, the key's lines, the lane labels) of a matplotlib swimlane."""
+    named = Counter(
+        a.get_gid() for a in fig.findobj(lambda a: bool(a.get_gid())) if NAMED.match(a.get_gid())
+    )
+    key = [
+        a.get_text()
+        for a in fig.findobj(lambda a: (a.get_gid() or "").startswith("key-"))
+        if hasattr(a, "get_text")
+    ]
+    lanes = next(ax for ax in fig.axes if ax.get_gid() == "lanes")
+    labels = [t.get_text() for t in lanes.get_yticklabels()]
+    return named, key, labels
+
+
+def _svg_parts(text: str) -> tuple[Counter, list[str], list[str], ET.Element]:
+    """(class counts, the key's lines, the lane labels, the tree) of an SVG swimlane."""
+    root = ET.fromstring(text)  # well-formed XML, or this raises
+    named = Counter(
+        e.get("class") for e in root.iter() if e.get("class") and NAMED.match(e.get("class"))
+    )
+
+    def words(e: ET.Element) -> str:
+        return (e.text or "").replace("\u00a0", " ")
+
+    key = [words(e) for e in root.iter(f"{SVG}text") if (e.get("class") or "").startswith("key-")]
+    labels = [words(e) for e in root.iter(f"{SVG}text") if e.get("class") == "lane-label"]
+    return named, key, labels, root
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_svg_swimlane_is_the_matplotlib_picture(case):
+    audit = open_sources([CAPTURES / case])
+    runs = list(dict.fromkeys(v.run_id for v in audit.report.runs))  # with findings or not
+    assert runs, case
+    for run_id in runs:
+        named, key, labels = _matplotlib_parts(plot_run(audit, run_id))
+        svg_named, svg_key, svg_labels, root = _svg_parts(run_svg(audit, run_id))
+        assert svg_named == named, (case, run_id)
+        assert svg_key == key and svg_labels == labels
+        title = [e.text or "" for e in root.iter(f"{SVG}text") if e.get("id") == "run-title"]
+        assert title and f"run {run_id[:8]}" in title[0]
+        assert float(root.get("width")) > 600 and float(root.get("height")) > 200
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_time_axis_ticks_as_matplotlib_does(case):
+    """AutoDateLocator's choice of ticks (whole minutes over 9 minutes, 5 s over 45 s on the
+    seed's) and ConciseDateFormatter's labels, as matplotlib draws them."""
+    audit = open_sources([CAPTURES / case])
+    for verdict in audit.report.runs:
+        fig = plot_run(audit, verdict.run_id)
+        fig.canvas.draw()
+        expected = [
+            label.get_text().replace("\n", " ")
+            for ax in fig.axes
+            if (ax.get_gid() or "").startswith("capacity-axes")
+            for label in ax.get_xticklabels()
+            if ax.get_xlim()[0] <= label.get_position()[0] <= ax.get_xlim()[1]
+        ]
+        _, _, _, root = _svg_parts(run_svg(audit, verdict.run_id))
+        ticks = [e.text for e in root.iter(f"{SVG}text") if e.get("class") == "tick-label"]
+        assert ticks == [label for label in expected if label], (case, verdict.run_id)
+
+
+def test_the_report_embeds_svg_swimlanes_that_let_nothing_act(copy_db):
+    """A workload's termination message with markup and control characters reaches the SVG
+    escaped: well-formed, its text intact, nothing acting."""
+    db = copy_db("v0.22.5/seed")
+    planted = "Fleet </text><script>alert(1)</script> & \x1b[2J\u202eevil ]]> at capacity"
+    execute(
+        db,
+        "UPDATE jobs SET termination_reason_message = ? WHERE termination_reason_message != ''",
+        params=(planted,),
+    )
+    text = render_html(open_sources([db]))
+    images = re.findall(r'src="data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)"', text)
+    assert len(images) == 1  # the run's swimlane; the fleet chart stays a PNG
+    svg = base64.b64decode(images[0]).decode("utf-8")
+    root = ET.fromstring(svg)
+    assert not [e for e in root.iter() if e.tag.endswith("script")]
+    key = " ".join(e.text or "" for e in root.iter(f"{SVG}text")).replace("\u00a0", " ")
+    assert "Fleet </text><script>alert(1)</script> & [2J" in key
+    assert "\x1b" not in svg and "\u202e" not in svg
