@@ -45,7 +45,7 @@ DOTTED = f"{PT:.2f},{1.65 * PT:.2f}"  # matplotlib's ":" at 1 pt
 DASHED = (0, (3.7, 1.6))  # matplotlib's "--", in line widths
 # AutoDateLocator's frequencies and intervals as plots/run.py sets them (minticks 4, maxticks 10)
 TICK_UNITS = (
-    (86400, (1, 2, 3, 7, 14)),
+    (86400, (1, 2, 4, 7, 14)),
     (3600, (1, 2, 3, 4, 6, 12)),
     (60, (1, 2, 5, 10, 15, 20, 30)),
     (1, (1, 2, 5, 10, 15, 20, 30)),
@@ -91,7 +91,9 @@ class _Axes:
         return self.top + self.height
 
 
-class _Svg:
+class Canvas:
+    """SVG elements in drawing order, sizes in points as matplotlib's (PT pixels each)."""
+
     def __init__(self) -> None:
         self.parts: list[str] = []
         self.clips = 0
@@ -129,7 +131,7 @@ class _Svg:
         return name
 
 
-def _point(svg: _Svg, shape: str, x: float, y: float, size: float, color: str, name: str) -> None:
+def _point(svg: Canvas, shape: str, x: float, y: float, size: float, color: str, name: str) -> None:
     """matplotlib's 'X' (a filled cross), 'v' (a triangle down) and '|' markers."""
     r = size * PT / 2
     if shape == "v":
@@ -148,7 +150,7 @@ def _point(svg: _Svg, shape: str, x: float, y: float, size: float, color: str, n
     )
 
 
-def _final_tick(svg: _Svg, x: float, y: float, size: float, status: str) -> None:
+def _final_tick(svg: Canvas, x: float, y: float, size: float, status: str) -> None:
     half = size * PT / 2
     svg.add(
         f'<line class="final-{status}" x1="{x:.2f}" y1="{y - half:.2f}" x2="{x:.2f}" '
@@ -156,16 +158,20 @@ def _final_tick(svg: _Svg, x: float, y: float, size: float, status: str) -> None
     )
 
 
-def _ticks(lo: float, hi: float) -> tuple[int, list[float]]:
-    """AutoDateLocator's choice: the coarsest unit with at least 4 steps in the window, at
-    the smallest interval of it that makes at most 10 ticks."""
+def time_ticks(lo: float, hi: float, least: int = MIN_TICKS) -> tuple[int, list[float]]:
+    """AutoDateLocator's choice: the coarsest unit with at least `least` steps in the window,
+    at the smallest interval of it that makes at most 10 ticks."""
     span = hi - lo
     unit, step = 1, 1
     for unit, intervals in TICK_UNITS:
         count = floor(span / unit)  # whole units, as AutoDateLocator counts them
-        if count >= MIN_TICKS:
+        if count >= least:
             step = next((i for i in intervals if count <= i * (MAX_TICKS - 1)), intervals[-1])
             break
+    if unit == 86400:  # days of the month 1, 1 + step, ... (its rrule's bymonthday)
+        days = range(ceil(lo / unit), floor(hi / unit) + 1)
+        picked = [d * unit for d in days if (EPOCH + timedelta(days=d)).day % step == 1 % step]
+        return unit, [float(d) for d in picked]
     size = unit * step
     first = ceil(lo / size) * size
     return unit, [first + k * size for k in range(floor((hi - first) / size) + 1)]
@@ -182,8 +188,8 @@ def _tick_label(seconds: float, unit: int, dateless: bool) -> str:
     return moment.strftime("%H:%M:%S" if unit == 1 else "%H:%M")
 
 
-def _time_axis(svg: _Svg, box: _Axes, dateless: bool, *, labels: bool, grid: str) -> None:
-    unit, ticks = _ticks(box.lo, box.hi)
+def _time_axis(svg: Canvas, box: _Axes, dateless: bool, *, labels: bool, grid: str) -> None:
+    unit, ticks = time_ticks(box.lo, box.hi)
     for t in ticks:
         x = box.x(t)
         svg.line(x, box.top, x, box.bottom, grid, 0.6)
@@ -195,12 +201,12 @@ def _time_axis(svg: _Svg, box: _Axes, dateless: bool, *, labels: bool, grid: str
             )
 
 
-def _spines(svg: _Svg, box: _Axes) -> None:
+def _spines(svg: Canvas, box: _Axes) -> None:
     svg.line(box.left, box.top, box.left, box.bottom, "#000000", 0.8)
     svg.line(box.left, box.bottom, box.left + box.width, box.bottom, "#000000", 0.8)
 
 
-def _draw_lanes(svg: _Svg, view: RunView, box: _Axes, *, first_panel: bool, lane: float) -> None:
+def _draw_lanes(svg: Canvas, view: RunView, box: _Axes, *, first_panel: bool, lane: float) -> None:
     clip = svg.clip(box)
     svg.add(f'<g class="lanes" clip-path="url(#{clip})">')
     end = view.right
@@ -313,7 +319,7 @@ def _callouts(view: RunView, box: _Axes) -> list[tuple[object, float, bool, int]
     return [(m, x, b, level) for (m, x, b), level in zip(shown, levels, strict=True)]
 
 
-def _draw_callouts(svg: _Svg, box: _Axes, callouts: list) -> None:
+def _draw_callouts(svg: Canvas, box: _Axes, callouts: list) -> None:
     for marker, fraction, before, level in callouts:
         color = MARKER_STYLE[marker.kind][0]
         x = box.left + fraction * box.width + (14 * PT if before else 0.0)
@@ -347,7 +353,7 @@ def _y_ticks(top: float) -> list[int]:
     return list(range(0, int(top) + 1, step))
 
 
-def _draw_capacity(svg: _Svg, view: RunView, box: _Axes, *, first_panel: bool) -> None:
+def _draw_capacity(svg: Canvas, view: RunView, box: _Axes, *, first_panel: bool) -> None:
     end = _seconds(view, view.end_of_evidence) if view.end_of_evidence is not None else box.hi
     xs, ys = [box.lo], [0]
     for at, count in view.capacity:
@@ -433,7 +439,7 @@ def _axis_label(view: RunView, box: _Axes) -> str:
     return f"time ({clock.zone_label(middle.replace(tzinfo=clock.zone or UTC))}) on {days}"
 
 
-def _legend_handle(svg: _Svg, look: str, value: str, x: float, y: float, width: float) -> None:
+def _legend_handle(svg: Canvas, look: str, value: str, x: float, y: float, width: float) -> None:
     """A legend entry's handle (layout.legend_entries' looks), `width` wide, centred on y."""
     box = (x, y - 3.5 * PT, width, 7 * PT)
     if look == "status":
@@ -452,7 +458,7 @@ def _legend_handle(svg: _Svg, look: str, value: str, x: float, y: float, width: 
         _point(svg, shape, x + width / 2, y, 9, MARKER_STYLE[value][0], "legend-point")
 
 
-def _draw_legend(svg: _Svg, view: RunView, left: float, top: float, columns: int) -> float:
+def _draw_legend(svg: Canvas, view: RunView, left: float, top: float, columns: int) -> float:
     """The key of colours and shapes in `columns` columns filled top to bottom, as
     matplotlib's legend spreads its entries; returns its height."""
     entries = legend_entries(view)
@@ -510,13 +516,12 @@ def run_svg(audit: object, run_id: str, *, tz: str | None = None) -> str:
     cap_top = lanes_top + n * lane + 10 * PT
     cap_h = 0.9 * PX
     legend_top = cap_top + cap_h + 40 * PT
-    svg = _Svg()
+    svg = Canvas()
     svg.add(
         '<defs><pattern id="hatch" patternUnits="userSpaceOnUse" width="6" height="6">'
         f'<path d="M-1,1 l2,-2 M0,6 l6,-6 M5,7 l2,-2" stroke="{HEALTHY_EDGE}" stroke-width="1"/>'
         "</pattern></defs>"
     )
-    svg.rect(0, 0, width, 1, "white", id="background")  # resized below
     svg.text(left, 22, redact(title), 12, font_weight="bold", fill="#111111", id="run-title")
     svg.text(left, 44, redact(subtitle), 8.5, fill="#333333", id="subtitle")
     for col, box in enumerate(boxes):
@@ -554,14 +559,15 @@ def run_svg(audit: object, run_id: str, *, tz: str | None = None) -> str:
             left, key_top + (row + 0.5) * step + 4 * PT, line, 9, fill=color, **{"class": name}
         )
     svg.add("</g>")
-    height = key_top + len(keys) * step + 12
-    svg.parts[1] = (
-        f'<rect id="background" x="0" y="0" width="{width:.0f}" height="{height:.0f}" '
-        'fill="white"/>'
-    )
+    return document(svg, width, key_top + len(keys) * step + 12)
+
+
+def document(svg: Canvas, width: float, height: float) -> str:
+    """The SVG file of what `svg` drew, on white, `width` x `height` pixels."""
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
         f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="{FONT}">'
+        f'<rect x="0" y="0" width="{width:.0f}" height="{height:.0f}" fill="white"/>'
         + "".join(svg.parts)
         + "</svg>"
     )

@@ -1,7 +1,8 @@
-"""The HTML report's swimlanes are written as SVG straight from the run's layout (plots/svg.py,
-issue 38): the same picture plots.plot_run draws with matplotlib (the same lanes, bars, final
-marks, healthy intervals, marker lines and points, callouts, capacity, outage, key lines and
-texts), as well-formed SVG that lets no text of the evidence act or escape its element."""
+"""The HTML report's pictures are written as SVG straight from their data (plots/svg.py,
+plots/fleet_svg.py; issue 38): the same pictures plots.plot_run and plots.plot_fleet draw with
+matplotlib (the same lanes, bars, final marks, healthy intervals, marker lines and points,
+callouts, capacity, outage, key lines and texts; the fleet chart's bars, names, figures and
+totals), as well-formed SVG that lets no text of the evidence act or escape its element."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from conftest import CAPTURES, execute
 
 from analyzer import open_sources
 from analyzer.render.html import render_html
-from analyzer.render.plots import plot_run
+from analyzer.render.plots import plot_fleet, plot_run
+from analyzer.render.plots.fleet import panels
+from analyzer.render.plots.fleet_svg import fleet_svg
 from analyzer.render.plots.svg import run_svg
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -117,10 +120,42 @@ def test_the_report_embeds_svg_swimlanes_that_let_nothing_act(copy_db):
     )
     text = render_html(open_sources([db]))
     images = re.findall(r'src="data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)"', text)
-    assert len(images) == 1  # the run's swimlane; the fleet chart stays a PNG
+    assert len(images) == 1  # the run's swimlane (one run: no fleet chart)
     svg = base64.b64decode(images[0]).decode("utf-8")
     root = ET.fromstring(svg)
     assert not [e for e in root.iter() if e.tag.endswith("script")]
     key = " ".join(e.text or "" for e in root.iter(f"{SVG}text")).replace("\u00a0", " ")
     assert "Fleet </text><script>alert(1)</script> & [2J" in key
     assert "\x1b" not in svg and "\u202e" not in svg
+
+
+def test_the_svg_fleet_chart_is_the_matplotlib_picture():
+    """Every panel of plots.plot_fleet, with the same bars, names, figures and totals."""
+    dbs = sorted((CAPTURES / "v0.22.5").glob("*/server.db")) + sorted(
+        (CAPTURES / "v0.20").glob("*/server.db")
+    )
+    report = open_sources(dbs).report
+    fig = plot_fleet(report)
+    root = ET.fromstring(fleet_svg(report))
+    texts = [e.text for e in root.iter(f"{SVG}text")]
+    assert fig.get_suptitle() in texts
+    for ax in fig.axes:
+        gid = ax.get_gid()
+        group = next(g for g in root.iter(f"{SVG}g") if g.get("class") == gid)
+        drawn = [e.text for e in group.iter(f"{SVG}text")]
+        if gid == "totals":
+            assert [t.get_text() for t in ax.texts] == drawn
+            continue
+        bars = [e for e in group.iter(f"{SVG}rect") if e.get("class") == "bar"]
+        assert len(bars) == len(ax.patches), gid
+        for text in ax.texts:  # each bar's figure, the day counts
+            assert text.get_text() in drawn, (gid, text.get_text())
+        if gid != "incidents-per-day":
+            assert [t.get_text() for t in ax.get_yticklabels()] == [
+                t for t in drawn if t in {r for r, _, _ in _rows(report, gid)}
+            ]
+    assert report.summary.incidents > 1 and len(report.summary.by_project) > 1
+
+
+def _rows(report, gid: str):
+    return next(p for p in panels(report, 12) if p.gid == gid).rows
