@@ -48,11 +48,12 @@ def _plots() -> ModuleType:
     return plots
 
 
-def _swimlane_svg(audit: Any, run_id: str, *, tz: str | None) -> str:
-    """A run's swimlane as SVG text, written without matplotlib's layout (plots/svg.py)."""
+def _swimlane_svg(audit: Any, finding: Finding, tz: str | None, frames: RunFrames) -> str:
+    """A run's swimlane as SVG text, written without matplotlib's layout (plots/svg.py),
+    from the run's story as the report told it."""
     from analyzer.render.plots.svg import run_svg
 
-    return run_svg(audit, run_id, tz=tz)
+    return run_svg(audit, finding.run_id, tz=tz, story=frames.story(finding))
 
 
 def figure_bytes(fig: Any, fmt: str = "png", *, dpi: int = IMAGE_DPI) -> bytes:
@@ -396,7 +397,7 @@ def _finding(
         swimlanes[key] = n
         try:
             picture = images.add(
-                _swimlane_svg(audit, f.run_id, tz=tz),
+                _swimlane_svg(audit, f, tz, frames),
                 f"swimlane of run {run_label(f)}: lanes per job submission by deployment, "
                 "status bars, healthy interval hatched, markers, serving capacity and outage",
             )

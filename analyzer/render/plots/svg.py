@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from math import ceil, floor
 
+from analyzer.pipeline.story import RunStory
 from analyzer.redact import without_controls
 from analyzer.render.plots.layout import (
     RunView,
@@ -483,10 +484,12 @@ def _draw_legend(svg: Canvas, view: RunView, left: float, top: float, columns: i
     return rows * row_h
 
 
-def run_svg(audit: object, run_id: str, *, tz: str | None = None) -> str:
+def run_svg(
+    audit: object, run_id: str, *, tz: str | None = None, story: RunStory | None = None
+) -> str:
     """A run's swimlane as the text of an SVG file (see the module doc): the picture
-    plots.plot_run draws, laid out here."""
-    view = run_view(audit, run_id, tz)
+    plots.plot_run draws, laid out here (from the run's `story` when the caller told it)."""
+    view = run_view(audit, run_id, tz, story)
     redact = audit.redact  # type: ignore[attr-defined]
     lo, hi = _seconds(view, view.left), _seconds(view, view.right)
     pad = (hi - lo) * 0.02 or 1.0
