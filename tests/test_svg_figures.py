@@ -94,18 +94,32 @@ def test_the_time_axis_ticks_as_matplotlib_does(case):
     seed's) and ConciseDateFormatter's labels, as matplotlib draws them."""
     audit = open_sources([CAPTURES / case])
     for verdict in audit.report.runs:
-        fig = plot_run(audit, verdict.run_id)
-        fig.canvas.draw()
-        expected = [
-            label.get_text().replace("\n", " ")
-            for ax in fig.axes
-            if (ax.get_gid() or "").startswith("capacity-axes")
-            for label in ax.get_xticklabels()
-            if ax.get_xlim()[0] <= label.get_position()[0] <= ax.get_xlim()[1]
-        ]
-        _, _, _, root = _svg_parts(run_svg(audit, verdict.run_id))
-        ticks = [e.text for e in root.iter(f"{SVG}text") if e.get("class") == "tick-label"]
-        assert ticks == [label for label in expected if label], (case, verdict.run_id)
+        _assert_same_time_axes(audit, verdict.run_id, None)
+
+
+@pytest.mark.parametrize("tz", ["Europe/Berlin", "America/New_York"])
+def test_a_display_zone_moves_both_time_axes_alike(tz):
+    audit = open_sources([CAPTURES / "v0.22.5" / "seed"])
+    _assert_same_time_axes(audit, audit.report.findings[0].run_id, tz)
+
+
+def _assert_same_time_axes(audit, run_id: str, tz: str | None) -> None:
+    """The tick labels and the axis titles of every time axis, as matplotlib draws them."""
+    fig = plot_run(audit, run_id, tz=tz)
+    fig.canvas.draw()
+    axes = [ax for ax in fig.axes if (ax.get_gid() or "").startswith("capacity-axes")]
+    expected = [
+        label.get_text().replace("\n", " ")
+        for ax in axes
+        for label in ax.get_xticklabels()
+        if ax.get_xlim()[0] <= label.get_position()[0] <= ax.get_xlim()[1]
+    ]
+    _, _, _, root = _svg_parts(run_svg(audit, run_id, tz=tz))
+    texts = list(root.iter(f"{SVG}text"))
+    ticks = [e.text for e in texts if e.get("class") == "tick-label"]
+    assert ticks == [label for label in expected if label], (run_id, tz)
+    titles = [e.text for e in texts if (e.text or "").startswith(("time (", "time of day"))]
+    assert titles == [ax.get_xlabel() for ax in axes]
 
 
 def test_the_report_embeds_svg_swimlanes_that_let_nothing_act(copy_db):
