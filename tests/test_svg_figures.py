@@ -13,6 +13,7 @@ from collections import Counter
 
 import pytest
 from conftest import CAPTURES, execute
+from test_plots import retried_audit, wide_audit
 
 from analyzer import open_sources
 from analyzer.render.html import render_html
@@ -104,7 +105,8 @@ def test_a_display_zone_moves_both_time_axes_alike(tz):
 
 
 def _assert_same_time_axes(audit, run_id: str, tz: str | None) -> None:
-    """The tick labels and the axis titles of every time axis, as matplotlib draws them."""
+    """The tick labels and the titles of every time axis, and the capacity's counts, as
+    matplotlib draws them."""
     fig = plot_run(audit, run_id, tz=tz)
     fig.canvas.draw()
     axes = [ax for ax in fig.axes if (ax.get_gid() or "").startswith("capacity-axes")]
@@ -120,6 +122,9 @@ def _assert_same_time_axes(audit, run_id: str, tz: str | None) -> None:
     assert ticks == [label for label in expected if label], (run_id, tz)
     titles = [e.text for e in texts if (e.text or "").startswith(("time (", "time of day"))]
     assert titles == [ax.get_xlabel() for ax in axes]
+    low, high = axes[0].get_ylim()  # the healthy replicas' counts (MaxNLocator's steps)
+    counts = [t.get_text() for t in axes[0].get_yticklabels() if low <= t.get_position()[1] <= high]
+    assert [e.text for e in texts if e.get("class") == "count-label"] == counts
 
 
 def test_the_report_embeds_svg_swimlanes_that_let_nothing_act(copy_db):
@@ -173,3 +178,35 @@ def test_the_svg_fleet_chart_is_the_matplotlib_picture():
 
 def _rows(report, gid: str):
     return next(p for p in panels(report, 12) if p.gid == gid).rows
+
+
+@pytest.mark.parametrize("make", [retried_audit, wide_audit], ids=["retries-30", "replicas-20"])
+def test_collapsed_retries_and_many_lanes_are_the_matplotlib_picture(make):
+    """Thirty retries collapsed into one lane, twenty replicas one lane each (test_plots.py's
+    synthetic runs)."""
+    audit = make()
+    run_id = audit.runs["run_id"][0]
+    named, key, labels = _matplotlib_parts(plot_run(audit, run_id))
+    svg_named, svg_key, svg_labels, _ = _svg_parts(run_svg(audit, run_id))
+    assert svg_named == named and svg_key == key and svg_labels == labels
+    assert any("collapsed" in label for label in labels) or len(labels) > 20
+    _assert_same_time_axes(audit, run_id, None)
+
+
+def test_a_secret_in_the_evidence_is_never_drawn(copy_db):
+    secret = "hf_PlantedEnvValue_4242"
+    db = copy_db("v0.22.5/seed")
+    execute(
+        db,
+        "UPDATE jobs SET job_spec_data = json_set(job_spec_data, '$.env', json(?))",
+        params=(f'{{"HF_TOKEN": "{secret}"}}',),
+    )
+    execute(
+        db,
+        "UPDATE jobs SET termination_reason_message = ? WHERE status = 'FAILED'",
+        params=(f"Fleet is at capacity; env HF_TOKEN={secret}",),
+    )
+    audit = open_sources([db])
+    svg = run_svg(audit, audit.report.findings[0].run_id)
+    assert secret not in svg and "***" in svg
+    assert secret not in fleet_svg(audit.report)

@@ -8,29 +8,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import timedelta
-from math import ceil, floor, log10
 from typing import Any
 
 from analyzer.contract import Report
 from analyzer.render.plots.fleet import Bars, day_counts, fleet_title, panels, totals_lines
-from analyzer.render.plots.svg import EPOCH, PT, Canvas, document, text_width, time_ticks
+from analyzer.render.plots.svg import (
+    EPOCH,
+    PT,
+    Canvas,
+    document,
+    nice_ticks,
+    text_width,
+    time_ticks,
+)
 
 WIDTH, HEIGHT = 1250.0, 1300.0  # plots/fleet.py's 12.5 x 13 in at the report's 100 px/in
 ROWS = (1.0, 1.15, 1.15, 1.0)  # its grid's height ratios
-
-
-def nice_ticks(top: float, bins: int, *, integer: bool = False) -> list[float]:
-    """MaxNLocator's ticks from 0: the smallest step of 1, 2, 2.5 or 5 times a power of ten
-    (no 2.5 for whole numbers) that covers `top` in at most `bins` steps."""
-    if top <= 0:
-        return [0.0]
-    power = 10 ** floor(log10(top / bins))
-    for scale in (power, power * 10):
-        for m in (1, 2, 5) if integer else (1, 2, 2.5, 5):
-            step = max(m * scale, 1.0) if integer else m * scale
-            if ceil(top / step - 1e-9) <= bins:
-                return [k * step for k in range(int(top / step + 1e-9) + 1)]
-    return [0.0, top]
 
 
 def _number(value: float) -> str:

@@ -15,7 +15,7 @@ import html
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from math import ceil, floor
+from math import ceil, floor, log10
 
 from analyzer.pipeline.story import RunStory
 from analyzer.redact import without_controls
@@ -52,6 +52,7 @@ TICK_UNITS = (
     (1, (1, 2, 5, 10, 15, 20, 30)),
 )
 MIN_TICKS, MAX_TICKS = 4, 10
+MAX_N_STEPS = (1, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10)  # MaxNLocator's default steps
 
 
 def _e(text: object) -> str:
@@ -346,12 +347,19 @@ def _draw_callouts(svg: Canvas, box: _Axes, callouts: list) -> None:
         svg.add("</g>")
 
 
-def _y_ticks(top: float) -> list[int]:
-    """MaxNLocator(integer=True, nbins=4): at most 4 steps of 1, 2 or 5 times a power of 10."""
-    step = 1
-    while ceil(top / step) > 4:
-        step = next(s for s in (2 * step, 5 * step // 2, 2 * step) if s > step)
-    return list(range(0, int(top) + 1, step))
+def nice_ticks(top: float, bins: int, *, integer: bool = False) -> list[float]:
+    """MaxNLocator's ticks over 0..top: the smallest of its steps (1, 1.5, 2, 2.5, 3, 4, 5,
+    6, 8, 10 times a power of ten; whole ones only when `integer`) that makes at most `bins`
+    intervals."""
+    if top <= 0:
+        return [0.0]
+    raw = top / bins
+    scale = 10 ** floor(log10(raw))
+    steps = [m * scale for m in MAX_N_STEPS] + [m * scale * 10 for m in MAX_N_STEPS]
+    if integer:
+        steps = [s for s in steps if s >= 1 and abs(s - round(s)) < 1e-9] or [1.0]
+    step = next(s for s in steps if s >= raw * (1 - 1e-9))
+    return [k * step for k in range(int(top / step + 1e-9) + 1)]
 
 
 def _draw_capacity(svg: Canvas, view: RunView, box: _Axes, *, first_panel: bool) -> None:
@@ -371,11 +379,19 @@ def _draw_capacity(svg: Canvas, view: RunView, box: _Axes, *, first_panel: bool)
     def y(value: float) -> float:
         return box.bottom - value / ymax * box.height
 
-    for tick in _y_ticks(ymax):
+    for tick in nice_ticks(ymax, 4, integer=True):
         svg.line(box.left, y(tick), box.left + box.width, y(tick), "#e5e5e5", 0.6)
         svg.line(box.left - 3.5 * PT, y(tick), box.left, y(tick), "#000000", 0.8)
         if first_panel:
-            svg.text(box.left - 5 * PT, y(tick) + 3 * PT, str(tick), 8, text_anchor="end")
+            label = f"{tick:.0f}"
+            svg.text(
+                box.left - 5 * PT,
+                y(tick) + 3 * PT,
+                label,
+                8,
+                text_anchor="end",
+                **{"class": "count-label"},
+            )
     clip = svg.clip(box)
     svg.add(f'<g clip-path="url(#{clip})">')
     for start, stop, _ in view.outages:
