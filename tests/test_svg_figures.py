@@ -155,6 +155,7 @@ def test_the_svg_fleet_chart_is_the_matplotlib_picture():
     )
     report = open_sources(dbs).report
     fig = plot_fleet(report)
+    fig.canvas.draw()
     root = ET.fromstring(fleet_svg(report))
     texts = [e.text for e in root.iter(f"{SVG}text")]
     assert fig.get_suptitle() in texts
@@ -165,6 +166,18 @@ def test_the_svg_fleet_chart_is_the_matplotlib_picture():
         if gid == "totals":
             assert [t.get_text() for t in ax.texts] == drawn
             continue
+        ticks = [e.text for e in group.iter(f"{SVG}text") if e.get("class") == "tick-label"]
+        low, high = ax.get_xlim()
+        shown = [t.get_text() for t in ax.get_xticklabels() if low <= t.get_position()[0] <= high]
+        assert ticks == [t for t in shown if t], gid  # the axis' ticks, as matplotlib picks them
+        if gid == "incidents-per-day":
+            low, high = ax.get_ylim()
+            counts = [
+                t.get_text() for t in ax.get_yticklabels() if low <= t.get_position()[1] <= high
+            ]
+            assert counts == [
+                e.text for e in group.iter(f"{SVG}text") if e.get("class") == "count-label"
+            ]
         bars = [e for e in group.iter(f"{SVG}rect") if e.get("class") == "bar"]
         assert len(bars) == len(ax.patches), gid
         for text in ax.texts:  # each bar's figure, the day counts

@@ -13,6 +13,7 @@ from typing import Any
 from analyzer.contract import Report
 from analyzer.render.plots.fleet import Bars, day_counts, fleet_title, panels, totals_lines
 from analyzer.render.plots.svg import (
+    AUTO_STEPS,
     EPOCH,
     PT,
     Canvas,
@@ -26,8 +27,11 @@ WIDTH, HEIGHT = 1250.0, 1300.0  # plots/fleet.py's 12.5 x 13 in at the report's 
 ROWS = (1.0, 1.15, 1.15, 1.0)  # its grid's height ratios
 
 
-def _number(value: float) -> str:
-    return f"{value:.0f}" if float(value).is_integer() else f"{value:g}"
+def _numbers(ticks: list[float]) -> list[str]:
+    """The ticks as ScalarFormatter writes them: every one with the decimals the finest
+    needs ('0.000', '0.005', ... '0.025')."""
+    decimals = max(len(f"{t:.10f}".rstrip("0").split(".")[1]) for t in ticks)
+    return [f"{t:.{decimals}f}" for t in ticks]
 
 
 def _title(svg: Canvas, x: float, y: float, text: str) -> None:
@@ -43,7 +47,7 @@ def _hbars(svg: Canvas, bars: Bars, box: tuple[float, float, float, float]) -> N
     """A panel of horizontal bars, largest first, each with its figure as known."""
     col_left, top, col_width, height = box
     _title(svg, col_left + 8, top + 14, bars.title)
-    axes_top, axes_h = top + 26, height - 26 - 40
+    axes_top, axes_h = top + 26, height - 26 - 52  # below: tick labels and the axis title
     svg.add(f'<g class="{bars.gid}">')
     if not bars.rows:
         left = col_left + 20
@@ -69,10 +73,18 @@ def _hbars(svg: Canvas, bars: Bars, box: tuple[float, float, float, float]) -> N
     def x(value: float) -> float:
         return left + value / xmax * width
 
-    for tick in nice_ticks(xmax, 7):
+    ticks = nice_ticks(xmax, 9, steps=AUTO_STEPS)
+    for tick, label in zip(ticks, _numbers(ticks), strict=True):
         svg.line(x(tick), axes_top, x(tick), axes_top + axes_h, "#e5e5e5", 0.6)
         svg.line(x(tick), axes_top + axes_h, x(tick), axes_top + axes_h + 3.5 * PT, "#000000", 0.8)
-        svg.text(x(tick), axes_top + axes_h + 14 * PT, _number(tick), 8, text_anchor="middle")
+        svg.text(
+            x(tick),
+            axes_top + axes_h + 14 * PT,
+            label,
+            8,
+            text_anchor="middle",
+            **{"class": "tick-label"},
+        )
     for i, (key, value, group) in enumerate(bars.rows):
         middle = axes_top + (i + 0.5) * slot
         svg.rect(
@@ -122,10 +134,18 @@ def _days(svg: Canvas, report: Report, top: float, height: float) -> None:
         def y(value: float) -> float:
             return axes_top + axes_h - value / ymax * axes_h
 
-        for tick in nice_ticks(ymax, 9, integer=True):
+        levels = nice_ticks(ymax, 10, integer=True)  # MaxNLocator(integer=True)
+        for tick, label in zip(levels, _numbers(levels), strict=True):
             svg.line(left, y(tick), left + width, y(tick), "#e5e5e5", 0.6)
             svg.line(left - 3.5 * PT, y(tick), left, y(tick), "#000000", 0.8)
-            svg.text(left - 5 * PT, y(tick) + 3 * PT, _number(tick), 8, text_anchor="end")
+            svg.text(
+                left - 5 * PT,
+                y(tick) + 3 * PT,
+                label,
+                8,
+                text_anchor="end",
+                **{"class": "count-label"},
+            )
         unit, ticks = time_ticks(lo, hi, 3)
         for tick in ticks:
             svg.line(
@@ -186,7 +206,7 @@ def _totals(svg: Canvas, lines: Sequence[str], box: tuple[float, float, float, f
     left, top, _, height = box
     _title(svg, left + 8, top + 14, "Totals")
     svg.add('<g class="totals">')
-    axes_top, axes_h = top + 26, height - 26 - 40
+    axes_top, axes_h = top + 26, height - 26 - 52  # below: tick labels and the axis title
     for i, line in enumerate(lines):
         svg.text(
             left + 8, axes_top + (0.05 + i * 0.09) * axes_h + 9 * PT, line, 9, **{"class": "total"}

@@ -53,6 +53,7 @@ TICK_UNITS = (
 )
 MIN_TICKS, MAX_TICKS = 4, 10
 MAX_N_STEPS = (1, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10)  # MaxNLocator's default steps
+AUTO_STEPS = (1, 2, 2.5, 5, 10)  # AutoLocator's, the default axis's (at most 9 intervals)
 
 
 def _e(text: object) -> str:
@@ -170,9 +171,10 @@ def time_ticks(lo: float, hi: float, least: int = MIN_TICKS) -> tuple[int, list[
         if count >= least:
             step = next((i for i in intervals if count <= i * (MAX_TICKS - 1)), intervals[-1])
             break
-    if unit == 86400:  # days of the month 1, 1 + step, ... (its rrule's bymonthday)
+    if unit == 86400:  # days of the month as its rrule's bymonthday picks them
+        monthdays = {7: (1, 8, 15, 22), 14: (1, 15)}.get(step, range(1, 32, step))
         days = range(ceil(lo / unit), floor(hi / unit) + 1)
-        picked = [d * unit for d in days if (EPOCH + timedelta(days=d)).day % step == 1 % step]
+        picked = [d * unit for d in days if (EPOCH + timedelta(days=d)).day in monthdays]
         return unit, [float(d) for d in picked]
     size = unit * step
     first = ceil(lo / size) * size
@@ -347,17 +349,18 @@ def _draw_callouts(svg: Canvas, box: _Axes, callouts: list) -> None:
         svg.add("</g>")
 
 
-def nice_ticks(top: float, bins: int, *, integer: bool = False) -> list[float]:
-    """MaxNLocator's ticks over 0..top: the smallest of its steps (1, 1.5, 2, 2.5, 3, 4, 5,
-    6, 8, 10 times a power of ten; whole ones only when `integer`) that makes at most `bins`
-    intervals."""
+def nice_ticks(
+    top: float, bins: int, *, integer: bool = False, steps: tuple[float, ...] = MAX_N_STEPS
+) -> list[float]:
+    """MaxNLocator's ticks over 0..top: the smallest of its `steps` times a power of ten
+    (whole ones only when `integer`) that makes at most `bins` intervals."""
     if top <= 0:
         return [0.0]
     raw = top / bins
     scale = 10 ** floor(log10(raw))
-    steps = [m * scale for m in MAX_N_STEPS] + [m * scale * 10 for m in MAX_N_STEPS]
+    steps = tuple(m * scale for m in steps) + tuple(m * scale * 10 for m in steps)
     if integer:
-        steps = [s for s in steps if s >= 1 and abs(s - round(s)) < 1e-9] or [1.0]
+        steps = tuple(s for s in steps if s >= 1 and abs(s - round(s)) < 1e-9) or (1.0,)
     step = next(s for s in steps if s >= raw * (1 - 1e-9))
     return [k * step for k in range(int(top / step + 1e-9) + 1)]
 
