@@ -158,9 +158,16 @@ class PartitionResult:
 
 def merge_partitions(results: list[PartitionResult]) -> Report:
     """The merged report of the partitions, each finding's capacity foresight worked out over
-    every partition's facts: the report one process gives."""
+    every partition's facts, every text masked with every partition's known secret values:
+    the report one process gives."""
+    from analyzer.redact import Redactor
+
     pieces = [r.foresight for r in results]
-    return merge_reports(
+    merged = merge_reports(
         [r.report for r in results],
         complete=lambda findings: foresight_of_pieces(findings, pieces),
     )
+    # one process masks every text with the secret values of all the inputs: a value one
+    # partition's (or server's) runs hold and another's free text repeats is masked there too
+    known = Redactor(values=set().union(*(p.secrets for p in pieces)))
+    return known.guard_model(merged)
