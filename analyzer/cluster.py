@@ -198,18 +198,29 @@ def audit_servers(
     when two of them turn out to hold the same runs (copies of one database, or a database
     with no run, which one process files with its folder's): then they are one server, and
     the caller audits in partitions instead."""
+    # the largest server first, so that no long task starts last; merged in the order given
+    order = sorted(range(len(servers)), key=lambda i: -_bytes(servers[i][0]))
     futures = client.map(
         task,
-        [paths for paths, _ in servers],
-        [label for _, label in servers],
+        [servers[i][0] for i in order],
+        [servers[i][1] for i in order],
         options=options,
         pure=False,
     )
-    results = _gather(client, futures)
+    done = dict(zip(order, _gather(client, futures), strict=True))
+    results = [done[i] for i in range(len(servers))]
     runs = [{v.run_id for v in r.report.runs} for r in results]
     if not all(runs) or len(set().union(*runs)) < sum(map(len, runs)):
         return None
     return merge_partitions(results)
+
+
+def _bytes(paths: Sequence[str]) -> int:
+    """How large a server's inputs are, as this process sees them (0: it cannot see them)."""
+    try:
+        return sum(Path(path).stat().st_size for path in paths)
+    except OSError:
+        return 0
 
 
 def run_on_cluster(
