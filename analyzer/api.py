@@ -34,11 +34,18 @@ from analyzer.pipeline.partitions import (
 )
 from analyzer.pipeline.reconcile import TimeOptions, reconcile
 from analyzer.pipeline.selectors import one_run, run_filter
-from analyzer.pipeline.servers import assign_servers
+from analyzer.pipeline.servers import assign_servers, distinct_labels
 from analyzer.pipeline.timeline import deployments, evidence_gaps, submissions
 from analyzer.progress import listening, stage
 from analyzer.redact import without_controls
-from analyzer.sources import count_files, is_claimed, learn_whole_inputs, load_path, shown
+from analyzer.sources import (
+    count_files,
+    is_claimed,
+    learn_whole_inputs,
+    load_path,
+    shown,
+    sniff,
+)
 from analyzer.sources.base import LoadContext, ReadOptions, WholeInputFacts
 from analyzer.times import parse_time
 
@@ -393,6 +400,29 @@ def audit_partition(
     return PartitionResult(opened.report, opened._foresight_piece(whole_tables=index == 0))
 
 
+def audit_server(paths: Sequence[str], label: str, options: dict) -> PartitionResult:
+    """One server's report and its share of the capacity foresight (its own fleets and
+    instances): the task a Dask worker runs for each server of a fleet (analyzer.cluster)."""
+    opened = open_sources(paths, **{**options, "server_labels": dict.fromkeys(paths, label)})
+    opened._defer_foresight = True
+    return PartitionResult(opened.report, opened._foresight_piece(whole_tables=True))
+
+
+def one_server_each(paths: Sequence[str | Path]) -> list[tuple[list[str], str]] | None:
+    """Each given path as a server of its own, named as one process names it, when every path
+    is a SQLite database file (each database is a server: analyzer.pipeline.servers); None
+    otherwise (a log or an export joins the database it agrees with, which only reading it
+    tells)."""
+    given = [str(path) for path in paths]
+    if len(given) < 2 or len(set(given)) < len(given) or any(is_claimed(p) for p in given):
+        return None
+    for path in map(Path, given):
+        source = sniff(path) if path.is_file() else None
+        if getattr(source, "kind", None) != "sqlite":
+            return None
+    return [([path], label) for path, label in zip(given, distinct_labels(given), strict=True)]
+
+
 def audit_in_partitions(paths: Paths, count: int, *, client=None, **options) -> Report:
     """Audit one partition of whole services at a time and merge: memory is bounded by the
     largest partition, not by the input (databases and ingested datasets push the partition
@@ -429,13 +459,18 @@ def audit_on_cluster(
 ) -> Report:
     """Audit on a new local Dask cluster of `workers` processes or on the scheduler at
     `address`, in `partitions` tasks (analyzer.cluster.PARTITIONS_PER_WORKER per worker thread
-    unless given)."""
+    unless given). Several databases, each a server of its own, are audited one server per
+    task instead (unless --partitions or --server-label is given): no task reads another's
+    database, and nothing is learnt of the whole inputs first."""
     from analyzer.cluster import run_on_cluster
 
+    given = as_paths(paths)
+    fleet = None if partitions or options.get("server_labels") else one_server_each(given)
     return run_on_cluster(
-        as_paths(paths),
+        given,
         audit_partition,
         whole_input_facts,
+        servers=(fleet, audit_server) if fleet else None,
         workers=workers,
         address=address,
         partitions=partitions,

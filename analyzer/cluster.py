@@ -148,6 +148,12 @@ def audit_partitions(
         shared=facts,
         pure=False,
     )
+    return merge_partitions(_gather(client, futures))
+
+
+def _gather(client: Client, futures: list) -> list[PartitionResult]:
+    """The tasks' results in order; an error raised by a task (an unreadable input) is raised
+    here unchanged, a lost worker or scheduler and another version of the tool say so."""
     distributed = _distributed()
     try:
         results: list[PartitionResult] = client.gather(futures)
@@ -174,7 +180,47 @@ def audit_partitions(
             f"workers run {', '.join(sorted(versions))}, not dstack-audit {__version__}",
             "install the same version on every worker",
         )
+    return results
+
+
+ServerTask = Callable[[Sequence[str], str, dict[str, Any]], PartitionResult]
+"""(a server's paths, its label, options) -> its report and its share of the capacity
+foresight: a module-level function, so a worker imports it by name."""
+Servers = tuple[list[tuple[list[str], str]], ServerTask]
+"""Each server's paths and label, and the task that audits one."""
+
+
+def audit_servers(
+    client: Client, servers: list[tuple[list[str], str]], task: ServerTask, **options: Any
+) -> Report | None:
+    """A fleet of dstack servers, one server per task of `client`'s cluster, merged as the
+    partitions are (the capacity foresight over every server's fleets and instances). None
+    when two of them turn out to hold the same runs (copies of one database, or a database
+    with no run, which one process files with its folder's): then they are one server, and
+    the caller audits in partitions instead."""
+    # the largest server first, so that no long task starts last; merged in the order given
+    order = sorted(range(len(servers)), key=lambda i: -_bytes(servers[i][0]))
+    futures = client.map(
+        task,
+        [servers[i][0] for i in order],
+        [servers[i][1] for i in order],
+        options=options,
+        pure=False,
+    )
+    done = dict(zip(order, _gather(client, futures), strict=True))
+    results = [done[i] for i in range(len(servers))]
+    runs = [{v.run_id for v in r.report.runs} for r in results]
+    if not all(runs) or len(set().union(*runs)) < sum(map(len, runs)):
+        return None
     return merge_partitions(results)
+
+
+def _bytes(paths: Sequence[str]) -> int:
+    """How large a server's inputs are, as this process sees them (0: it cannot see them)."""
+    try:
+        return sum(Path(path).stat().st_size for path in paths)
+    except OSError:
+        return 0
 
 
 def run_on_cluster(
@@ -182,6 +228,7 @@ def run_on_cluster(
     task: PartitionTask,
     learn: LearnWholeInputs,
     *,
+    servers: Servers | None = None,
     workers: int | None = None,
     address: str | None = None,
     partitions: int | None = None,
@@ -189,8 +236,17 @@ def run_on_cluster(
 ) -> Report:
     """Audit on a new local cluster of `workers` processes or on the scheduler at `address`,
     in `partitions` tasks (PARTITIONS_PER_WORKER per worker thread unless given), the whole
-    inputs' shared facts learnt by `learn` in this process while the cluster starts."""
+    inputs' shared facts learnt by `learn` in this process while the cluster starts; or, given
+    `servers` (a fleet of databases), one server per task (audit_servers)."""
     given = _sendable(paths)
+    if servers is not None:
+        with connect(workers=workers, address=address) as client:
+            report = audit_servers(client, *servers, **options)
+            if report is not None:
+                return report
+            count = partitions or default_partitions(client)
+            shared = learn(given)
+            return audit_partitions(client, given, count, task, shared=shared, **options)
     with ThreadPoolExecutor(1) as pool:
         learning = pool.submit(learn, given)
         with connect(workers=workers, address=address) as client:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import CAPTURES
+from conftest import CAPTURES, execute
 
 from analyzer.api import audit_in_partitions, open_sources
 from analyzer.contract import Report
@@ -77,6 +77,31 @@ def test_partitions_merge_into_the_whole_report_byte_for_byte():
     whole = open_sources(sources).report.model_dump(exclude={"inputs"})
     merged = audit_in_partitions(sources, 2).model_dump(exclude={"inputs"})
     assert json.dumps(merged, default=str) == json.dumps(whole, default=str)
+
+
+def test_a_secret_one_partition_knows_is_masked_in_every_partition(tmp_path):
+    """A token in one server's job spec, repeated in another server's termination message that
+    another partition reads: one process masks it in both, and so does the merge."""
+    secret = "hf_PlantedAcrossPartitions_4242"
+    seed, crash = tmp_path / "seed" / "server.db", tmp_path / "crash" / "server.db"
+    for db, capture in ((seed, "seed"), (crash, "multi-replica-crash")):
+        db.parent.mkdir()
+        db.write_bytes((CAPTURES / "v0.22.5" / capture / "server.db").read_bytes())
+    execute(
+        seed,
+        "UPDATE jobs SET job_spec_data = json_set(job_spec_data, '$.env', json(?))",
+        params=(f'{{"HF_TOKEN": "{secret}"}}',),
+    )
+    execute(
+        crash,
+        "UPDATE jobs SET termination_reason_message = ? WHERE status = 'FAILED'",
+        params=(f"exited: token {secret} rejected",),
+    )
+    whole = open_sources([seed, crash]).report.model_dump_json()
+    assert secret not in whole and "token *** rejected" in whole
+    assert audit_in_partitions([seed, crash], 2).model_dump_json() == whole
+    merged = audit_in_partitions([seed, crash], 4).model_dump_json()  # the token read apart
+    assert secret not in merged and "token *** rejected" in merged
 
 
 def test_limitations_once_and_the_end_bounds_last(seed_report):

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.api import audit_in_partitions, open_sources
+from analyzer.api import audit_in_partitions, audit_server, one_server_each, open_sources
+from analyzer.cluster import audit_servers
 from analyzer.synth import synthesize
-from tests.conftest import CAPTURES, ROOT
+from tests.conftest import CAPTURES, ROOT, execute
 
 distributed = pytest.importorskip(
     "distributed", reason="Dask distributed is not installed: pip install 'dstack-audit[cluster]'"
@@ -252,3 +253,81 @@ def test_start_up_does_not_import_dask():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+# ---------------------------------------------------------------------------------------------
+# A fleet of dstack servers: one server per task (issue 38)
+
+
+def test_a_fleet_of_databases_is_one_server_per_task(scheduler, sources):
+    """Several databases, each a server of its own, are audited one server per task, named
+    as one process names them, and merge into the one-process report byte for byte."""
+    fleet = [s for s in sources if "v0.20" not in s]  # each a server of its own
+    servers = one_server_each(fleet)
+    assert servers is not None and [paths for paths, _ in servers] == [[s] for s in fleet]
+    one = _cli("audit", *fleet, "--format", "json")
+    assert one.returncode == 0, one.stderr
+    assert sorted({v["server"] for v in json.loads(one.stdout)["runs"]}) == sorted(
+        label for _, label in servers
+    )
+    with distributed.Client(scheduler, timeout=60) as client:
+        report = audit_servers(client, servers, audit_server)
+    assert report is not None
+    assert report.model_dump_json() == open_sources(fleet).report.model_dump_json()
+    done = _cli("audit", *fleet, "--cluster", scheduler, "--format", "json")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == one.stdout
+
+
+def test_copies_of_one_database_give_way_to_the_partitions(scheduler, tmp_path):
+    """Two copies of a database hold the same runs, which one process makes one server: the
+    one-server-per-task audit gives way to the partitions (the report `--partitions 2` gives)."""
+    seed = CAPTURES / "v0.22.5" / "seed" / "server.db"
+    copy = tmp_path / "copy" / "server.db"
+    copy.parent.mkdir()
+    copy.write_bytes(seed.read_bytes())
+    given = [str(seed), str(copy)]
+    with distributed.Client(scheduler, timeout=60) as client:
+        assert audit_servers(client, one_server_each(given), audit_server) is None
+    partitioned = _cli("audit", *given, "--partitions", "2", "--format", "json")
+    done = _cli("audit", *given, "--cluster", scheduler, "--format", "json")
+    assert partitioned.returncode == done.returncode in (0, 1)
+    assert done.stdout == partitioned.stdout
+    assert json.loads(done.stdout)["summary"]["victims"] > 0
+
+
+def test_only_databases_alone_are_split_by_server():
+    seed = CAPTURES / "v0.22.5" / "seed"
+    crash = CAPTURES / "v0.22.5" / "multi-replica-crash"
+    assert one_server_each([seed / "server.db"]) is None  # one server: partitions
+    assert one_server_each([seed / "server.db", seed / "logs" / "server-info.json.log"]) is None
+    assert one_server_each([seed, crash]) is None  # folders: what joins what needs reading
+    servers = one_server_each([seed / "server.db", crash / "server.db"])
+    assert servers == [
+        ([str(seed / "server.db")], "seed/server.db"),
+        ([str(crash / "server.db")], "multi-replica-crash/server.db"),
+    ]
+
+
+def test_a_secret_one_server_knows_is_masked_in_every_server(scheduler, tmp_path):
+    """A token in one server's job spec, repeated in another server's termination message:
+    one process masks it in both, and so does the one-server-per-task audit."""
+    secret = "hf_PlantedAcrossServers_4242"
+    seed, crash = tmp_path / "seed.db", tmp_path / "crash.db"
+    seed.write_bytes((CAPTURES / "v0.22.5" / "seed" / "server.db").read_bytes())
+    crash.write_bytes((CAPTURES / "v0.22.5" / "multi-replica-crash" / "server.db").read_bytes())
+    execute(
+        seed,
+        "UPDATE jobs SET job_spec_data = json_set(job_spec_data, '$.env', json(?))",
+        params=(f'{{"HF_TOKEN": "{secret}"}}',),
+    )
+    execute(
+        crash,
+        "UPDATE jobs SET termination_reason_message = ? WHERE status = 'FAILED'",
+        params=(f"exited: token {secret} rejected",),
+    )
+    given = [str(seed), str(crash)]
+    one = _cli("audit", *given, "--format", "json")
+    done = _cli("audit", *given, "--cluster", scheduler, "--format", "json")
+    assert secret not in one.stdout and "token *** rejected" in one.stdout
+    assert done.stdout == one.stdout

@@ -55,7 +55,7 @@ class ForesightPiece:
     every partition's findings, when they are merged (as in one process): each partition
     sends the few columns of its other runs' jobs that tell what they held, were refused or
     waited for (and of those runs), the whole rows of its runs with a no-capacity culprit, and
-    (the first one) the fleets and instances it read."""
+    (the first partition, or each server of a fleet) the fleets and instances it read."""
 
     runs: pl.DataFrame
     submissions: pl.DataFrame
@@ -123,14 +123,15 @@ def foresight_of_pieces(findings: list[Finding], pieces: list[ForesightPiece]) -
     partitions' known secrets, as the partitions masked the rest of their findings)."""
     from analyzer.redact import Redactor
 
-    whole = next(p for p in pieces if p.fleets is not None)
+    # every piece that read fleets and instances: the first partition's, or each server's
+    whole = [p for p in pieces if p.fleets is not None]
     frames = Frames(
         runs=pl.concat([p.runs for p in pieces], how="diagonal_relaxed"),
         submissions=pl.concat([p.submissions for p in pieces], how="diagonal_relaxed").sort(
             _TIMELINE_ORDER, maintain_order=True
         ),
-        fleets=whole.fleets,
-        instances=whole.instances,
+        fleets=pl.concat([p.fleets for p in whole], how="diagonal_relaxed"),
+        instances=pl.concat([p.instances for p in whole], how="diagonal_relaxed"),
         fleet_table_servers=set().union(*(p.fleet_table_servers for p in pieces)),
         server_versions={k: v for p in pieces for k, v in p.server_versions.items()},
         narrowed=any(p.narrowed for p in pieces),
@@ -163,9 +164,16 @@ class PartitionResult:
 
 def merge_partitions(results: list[PartitionResult]) -> Report:
     """The merged report of the partitions, each finding's capacity foresight worked out over
-    every partition's facts: the report one process gives."""
+    every partition's facts, every text masked with every partition's known secret values:
+    the report one process gives."""
+    from analyzer.redact import Redactor
+
     pieces = [r.foresight for r in results]
-    return merge_reports(
+    merged = merge_reports(
         [r.report for r in results],
         complete=lambda findings: foresight_of_pieces(findings, pieces),
     )
+    # one process masks every text with the secret values of all the inputs: a value one
+    # partition's (or server's) runs hold and another's free text repeats is masked there too
+    known = Redactor(values=set().union(*(p.secrets for p in pieces)))
+    return known.guard_model(merged)

@@ -85,10 +85,17 @@ def _labels(groups: list[list[SourceData]]) -> list[str]:
     trailing part of those that tells the servers apart."""
     homes = [_home(group) for group in groups]
     given = [home.given for home in homes]
-    names = [
-        name if name is not None and given.count(name) == 1 else _place(home)
-        for name, home in zip(given, homes, strict=True)
-    ]
+    return distinct_labels(
+        [
+            name if name is not None and given.count(name) == 1 else _place(home)
+            for name, home in zip(given, homes, strict=True)
+        ]
+    )
+
+
+def distinct_labels(names: list[str]) -> list[str]:
+    """Servers named by where their evidence sits (a path or a URL): the shortest trailing part
+    of those names that tells the servers apart."""
     paths = [
         PurePath(name if "://" in name else os.path.abspath(name)).parts if name != "?" else ("?",)
         for name in names

@@ -1,6 +1,6 @@
 """The incident report as one self-contained HTML file (and its markdown twin).
 
-Everything is inside the file: CSS inline, figures as base64 PNG `data:` URIs, no script, no
+Everything is inside the file: CSS inline, figures as base64 SVG `data:` URIs, no script, no
 font, no link; a Content-Security-Policy forbids fetching anything, so the report opens offline
 and cannot call out. Every piece of text is escaped; the whole document (all but the image
 payloads, which are pictures of already-redacted text) passes through `audit.redact` last.
@@ -47,6 +47,14 @@ def _plots() -> ModuleType:
     from analyzer.render import plots
 
     return plots
+
+
+def _swimlane_svg(audit: Any, finding: Finding, tz: str | None, frames: RunFrames) -> str:
+    """A run's swimlane as SVG text, written without matplotlib's layout (plots/svg.py),
+    from the run's story as the report told it."""
+    from analyzer.render.plots.svg import run_svg
+
+    return run_svg(audit, finding.run_id, tz=tz, story=frames.story(finding))
 
 
 def figure_bytes(fig: Any, fmt: str = "png", *, dpi: int = IMAGE_DPI) -> bytes:
@@ -172,14 +180,16 @@ class _Raw(str):
 
 
 class _Images:
-    """Figures kept out of the text until the text is redacted; then put in as data: URIs."""
+    """Figures kept out of the text until the text is redacted; then put in as data: URIs (SVG
+    text: a vector picture the browser lays out, drawn in milliseconds, issue 38)."""
 
     def __init__(self) -> None:
         self.payloads: list[str] = []
 
-    def add(self, fig: Any, alt: str, *, dpi: int = IMAGE_DPI) -> str:
-        data = base64.b64encode(figure_bytes(fig, "png", dpi=dpi)).decode("ascii")
-        self.payloads.append(f"data:image/png;base64,{data}")
+    def add(self, svg: str, alt: str) -> str:
+        """An SVG picture, written without matplotlib (plots/svg.py, plots/fleet_svg.py)."""
+        data = base64.b64encode(svg.encode("utf-8")).decode("ascii")
+        self.payloads.append(f"data:image/svg+xml;base64,{data}")
         return f'<img src="@@DSTACK-AUDIT-IMAGE-{len(self.payloads) - 1}@@" alt="{_e(alt)}">'
 
     def fill(self, text: str) -> str:
@@ -316,11 +326,12 @@ def _summary(report: Report, images: _Images) -> str:
         out.append("</ol></nav>")
         runs = {(f.server, f.run_id) for f in report.findings}
         if len(runs) > 1 or len(s.by_day) > 1:
-            fig = _plots().plot_fleet(report)
+            from analyzer.render.plots.fleet_svg import fleet_svg
+
             out.append(
                 "<figure>"
                 + images.add(
-                    fig,
+                    fleet_svg(report),
                     "fleet-wide charts: incidents per day, outage and cost by "
                     "project and fleet, failure classes",
                 )
@@ -401,7 +412,7 @@ def _finding(
         swimlanes[key] = n
         try:
             picture = images.add(
-                _plots().plot_run(audit, f.run_id, tz=tz),
+                _swimlane_svg(audit, f, tz, frames),
                 f"swimlane of run {run_label(f)}: lanes per job submission by deployment, "
                 "status bars, healthy interval hatched, markers, serving capacity and outage",
             )

@@ -4,7 +4,7 @@ the outages and the window drawn. No drawing here: plots/run.py draws this layou
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -14,6 +14,7 @@ import polars as pl
 from analyzer.contract import Finding
 from analyzer.errors import AuditInputError
 from analyzer.pipeline.story import Healthy, RunStory, as_utc
+from analyzer.redact import without_controls
 from analyzer.render.format import (
     Clock,
     actor_name,
@@ -126,10 +127,13 @@ def status_path(
     return segments, None
 
 
-def run_view(audit: Any, run_id: str, clock_tz: str | None) -> RunView:
-    """The layout of a run's picture (lanes, markers, window) from its story."""
-    redact: Callable[[str], str] = audit.redact
-    story: RunStory = audit.story(run_id)
+def run_view(
+    audit: Any, run_id: str, clock_tz: str | None, story: RunStory | None = None
+) -> RunView:
+    """The layout of a run's picture (lanes, markers, window) from its story (told here
+    unless the caller told it already)."""
+    redact: Callable[[str], str] = str  # the texts are redacted together below
+    story = story if story is not None else audit.story(run_id)
     run, findings, usable = story.run, story.findings, story.usable_events
     dateless, end_of_evidence = story.dateless, story.end_of_evidence
     subs = story.submissions.sort(
@@ -235,6 +239,7 @@ def run_view(audit: Any, run_id: str, clock_tz: str | None) -> RunView:
         job["job_id"]: i for i, lane in enumerate(lanes) if lane.kind == "job" for job in lane.jobs
     }
     markers = _markers(story, lane_of, clock, redact)
+    _redact_texts(audit, lanes, markers)
     reach = timedelta(seconds=0.25 * ((right - left).total_seconds() or 1.0))
     for marker in markers:
         if marker.time > right + reach:
@@ -293,6 +298,23 @@ def run_view(audit: Any, run_id: str, clock_tz: str | None) -> RunView:
         dropped_dateless=story.dropped_dateless,
         healthy=story.healthy,
     )
+
+
+def _redact_texts(audit: Any, lanes: list[Lane], markers: list[Marker]) -> None:
+    """Every lane's label and note and every marker's text as `audit.redact` gives it (its
+    control characters removed, then masked), in one pass: a pass costs about as much for
+    one text as for hundreds."""
+    texts = [lane.label for lane in lanes] + [lane.note or "" for lane in lanes]
+    texts += [marker.text for marker in markers]
+    clean = pl.Series([without_controls(text) for text in texts], dtype=pl.String)
+    masked = audit.evidence.redactor.apply_series(clean).to_list()
+    count = len(lanes)
+    labels, notes, said = masked[:count], masked[count : 2 * count], masked[2 * count :]
+    for lane, label, note in zip(lanes, labels, notes, strict=True):
+        lane.label = label
+        lane.note = note if lane.note is not None else None
+    for marker, text in zip(markers, said, strict=True):
+        marker.text = text
 
 
 def _deployment_note(
@@ -513,3 +535,92 @@ def zoom_window(view: RunView) -> tuple[datetime, datetime] | None:
         return None
     pad = timedelta(seconds=max(0.08 * window, 1.0))
     return max(start - pad, view.left - pad), stop + pad
+
+
+def callout_levels(xs: Sequence[float], gap: float) -> list[int]:
+    """Callouts over the lanes, stacked greedily: each goes to the lowest level where it
+    touches no other."""
+    placed: dict[int, list[float]] = {}
+    levels = []
+    for x in xs:
+        level = 0
+        while any(abs(x - other) < gap for other in placed.get(level, [])):
+            level += 1
+        placed.setdefault(level, []).append(x)
+        levels.append(level)
+    return levels
+
+
+def title_lines(view: RunView) -> tuple[str, str]:
+    """The picture's title and subtitle (not yet redacted)."""
+    run = view.run
+    label = f"{run['project']}/{run['run_name']}" if run.get("project") else run["run_name"]
+    server = f"{run['server']}:" if run.get("server") not in (None, "default") else ""
+    title = f"{server}{label} · run {run['run_id'][:8]} · {run.get('run_type') or 'type ?'}"
+    parts = []
+    if view.verdict:
+        parts.append(f"verdict: {view.verdict}")
+    categories = sorted({f.category for f in view.findings} - {view.verdict})
+    if categories:  # a finding of another category than the run's verdict names its own
+        parts.append(f"also: {', '.join(categories)}")
+    victims = sum(len(f.victims) for f in view.findings)
+    if victims:
+        parts.append(f"{victims} healthy replica{'s' if victims != 1 else ''} killed")
+    parts.append(f"times: {view.clock.name}")
+    if view.clock.dateless:
+        parts.append("rich log: times of day only")
+    if view.collapsed:
+        parts.append(f"{view.collapsed} superseded submission(s) collapsed")
+    if view.dropped_dateless:
+        parts.append(f"{view.dropped_dateless} undated log event(s) not drawn")
+    return title, "  ·  ".join(parts)
+
+
+def wrap(text: str, width: int) -> list[str]:
+    """`text` in lines of at most `width` characters, broken between words."""
+    words = text.split(" ")
+    lines, line = [], ""
+    for word in words:
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    return [*lines, line] if line else lines
+
+
+def legend_entries(view: RunView) -> list[tuple[str, str, str]]:
+    """(look, what, label) of the key of colours and shapes under the lanes: a status bar, the
+    status not recorded, a final status, the healthy hatch (its start estimated), the outage, a
+    point marker; only what the picture shows beyond the statuses."""
+    entries = [("status", s, s) for s in STATUS_COLORS if s != "unknown"]
+    jobs = [j for lane in view.lanes for j in lane.jobs]
+    if any(not view.status_events.get(j["job_id"]) and j.get("running_at") is None for j in jobs):
+        entries.append(("unknown", "unknown", "status not recorded (tables)"))
+    entries += [("final", s, s) for s in ("terminated", "failed")]
+    entries.append(("healthy", "healthy", "healthy (serving)"))
+    if any(j["job_id"] in view.healthy and view.healthy[j["job_id"]].since is None for j in jobs):
+        entries.append(("healthy-estimated", "healthy", "healthy, start not recorded"))
+    if view.outages:
+        entries.append(("outage", "outage", "outage"))
+    for kind, label in (("culprit_failure", "culprit failed"), ("victim_stop", "victim stopped")):
+        if any(m.kind == kind for m in view.markers):
+            entries.append(("point", kind, label))
+    return entries
+
+
+def key_lines(view: RunView, *, zoom: bool) -> list[tuple[Marker | None, str, bool]]:
+    """(marker, line, first line of its marker) of the numbered key under the picture, and a
+    line per outage."""
+    precise = any(m.time.microsecond for m in view.markers)
+    lines: list[tuple[Marker | None, str, bool]] = []
+    for marker in view.markers:
+        prefix = f"{marker.number}  " if marker.number else "·  "
+        text = f"{prefix}{view.clock.near(marker.time, view.left, ms=precise)}  {marker.text}"
+        if marker.offscreen:
+            text += " (after the plotted window)"
+        for j, line in enumerate(wrap(text, 150 if zoom else 120)):
+            lines.append((marker, ("      " if j else "") + line, j == 0))
+    for _, _, text in view.outages:
+        lines.append((None, f"▮  {text}", True))
+    return lines

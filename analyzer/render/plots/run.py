@@ -12,7 +12,6 @@ that says so, and its pseudo date is never shown.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,12 +24,15 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from analyzer.render.format import Clock
 from analyzer.render.plots.layout import (
-    Marker,
     RunView,
+    callout_levels,
+    legend_entries,
     run_view,
     status_path,
+    title_lines,
     zoom_window,
 )
+from analyzer.render.plots.layout import key_lines as layout_key_lines
 from analyzer.render.plots.style import (
     FINAL_COLORS,
     HEALTHY_EDGE,
@@ -68,19 +70,6 @@ def _time_axis(ax: Any, clock: Clock, *, labels: bool) -> None:
         ax.xaxis.set_major_formatter(formatter)
     if not labels:
         ax.tick_params(axis="x", labelbottom=False)
-
-
-def _callout_levels(xs: Sequence[float], gap: float) -> list[int]:
-    """Greedy stacking: a callout goes to the lowest level where it does not touch another."""
-    placed: dict[int, list[float]] = {}
-    levels = []
-    for x in xs:
-        level = 0
-        while any(abs(x - other) < gap for other in placed.get(level, [])):
-            level += 1
-        placed.setdefault(level, []).append(x)
-        levels.append(level)
-    return levels
 
 
 def _draw_lanes(
@@ -229,7 +218,7 @@ def _draw_callouts(ax: Any, view: RunView, xlim: tuple[float, float]) -> int:
     gap = 0.26 / max(width_in, 1.0)  # a callout is about 0.2 in wide
     shown = [(m, min(max(x, 0.0), 1.0), x < 0) for m, x in zip(numbered, xs, strict=True)]
     shown = [(m, x, before) for m, x, before in shown if x <= 1.0 and not (x >= 1.0 and not before)]
-    levels = _callout_levels([x + (0.02 if before else 0.0) for _, x, before in shown], gap)
+    levels = callout_levels([x + (0.02 if before else 0.0) for _, x, before in shown], gap)
     for (marker, x, before), level in zip(shown, levels, strict=True):
         color = MARKER_STYLE[marker.kind][0]
         ax.annotate(
@@ -327,99 +316,59 @@ def _axis_label(clock: Clock, xlim: tuple[float, float]) -> str:
     return f"time ({clock.zone_label(at)}) on {days}"
 
 
-def _title(view: RunView) -> tuple[str, str]:
-    run = view.run
-    label = f"{run['project']}/{run['run_name']}" if run.get("project") else run["run_name"]
-    server = f"{run['server']}:" if run.get("server") not in (None, "default") else ""
-    title = f"{server}{label} · run {run['run_id'][:8]} · {run.get('run_type') or 'type ?'}"
-    parts = []
-    if view.verdict:
-        parts.append(f"verdict: {view.verdict}")
-    categories = sorted({f.category for f in view.findings} - {view.verdict})
-    if categories:  # a finding of another category than the run's verdict names its own
-        parts.append(f"also: {', '.join(categories)}")
-    victims = sum(len(f.victims) for f in view.findings)
-    if victims:
-        parts.append(f"{victims} healthy replica{'s' if victims != 1 else ''} killed")
-    parts.append(f"times: {view.clock.name}")
-    if view.clock.dateless:
-        parts.append("rich log: times of day only")
-    if view.collapsed:
-        parts.append(f"{view.collapsed} superseded submission(s) collapsed")
-    if view.dropped_dateless:
-        parts.append(f"{view.dropped_dateless} undated log event(s) not drawn")
-    return title, "  ·  ".join(parts)
-
-
 def _legend_handles(view: RunView) -> list[Any]:
-    statuses = [s for s in STATUS_COLORS if s != "unknown"]
-    used_unknown = any(
-        not view.status_events.get(j["job_id"]) and j.get("running_at") is None
-        for lane in view.lanes
-        for j in lane.jobs
-    )
-    handles: list[Any] = [Patch(facecolor=STATUS_COLORS[s], label=s) for s in statuses]
-    if used_unknown:
-        handles.append(
-            Patch(
-                facecolor=STATUS_COLORS["unknown"],
-                edgecolor="#9a9a9a",
-                linestyle=":",
-                label="status not recorded (tables)",
+    handles: list[Any] = []
+    for look, value, label in legend_entries(view):
+        if look == "status":
+            handles.append(Patch(facecolor=STATUS_COLORS[value], label=label))
+        elif look == "unknown":
+            handles.append(
+                Patch(
+                    facecolor=STATUS_COLORS["unknown"],
+                    edgecolor="#9a9a9a",
+                    linestyle=":",
+                    label=label,
+                )
             )
-        )
-    handles += [
-        Line2D(
-            [], [], marker="|", markersize=11, mew=2.2, color=FINAL_COLORS[s], ls="none", label=s
-        )
-        for s in ("terminated", "failed")
-    ]
-    handles.append(
-        Patch(facecolor="none", edgecolor=HEALTHY_EDGE, hatch="////", label="healthy (serving)")
-    )
-    if any(
-        j["job_id"] in view.healthy and view.healthy[j["job_id"]].since is None
-        for lane in view.lanes
-        for j in lane.jobs
-    ):
-        handles.append(
-            Patch(
-                facecolor="none",
-                edgecolor=HEALTHY_EDGE,
-                hatch="////",
-                linestyle="--",
-                label="healthy, start not recorded",
-            )
-        )
-    if view.outages:
-        handles.append(Patch(facecolor=OUTAGE_COLOR, alpha=0.28, label="outage"))
-    for kind, label in (("culprit_failure", "culprit failed"), ("victim_stop", "victim stopped")):
-        if any(m.kind == kind for m in view.markers):
+        elif look == "final":
             handles.append(
                 Line2D(
                     [],
                     [],
-                    marker=LANE_POINTS[kind][0],
+                    marker="|",
+                    markersize=11,
+                    mew=2.2,
+                    color=FINAL_COLORS[value],
+                    ls="none",
+                    label=label,
+                )
+            )
+        elif look in ("healthy", "healthy-estimated"):
+            handles.append(
+                Patch(
+                    facecolor="none",
+                    edgecolor=HEALTHY_EDGE,
+                    hatch="////",
+                    linestyle="--" if look == "healthy-estimated" else "-",
+                    label=label,
+                )
+            )
+        elif look == "outage":
+            handles.append(Patch(facecolor=OUTAGE_COLOR, alpha=0.28, label=label))
+        else:
+            handles.append(
+                Line2D(
+                    [],
+                    [],
+                    marker=LANE_POINTS[value][0],
                     markersize=9,
-                    color=MARKER_STYLE[kind][0],
+                    color=MARKER_STYLE[value][0],
                     mec="white",
                     ls="none",
                     label=label,
                 )
             )
     return handles
-
-
-def _wrap(text: str, width: int) -> list[str]:
-    words = text.split(" ")
-    lines, line = [], ""
-    for word in words:
-        if line and len(line) + 1 + len(word) > width:
-            lines.append(line)
-            line = word
-        else:
-            line = f"{line} {word}" if line else word
-    return [*lines, line] if line else lines
 
 
 def plot_run(
@@ -455,17 +404,7 @@ def plot_run(
     if zoom is not None:
         panels.append((_num(view.clock, zoom[0]), _num(view.clock, zoom[1])))
     n_lanes = len(view.lanes)
-    precise = any(m.time.microsecond for m in view.markers)
-    key_lines: list[tuple[Marker | None, str, bool]] = []
-    for marker in view.markers:
-        prefix = f"{marker.number}  " if marker.number else "·  "
-        text = f"{prefix}{view.clock.near(marker.time, view.left, ms=precise)}  {marker.text}"
-        if marker.offscreen:
-            text += " (after the plotted window)"
-        for j, line in enumerate(_wrap(text, 150 if zoom else 120)):
-            key_lines.append((marker, ("      " if j else "") + line, j == 0))
-    for _, _, text in view.outages:
-        key_lines.append((None, f"▮  {text}", True))
+    key_lines = layout_key_lines(view, zoom=zoom is not None)
 
     lane_h = 0.3 if n_lanes <= 40 else max(0.16, 12.0 / n_lanes)
     heights = [0.5, n_lanes * lane_h + 0.35, 1.05, 0.55, 0.21 * len(key_lines) + 0.15]
@@ -476,7 +415,7 @@ def plot_run(
     grid = fig.add_gridspec(
         len(heights), len(panels), height_ratios=heights, width_ratios=[1.0, 1.35][: len(panels)]
     )
-    title, subtitle = _title(view)
+    title, subtitle = title_lines(view)
     head = fig.add_subplot(grid[0, :])
     head.axis("off")
     head.set_gid("title")
