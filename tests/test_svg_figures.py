@@ -187,6 +187,10 @@ def test_the_svg_fleet_chart_is_the_matplotlib_picture():
                 t for t in drawn if t in {r for r, _, _ in _rows(report, gid)}
             ]
     assert report.summary.incidents > 1 and len(report.summary.by_project) > 1
+    # one fleet: a line of the totals in both pictures, no panels of its own (issue 37)
+    classes = {g.get("class") for g in root.iter(f"{SVG}g")}
+    assert "outage-by-project" in classes and "outage-by-fleet" not in classes
+    assert "fleet: cpu-fleet (every incident)" in texts
 
 
 def _rows(report, gid: str):
