@@ -177,3 +177,46 @@ def test_room_promised_to_a_neighbours_accepted_update_is_no_room(seed):
     assert web.surge_capacity == "unknown"
     (promise,) = [r for r in web.reasons if r.startswith("run chat's update")]
     assert "deployment 1 (accepted at 2026-11-02 09:08:47) has not created its surge" in promise
+
+
+def test_the_findings_foresight_reads_the_fleets_nodes_at_t_not_the_final_spec(seed):
+    # the fleet edited to 0..2 after the incident (no event): before the update, the refusal
+    # at 09:09:01 with 1 active instance proves the final nodes are not T's, so the finding's
+    # foresight cannot say the surge had room (the final spec read back would say it had)
+    _sql(seed, "UPDATE fleets SET spec = replace(spec, '\"max\":1', '\"max\":2')")
+    (finding,) = open_sources([seed]).report.findings
+    foresight = finding.capacity_foresight
+    assert foresight.surge_capacity == "unknown"
+    assert foresight.foreseeable is None
+    assert any(
+        "fleet cpu-fleet's nodes unknown at T: dstack refused a placement 'Fleet is at "
+        "capacity' at 2026-11-02 09:09:01 with 1 active instance(s)" in r
+        for r in foresight.reasons
+    )
+    # the capture as recorded: the final 0..1 agrees with the refusal, no room foreseen
+    (plain,) = open_sources([SEED]).report.findings
+    assert plain.capacity_foresight.surge_capacity == "none"
+    assert plain.capacity_foresight.foreseeable is True
+
+
+def test_the_findings_foresight_reads_the_run_spec_at_t_not_a_later_update(seed):
+    # a second update after the failing one changed replicas: the final desired count is not
+    # the count before the first update, and the foresight says so
+    with sqlite3.connect(seed) as connection:
+        connection.execute(
+            "INSERT INTO events SELECT 'e2e2e2e2e2e2e2e2e2e2e2e2e2e2e2e2', "
+            "replace(replace(message, 'configuration.commands', 'configuration.replicas'), "
+            "'Deployment: 1', 'Deployment: 2'), '2026-11-02 09:09:05.000000', actor_user_id "
+            "FROM events WHERE message LIKE 'Run updated%'"
+        )
+        connection.execute(
+            "INSERT INTO event_targets SELECT 'f2f2f2f2f2f2f2f2f2f2f2f2f2f2f2f2', "
+            "'e2e2e2e2e2e2e2e2e2e2e2e2e2e2e2e2', entity_project_id, entity_type, entity_id, "
+            "entity_name, entity_run_id, entity_fleet_id, entity_gateway_id FROM event_targets "
+            "WHERE entity_type = 'RUN' AND event_id IN "
+            "(SELECT id FROM events WHERE message LIKE 'Run updated. Deployment: 1%')"
+        )
+    (finding,) = open_sources([seed]).report.findings
+    assert any(
+        "'Run updated' changed replicas after T" in r for r in finding.capacity_foresight.reasons
+    )

@@ -11,6 +11,9 @@ only when nothing says the spec changed after T.
   fleet held fewer active instances than the final `nodes.max`, the final spec contradicts
   what dstack did: the fleet was edited later, and its `nodes` at or before that refusal are
   unknown, never the final ones.
+
+`run_spec_at` and `fleet_nodes_at` are the spec history every consumer reads (exposure at T, the
+capacity foresight of a finding): nothing else decides what a spec was at T.
 """
 
 from __future__ import annotations
@@ -58,6 +61,64 @@ def changed_after(events: pl.DataFrame, moments: pl.DataFrame) -> pl.DataFrame:
             .sort()
             .alias("changed_later")
         )
+    )
+
+
+# Changed later, these make the final spec say nothing of where a replica could go at T.
+WHERE_CHANGES = ("resources", "groups", "fleets", "creation_policy")
+# Changed later, these make the final desired replica count not T's.
+COUNT_CHANGES = ("replicas", "groups")
+
+
+def run_spec_at(updates: pl.DataFrame | None, probes: pl.DataFrame) -> pl.DataFrame:
+    """The run's spec in force at each probe (server, run_id, as_of), as far as the evidence
+    proves it: `changed_later` (the placement fields updates after T changed), `where_known`
+    (false: where a replica can go at T is not the final spec's), `count_known` (false: the
+    final desired replica count is not T's)."""
+    key = ["server", "run_id", "as_of"]
+    asked = probes.select(key).unique()
+    if updates is None:
+        later = asked.with_columns(pl.lit([], pl.List(pl.String)).alias("changed_later"))
+    else:
+        later = asked.join(changed_after(updates, asked), on=key, how="left").with_columns(
+            pl.col("changed_later").fill_null([])
+        )
+    return later.with_columns(
+        ~pl.col("changed_later")
+        .list.set_intersection(list(WHERE_CHANGES))
+        .list.len()
+        .cast(pl.Boolean)
+        .alias("where_known"),
+        ~pl.col("changed_later")
+        .list.set_intersection(list(COUNT_CHANGES))
+        .list.len()
+        .cast(pl.Boolean)
+        .alias("count_known"),
+    )
+
+
+def fleet_nodes_at(
+    moments: pl.DataFrame,
+    submissions: pl.DataFrame,
+    runs: pl.DataFrame,
+    fleets: pl.DataFrame,
+    instances: pl.DataFrame,
+) -> pl.DataFrame:
+    """Each fleet at its moment (server, fleet_id, as_of rows, the fleets' columns) with what
+    the evidence proves of its `nodes` then: where a later refusal "Fleet is at capacity"
+    contradicts the final `nodes.max` (`nodes_contradicted`), `nodes_refused_at` and
+    `nodes_refused_active` name it and the final `nodes` are not T's; else both null."""
+    contradicted = nodes_contradicted(submissions, runs, fleets, instances).select(
+        "server",
+        "fleet_id",
+        pl.col("refused_at").alias("nodes_refused_at"),
+        pl.col("active").alias("nodes_refused_active"),
+    )
+    at = moments.join(contradicted, on=["server", "fleet_id"], how="left", maintain_order="left")
+    later = pl.col("as_of") <= pl.col("nodes_refused_at")
+    return at.with_columns(
+        pl.when(later).then(pl.col(c)).alias(c)
+        for c in ("nodes_refused_at", "nodes_refused_active")
     )
 
 
