@@ -67,13 +67,70 @@ def test_a_run_spec_changed_after_t_is_not_read_back_into_t(seed):
         "'configuration.replicas, configuration.resources') WHERE message LIKE 'Run updated%'",
     )
     service = _service(seed, BEFORE_UPDATE)
-    assert service.surge_capacity == "unknown"
     assert service.desired_replicas is None
-    assert any(
-        "'Run updated' changed replicas, resources after T" in reason for reason in service.reasons
-    )
+    # T's resources are not lost: web-0-0, of the deployment in force at T, runs them
+    assert (
+        "'Run updated' changed replicas, resources after T: the run's final spec is not T's; "
+        "T's resources are those in the job_spec_data of web-0-0 (deployment 0)"
+    ) in service.reasons
+    assert service.surge_capacity == "none"  # its one-node fleet is full, as recorded
     # after the update no update came later: the final spec speaks
     assert _service(seed, datetime(2026, 11, 2, 9, 8, 55, tzinfo=UTC)).desired_replicas == 1
+
+
+CPU_2 = '"cpu":{"arch":null,"count":{"min":2'
+CPU_4 = '"cpu":{"arch":null,"count":{"min":4'
+
+
+def _resources_raised_later(db) -> None:
+    """The seed's update changed resources to `cpu 4..` (the final run spec and the new
+    replica's job spec say so), and the fleet holds a second, idle 2-CPU instance."""
+    _sql(
+        db,
+        "UPDATE events SET message = replace(message, 'configuration.commands', "
+        "'configuration.resources') WHERE message LIKE 'Run updated%'",
+    )
+    _sql(db, f"UPDATE runs SET run_spec = replace(run_spec, '{CPU_2}', '{CPU_4}')")
+    _sql(
+        db,
+        f"UPDATE jobs SET job_spec_data = replace(job_spec_data, '{CPU_2}', '{CPU_4}') "
+        "WHERE job_name = 'web-0-1'",
+    )
+    with sqlite3.connect(db) as connection:
+        connection.execute("CREATE TEMP TABLE copied AS SELECT * FROM instances")
+        connection.execute(
+            "UPDATE copied SET id = 'a2a2a2a2a2a2a2a2a2a2a2a2a2a2a2a2', name = 'cpu-fleet-1', "
+            "created_at = '2026-11-02 09:01:00.000000', started_at = '2026-11-02 09:01:05.000000'"
+        )
+        connection.execute("INSERT INTO instances SELECT * FROM copied")
+
+
+def test_resources_changed_after_t_are_read_from_the_jobs_of_ts_deployment(seed):
+    # before the update the service ran `cpu 2..` (web-0-0's job spec): the idle 2-CPU
+    # instance fits T's replica, though not the final spec's `cpu 4..`
+    _resources_raised_later(seed)
+    service = _service(seed, BEFORE_UPDATE)
+    assert service.resources == ["0: cpu 2.., memory 8GB.., disk 100GB.."]
+    assert service.surge_capacity == "available"
+    assert any(
+        "instance cpu-fleet-1 of fleet cpu-fleet has idle blocks" in r for r in service.reasons
+    )
+    # after the update the final spec is T's
+    after = _service(seed, datetime(2026, 11, 2, 9, 8, 55, tzinfo=UTC))
+    assert after.resources == ["0: cpu 4.., memory 8GB.., disk 100GB.."]
+    assert after.surge_capacity == "none"
+
+
+def test_where_a_replica_goes_is_unknown_at_t_when_no_job_proves_it(seed):
+    # the same change, but no job of T's deployment is left to read T's resources from
+    _resources_raised_later(seed)
+    _sql(seed, f"UPDATE jobs SET job_spec_data = replace(job_spec_data, '{CPU_2}', '{CPU_4}')")
+    _sql(seed, "UPDATE jobs SET job_spec_data = replace(job_spec_data, 'requirements', 'x')")
+    service = _service(seed, BEFORE_UPDATE)
+    assert service.surge_capacity == "unknown"
+    assert "'Run updated' changed resources after T: the run's final spec is not T's" in (
+        service.reasons
+    )
 
 
 def test_the_finding_names_who_held_the_room_at_the_failure():

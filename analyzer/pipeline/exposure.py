@@ -214,8 +214,16 @@ def assess_states(
     active = (
         subs.filter(live).group_by(probe).agg(pl.col("replica_num").n_unique().alias("_active"))
     )
+    # the run's spec in force at T, never the final one read back (specs.run_spec_at)
+    spec_at = run_spec_at(frames.runs, frames.submissions, frames.updates, probes)
     runs = (
-        probes.join(frames.runs, on=["server", "run_id"], how="left", maintain_order="left")
+        probes.join(
+            frames.runs.drop("placement_spec", "desired_replica_count"),
+            on=["server", "run_id"],
+            how="left",
+            maintain_order="left",
+        )
+        .join(spec_at, on=probe, how="left", maintain_order="left")
         .join(healthy, on=probe, how="left", maintain_order="left")
         .join(active, on=probe, how="left", maintain_order="left")
     )
@@ -350,9 +358,6 @@ def assess_states(
     )
     specs = _Specs()
     latest, refusals = _provider_history(frames, runs, fleets_at, specs, instances, kinds)
-    runs = runs.join(
-        run_spec_at(frames.updates, probes), on=probe, how="left", maintain_order="left"
-    )
     if frames.updates is not None:
         runs = runs.join(
             promised_surges(frames.updates, frames.submissions, frames.runs, probes),
@@ -681,13 +686,15 @@ def _assess_one(row: dict, fleets: list[dict], context: _Context) -> _Assessment
     later = row.get("changed_later") or []
     if later:
         reasons.append(
-            f"'Run updated' changed {', '.join(later)} after T: the run's final spec read here "
-            "is not T's"
+            f"'Run updated' changed {', '.join(later)} after T: the run's final spec is not T's"
+            + (
+                f"; T's resources are those in {row['resources_from']}"
+                if row.get("resources_from")
+                else ""
+            )
         )
         if not row["where_known"]:
             surge = "unknown"
-        if not row["count_known"]:
-            row["desired_replica_count"] = None
     for promise in row.get("promised") or []:
         reasons.append(f"{promise}: it goes into the same fleet's room, maybe first")
         surge = "unknown" if surge == "available" else surge
