@@ -121,6 +121,18 @@ def test_resources_changed_after_t_are_read_from_the_jobs_of_ts_deployment(seed)
     assert after.surge_capacity == "none"
 
 
+def test_the_findings_foresight_asks_the_spec_the_update_put_in_force(seed):
+    # the same evidence: just before the update the service ran `cpu 2..`, but the surge
+    # replica runs the update's `cpu 4..` (web-0-1's job spec), which the idle 2-CPU instance
+    # does not fit, and the fleet is at its maximum: no room, foreseeable
+    _resources_raised_later(seed)
+    (finding,) = open_sources([seed]).report.findings
+    foresight = finding.capacity_foresight
+    assert foresight.surge_capacity == "none"
+    assert foresight.foreseeable is True
+    assert not any("after T" in r for r in foresight.reasons)
+
+
 def test_where_a_replica_goes_is_unknown_at_t_when_no_job_proves_it(seed):
     # the same change, but no job of T's deployment is left to read T's resources from
     _resources_raised_later(seed)

@@ -204,6 +204,10 @@ def assess_states(
     if probes.is_empty():
         return []
     probe = ["server", "run_id", "as_of"]
+    # the run's spec in force at T (or at a probe's `spec_as_of`), never the final one read
+    # back (specs.run_spec_at)
+    spec_at = run_spec_at(frames.runs, frames.submissions, frames.updates, probes)
+    probes = probes.select(probe)
     subs = probe_state_at(frames.submissions.join(probes, on=["server", "run_id"]))
     live = alive_at()
     healthy = (
@@ -214,8 +218,6 @@ def assess_states(
     active = (
         subs.filter(live).group_by(probe).agg(pl.col("replica_num").n_unique().alias("_active"))
     )
-    # the run's spec in force at T, never the final one read back (specs.run_spec_at)
-    spec_at = run_spec_at(frames.runs, frames.submissions, frames.updates, probes)
     runs = (
         probes.join(
             frames.runs.drop("placement_spec", "desired_replica_count"),

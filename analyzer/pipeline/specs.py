@@ -84,10 +84,17 @@ def run_spec_at(
     replica can go, and the final spec's placement is not T's),
     `desired_replica_count` (null where an update after T changed the count), the placement
     fields updates after T changed (`changed_later`) and, where T's resources were read from
-    the jobs, whose (`resources_from`)."""
+    the jobs, whose (`resources_from`). A probe's `spec_as_of`, when given, is the moment
+    whose spec is asked instead of its own (the foresight asks, just before an update, the
+    spec that update put in force: the surge replica's)."""
     key = ["server", "run_id", "as_of"]
     asked = (
-        probes.select(key)
+        probes.select(
+            "server",
+            "run_id",
+            pl.col("as_of").alias("_probe"),
+            pl.col("spec_as_of" if "spec_as_of" in probes.columns else "as_of").alias("as_of"),
+        )
         .unique()
         .join(
             runs.select("server", "run_id", "placement_spec", "desired_replica_count"),
@@ -119,7 +126,9 @@ def run_spec_at(
     where_changed = changed.list.set_intersection(list(WHERE_CHANGES)).list.len() > 0
     count_changed = changed.list.set_intersection(list(COUNT_CHANGES)).list.len() > 0
     return later.select(
-        *key,
+        "server",
+        "run_id",
+        pl.col("_probe").alias("as_of"),
         "placement_spec",
         (~where_changed | pl.col("resources_from").is_not_null()).alias("where_known"),
         pl.when(count_changed)
