@@ -5,6 +5,7 @@ after `commands` was updated at 09:08:50."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import sqlite3
 from datetime import UTC, datetime
@@ -14,7 +15,7 @@ import pytest
 
 from analyzer import open_sources
 from analyzer.pipeline.exposure import exposure_report
-from analyzer.pipeline.placement import holders_at
+from analyzer.pipeline.placement import holders_at, parse_spec
 from tests.conftest import CAPTURES
 
 SEED = CAPTURES / "v0.22.5" / "seed" / "server.db"
@@ -289,3 +290,127 @@ def test_the_findings_foresight_reads_the_run_spec_at_t_not_a_later_update(seed)
     assert any(
         "'Run updated' changed replicas after T" in r for r in finding.capacity_foresight.reasons
     )
+
+
+def _t(minute: int, second: int = 0) -> datetime:
+    return datetime(2026, 11, 2, 9, minute, second, tzinfo=UTC)
+
+
+CPU2 = '{"cpu":{"count":{"min":2,"max":null}}}'
+CPU4 = '{"cpu":{"count":{"min":4,"max":null}}}'
+FINAL = '{"replicas":2,"groups":null,"resources":' + CPU4 + ',"retry":null}'
+
+
+def _history(updates: list[tuple], jobs: list[tuple], moments: list[datetime], final=FINAL):
+    """run_spec_at over hand-built frames: one run r, `updates` (time, deployment, changed
+    fields) and `jobs` (deployment, replica group, name, resources text)."""
+    from analyzer.pipeline.specs import run_spec_at
+
+    runs = pl.DataFrame(
+        {"server": ["s"], "run_id": ["r"], "placement_spec": [final], "desired_replica_count": [2]}
+    )
+    events = pl.DataFrame(
+        [("s", "r", "run_updated", at, dep, fields) for at, dep, fields in updates],
+        schema=["server", "run_id", "kind", "time", "deployment_num", "changed_fields"],
+        orient="row",
+    )
+    subs = pl.DataFrame(
+        [("s", "r", *job) for job in jobs],
+        schema=["server", "run_id", "deployment_num", "replica_group", "job_name", "resources"],
+        orient="row",
+    )
+    probes = pl.DataFrame({"server": "s", "run_id": "r", "as_of": moments})
+    return {row["as_of"]: row for row in run_spec_at(runs, subs, events, probes).to_dicts()}
+
+
+def test_the_spec_in_force_follows_the_deployments_and_their_jobs():
+    # deployment 1 changed commands (rolling), deployment 2 changed resources to cpu 4..:
+    # before deployment 2, every job from T's deployment up to 1 runs T's resources
+    updates = [
+        (_t(5), 1, "configuration.commands"),
+        (_t(8), 2, "configuration.resources, configuration.replicas"),
+    ]
+    jobs = [(0, "0", "a-0-0", CPU2), (1, "0", "a-0-1", CPU2), (2, "0", "a-0-2", CPU4)]
+    spec = _history(updates, jobs, [_t(4), _t(6), _t(9)])
+    before = spec[_t(4)]
+    assert before["where_known"]
+    assert parse_spec(before["placement_spec"])["resources"] == json.loads(CPU2)
+    assert before["resources_from"] == (
+        "the job_spec_data of a-0-0 (deployment 0), a-0-1 (deployment 1)"
+    )
+    assert before["desired_replica_count"] is None  # replicas changed later
+    assert before["changed_later"] == ["replicas", "resources"]
+    assert spec[_t(6)]["resources_from"] == "the job_spec_data of a-0-1 (deployment 1)"
+    # after the last update the final spec is T's
+    assert spec[_t(9)]["placement_spec"] == FINAL
+    assert spec[_t(9)]["desired_replica_count"] == 2
+    assert spec[_t(9)]["resources_from"] is None and spec[_t(9)]["where_known"]
+
+
+def test_the_spec_at_t_is_unknown_where_its_jobs_disagree_or_are_gone():
+    updates = [(_t(8), 1, "configuration.resources")]
+    # two resources texts in T's deployment: which one T's spec held is not proven
+    torn = _history(updates, [(0, "0", "a-0-0", CPU2), (0, "0", "a-0-1", CPU4)], [_t(4)])
+    assert not torn[_t(4)]["where_known"]
+    assert torn[_t(4)]["placement_spec"] == FINAL  # read only with where_known
+    # no job of T's deployment left (only the new one's)
+    gone = _history(updates, [(1, "0", "a-0-2", CPU4)], [_t(4)])
+    assert not gone[_t(4)]["where_known"]
+    # groups changed later: where a replica goes is unknown, whatever the jobs say
+    regrouped = _history(
+        [(_t(8), 1, "configuration.groups, configuration.resources")],
+        [(0, "0", "a-0-0", CPU2)],
+        [_t(4)],
+    )
+    assert not regrouped[_t(4)]["where_known"]
+    assert regrouped[_t(4)]["desired_replica_count"] is None
+
+
+def test_each_replica_group_gets_the_resources_of_its_own_jobs():
+    final = json.dumps(
+        {
+            "groups": [
+                {"name": "gpu", "replicas": 1, "resources": json.loads(CPU4)},
+                {"name": "cpu", "replicas": 1, "resources": json.loads(CPU4)},
+            ]
+        }
+    )
+    jobs = [(0, "gpu", "a-0-0", CPU2), (0, "cpu", "a-1-0", CPU4)]
+    spec = _history([(_t(8), 1, "configuration.resources")], jobs, [_t(4)], final)
+    groups = parse_spec(spec[_t(4)]["placement_spec"])["groups"]
+    assert [g["resources"] for g in groups] == [json.loads(CPU2), json.loads(CPU4)]
+    # a group no job of T's deployment ran: unknown, never the final group's
+    lone = _history([(_t(8), 1, "configuration.resources")], jobs[:1], [_t(4)], final)
+    assert not lone[_t(4)]["where_known"]
+
+
+def test_a_fleets_nodes_are_unknown_until_its_last_contradicting_refusal():
+    from analyzer.pipeline.specs import fleet_nodes_at
+
+    refusal = {
+        "server": ["s", "s"],
+        "run_id": ["r", "r"],
+        "fleet_id": ["f", "f"],
+        "termination_reason": ["failed_to_start_due_to_no_capacity"] * 2,
+        "termination_reason_message": ["Fleet is at capacity"] * 2,
+        "stopped_at": [_t(5), _t(7)],
+        "last_processed_at": [_t(5), _t(7)],
+    }
+    runs = pl.DataFrame({"server": ["s"], "run_id": ["r"], "fleet_id": ["f"]})
+    fleets = pl.DataFrame({"server": ["s"], "fleet_id": ["f"], "ssh": [False], "nodes_max": [2]})
+    # one instance alive through both refusals, a second only from 09:06
+    instances = pl.DataFrame(
+        {
+            "server": ["s", "s"],
+            "fleet_id": ["f", "f"],
+            "instance_id": ["i1", "i2"],
+            "created_at": [_t(1), _t(6)],
+            "ended_at": [None, None],
+        },
+        schema_overrides={"ended_at": pl.Datetime("us", "UTC")},
+    )
+    moments = pl.DataFrame({"server": "s", "fleet_id": "f", "as_of": [_t(4), _t(5, 30), _t(8)]})
+    at = fleet_nodes_at(moments, pl.DataFrame(refusal), runs, fleets, instances)
+    # 09:05 with 1 active < 2 contradicts the final nodes; 09:07 with 2 active does not
+    assert at["nodes_refused_at"].to_list() == [_t(5), None, None]
+    assert at["nodes_refused_active"].to_list() == [1, None, None]

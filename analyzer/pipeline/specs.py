@@ -182,8 +182,10 @@ def _resources_at(
         .group_by(*key, pl.col("replica_group").fill_null("0"))
         .agg(
             pl.col("resources").unique().alias("_texts"),
-            pl.col("job_name").unique().sort().alias("_jobs"),
-            pl.col("deployment_num").min().alias("_dep"),
+            pl.format("{} (deployment {})", "job_name", "deployment_num")
+            .unique()
+            .sort()
+            .alias("_jobs"),
         )
         .filter(pl.col("_texts").list.len() == 1)
     )
@@ -191,7 +193,7 @@ def _resources_at(
     for row in jobs.iter_rows(named=True):
         found = rows.setdefault(tuple(row[k] for k in key), {"groups": {}, "jobs": []})
         found["groups"][row["replica_group"]] = row["_texts"][0]
-        found["jobs"] += [f"{name} (deployment {row['_dep']})" for name in row["_jobs"]]
+        found["jobs"] += row["_jobs"]
     finals = {tuple(r[k] for k in key): r["placement_spec"] for r in asked.iter_rows(named=True)}
     out = []
     for probe, found in rows.items():
