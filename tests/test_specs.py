@@ -414,3 +414,4 @@ def test_a_fleets_nodes_are_unknown_until_its_last_contradicting_refusal():
     # 09:05 with 1 active < 2 contradicts the final nodes; 09:07 with 2 active does not
     assert at["nodes_refused_at"].to_list() == [_t(5), None, None]
     assert at["nodes_refused_active"].to_list() == [1, None, None]
+    assert at["nodes_known"].to_list() == [False, True, True]

@@ -574,7 +574,7 @@ class _FleetState:
     instances: list[dict]  # InstanceAtT's fields, when listed
     can_add_node: bool
     provenance: str | None
-    nodes_known: bool = True  # false: the final spec is contradicted at T (specs.py)
+    nodes_known: bool = True  # false: the final spec is contradicted at T (specs.fleet_nodes_at)
     _shown: FleetAtT | None = None
 
     def record(self) -> FleetAtT:
@@ -734,7 +734,7 @@ def _fleet_at(
     nodes_max = fleet["nodes_max"]
     low = fleet["nodes_min"] if fleet["nodes_min"] is not None else ""
     nodes = "ssh hosts" if ssh else f"{low}..{nodes_max if nodes_max is not None else ''}"
-    if fleet["nodes_refused_at"] is not None:
+    if not fleet["nodes_known"]:
         nodes = (
             f"unknown at T: dstack refused a placement 'Fleet is at capacity' at "
             f"{fleet['nodes_refused_at']:%Y-%m-%d %H:%M:%S} with "
@@ -745,7 +745,7 @@ def _fleet_at(
         fleet_id=fleet["fleet_id"],
         fleet_name=fleet["fleet_name"],
         nodes=nodes,
-        nodes_known=not nodes.startswith("unknown"),
+        nodes_known=fleet["nodes_known"],
         ssh=ssh,
         active_instances=count,
         instances=[
@@ -764,7 +764,7 @@ def _fleet_at(
         can_add_node=not ssh
         and creation != "reuse"
         and (nodes_max is None or count < nodes_max)
-        and not nodes.startswith("unknown"),
+        and fleet["nodes_known"],
         provenance=fleet["provenance"],
     )
     context.fleet_cache[key] = record

@@ -243,7 +243,8 @@ def fleet_nodes_at(
     """Each fleet at its moment (server, fleet_id, as_of rows, the fleets' columns) with what
     the evidence proves of its `nodes` then: where a later refusal "Fleet is at capacity"
     contradicts the final `nodes.max` (`nodes_contradicted`), `nodes_refused_at` and
-    `nodes_refused_active` name it and the final `nodes` are not T's; else both null."""
+    `nodes_refused_active` name it, and `nodes_known` is false: the final `nodes` are not
+    T's (nodes_min and nodes_max stay the final ones, to be shown as such, never used)."""
     contradicted = nodes_contradicted(submissions, runs, fleets, instances).select(
         "server",
         "fleet_id",
@@ -253,8 +254,11 @@ def fleet_nodes_at(
     at = moments.join(contradicted, on=["server", "fleet_id"], how="left", maintain_order="left")
     later = pl.col("as_of") <= pl.col("nodes_refused_at")
     return at.with_columns(
-        pl.when(later).then(pl.col(c)).alias(c)
-        for c in ("nodes_refused_at", "nodes_refused_active")
+        *(
+            pl.when(later).then(pl.col(c)).alias(c)
+            for c in ("nodes_refused_at", "nodes_refused_active")
+        ),
+        (~later).fill_null(True).alias("nodes_known"),
     )
 
 
