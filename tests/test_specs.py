@@ -415,3 +415,20 @@ def test_a_fleets_nodes_are_unknown_until_its_last_contradicting_refusal():
     assert at["nodes_refused_at"].to_list() == [_t(5), None, None]
     assert at["nodes_refused_active"].to_list() == [1, None, None]
     assert at["nodes_known"].to_list() == [False, True, True]
+
+
+def test_an_accepted_update_that_creates_no_surge_promises_no_room(seed):
+    # chat's update changed only fields dstack applies in place (replicas, priority): no new
+    # replica is rolled out for it, so the free node stays free (jobs bumped in place:
+    # pipeline_tasks/runs/active.py)
+    _room_for_two(seed)
+    _neighbour_updated(seed, "2026-11-02 09:08:47.500000")
+    _sql(
+        seed,
+        "UPDATE events SET message = replace(message, 'configuration.commands', "
+        "'configuration.replicas, configuration.priority') "
+        "WHERE id = 'e1e1e1e1e1e1e1e1e1e1e1e1e1e1e1e1'",
+    )
+    web = _web(seed, BEFORE_UPDATE)
+    assert web.surge_capacity == "available"
+    assert not any(r.startswith("run chat's update") for r in web.reasons)

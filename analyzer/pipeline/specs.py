@@ -328,11 +328,17 @@ def promised_surges(
     next run pass creates a surge replica: pipeline_tasks/runs/active.py, rolling
     deployment), whose surge job is not created yet at T. That replica goes into the same
     fleet's room: `promised`, one text per such run."""
-    rolling = ~pl.col("changed_fields").map_elements(
-        lambda fields: (
-            {f.strip() for f in fields.split(",")} <= IN_PLACE_CHANGES | REPLICA_COUNT_CHANGES
-        ),
-        return_dtype=pl.Boolean,
+    # a field neither in-place nor a replica count: a rolling change
+    rolling = (
+        pl.col("changed_fields")
+        .str.split(",")
+        .list.eval(
+            pl.element()
+            .str.strip_chars()
+            .is_in(list(IN_PLACE_CHANGES | REPLICA_COUNT_CHANGES))
+            .not_()
+        )
+        .list.any()
     )
     accepted = updates.filter(rolling.fill_null(False)).select(
         "server", pl.col("run_id").alias("other"), pl.col("time").alias("_at"), "deployment_num"
