@@ -76,6 +76,9 @@ JOBS_SCHEMA: dict[str, pl.DataType] = {
     "min_probe_streak": pl.Int64(),
     "probe_ready_after": pl.Int64(),  # the highest ready_after of its probes (null: unknown)
     "spec_fingerprint": pl.String(),  # hash of the JobSpec fields a rolling deployment changes
+    # job_spec_data.requirements.resources as JSON text: the resources of the spec the job runs,
+    # which is its deployment's (the run spec holds only the final one)
+    "resources": pl.String(),
     "deployment_basis": pl.String(),  # see DEPLOYMENT_BASES
     "provenance": pl.String(),
 }

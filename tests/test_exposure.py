@@ -738,6 +738,15 @@ def test_a_findings_root_cause_names_the_run_whose_queued_replica_took_the_room(
         'job_spec_data = replace(job_spec_data, \'"job_name":"web-0-0"\', '
         '\'"job_name":"web2-0-0"\')',
     )
+    # the node dstack created for web2's replica, the fleet's second, before it refused
+    # web-0-1 'Fleet is at capacity' (else the refusal contradicts nodes 0..2: specs.py)
+    _copy_row(
+        db,
+        "instances",
+        "name = 'cpu-fleet-0'",
+        "id = 'b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2', name = 'cpu-fleet-1', status = 'PROVISIONING', "
+        "created_at = '2026-11-02 09:08:55.000000', started_at = NULL",
+    )
     report = open_sources([db]).report
     (finding,) = [f for f in report.findings if f.run_name == "web"]
     assert finding.capacity_foresight.surge_capacity == "none"

@@ -5,6 +5,7 @@ after `commands` was updated at 09:08:50."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import sqlite3
 from datetime import UTC, datetime
@@ -14,7 +15,7 @@ import pytest
 
 from analyzer import open_sources
 from analyzer.pipeline.exposure import exposure_report
-from analyzer.pipeline.placement import holders_at
+from analyzer.pipeline.placement import holders_at, parse_spec
 from tests.conftest import CAPTURES
 
 SEED = CAPTURES / "v0.22.5" / "seed" / "server.db"
@@ -67,13 +68,82 @@ def test_a_run_spec_changed_after_t_is_not_read_back_into_t(seed):
         "'configuration.replicas, configuration.resources') WHERE message LIKE 'Run updated%'",
     )
     service = _service(seed, BEFORE_UPDATE)
-    assert service.surge_capacity == "unknown"
     assert service.desired_replicas is None
-    assert any(
-        "'Run updated' changed replicas, resources after T" in reason for reason in service.reasons
-    )
+    # T's resources are not lost: web-0-0, of the deployment in force at T, runs them
+    assert (
+        "'Run updated' changed replicas, resources after T: the run's final spec is not T's; "
+        "T's resources are those in the job_spec_data of web-0-0 (deployment 0)"
+    ) in service.reasons
+    assert service.surge_capacity == "none"  # its one-node fleet is full, as recorded
     # after the update no update came later: the final spec speaks
     assert _service(seed, datetime(2026, 11, 2, 9, 8, 55, tzinfo=UTC)).desired_replicas == 1
+
+
+CPU_2 = '"cpu":{"arch":null,"count":{"min":2'
+CPU_4 = '"cpu":{"arch":null,"count":{"min":4'
+
+
+def _resources_raised_later(db) -> None:
+    """The seed's update changed resources to `cpu 4..` (the final run spec and the new
+    replica's job spec say so), and the fleet holds a second, idle 2-CPU instance."""
+    _sql(
+        db,
+        "UPDATE events SET message = replace(message, 'configuration.commands', "
+        "'configuration.resources') WHERE message LIKE 'Run updated%'",
+    )
+    _sql(db, f"UPDATE runs SET run_spec = replace(run_spec, '{CPU_2}', '{CPU_4}')")
+    _sql(
+        db,
+        f"UPDATE jobs SET job_spec_data = replace(job_spec_data, '{CPU_2}', '{CPU_4}') "
+        "WHERE job_name = 'web-0-1'",
+    )
+    with sqlite3.connect(db) as connection:
+        connection.execute("CREATE TEMP TABLE copied AS SELECT * FROM instances")
+        connection.execute(
+            "UPDATE copied SET id = 'a2a2a2a2a2a2a2a2a2a2a2a2a2a2a2a2', name = 'cpu-fleet-1', "
+            "created_at = '2026-11-02 09:01:00.000000', started_at = '2026-11-02 09:01:05.000000'"
+        )
+        connection.execute("INSERT INTO instances SELECT * FROM copied")
+
+
+def test_resources_changed_after_t_are_read_from_the_jobs_of_ts_deployment(seed):
+    # before the update the service ran `cpu 2..` (web-0-0's job spec): the idle 2-CPU
+    # instance fits T's replica, though not the final spec's `cpu 4..`
+    _resources_raised_later(seed)
+    service = _service(seed, BEFORE_UPDATE)
+    assert service.resources == ["0: cpu 2.., memory 8GB.., disk 100GB.."]
+    assert service.surge_capacity == "available"
+    assert any(
+        "instance cpu-fleet-1 of fleet cpu-fleet has idle blocks" in r for r in service.reasons
+    )
+    # after the update the final spec is T's
+    after = _service(seed, datetime(2026, 11, 2, 9, 8, 55, tzinfo=UTC))
+    assert after.resources == ["0: cpu 4.., memory 8GB.., disk 100GB.."]
+    assert after.surge_capacity == "none"
+
+
+def test_the_findings_foresight_asks_the_spec_the_update_put_in_force(seed):
+    # the same evidence: just before the update the service ran `cpu 2..`, but the surge
+    # replica runs the update's `cpu 4..` (web-0-1's job spec), which the idle 2-CPU instance
+    # does not fit, and the fleet is at its maximum: no room, foreseeable
+    _resources_raised_later(seed)
+    (finding,) = open_sources([seed]).report.findings
+    foresight = finding.capacity_foresight
+    assert foresight.surge_capacity == "none"
+    assert foresight.foreseeable is True
+    assert not any("after T" in r for r in foresight.reasons)
+
+
+def test_where_a_replica_goes_is_unknown_at_t_when_no_job_proves_it(seed):
+    # the same change, but no job of T's deployment is left to read T's resources from
+    _resources_raised_later(seed)
+    _sql(seed, f"UPDATE jobs SET job_spec_data = replace(job_spec_data, '{CPU_2}', '{CPU_4}')")
+    _sql(seed, "UPDATE jobs SET job_spec_data = replace(job_spec_data, 'requirements', 'x')")
+    service = _service(seed, BEFORE_UPDATE)
+    assert service.surge_capacity == "unknown"
+    assert "'Run updated' changed resources after T: the run's final spec is not T's" in (
+        service.reasons
+    )
 
 
 def test_the_finding_names_who_held_the_room_at_the_failure():
@@ -177,3 +247,188 @@ def test_room_promised_to_a_neighbours_accepted_update_is_no_room(seed):
     assert web.surge_capacity == "unknown"
     (promise,) = [r for r in web.reasons if r.startswith("run chat's update")]
     assert "deployment 1 (accepted at 2026-11-02 09:08:47) has not created its surge" in promise
+
+
+def test_the_findings_foresight_reads_the_fleets_nodes_at_t_not_the_final_spec(seed):
+    # the fleet edited to 0..2 after the incident (no event): before the update, the refusal
+    # at 09:09:01 with 1 active instance proves the final nodes are not T's, so the finding's
+    # foresight cannot say the surge had room (the final spec read back would say it had)
+    _sql(seed, "UPDATE fleets SET spec = replace(spec, '\"max\":1', '\"max\":2')")
+    (finding,) = open_sources([seed]).report.findings
+    foresight = finding.capacity_foresight
+    assert foresight.surge_capacity == "unknown"
+    assert foresight.foreseeable is None
+    assert any(
+        "fleet cpu-fleet's nodes unknown at T: dstack refused a placement 'Fleet is at "
+        "capacity' at 2026-11-02 09:09:01 with 1 active instance(s)" in r
+        for r in foresight.reasons
+    )
+    # the capture as recorded: the final 0..1 agrees with the refusal, no room foreseen
+    (plain,) = open_sources([SEED]).report.findings
+    assert plain.capacity_foresight.surge_capacity == "none"
+    assert plain.capacity_foresight.foreseeable is True
+
+
+def test_the_findings_foresight_reads_the_run_spec_at_t_not_a_later_update(seed):
+    # a second update after the failing one changed replicas: the final desired count is not
+    # the count before the first update, and the foresight says so
+    with sqlite3.connect(seed) as connection:
+        connection.execute(
+            "INSERT INTO events SELECT 'e2e2e2e2e2e2e2e2e2e2e2e2e2e2e2e2', "
+            "replace(replace(message, 'configuration.commands', 'configuration.replicas'), "
+            "'Deployment: 1', 'Deployment: 2'), '2026-11-02 09:09:05.000000', actor_user_id "
+            "FROM events WHERE message LIKE 'Run updated%'"
+        )
+        connection.execute(
+            "INSERT INTO event_targets SELECT 'f2f2f2f2f2f2f2f2f2f2f2f2f2f2f2f2', "
+            "'e2e2e2e2e2e2e2e2e2e2e2e2e2e2e2e2', entity_project_id, entity_type, entity_id, "
+            "entity_name, entity_run_id, entity_fleet_id, entity_gateway_id FROM event_targets "
+            "WHERE entity_type = 'RUN' AND event_id IN "
+            "(SELECT id FROM events WHERE message LIKE 'Run updated. Deployment: 1%')"
+        )
+    (finding,) = open_sources([seed]).report.findings
+    assert any(
+        "'Run updated' changed replicas after T" in r for r in finding.capacity_foresight.reasons
+    )
+
+
+def _t(minute: int, second: int = 0) -> datetime:
+    return datetime(2026, 11, 2, 9, minute, second, tzinfo=UTC)
+
+
+CPU2 = '{"cpu":{"count":{"min":2,"max":null}}}'
+CPU4 = '{"cpu":{"count":{"min":4,"max":null}}}'
+FINAL = '{"replicas":2,"groups":null,"resources":' + CPU4 + ',"retry":null}'
+
+
+def _history(updates: list[tuple], jobs: list[tuple], moments: list[datetime], final=FINAL):
+    """run_spec_at over hand-built frames: one run r, `updates` (time, deployment, changed
+    fields) and `jobs` (deployment, replica group, name, resources text)."""
+    from analyzer.pipeline.specs import run_spec_at
+
+    runs = pl.DataFrame(
+        {"server": ["s"], "run_id": ["r"], "placement_spec": [final], "desired_replica_count": [2]}
+    )
+    events = pl.DataFrame(
+        [("s", "r", "run_updated", at, dep, fields) for at, dep, fields in updates],
+        schema=["server", "run_id", "kind", "time", "deployment_num", "changed_fields"],
+        orient="row",
+    )
+    subs = pl.DataFrame(
+        [("s", "r", *job) for job in jobs],
+        schema=["server", "run_id", "deployment_num", "replica_group", "job_name", "resources"],
+        orient="row",
+    )
+    probes = pl.DataFrame({"server": "s", "run_id": "r", "as_of": moments})
+    return {row["as_of"]: row for row in run_spec_at(runs, subs, events, probes).to_dicts()}
+
+
+def test_the_spec_in_force_follows_the_deployments_and_their_jobs():
+    # deployment 1 changed commands (rolling), deployment 2 changed resources to cpu 4..:
+    # before deployment 2, every job from T's deployment up to 1 runs T's resources
+    updates = [
+        (_t(5), 1, "configuration.commands"),
+        (_t(8), 2, "configuration.resources, configuration.replicas"),
+    ]
+    jobs = [(0, "0", "a-0-0", CPU2), (1, "0", "a-0-1", CPU2), (2, "0", "a-0-2", CPU4)]
+    spec = _history(updates, jobs, [_t(4), _t(6), _t(9)])
+    before = spec[_t(4)]
+    assert before["where_known"]
+    assert parse_spec(before["placement_spec"])["resources"] == json.loads(CPU2)
+    assert before["resources_from"] == (
+        "the job_spec_data of a-0-0 (deployment 0), a-0-1 (deployment 1)"
+    )
+    assert before["desired_replica_count"] is None  # replicas changed later
+    assert before["changed_later"] == ["replicas", "resources"]
+    assert spec[_t(6)]["resources_from"] == "the job_spec_data of a-0-1 (deployment 1)"
+    # after the last update the final spec is T's
+    assert spec[_t(9)]["placement_spec"] == FINAL
+    assert spec[_t(9)]["desired_replica_count"] == 2
+    assert spec[_t(9)]["resources_from"] is None and spec[_t(9)]["where_known"]
+
+
+def test_the_spec_at_t_is_unknown_where_its_jobs_disagree_or_are_gone():
+    updates = [(_t(8), 1, "configuration.resources")]
+    # two resources texts in T's deployment: which one T's spec held is not proven
+    torn = _history(updates, [(0, "0", "a-0-0", CPU2), (0, "0", "a-0-1", CPU4)], [_t(4)])
+    assert not torn[_t(4)]["where_known"]
+    assert torn[_t(4)]["placement_spec"] == FINAL  # read only with where_known
+    # no job of T's deployment left (only the new one's)
+    gone = _history(updates, [(1, "0", "a-0-2", CPU4)], [_t(4)])
+    assert not gone[_t(4)]["where_known"]
+    # groups changed later: where a replica goes is unknown, whatever the jobs say
+    regrouped = _history(
+        [(_t(8), 1, "configuration.groups, configuration.resources")],
+        [(0, "0", "a-0-0", CPU2)],
+        [_t(4)],
+    )
+    assert not regrouped[_t(4)]["where_known"]
+    assert regrouped[_t(4)]["desired_replica_count"] is None
+
+
+def test_each_replica_group_gets_the_resources_of_its_own_jobs():
+    final = json.dumps(
+        {
+            "groups": [
+                {"name": "gpu", "replicas": 1, "resources": json.loads(CPU4)},
+                {"name": "cpu", "replicas": 1, "resources": json.loads(CPU4)},
+            ]
+        }
+    )
+    jobs = [(0, "gpu", "a-0-0", CPU2), (0, "cpu", "a-1-0", CPU4)]
+    spec = _history([(_t(8), 1, "configuration.resources")], jobs, [_t(4)], final)
+    groups = parse_spec(spec[_t(4)]["placement_spec"])["groups"]
+    assert [g["resources"] for g in groups] == [json.loads(CPU2), json.loads(CPU4)]
+    # a group no job of T's deployment ran: unknown, never the final group's
+    lone = _history([(_t(8), 1, "configuration.resources")], jobs[:1], [_t(4)], final)
+    assert not lone[_t(4)]["where_known"]
+
+
+def test_a_fleets_nodes_are_unknown_until_its_last_contradicting_refusal():
+    from analyzer.pipeline.specs import fleet_nodes_at
+
+    refusal = {
+        "server": ["s", "s"],
+        "run_id": ["r", "r"],
+        "fleet_id": ["f", "f"],
+        "termination_reason": ["failed_to_start_due_to_no_capacity"] * 2,
+        "termination_reason_message": ["Fleet is at capacity"] * 2,
+        "stopped_at": [_t(5), _t(7)],
+        "last_processed_at": [_t(5), _t(7)],
+    }
+    runs = pl.DataFrame({"server": ["s"], "run_id": ["r"], "fleet_id": ["f"]})
+    fleets = pl.DataFrame({"server": ["s"], "fleet_id": ["f"], "ssh": [False], "nodes_max": [2]})
+    # one instance alive through both refusals, a second only from 09:06
+    instances = pl.DataFrame(
+        {
+            "server": ["s", "s"],
+            "fleet_id": ["f", "f"],
+            "instance_id": ["i1", "i2"],
+            "created_at": [_t(1), _t(6)],
+            "ended_at": [None, None],
+        },
+        schema_overrides={"ended_at": pl.Datetime("us", "UTC")},
+    )
+    moments = pl.DataFrame({"server": "s", "fleet_id": "f", "as_of": [_t(4), _t(5, 30), _t(8)]})
+    at = fleet_nodes_at(moments, pl.DataFrame(refusal), runs, fleets, instances)
+    # 09:05 with 1 active < 2 contradicts the final nodes; 09:07 with 2 active does not
+    assert at["nodes_refused_at"].to_list() == [_t(5), None, None]
+    assert at["nodes_refused_active"].to_list() == [1, None, None]
+    assert at["nodes_known"].to_list() == [False, True, True]
+
+
+def test_an_accepted_update_that_creates_no_surge_promises_no_room(seed):
+    # chat's update changed only fields dstack applies in place (replicas, priority): no new
+    # replica is rolled out for it, so the free node stays free (jobs bumped in place:
+    # pipeline_tasks/runs/active.py)
+    _room_for_two(seed)
+    _neighbour_updated(seed, "2026-11-02 09:08:47.500000")
+    _sql(
+        seed,
+        "UPDATE events SET message = replace(message, 'configuration.commands', "
+        "'configuration.replicas, configuration.priority') "
+        "WHERE id = 'e1e1e1e1e1e1e1e1e1e1e1e1e1e1e1e1'",
+    )
+    web = _web(seed, BEFORE_UPDATE)
+    assert web.surge_capacity == "available"
+    assert not any(r.startswith("run chat's update") for r in web.reasons)

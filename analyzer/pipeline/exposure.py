@@ -26,7 +26,7 @@ nothing since; otherwise `unknown`, with the reason.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import cache
 from typing import Literal
@@ -47,7 +47,7 @@ from analyzer.pipeline.placement import (
     queued_first,
     spans_at,
 )
-from analyzer.pipeline.specs import changed_after, nodes_contradicted, promised_surges
+from analyzer.pipeline.specs import fleet_nodes_at, promised_surges, run_spec_at
 from analyzer.pipeline.states import alive_at, healthy_at, probe_state_at, running_services
 
 Exposed = Literal["yes", "no", "unknown"]
@@ -181,7 +181,8 @@ class Frames:
     narrowed: bool = False  # jobs of some runs not read: an idle-looking instance may be busy
     # per server, the end of its evidence: the final rows (probe streaks, ready) speak of it
     evidence_ends: dict[str, datetime] = field(default_factory=dict)
-    # the runs' "Run updated" events: given, a spec changed after T is not read back into T
+    # the runs' "Run updated" events: a spec changed after T is not read back into T
+    # (specs.run_spec_at); none given, no update is known
     updates: pl.DataFrame | None = None
 
 
@@ -203,6 +204,10 @@ def assess_states(
     if probes.is_empty():
         return []
     probe = ["server", "run_id", "as_of"]
+    # the run's spec in force at T (or at a probe's `spec_as_of`), never the final one read
+    # back (specs.run_spec_at)
+    spec_at = run_spec_at(frames.runs, frames.submissions, frames.updates, probes)
+    probes = probes.select(probe)
     subs = probe_state_at(frames.submissions.join(probes, on=["server", "run_id"]))
     live = alive_at()
     healthy = (
@@ -214,7 +219,13 @@ def assess_states(
         subs.filter(live).group_by(probe).agg(pl.col("replica_num").n_unique().alias("_active"))
     )
     runs = (
-        probes.join(frames.runs, on=["server", "run_id"], how="left", maintain_order="left")
+        probes.join(
+            frames.runs.drop("placement_spec", "desired_replica_count"),
+            on=["server", "run_id"],
+            how="left",
+            maintain_order="left",
+        )
+        .join(spec_at, on=probe, how="left", maintain_order="left")
         .join(healthy, on=probe, how="left", maintain_order="left")
         .join(active, on=probe, how="left", maintain_order="left")
     )
@@ -349,22 +360,13 @@ def assess_states(
     )
     specs = _Specs()
     latest, refusals = _provider_history(frames, runs, fleets_at, specs, instances, kinds)
-    nodes_unknown = {}
     if frames.updates is not None:
         runs = runs.join(
-            changed_after(frames.updates, probes), on=probe, how="left", maintain_order="left"
-        ).join(
             promised_surges(frames.updates, frames.submissions, frames.runs, probes),
             on=probe,
             how="left",
             maintain_order="left",
         )
-        contradicted = nodes_contradicted(
-            frames.submissions, frames.runs, frames.fleets, frames.instances
-        )
-        nodes_unknown = {
-            (r["server"], r["fleet_id"]): r for r in contradicted.iter_rows(named=True)
-        }
     context = _Context(
         frames=frames,
         instances=_group(listed, tuple(key)) if listed is not None else {},
@@ -376,9 +378,11 @@ def assess_states(
         incidents=_incidents(findings),
         queued=queued_at(frames.runs, frames.submissions, probes),
         specs=specs,
-        nodes_unknown=nodes_unknown,
     )
-    fleets_of = _group(fleets_at, ("server", "run_id", "as_of"))
+    fleets_of = _group(
+        fleet_nodes_at(fleets_at, frames.submissions, frames.runs, frames.fleets, frames.instances),
+        ("server", "run_id", "as_of"),
+    )
     return [
         _assess_one(row, fleets_of.get((row["server"], row["run_id"], row["as_of"]), []), context)
         for row in runs.iter_rows(named=True)
@@ -555,8 +559,6 @@ class _Context:
     incidents: dict[tuple, list[datetime]]  # (server, project, run_name) -> incident times
     queued: dict[tuple, list[Queued]]  # (server, project, as_of) -> jobs queued then
     specs: _Specs
-    # (server, fleet_id) -> the last refusal its final nodes contradict (specs.nodes_contradicted)
-    nodes_unknown: dict[tuple, dict] = field(default_factory=dict)
     fleet_cache: dict[tuple, _FleetState] = field(default_factory=dict)
 
 
@@ -572,7 +574,7 @@ class _FleetState:
     instances: list[dict]  # InstanceAtT's fields, when listed
     can_add_node: bool
     provenance: str | None
-    nodes_known: bool = True  # false: the final spec is contradicted at T (specs.py)
+    nodes_known: bool = True  # false: the final spec is contradicted at T (specs.fleet_nodes_at)
     _shown: FleetAtT | None = None
 
     def record(self) -> FleetAtT:
@@ -686,13 +688,15 @@ def _assess_one(row: dict, fleets: list[dict], context: _Context) -> _Assessment
     later = row.get("changed_later") or []
     if later:
         reasons.append(
-            f"'Run updated' changed {', '.join(later)} after T: the run's final spec read here "
-            "is not T's"
+            f"'Run updated' changed {', '.join(later)} after T: the run's final spec is not T's"
+            + (
+                f"; T's resources are those in {row['resources_from']}"
+                if row.get("resources_from")
+                else ""
+            )
         )
-        if {"resources", "groups", "fleets", "creation_policy"} & set(later) and surge != "unknown":
+        if not row["where_known"]:
             surge = "unknown"
-        if {"replicas", "groups"} & set(later):
-            row["desired_replica_count"] = None
     for promise in row.get("promised") or []:
         reasons.append(f"{promise}: it goes into the same fleet's room, maybe first")
         surge = "unknown" if surge == "available" else surge
@@ -730,18 +734,18 @@ def _fleet_at(
     nodes_max = fleet["nodes_max"]
     low = fleet["nodes_min"] if fleet["nodes_min"] is not None else ""
     nodes = "ssh hosts" if ssh else f"{low}..{nodes_max if nodes_max is not None else ''}"
-    edited = context.nodes_unknown.get((fleet["server"], fleet["fleet_id"]))
-    if edited is not None and as_of <= edited["refused_at"]:
+    if not fleet["nodes_known"]:
         nodes = (
             f"unknown at T: dstack refused a placement 'Fleet is at capacity' at "
-            f"{edited['refused_at']:%Y-%m-%d %H:%M:%S} with {edited['active']} active "
-            f"instance(s), which the final nodes {nodes} had room for (edited later, no event)"
+            f"{fleet['nodes_refused_at']:%Y-%m-%d %H:%M:%S} with "
+            f"{fleet['nodes_refused_active']} active instance(s), which the final nodes "
+            f"{nodes} had room for (edited later, no event)"
         )
     record = _FleetState(
         fleet_id=fleet["fleet_id"],
         fleet_name=fleet["fleet_name"],
         nodes=nodes,
-        nodes_known=not nodes.startswith("unknown"),
+        nodes_known=fleet["nodes_known"],
         ssh=ssh,
         active_instances=count,
         instances=[
@@ -760,7 +764,7 @@ def _fleet_at(
         can_add_node=not ssh
         and creation != "reuse"
         and (nodes_max is None or count < nodes_max)
-        and not nodes.startswith("unknown"),
+        and fleet["nodes_known"],
         provenance=fleet["provenance"],
     )
     context.fleet_cache[key] = record
@@ -962,7 +966,7 @@ def exposure_report(audit, as_of: datetime | None = None) -> ExposureReport:
     ]
     if moment is None:
         return ExposureReport(as_of=None, services=[], limitations=limitations)
-    frames = replace(frames_of(audit), updates=audit.events.filter(pl.col("kind") == "run_updated"))
+    frames = frames_of(audit)
     missing = {s for s in set(audit.runs["server"]) if s not in frames.fleet_table_servers}
     for server in sorted(missing):
         limitations.append(
@@ -990,4 +994,5 @@ def frames_of(audit) -> Frames:
         server_versions=evidence.server_versions,
         narrowed=evidence.narrowed,
         evidence_ends=evidence.ends_by_server(),
+        updates=audit.events.filter(pl.col("kind") == "run_updated"),
     )

@@ -1,6 +1,8 @@
 """The capacity foresight of a finding (its `capacity_foresight`): the surge capacity of
 its fleet(s) as of just before the update that started the failing deployment, the same
-computation as `dstack-audit exposure --as-of` that moment (analyzer.pipeline.exposure)."""
+computation as `dstack-audit exposure --as-of` that moment (analyzer.pipeline.exposure), for
+the spec that update put in force (the surge replica's, from the spec history:
+analyzer.pipeline.specs)."""
 
 from __future__ import annotations
 
@@ -69,6 +71,8 @@ def foresight(
             "server",
             "run_id",
             (pl.col("began") - BEFORE_UPDATE).cast(pl.Datetime("us", "UTC")).alias("as_of"),
+            # the surge replica runs the spec the update put in force (specs.run_spec_at)
+            pl.col("began").cast(pl.Datetime("us", "UTC")).alias("spec_as_of"),
         )
         .unique(maintain_order=True)
     )

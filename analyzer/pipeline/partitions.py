@@ -61,6 +61,7 @@ class ForesightPiece:
     submissions: pl.DataFrame
     deployments: pl.DataFrame
     dateless: set[tuple[str, str]]
+    updates: pl.DataFrame | None  # the "Run updated" events of its runs (specs.run_spec_at)
     fleets: pl.DataFrame | None
     instances: pl.DataFrame | None
     fleet_table_servers: set[str]
@@ -107,6 +108,7 @@ def foresight_piece(
         ),
         deployments=deployments.join(key, on=["server", "run_id"], how="semi"),
         dateless=dateless,
+        updates=frames.updates,
         fleets=frames.fleets if whole_tables else None,
         instances=frames.instances if whole_tables else None,
         fleet_table_servers=frames.fleet_table_servers,
@@ -136,6 +138,11 @@ def foresight_of_pieces(findings: list[Finding], pieces: list[ForesightPiece]) -
         server_versions={k: v for p in pieces for k, v in p.server_versions.items()},
         narrowed=any(p.narrowed for p in pieces),
         evidence_ends={k: v for p in pieces for k, v in p.evidence_ends.items()},
+        updates=pl.concat(
+            [p.updates for p in pieces if p.updates is not None], how="diagonal_relaxed"
+        )
+        if any(p.updates is not None for p in pieces)
+        else None,
     )
     deployments = pl.concat([p.deployments for p in pieces], how="diagonal_relaxed")
     dateless = set().union(*(p.dateless for p in pieces))

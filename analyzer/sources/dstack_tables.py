@@ -759,6 +759,7 @@ def _jobs(
         .str.json_decode(pl.List(pl.Struct({"ready_after": pl.Int64})))
         .alias("_probe_specs"),
         spec_fingerprint(spec).alias("spec_fingerprint"),
+        spec.str.json_path_match("$.requirements.resources").alias("resources"),
     )
     jobs = _per_distinct(
         jobs,
@@ -890,6 +891,7 @@ def _jobs(
         .list.max()
         .alias("probe_ready_after"),
         "spec_fingerprint",
+        "resources",
         pl.concat_str([pl.lit("jobs:"), pl.col("id")]).alias("provenance"),
     ).collect()
 
