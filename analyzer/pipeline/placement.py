@@ -331,32 +331,68 @@ def place_queue(
     return taken
 
 
-def holders_at(failures: pl.DataFrame, subs: pl.DataFrame, runs: pl.DataFrame) -> pl.DataFrame:
-    """Who held the room when a placement was refused for lack of it: per failure (`i`,
-    `server`, `fleet_name`, `as_of`, and any other columns), every job placed on an instance of
-    that fleet and not yet stopped then (`instance_id` kept after release:
-    jobs.used_instance_id), with its run, since when it held it, until when, and its final
-    health. dstack places a replica only on idle blocks or a new instance below `nodes.max`
-    (jobs_submitted.py); these held the rest. One inequality join (`spans_at`)."""
-    held = subs.filter(pl.col("instance_id").is_not_null()).select(
-        "server",
-        "fleet_name",
-        "run_id",
-        "job_id",
-        "job_name",
-        "deployment_num",
-        "instance_name",
-        "created_at",
-        "stopped_at",
-        pl.col("created_at").alias("_since"),
-        "health",
-        "health_proof",
+def holders_at(
+    failures: pl.DataFrame, subs: pl.DataFrame, runs: pl.DataFrame, first: int
+) -> pl.DataFrame:
+    """Who held the room when a placement was refused for lack of it: per failure `i` (its
+    rows: `server`, `fleet_name`, `as_of`, `own`, the failing run's id, and any other
+    columns), the `first` of the jobs placed on an instance of that fleet and not yet stopped
+    then (`instance_id` kept after release: jobs.used_instance_id), other runs' first (the
+    neighbour that held the room), then the earliest placed; each with its run, since when it
+    held it, until when, its final health, its `rank` and `of`, how many held the room. dstack
+    places a replica only on idle blocks or a new instance below `nodes.max`
+    (jobs_submitted.py); these held the rest. One inequality join (`spans_at`) of row numbers
+    only: a busy fleet's thousands of holders at each of thousands of failures are ranked as
+    integers, and only the named ones get their columns."""
+    held = (
+        subs.filter(pl.col("instance_id").is_not_null() & pl.col("created_at").is_not_null())
+        .select(
+            "server",
+            "fleet_name",
+            "run_id",
+            "job_id",
+            "job_name",
+            "deployment_num",
+            "instance_name",
+            "created_at",
+            "stopped_at",
+            "health",
+            "health_proof",
+        )
+        .sort("created_at", "job_id")
+        .with_row_index("_job")  # the order they were placed in
     )
-    moments = failures.with_row_index("_moment")
-    alive = spans_at(moments, held, ("server", "fleet_name"), "_since", "stopped_at")
+    whose = (
+        pl.concat([held.select("server", "run_id"), failures.select("server", run_id="own")])
+        .unique()
+        .with_row_index("_run")
+    )
+    moments = failures.with_row_index("_moment").join(
+        whose.rename({"run_id": "own", "_run": "_own"}), on=["server", "own"], how="left"
+    )
+    spans = held.join(whose, on=["server", "run_id"]).select(
+        "server", "fleet_name", "_job", "_run", "created_at", "stopped_at"
+    )
+    alive = spans_at(moments, spans, ("server", "fleet_name"), "created_at", "stopped_at")
+    ranked = (
+        alive.join(moments.select("_moment", "i", "_own"), on="_moment")
+        .select(
+            "i",
+            "_moment",
+            "_job",
+            _key=pl.col("_run").eq_missing(pl.col("_own")).cast(pl.Int64) * held.height
+            + pl.col("_job").cast(pl.Int64),
+        )
+        .group_by("i")
+        .agg(pl.col("_moment", "_job", "_key").bottom_k_by("_key", first), pl.len().alias("of"))
+        .explode("_moment", "_job", "_key")
+        .sort("i", "_key")
+        .with_columns(pl.int_range(pl.len()).over("i").alias("rank"))
+    )
     return (
-        moments.join(alive, on="_moment")
-        .drop("_moment", "_since")
+        ranked.join(moments.drop("i", "_own"), on="_moment")
+        .join(held.drop("server", "fleet_name"), on="_job")
         .join(runs.select("server", "run_id", "run_name"), on=["server", "run_id"], how="left")
-        .sort("i", "created_at")
+        .sort("i", "rank")
+        .drop("_moment", "_job", "_key")
     )
