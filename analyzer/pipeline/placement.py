@@ -374,25 +374,32 @@ def holders_at(
         "server", "fleet_name", "_job", "_run", "created_at", "stopped_at"
     )
     alive = spans_at(moments, spans, ("server", "fleet_name"), "created_at", "stopped_at")
+    # one integer per holder at a failure, ordered as named: its own run's last, then by
+    # placement; the failure's row (`_moment`) rides below it
+    of_moment = pl.col("_moment").cast(pl.Int64)
+    own = pl.lit(moments["_own"]).gather(of_moment)
+    rank = pl.col("_run").eq_missing(own).cast(pl.Int64) * held.height + pl.col("_job")
     ranked = (
-        alive.join(moments.select("_moment", "i", "_own"), on="_moment")
-        .select(
-            "i",
-            "_moment",
-            "_job",
-            _key=pl.col("_run").eq_missing(pl.col("_own")).cast(pl.Int64) * held.height
-            + pl.col("_job").cast(pl.Int64),
+        alive.select(
+            i=pl.lit(moments["i"]).gather(of_moment),
+            _key=rank * moments.height + of_moment,
         )
         .group_by("i")
-        .agg(pl.col("_moment", "_job", "_key").bottom_k_by("_key", first), pl.len().alias("of"))
-        .explode("_moment", "_job", "_key")
+        .agg(pl.col("_key").bottom_k(first), pl.len().alias("of"))
+        .explode("_key")
         .sort("i", "_key")
-        .with_columns(pl.int_range(pl.len()).over("i").alias("rank"))
+        .select(
+            "i",
+            "of",
+            pl.int_range(pl.len()).over("i").alias("rank"),
+            (pl.col("_key") % moments.height).cast(pl.UInt32).alias("_moment"),
+            (pl.col("_key") // moments.height % held.height).cast(pl.UInt32).alias("_job"),
+        )
     )
     return (
         ranked.join(moments.drop("i", "_own"), on="_moment")
         .join(held.drop("server", "fleet_name"), on="_job")
         .join(runs.select("server", "run_id", "run_name"), on=["server", "run_id"], how="left")
         .sort("i", "rank")
-        .drop("_moment", "_job", "_key")
+        .drop("_moment", "_job")
     )
