@@ -14,7 +14,7 @@ import pytest
 
 from analyzer import open_sources
 from analyzer.pipeline.exposure import exposure_report
-from analyzer.pipeline.placement import holders_at
+from analyzer.pipeline.placement import HOLDER_CHUNK, holders_at
 from tests.conftest import CAPTURES
 
 SEED = CAPTURES / "v0.22.5" / "seed" / "server.db"
@@ -143,11 +143,25 @@ def test_holders_named_are_the_neighbours_first_then_the_earliest_placed_and_cou
     )
     runs = pl.DataFrame({"server": ["s"] * 3, "run_id": ["web", "chat", "api"]})
     runs = runs.with_columns(pl.col("run_id").alias("run_name"))
+    # two failures ranked apart (holders_at ranks HOLDER_CHUNK failures at a time); at 09:01
+    # only web's own w0 and w1 held the room
     failures = pl.DataFrame(
-        {"i": [0], "server": ["s"], "fleet_name": ["f"], "as_of": [at(5)], "own": ["web"]}
+        {
+            "i": [0, HOLDER_CHUNK],
+            "server": ["s", "s"],
+            "fleet_name": ["f", "f"],
+            "as_of": [at(5), at(1)],
+            "own": ["web", "web"],
+        }
     )
     held = holders_at(failures, subs, runs, 3)
-    assert held.select("job_id", "rank", "of").rows() == [("a1", 0, 4), ("c1", 1, 4), ("w0", 2, 4)]
+    assert held.select("i", "job_id", "rank", "of").rows() == [
+        (0, "a1", 0, 4),
+        (0, "c1", 1, 4),
+        (0, "w0", 2, 4),
+        (HOLDER_CHUNK, "w0", 0, 2),
+        (HOLDER_CHUNK, "w1", 1, 2),
+    ]
 
 
 PROVIDER_REFUSAL = (

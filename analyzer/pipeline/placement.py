@@ -373,16 +373,35 @@ def holders_at(
     spans = held.join(whose, on=["server", "run_id"]).select(
         "server", "fleet_name", "_job", "_run", "created_at", "stopped_at"
     )
+    # failures a few hundred at a time: a busy fleet's holders at each are thousands
+    chunks = moments.with_columns(_chunk=pl.col("i") // HOLDER_CHUNK).partition_by(
+        "_chunk", include_key=False
+    )
+    ranked = pl.concat(_ranked(chunk, spans, held.height, first) for chunk in chunks)
+    return (
+        ranked.join(moments.drop("i", "_own"), on="_moment")
+        .join(held.drop("server", "fleet_name"), on="_job")
+        .join(runs.select("server", "run_id", "run_name"), on=["server", "run_id"], how="left")
+        .sort("i", "rank")
+        .drop("_moment", "_job")
+    )
+
+
+HOLDER_CHUNK = 256  # failures ranked at once: memory for their holders' pairs stays bounded
+
+
+def _ranked(moments: pl.DataFrame, spans: pl.DataFrame, jobs: int, first: int) -> pl.DataFrame:
+    """holders_at's ranking of the `moments` (failures with their `_moment` and `_own`): per
+    failure `i`, the first holders by one integer each (its own run's last, then by placement:
+    `_job`), and how many held the room."""
     alive = spans_at(moments, spans, ("server", "fleet_name"), "created_at", "stopped_at")
-    # one integer per holder at a failure, ordered as named: its own run's last, then by
-    # placement; the failure's row (`_moment`) rides below it
-    of_moment = pl.col("_moment").cast(pl.Int64)
-    own = pl.lit(moments["_own"]).gather(of_moment)
-    rank = pl.col("_run").eq_missing(own).cast(pl.Int64) * held.height + pl.col("_job")
-    ranked = (
+    local = pl.col("_moment").cast(pl.Int64)
+    own = pl.lit(moments["_own"]).gather(local)
+    rank = pl.col("_run").eq_missing(own).cast(pl.Int64) * jobs + pl.col("_job")
+    return (
         alive.select(
-            i=pl.lit(moments["i"]).gather(of_moment),
-            _key=rank * moments.height + of_moment,
+            i=pl.lit(moments["i"]).gather(local),
+            _key=rank * moments.height + local,
         )
         .group_by("i")
         .agg(pl.col("_key").bottom_k(first), pl.len().alias("of"))
@@ -392,14 +411,7 @@ def holders_at(
             "i",
             "of",
             pl.int_range(pl.len()).over("i").alias("rank"),
-            (pl.col("_key") % moments.height).cast(pl.UInt32).alias("_moment"),
-            (pl.col("_key") // moments.height % held.height).cast(pl.UInt32).alias("_job"),
+            pl.lit(moments["_moment"]).gather(pl.col("_key") % moments.height),
+            (pl.col("_key") // moments.height % jobs).cast(pl.UInt32).alias("_job"),
         )
-    )
-    return (
-        ranked.join(moments.drop("i", "_own"), on="_moment")
-        .join(held.drop("server", "fleet_name"), on="_job")
-        .join(runs.select("server", "run_id", "run_name"), on=["server", "run_id"], how="left")
-        .sort("i", "rank")
-        .drop("_moment", "_job")
     )
