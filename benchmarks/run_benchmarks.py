@@ -28,6 +28,10 @@ part of the test suite).
 - servers (only when asked): a fleet of 8 servers of 2k runs (--quick: 500) audited by one
   process and by `--workers 2` (one server per task), the cluster's start included; the
   reports must be byte-identical (target: the cluster takes <= 0.65x the wall time).
+- baseline (only when asked, with --baseline DIR): the database audit at 2k and 16k runs
+  (--quick: 2k, 4k) by this checkout vs the checkout in DIR (a `git worktree add DIR COMMIT`
+  of the commit to compare with), run by run in turn so a shared machine's load falls on both
+  alike; the least CPU of each (target: not above the baseline's).
 - huge (only when asked; minutes): 100k runs (--quick: 20k) in one process with `--partitions
   64` vs its ADBC floor (target <= 100 s CPU and <= 1 GB peak RSS).
 
@@ -50,6 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from operator import itemgetter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -258,6 +263,29 @@ def bench_db(ctx: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def bench_baseline(ctx: argparse.Namespace) -> list[dict]:
+    if ctx.baseline is None:
+        sys.exit("--only baseline needs --baseline DIR (a checkout of the commit to compare with)")
+    rows = []
+    for runs in dict.fromkeys((ctx.runs, ctx.sizes[-1])):
+        folder = fleet(ctx.out, runs)
+        report = REPORTS / "report.json"
+        argv = cli("audit", str(folder / "server.db"), "--format", "json", "-q", "-o", str(report))
+        pairs = [
+            (
+                measure(argv, code=ctx.baseline.resolve(), allowed=AUDIT_EXITS),
+                measure(argv, allowed=AUDIT_EXITS),
+            )
+            for _ in range(ctx.repeat)
+        ]
+        then = min((old for old, _ in pairs), key=itemgetter("cpu_seconds"))
+        now = min((new for _, new in pairs), key=itemgetter("cpu_seconds"))
+        now = {**now, **accuracy(report, folder / "truth.json")}
+        row = _against(f"db {runs} runs vs {ctx.baseline.name}", now, then)
+        rows.append(_target(row, "CPU <= the baseline's", row["cpu_ratio"] <= 1))
+    return rows
+
+
 def bench_cli(ctx: argparse.Namespace) -> list[dict]:
     floor = best_of(ctx.repeat + 2, [sys.executable, "-c", "import click"])
     return [
@@ -438,6 +466,7 @@ BENCHES = {
     "workers": bench_workers,
     "servers": bench_servers,
     "huge": bench_huge,
+    "baseline": bench_baseline,
     "biglog": bench_biglog,
 }
 DEFAULT = "logs,db,cli,seed,scaling,memory"
@@ -484,6 +513,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2000, help="the logs and db benches' size")
     parser.add_argument("--out", type=Path, default=Path("/tmp/dstack-audit-bench"))
     parser.add_argument("--only", default=DEFAULT)
+    parser.add_argument("--baseline", type=Path, help="the checkout the baseline bench compares")
     ctx = parser.parse_args()
     ctx.out.mkdir(parents=True, exist_ok=True)
     ctx.repeat = 1 if ctx.quick else 3

@@ -15,7 +15,7 @@ import pytest
 
 from analyzer import open_sources
 from analyzer.pipeline.exposure import exposure_report
-from analyzer.pipeline.placement import holders_at, parse_spec
+from analyzer.pipeline.placement import HOLDER_CHUNK, holders_at, parse_spec
 from tests.conftest import CAPTURES
 
 SEED = CAPTURES / "v0.22.5" / "seed" / "server.db"
@@ -181,9 +181,56 @@ def test_holders_are_the_jobs_on_the_fleet_not_stopped_at_the_failure():
     failures = pl.DataFrame(
         {"i": [0], "server": ["s"], "fleet_name": ["f"], "as_of": [at], "own": ["web"]}
     )
-    held = holders_at(failures, subs, runs)
+    held = holders_at(failures, subs, runs, 3)
     assert held.select("run_name", "job_name", "health").rows() == [
         ("neighbour", "chat-0-0", "unknown")
+    ]
+
+
+def test_holders_named_are_the_neighbours_first_then_the_earliest_placed_and_counted():
+    """Per failure only the first `first` holders (other runs' before the failing run's own,
+    each in placement order), each with its rank and how many held the room."""
+
+    def at(minute):
+        return datetime(2026, 11, 2, 9, minute, tzinfo=UTC)
+
+    jobs = [("web", "w1", 1), ("chat", "c1", 3), ("web", "w0", 0), ("api", "a1", 2)]
+    subs = pl.DataFrame(
+        {
+            "server": ["s"] * 4,
+            "fleet_name": ["f"] * 4,
+            "run_id": [run for run, _, _ in jobs],
+            "job_id": [job for _, job, _ in jobs],
+            "job_name": [f"{job}-0" for _, job, _ in jobs],
+            "deployment_num": [0] * 4,
+            "instance_id": ["i1"] * 4,
+            "instance_name": ["f-0"] * 4,
+            "created_at": [at(minute) for _, _, minute in jobs],
+            "stopped_at": [None] * 4,
+            "health": ["healthy"] * 4,
+            "health_proof": ["ready_flag"] * 4,
+        }
+    )
+    runs = pl.DataFrame({"server": ["s"] * 3, "run_id": ["web", "chat", "api"]})
+    runs = runs.with_columns(pl.col("run_id").alias("run_name"))
+    # two failures ranked apart (holders_at ranks HOLDER_CHUNK failures at a time); at 09:01
+    # only web's own w0 and w1 held the room
+    failures = pl.DataFrame(
+        {
+            "i": [0, HOLDER_CHUNK],
+            "server": ["s", "s"],
+            "fleet_name": ["f", "f"],
+            "as_of": [at(5), at(1)],
+            "own": ["web", "web"],
+        }
+    )
+    held = holders_at(failures, subs, runs, 3)
+    assert held.select("i", "job_id", "rank", "of").rows() == [
+        (0, "a1", 0, 4),
+        (0, "c1", 1, 4),
+        (0, "w0", 2, 4),
+        (HOLDER_CHUNK, "w0", 0, 2),
+        (HOLDER_CHUNK, "w1", 1, 2),
     ]
 
 

@@ -162,12 +162,20 @@ class _Context:
                 by_job[event["entity_id"]].append(event)
         return by_job
 
+    @cached_property
+    def events_by_kind(self) -> dict[str, list[Row]]:
+        """The events of each kind, in order: a judgement asks for one kind many times."""
+        by_kind: dict[str, list[Row]] = defaultdict(list)
+        for event in self.events:
+            by_kind[event["kind"]].append(event)
+        return by_kind
+
     def when(self, value: datetime | None) -> datetime | None:
         return None if self.dateless else value
 
     def run_event(self, kind: str, **match: Any) -> Row | None:
-        for event in self.events:
-            if event["kind"] == kind and all(event[k] == v for k, v in match.items()):
+        for event in self.events_by_kind.get(kind, ()):
+            if all(event[k] == v for k, v in match.items()):
                 return event
         return None
 
@@ -307,9 +315,8 @@ def _accepted_during_cascade(ctx: _Context, terminating: Row | None) -> list[Row
     deployments = [j["deployment_num"] for j in ctx.jobs if j["deployment_num"] is not None]
     return [
         e
-        for e in ctx.events
-        if e["kind"] == "run_updated"
-        and e["time"] is not None
+        for e in ctx.events_by_kind.get("run_updated", ())
+        if e["time"] is not None
         and e["time"] > terminating["time"]
         and e["deployment_num"] is not None
         and not any(d >= e["deployment_num"] for d in deployments)
@@ -634,7 +641,7 @@ def _earlier_failures(ctx: _Context, culprit: Row) -> list[Row]:
         and (j["submission_num"] or 0) < (culprit["submission_num"] or 0)
     ]
     created = culprit["created_at"]
-    updates = [e["time"] for e in ctx.events if e["kind"] == "run_updated" and e["time"]]
+    updates = [e["time"] for e in ctx.events_by_kind.get("run_updated", ()) if e["time"]]
     deleted = [
         {**d, "deployment_num": culprit["deployment_num"]}
         for d in ctx.deleted

@@ -139,15 +139,7 @@ def _capacity_holders(findings: list[Finding], frames: Frames) -> dict[tuple, li
     )
     if failures.is_empty():
         return {}
-    held = (
-        holders_at(failures, frames.submissions, frames.runs)
-        # other runs' first (the neighbour that held the room), then the earliest placed
-        .sort("i", pl.col("run_id") == pl.col("own"), "created_at", "job_id")
-        .with_columns(
-            pl.int_range(pl.len()).over("i").alias("_rank"), pl.len().over("i").alias("_of")
-        )
-        .filter(pl.col("_rank") < HOLDERS_NAMED)
-    )
+    held = holders_at(failures, frames.submissions, frames.runs, HOLDERS_NAMED)
     said: dict[tuple, list[str]] = {}
     for row in held.iter_rows(named=True):
         whose = "this run's" if row["run_id"] == row["own"] else f"run {row['run_name']}'s"
@@ -165,8 +157,8 @@ def _capacity_holders(findings: list[Finding], frames: Frames) -> dict[tuple, li
             + (f", {row['health_proof']}" if row["health_proof"] else "")
             + ")"
             + (
-                f"; and {row['_of'] - HOLDERS_NAMED} more job(s) on its instances"
-                if row["_rank"] == HOLDERS_NAMED - 1 and row["_of"] > HOLDERS_NAMED
+                f"; and {row['of'] - HOLDERS_NAMED} more job(s) on its instances"
+                if row["rank"] == HOLDERS_NAMED - 1 and row["of"] > HOLDERS_NAMED
                 else ""
             )
         )

@@ -331,32 +331,87 @@ def place_queue(
     return taken
 
 
-def holders_at(failures: pl.DataFrame, subs: pl.DataFrame, runs: pl.DataFrame) -> pl.DataFrame:
-    """Who held the room when a placement was refused for lack of it: per failure (`i`,
-    `server`, `fleet_name`, `as_of`, and any other columns), every job placed on an instance of
-    that fleet and not yet stopped then (`instance_id` kept after release:
-    jobs.used_instance_id), with its run, since when it held it, until when, and its final
-    health. dstack places a replica only on idle blocks or a new instance below `nodes.max`
-    (jobs_submitted.py); these held the rest. One inequality join (`spans_at`)."""
-    held = subs.filter(pl.col("instance_id").is_not_null()).select(
-        "server",
-        "fleet_name",
-        "run_id",
-        "job_id",
-        "job_name",
-        "deployment_num",
-        "instance_name",
-        "created_at",
-        "stopped_at",
-        pl.col("created_at").alias("_since"),
-        "health",
-        "health_proof",
+def holders_at(
+    failures: pl.DataFrame, subs: pl.DataFrame, runs: pl.DataFrame, first: int
+) -> pl.DataFrame:
+    """Who held the room when a placement was refused for lack of it: per failure `i` (its
+    rows: `server`, `fleet_name`, `as_of`, `own`, the failing run's id, and any other
+    columns), the `first` of the jobs placed on an instance of that fleet and not yet stopped
+    then (`instance_id` kept after release: jobs.used_instance_id), other runs' first (the
+    neighbour that held the room), then the earliest placed; each with its run, since when it
+    held it, until when, its final health, its `rank` and `of`, how many held the room. dstack
+    places a replica only on idle blocks or a new instance below `nodes.max`
+    (jobs_submitted.py); these held the rest. One inequality join (`spans_at`) of row numbers
+    only: a busy fleet's thousands of holders at each of thousands of failures are ranked as
+    integers, and only the named ones get their columns."""
+    held = (
+        subs.filter(pl.col("instance_id").is_not_null() & pl.col("created_at").is_not_null())
+        .select(
+            "server",
+            "fleet_name",
+            "run_id",
+            "job_id",
+            "job_name",
+            "deployment_num",
+            "instance_name",
+            "created_at",
+            "stopped_at",
+            "health",
+            "health_proof",
+        )
+        .sort("created_at", "job_id")
+        .with_row_index("_job")  # the order they were placed in
     )
-    moments = failures.with_row_index("_moment")
-    alive = spans_at(moments, held, ("server", "fleet_name"), "_since", "stopped_at")
+    whose = (
+        pl.concat([held.select("server", "run_id"), failures.select("server", run_id="own")])
+        .unique()
+        .with_row_index("_run")
+    )
+    moments = failures.with_row_index("_moment").join(
+        whose.rename({"run_id": "own", "_run": "_own"}), on=["server", "own"], how="left"
+    )
+    spans = held.join(whose, on=["server", "run_id"]).select(
+        "server", "fleet_name", "_job", "_run", "created_at", "stopped_at"
+    )
+    # failures a few hundred at a time: a busy fleet's holders at each are thousands
+    chunks = moments.with_columns(_chunk=pl.col("i") // HOLDER_CHUNK).partition_by(
+        "_chunk", include_key=False
+    )
+    ranked = pl.concat(_ranked(chunk, spans, held.height, first) for chunk in chunks)
     return (
-        moments.join(alive, on="_moment")
-        .drop("_moment", "_since")
+        ranked.join(moments.drop("i", "_own"), on="_moment")
+        .join(held.drop("server", "fleet_name"), on="_job")
         .join(runs.select("server", "run_id", "run_name"), on=["server", "run_id"], how="left")
-        .sort("i", "created_at")
+        .sort("i", "rank")
+        .drop("_moment", "_job")
+    )
+
+
+HOLDER_CHUNK = 256  # failures ranked at once: memory for their holders' pairs stays bounded
+
+
+def _ranked(moments: pl.DataFrame, spans: pl.DataFrame, jobs: int, first: int) -> pl.DataFrame:
+    """holders_at's ranking of the `moments` (failures with their `_moment` and `_own`): per
+    failure `i`, the first holders by one integer each (its own run's last, then by placement:
+    `_job`), and how many held the room."""
+    alive = spans_at(moments, spans, ("server", "fleet_name"), "created_at", "stopped_at")
+    local = pl.col("_moment").cast(pl.Int64)
+    own = pl.lit(moments["_own"]).gather(local)
+    rank = pl.col("_run").eq_missing(own).cast(pl.Int64) * jobs + pl.col("_job")
+    return (
+        alive.select(
+            i=pl.lit(moments["i"]).gather(local),
+            _key=rank * moments.height + local,
+        )
+        .group_by("i")
+        .agg(pl.col("_key").bottom_k(first), pl.len().alias("of"))
+        .explode("_key")
+        .sort("i", "_key")
+        .select(
+            "i",
+            "of",
+            pl.int_range(pl.len()).over("i").alias("rank"),
+            pl.lit(moments["_moment"]).gather(pl.col("_key") % moments.height),
+            (pl.col("_key") // moments.height % jobs).cast(pl.UInt32).alias("_job"),
+        )
     )

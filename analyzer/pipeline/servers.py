@@ -175,16 +175,16 @@ def assign_servers(
                 continue
             key = {("folder", _folder(part))}
         _union(groups, run_keys, part, key)
-    identities = [set().union(*(_identities(p) for p in group)) for group in groups]
+    in_databases = {id(p) for p in databases}
+    logs = [part for part in free if id(part) not in in_databases]
+    # the databases' ids and names only when there are logs to match them with
+    identities = [set().union(*(_identities(p) for p in group)) for group in groups if logs]
     versions = [next((v for p in group if (v := _version(p))), None) for group in groups]
 
     alone: list[list[SourceData]] = []
     alone_keys: list[set] = []
     empty: list[SourceData] = []
-    in_databases = {id(p) for p in databases}
-    for part in free:
-        if id(part) in in_databases:
-            continue
+    for part in logs:
         key = _identities(part)
         if not key:
             empty.append(part)
