@@ -96,6 +96,25 @@ def execute(db: Path, *statements: str, params: tuple = ()) -> None:
             connection.execute(statement, params)
 
 
+def plant_env_secret(db: Path, secret: str) -> None:
+    """Every job's spec carries `secret` as its `HF_TOKEN` env value (what dstack's CLI fills
+    from the user's shell)."""
+    execute(
+        db,
+        "UPDATE jobs SET job_spec_data = json_set(job_spec_data, '$.env', json(?))",
+        params=(f'{{"HF_TOKEN": "{secret}"}}',),
+    )
+
+
+def plant_failure_message(db: Path, message: str) -> None:
+    """The failed jobs' termination message is `message`."""
+    execute(
+        db,
+        "UPDATE jobs SET termination_reason_message = ? WHERE status = 'FAILED'",
+        params=(message,),
+    )
+
+
 def without_update(db: Path) -> Path:
     """`db` as if its run had never been updated: every job and the run at deployment 0, and
     no 'Run updated' event (a sibling crash with no update, #2660)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import CAPTURES, execute
+from conftest import CAPTURES, plant_env_secret, plant_failure_message
 
 from analyzer.api import audit_in_partitions, open_sources
 from analyzer.contract import Report
@@ -87,16 +87,8 @@ def test_a_secret_one_partition_knows_is_masked_in_every_partition(tmp_path):
     for db, capture in ((seed, "seed"), (crash, "multi-replica-crash")):
         db.parent.mkdir()
         db.write_bytes((CAPTURES / "v0.22.5" / capture / "server.db").read_bytes())
-    execute(
-        seed,
-        "UPDATE jobs SET job_spec_data = json_set(job_spec_data, '$.env', json(?))",
-        params=(f'{{"HF_TOKEN": "{secret}"}}',),
-    )
-    execute(
-        crash,
-        "UPDATE jobs SET termination_reason_message = ? WHERE status = 'FAILED'",
-        params=(f"exited: token {secret} rejected",),
-    )
+    plant_env_secret(seed, secret)
+    plant_failure_message(crash, f"exited: token {secret} rejected")
     whole = open_sources([seed, crash]).report.model_dump_json()
     assert secret not in whole and "token *** rejected" in whole
     assert audit_in_partitions([seed, crash], 2).model_dump_json() == whole

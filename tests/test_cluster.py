@@ -16,7 +16,7 @@ import pytest
 from analyzer.api import audit_in_partitions, audit_server, one_server_each, open_sources
 from analyzer.cluster import audit_servers
 from analyzer.synth import synthesize
-from tests.conftest import CAPTURES, ROOT, execute
+from tests.conftest import CAPTURES, ROOT, plant_env_secret, plant_failure_message
 
 distributed = pytest.importorskip(
     "distributed", reason="Dask distributed is not installed: pip install 'dstack-audit[cluster]'"
@@ -316,16 +316,8 @@ def test_a_secret_one_server_knows_is_masked_in_every_server(scheduler, tmp_path
     seed, crash = tmp_path / "seed.db", tmp_path / "crash.db"
     seed.write_bytes((CAPTURES / "v0.22.5" / "seed" / "server.db").read_bytes())
     crash.write_bytes((CAPTURES / "v0.22.5" / "multi-replica-crash" / "server.db").read_bytes())
-    execute(
-        seed,
-        "UPDATE jobs SET job_spec_data = json_set(job_spec_data, '$.env', json(?))",
-        params=(f'{{"HF_TOKEN": "{secret}"}}',),
-    )
-    execute(
-        crash,
-        "UPDATE jobs SET termination_reason_message = ? WHERE status = 'FAILED'",
-        params=(f"exited: token {secret} rejected",),
-    )
+    plant_env_secret(seed, secret)
+    plant_failure_message(crash, f"exited: token {secret} rejected")
     given = [str(seed), str(crash)]
     one = _cli("audit", *given, "--format", "json")
     done = _cli("audit", *given, "--cluster", scheduler, "--format", "json")

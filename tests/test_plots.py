@@ -14,7 +14,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import CAPTURES
+from conftest import CAPTURES, plant_env_secret, plant_failure_message
 
 from analyzer import open_sources
 from analyzer.errors import AuditInputError
@@ -566,19 +566,10 @@ def test_clock_never_shows_the_pseudo_date():
 
 
 def test_secrets_never_drawn(copy_db):
-    import sqlite3
-
     secret = "hf_PlantedEnvValue_4242"
     db = copy_db("v0.22.5/seed")
-    with sqlite3.connect(db) as connection:
-        connection.execute(
-            "UPDATE jobs SET job_spec_data = json_set(job_spec_data, '$.env', json(?))",
-            (f'{{"HF_TOKEN": "{secret}"}}',),
-        )
-        connection.execute(
-            "UPDATE jobs SET termination_reason_message = ? WHERE status = 'FAILED'",
-            (f"Fleet is at capacity; env HF_TOKEN={secret}",),
-        )
+    plant_env_secret(db, secret)
+    plant_failure_message(db, f"Fleet is at capacity; env HF_TOKEN={secret}")
     audit = open_sources([db])
     fig = plot_run(audit, audit.report.findings[0].run_id)
     assert secret not in _all_text(fig)

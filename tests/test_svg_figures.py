@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 from collections import Counter
 
 import pytest
-from conftest import CAPTURES, execute
+from conftest import CAPTURES, execute, plant_env_secret, plant_failure_message
 from test_plots import retried_audit, wide_audit
 
 from analyzer import open_sources
@@ -213,16 +213,8 @@ def test_collapsed_retries_and_many_lanes_are_the_matplotlib_picture(make):
 def test_a_secret_in_the_evidence_is_never_drawn(copy_db):
     secret = "hf_PlantedEnvValue_4242"
     db = copy_db("v0.22.5/seed")
-    execute(
-        db,
-        "UPDATE jobs SET job_spec_data = json_set(job_spec_data, '$.env', json(?))",
-        params=(f'{{"HF_TOKEN": "{secret}"}}',),
-    )
-    execute(
-        db,
-        "UPDATE jobs SET termination_reason_message = ? WHERE status = 'FAILED'",
-        params=(f"Fleet is at capacity; env HF_TOKEN={secret}",),
-    )
+    plant_env_secret(db, secret)
+    plant_failure_message(db, f"Fleet is at capacity; env HF_TOKEN={secret}")
     audit = open_sources([db])
     svg = run_svg(audit, audit.report.findings[0].run_id)
     assert secret not in svg and "***" in svg
