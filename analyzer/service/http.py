@@ -220,7 +220,7 @@ class Guard:
             "# TYPE dstack_audit_guard_service_exposed gauge",
         ]
         snapshot = self.model.snapshot
-        exposed = snapshot.exposed() if snapshot is not None else {}
+        exposed = snapshot.exposure if snapshot is not None else {}
         names = self.redactor.apply_series(
             _series([text for key in exposed for text in key])
         ).to_list()

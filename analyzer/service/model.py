@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
@@ -41,6 +41,7 @@ class Snapshot:
     version: str | None
     fleets: dict[str, list[dict]] = field(default_factory=dict)
     runs: dict[str, list[dict]] = field(default_factory=dict)
+    exposure: dict[tuple[str, str], bool] = field(default_factory=dict)  # see exposure()
 
     def run(self, project: str, name: str) -> dict | None:
         return next(
@@ -48,25 +49,26 @@ class Snapshot:
             None,
         )
 
-    def exposed(self) -> dict[tuple[str, str], bool]:
-        """(project, service) -> whether any rolling update of that running service would be
-        refused now (no room for its surge replica while healthy replicas are at stake)."""
-        found = {}
-        for project, runs in self.runs.items():
-            for run in runs:
-                spec = run.get("run_spec") or {}
-                if (spec.get("configuration") or {}).get("type") != "service":
-                    continue
-                if run.get("status") != "running":
-                    continue
-                rollout = copy.deepcopy(spec)
-                rollout["repo_code_hash"] = f"{spec.get('repo_code_hash')}+rollout"
-                others = [r for r in runs if r is not run]
-                verdict = decide(
-                    rollout, run, self.fleets.get(project, []), others, self.version, self.at
-                )
-                found[(project, str(spec.get("run_name")))] = verdict.decision == "reject"
-        return found
+
+def exposure(snapshot: Snapshot) -> dict[tuple[str, str], bool]:
+    """(project, service) -> whether any rolling update of that running service would be
+    refused now (no room for its surge replica while healthy replicas are at stake). Worked
+    out once per refresh, in the refresher's thread, never on a scrape."""
+    found = {}
+    for project, runs in snapshot.runs.items():
+        for run in runs:
+            spec = run.get("run_spec") or {}
+            if (spec.get("configuration") or {}).get("type") != "service":
+                continue
+            if run.get("status") != "running":
+                continue
+            rollout = copy.deepcopy(spec)
+            rollout["repo_code_hash"] = f"{spec.get('repo_code_hash')}+rollout"
+            others = [r for r in runs if r is not run]
+            fleets = snapshot.fleets.get(project, [])
+            verdict = decide(rollout, run, fleets, others, snapshot.version, snapshot.at)
+            found[(project, str(spec.get("run_name")))] = verdict.decision == "reject"
+    return found
 
 
 def _run_name(run: dict) -> str | None:
@@ -120,7 +122,8 @@ class ServerModel:
                     runs[name] = _active_runs(lambda body: call(ENDPOINTS[3], body), name)
             finally:
                 server.close()
-            self.snapshot = Snapshot(taken, at, version, fleets, runs)
+            snapshot = Snapshot(taken, at, version, fleets, runs)
+            self.snapshot = replace(snapshot, exposure=exposure(snapshot))
             self.refreshes += 1
             return self.snapshot
 
