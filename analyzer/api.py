@@ -8,18 +8,19 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
 import analyzer.contract_frames as frames
+from analyzer.cluster import FleetTasks
 from analyzer.contract import Finding, InputRecord, LimitationRecord, Report, RunVerdict
 from analyzer.errors import AuditInputError
 from analyzer.pipeline.assemble import (
     NO_RUN_EVIDENCE_RECORD,
     assemble,
     end_bounds,
-    merge_reports,  # noqa: F401 (public: analyzer.merge_reports)
+    merge_reports,
 )
 from analyzer.pipeline.detect import detect
 from analyzer.pipeline.evidence import Evidence, combine
@@ -37,7 +38,7 @@ from analyzer.pipeline.selectors import one_run, run_filter
 from analyzer.pipeline.servers import assign_servers, distinct_labels
 from analyzer.pipeline.timeline import deployments, evidence_gaps, submissions
 from analyzer.progress import listening, stage
-from analyzer.redact import without_controls
+from analyzer.redact import Redactor, without_controls
 from analyzer.sources import (
     count_files,
     is_claimed,
@@ -400,12 +401,49 @@ def audit_partition(
     return PartitionResult(opened.report, opened._foresight_piece(whole_tables=index == 0))
 
 
-def audit_server(paths: Sequence[str], label: str, options: dict) -> PartitionResult:
-    """One server's report and its share of the capacity foresight (its own fleets and
-    instances): the task a Dask worker runs for each server of a fleet (analyzer.cluster)."""
+@dataclass(frozen=True)
+class ServerHead:
+    """What the client learns of each server's audit before finishing any: the secret values
+    its inputs hold (one process masks every text with every input's), its runs (two copies
+    of one database are one server) and the version that audited it."""
+
+    generated_by: str
+    secrets: frozenset[str]
+    runs: frozenset[str]
+
+
+@dataclass
+class ServerAudit:
+    """One server of a fleet audited whole where its task ran: its report (the capacity
+    foresight worked out in the task, as in one process: servers share no fleet and no
+    instance) masked with its own secret values, and those values."""
+
+    report: Report
+    secrets: frozenset[str]
+
+    @property
+    def head(self) -> ServerHead:
+        return ServerHead(
+            self.report.generated_by, self.secrets, frozenset(v.run_id for v in self.report.runs)
+        )
+
+
+def audit_server(paths: Sequence[str], label: str, options: dict) -> ServerAudit:
+    """One server of a fleet, audited whole: the task a worker runs for each server
+    (analyzer.cluster.audit_servers); its result stays on the worker until `finish_server`."""
     opened = open_sources(paths, **{**options, "server_labels": dict.fromkeys(paths, label)})
-    opened._defer_foresight = True
-    return PartitionResult(opened.report, opened._foresight_piece(whole_tables=True))
+    return ServerAudit(opened.report, frozenset(opened.evidence.redactor.values))
+
+
+def finish_server(audited: ServerAudit, secrets: frozenset[str]) -> Report:
+    """A server's report masked also with the secret values of every other server of the
+    fleet (`secrets`: all of them), as one process masks every text with all the inputs'
+    values: a token one server's job spec holds, repeated in another's failure message."""
+    return Redactor(values=set(secrets)).guard_model(audited.report)
+
+
+REPORT_FLEET = FleetTasks(audit_server, finish_server, merge_reports)
+"""A fleet's servers audited one per task and merged into the report one process gives."""
 
 
 def one_server_each(paths: Sequence[str | Path]) -> list[tuple[list[str], str]] | None:
@@ -455,22 +493,25 @@ def audit_on_cluster(
     workers: int | None = None,
     address: str | None = None,
     partitions: int | None = None,
+    fleet: FleetTasks | None = None,
     **options,
-) -> Report:
+) -> Report | Any:
     """Audit on a new local Dask cluster of `workers` processes or on the scheduler at
     `address`, in `partitions` tasks (analyzer.cluster.PARTITIONS_PER_WORKER per worker thread
     unless given). Several databases, each a server of its own, are audited one server per
     task instead (unless --partitions or --server-label is given): no task reads another's
-    database, and nothing is learnt of the whole inputs first."""
+    database, and nothing is learnt of the whole inputs first; `fleet` says what those tasks
+    do and what their merge returns (REPORT_FLEET: the report)."""
     from analyzer.cluster import run_on_cluster
 
     given = as_paths(paths)
-    fleet = None if partitions or options.get("server_labels") else one_server_each(given)
+    servers = None if partitions or options.get("server_labels") else one_server_each(given)
     return run_on_cluster(
         given,
         audit_partition,
         whole_input_facts,
-        servers=(fleet, audit_server) if fleet else None,
+        servers=servers,
+        fleet=fleet or REPORT_FLEET,
         workers=workers,
         address=address,
         partitions=partitions,

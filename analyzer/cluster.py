@@ -16,9 +16,10 @@ Dask is imported only here, and only when a command asks for a cluster.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -148,15 +149,17 @@ def audit_partitions(
         shared=facts,
         pure=False,
     )
-    return merge_partitions(_gather(client, futures))
+    results = _gather(client, futures)
+    _same_version(r.report.generated_by for r in results)
+    return merge_partitions(results)
 
 
-def _gather(client: Client, futures: list) -> list[PartitionResult]:
+def _gather(client: Client, futures: list) -> list:
     """The tasks' results in order; an error raised by a task (an unreadable input) is raised
     here unchanged, a lost worker or scheduler and another version of the tool say so."""
     distributed = _distributed()
     try:
-        results: list[PartitionResult] = client.gather(futures)
+        results: list = client.gather(futures)
     except distributed.KilledWorker as error:
         raise AuditInputError(
             "--cluster",
@@ -173,46 +176,65 @@ def _gather(client: Client, futures: list) -> list[PartitionResult]:
             f"a worker cannot run the audit ({error})",
             f"install dstack-audit {__version__} on every worker",
         ) from None
-    versions = {r.report.generated_by for r in results} - {f"dstack-audit {__version__}"}
+    return results
+
+
+def _same_version(generated_by: Iterable[str]) -> None:
+    """Refuse results of workers that run another version of the tool."""
+    versions = set(generated_by) - {f"dstack-audit {__version__}"}
     if versions:
         raise AuditInputError(
             "--cluster",
             f"workers run {', '.join(sorted(versions))}, not dstack-audit {__version__}",
             "install the same version on every worker",
         )
-    return results
 
 
-ServerTask = Callable[[Sequence[str], str, dict[str, Any]], PartitionResult]
-"""(a server's paths, its label, options) -> its report and its share of the capacity
-foresight: a module-level function, so a worker imports it by name."""
-Servers = tuple[list[tuple[list[str], str]], ServerTask]
-"""Each server's paths and label, and the task that audits one."""
+@dataclass(frozen=True)
+class FleetTasks:
+    """How a fleet of servers is audited one server per task (module-level functions, so a
+    worker imports them by name): `audit(paths, label, options)` runs on a worker and its
+    result stays there, telling the client only its `.head` (its secret values, its runs, the
+    version); `finish(audited, secrets)` runs where `audit` ran, given every server's secret
+    values, and returns what `merge` puts together here, in the order the servers were given."""
+
+    audit: Callable[[Sequence[str], str, dict[str, Any]], Any]
+    finish: Callable[[Any, frozenset[str]], Any]
+    merge: Callable[[list[Any]], Any]
+
+
+def _head(audited: Any) -> Any:
+    return audited.head
 
 
 def audit_servers(
-    client: Client, servers: list[tuple[list[str], str]], task: ServerTask, **options: Any
-) -> Report | None:
-    """A fleet of dstack servers, one server per task of `client`'s cluster, merged as the
-    partitions are (the capacity foresight over every server's fleets and instances). None
-    when two of them turn out to hold the same runs (copies of one database, or a database
-    with no run, which one process files with its folder's): then they are one server, and
-    the caller audits in partitions instead."""
+    client: Client, servers: list[tuple[list[str], str]], fleet: FleetTasks, **options: Any
+) -> Any:
+    """A fleet of dstack servers, one server per task of `client`'s cluster, merged by
+    `fleet.merge`: the report (or its JSON) one process gives. Servers share no fleet and no
+    instance, so each task finishes its own server's capacity foresight; only the secret
+    values go round, because one process masks every text with every input's. None when two
+    of them turn out to hold the same runs (copies of one database, or a database with no
+    run, which one process files with its folder's): then they are one server, and the
+    caller audits in partitions instead."""
     # the largest server first, so that no long task starts last; merged in the order given
     order = sorted(range(len(servers)), key=lambda i: -_bytes(servers[i][0]))
-    futures = client.map(
-        task,
+    audits = client.map(
+        fleet.audit,
         [servers[i][0] for i in order],
         [servers[i][1] for i in order],
         options=options,
         pure=False,
     )
-    done = dict(zip(order, _gather(client, futures), strict=True))
-    results = [done[i] for i in range(len(servers))]
-    runs = [{v.run_id for v in r.report.runs} for r in results]
+    heads = _gather(client, client.map(_head, audits, pure=False))
+    _same_version(head.generated_by for head in heads)
+    runs = [head.runs for head in heads]
     if not all(runs) or len(set().union(*runs)) < sum(map(len, runs)):
         return None
-    return merge_partitions(results)
+    secrets = frozenset().union(*(head.secrets for head in heads))
+    finished = client.map(fleet.finish, audits, secrets=secrets, pure=False)
+    done = dict(zip(order, _gather(client, finished), strict=True))
+    return fleet.merge([done[i] for i in range(len(servers))])
 
 
 def _bytes(paths: Sequence[str]) -> int:
@@ -228,22 +250,24 @@ def run_on_cluster(
     task: PartitionTask,
     learn: LearnWholeInputs,
     *,
-    servers: Servers | None = None,
+    servers: list[tuple[list[str], str]] | None = None,
+    fleet: FleetTasks | None = None,
     workers: int | None = None,
     address: str | None = None,
     partitions: int | None = None,
     **options: Any,
-) -> Report:
+) -> Any:
     """Audit on a new local cluster of `workers` processes or on the scheduler at `address`,
     in `partitions` tasks (PARTITIONS_PER_WORKER per worker thread unless given), the whole
-    inputs' shared facts learnt by `learn` in this process while the cluster starts; or, given
-    `servers` (a fleet of databases), one server per task (audit_servers)."""
+    inputs' shared facts learnt by `learn` in this process while the cluster starts: the
+    report. Given `servers` (a fleet of databases) and `fleet`, one server per task
+    (audit_servers): what `fleet.merge` returns."""
     given = _sendable(paths)
-    if servers is not None:
+    if servers is not None and fleet is not None:
         with connect(workers=workers, address=address) as client:
-            report = audit_servers(client, *servers, **options)
-            if report is not None:
-                return report
+            merged = audit_servers(client, servers, fleet, **options)
+            if merged is not None:
+                return merged
             count = partitions or default_partitions(client)
             shared = learn(given)
             return audit_partitions(client, given, count, task, shared=shared, **options)

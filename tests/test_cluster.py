@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.api import audit_in_partitions, audit_server, one_server_each, open_sources
+from analyzer.api import REPORT_FLEET, audit_in_partitions, one_server_each, open_sources
 from analyzer.cluster import audit_servers
+from analyzer.render.report_json import JSON_FLEET, json_pieces
 from analyzer.synth import synthesize
 from tests.conftest import CAPTURES, ROOT, plant_env_secret, plant_failure_message
 
@@ -270,10 +271,15 @@ def test_a_fleet_of_databases_is_one_server_per_task(scheduler, sources):
     assert sorted({v["server"] for v in json.loads(one.stdout)["runs"]}) == sorted(
         label for _, label in servers
     )
+    whole = open_sources(fleet).report
     with distributed.Client(scheduler, timeout=60) as client:
-        report = audit_servers(client, servers, audit_server)
-    assert report is not None
-    assert report.model_dump_json() == open_sources(fleet).report.model_dump_json()
+        report = audit_servers(client, servers, REPORT_FLEET)
+        rendered = audit_servers(client, servers, JSON_FLEET)
+    assert report is not None and rendered is not None
+    assert report.model_dump_json() == whole.model_dump_json()
+    # the JSON fleet: each server's runs and findings rendered in its task, merged here
+    assert "".join(rendered.pieces()) == "".join(json_pieces(whole)) == one.stdout
+    assert rendered.report.summary == whole.summary
     done = _cli("audit", *fleet, "--cluster", scheduler, "--format", "json")
     assert done.returncode == 0, done.stderr
     assert done.stdout == one.stdout
@@ -288,7 +294,7 @@ def test_copies_of_one_database_give_way_to_the_partitions(scheduler, tmp_path):
     copy.write_bytes(seed.read_bytes())
     given = [str(seed), str(copy)]
     with distributed.Client(scheduler, timeout=60) as client:
-        assert audit_servers(client, one_server_each(given), audit_server) is None
+        assert audit_servers(client, one_server_each(given), REPORT_FLEET) is None
     partitioned = _cli("audit", *given, "--partitions", "2", "--format", "json")
     done = _cli("audit", *given, "--cluster", scheduler, "--format", "json")
     assert partitioned.returncode == done.returncode in (0, 1)

@@ -260,10 +260,22 @@ def audit(
         options.update(log_tz=log_tz, log_date=log_date.date() if log_date else None)
         if workers or cluster:
             from analyzer.api import audit_on_cluster
+            from analyzer.render.report_json import JSON_FLEET, FleetJson
 
             report = audit_on_cluster(
-                sources, workers=workers, address=cluster, partitions=partitions, **options
+                sources,
+                workers=workers,
+                address=cluster,
+                partitions=partitions,
+                fleet=JSON_FLEET if fmt == "json" else None,
+                **options,
             )
+            if isinstance(report, FleetJson):  # rendered and redacted in the servers' tasks
+                outputs.add_inputs(i.path for i in report.report.inputs)
+                outputs.write_pieces(output, report.pieces())
+                wrote(output)
+                _gate(report.report, fail_on_findings, allow_undecided)
+                return
         else:
             report = audit_in_partitions(sources, partitions, **options)
         outputs.add_inputs(i.path for i in report.inputs)
