@@ -403,13 +403,15 @@ def audit_partition(
 
 @dataclass(frozen=True)
 class ServerHead:
-    """What the client learns of each server's audit before finishing any: the secret values
+    """What the client is sent of each server's audit as soon as it is done: the secret values
     its inputs hold (one process masks every text with every input's), its runs (two copies
-    of one database are one server) and the version that audited it."""
+    of one database are one server), the version that audited it, and its `part` of the
+    merge, final unless another server's secret values mask more in it (`finish_server`)."""
 
     generated_by: str
     secrets: frozenset[str]
     runs: frozenset[str]
+    part: Any
 
 
 @dataclass
@@ -424,7 +426,10 @@ class ServerAudit:
     @property
     def head(self) -> ServerHead:
         return ServerHead(
-            self.report.generated_by, self.secrets, frozenset(v.run_id for v in self.report.runs)
+            self.report.generated_by,
+            self.secrets,
+            frozenset(v.run_id for v in self.report.runs),
+            self.report,
         )
 
 
@@ -435,11 +440,13 @@ def audit_server(paths: Sequence[str], label: str, options: dict) -> ServerAudit
     return ServerAudit(opened.report, frozenset(opened.evidence.redactor.values))
 
 
-def finish_server(audited: ServerAudit, secrets: frozenset[str]) -> Report:
-    """A server's report masked also with the secret values of every other server of the
+def finish_server(audited: ServerAudit, secrets: frozenset[str]) -> Report | None:
+    """The server's report masked also with the secret values of every other server of the
     fleet (`secrets`: all of them), as one process masks every text with all the inputs'
-    values: a token one server's job spec holds, repeated in another's failure message."""
-    return Redactor(values=set(secrets)).guard_model(audited.report)
+    values (a token one server's job spec holds, repeated in another's failure message);
+    None when they mask nothing more in it: its head's part stands."""
+    report = Redactor(values=set(secrets)).guard_model(audited.report)
+    return None if report is audited.report else report
 
 
 REPORT_FLEET = FleetTasks(audit_server, finish_server, merge_reports)

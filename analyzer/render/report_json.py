@@ -14,7 +14,7 @@ the pieces in the one-process order after the head it renders (`fleet_json`).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import BaseModel
@@ -153,7 +153,7 @@ class RenderedServer:
 
     @property
     def head(self) -> Any:
-        return self.audited.head
+        return replace(self.audited.head, part=self.json)
 
 
 def audit_server_json(paths: Sequence[str], label: str, options: dict) -> RenderedServer:
@@ -164,13 +164,13 @@ def audit_server_json(paths: Sequence[str], label: str, options: dict) -> Render
     return RenderedServer(audited, server_json(audited.report))
 
 
-def finish_server_json(rendered: RenderedServer, secrets: frozenset[str]) -> ServerJson:
-    """The server's JSON masked also with every other server's secret values: rendered again
-    only when they mask something in it (analyzer.api.finish_server)."""
+def finish_server_json(rendered: RenderedServer, secrets: frozenset[str]) -> ServerJson | None:
+    """The server's JSON rendered again when the other servers' secret values mask more in
+    it (analyzer.api.finish_server); None when its head's part stands."""
     from analyzer.api import finish_server
 
     report = finish_server(rendered.audited, secrets)
-    return rendered.json if report is rendered.audited.report else server_json(report)
+    return None if report is None else server_json(report)
 
 
 JSON_FLEET = FleetTasks(audit_server_json, finish_server_json, fleet_json)
