@@ -10,6 +10,12 @@ task is given by the caller (analyzer.api.audit_partition), so this module never
 back; the merge is `merge_partitions`, the same code as for partitions audited one after another
 in one process.
 
+A fleet of dstack servers (several databases, each a server) is audited one server per task
+instead (`audit_servers`; with a local `--workers N`, on processes of our own:
+`audit_servers_locally`): each task finishes its server (its capacity foresight; for the JSON
+report its rendering and redaction too), and only its secret values must be known to the
+others before the client puts the parts together (`FleetTasks`).
+
 Dask is imported only here, and only when a command asks for a cluster.
 """
 
@@ -161,7 +167,7 @@ def audit_partitions(
 
 def _gather(client: Client, futures: list) -> list:
     """The tasks' results in order; an error raised by a task (an unreadable input) is raised
-    here unchanged, a lost worker or scheduler and another version of the tool say so."""
+    here unchanged, a lost worker or scheduler says so."""
     distributed = _distributed()
     try:
         results: list = client.gather(futures)

@@ -119,8 +119,9 @@ RENDERERS: dict[str, Callable[[Any], Iterable[str]]] = {  # besides "table", the
 @click.option(
     "--workers",
     type=click.IntRange(min=1),
-    help="Audit the partitions as tasks on a new local Dask cluster of N worker processes "
-    "(needs the 'cluster' extra; --partitions defaults to one per worker thread).",
+    help="Audit on N local worker processes: several databases one server per process, else "
+    "the partitions as tasks on a new local Dask cluster (needs the 'cluster' extra; "
+    "--partitions defaults to one per worker thread).",
 )
 @click.option(
     "--cluster",
