@@ -24,6 +24,7 @@ from __future__ import annotations
 import gc
 import logging
 import multiprocessing
+import pickle
 import signal
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -413,9 +414,17 @@ def _serve(connection: Connection, fleet: FleetTasks) -> None:
                 indexes, secrets = message
                 answer = {i: fleet.finish(kept.pop(i), secrets) for i in indexes}
         except Exception as error:  # sent back whole: the client raises it
-            connection.send((False, error))
+            _send_error(connection, error)
             continue
         connection.send((True, answer))
+
+
+def _send_error(connection: Connection, error: Exception) -> None:
+    """The error a task raised, to the client; one that cannot be pickled, as its text."""
+    try:
+        connection.send((False, error))
+    except (pickle.PicklingError, TypeError, AttributeError):
+        connection.send((False, RuntimeError(f"{type(error).__name__}: {error}")))
 
 
 def run_on_cluster(

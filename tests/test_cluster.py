@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from analyzer.api import REPORT_FLEET, audit_in_partitions, one_server_each, open_sources
-from analyzer.cluster import audit_servers, audit_servers_locally
+from analyzer.cluster import FleetTasks, audit_servers, audit_servers_locally
+from analyzer.errors import AuditInputError
 from analyzer.render.report_json import JSON_FLEET, json_pieces
 from analyzer.synth import synthesize
 from tests.conftest import CAPTURES, ROOT, plant_env_secret, plant_failure_message
@@ -407,3 +408,23 @@ def _alive(pids: set[int]) -> list[str]:
         if line:
             lines.append(line.replace(b"\0", b" ").decode())
     return lines
+
+
+def _raises_unpicklable(paths, label, options):
+    raise ValueError(lambda: label)  # a lambda cannot be pickled: the error cannot travel whole
+
+
+def _dies(paths, label, options):
+    os._exit(9)  # as the kernel's OOM killer ends a worker
+
+
+def test_a_local_worker_s_failure_reaches_the_client(tmp_path):
+    """An error that cannot be pickled arrives as its text; a worker process that dies is one
+    AuditInputError naming --workers, not a hang."""
+    servers = [([str(tmp_path / "a.db")], "a"), ([str(tmp_path / "b.db")], "b")]
+    fleet = FleetTasks(_raises_unpicklable, REPORT_FLEET.finish, REPORT_FLEET.merge)
+    with pytest.raises(RuntimeError, match=r"^ValueError: <function"):
+        audit_servers_locally(2, servers, fleet)
+    fleet = FleetTasks(_dies, REPORT_FLEET.finish, REPORT_FLEET.merge)
+    with pytest.raises(AuditInputError, match="a worker process died"):
+        audit_servers_locally(2, servers, fleet)
