@@ -291,13 +291,13 @@ def test_a_fleet_of_databases_is_one_server_per_task(scheduler, sources):
 def test_a_fleet_on_local_workers_is_the_one_process_report(sources):
     """`--workers 2` audits a fleet on two local processes of its own (no Dask cluster), one
     server per task: the JSON rendered in the tasks, the markdown from the merged report, both
-    byte for byte what one process writes."""
+    byte for byte what one process writes, and --fail-on-findings exits alike."""
     fleet = [s for s in sources if "v0.20" not in s]
     written = {}
-    for fmt in ("json", "markdown"):
-        one = _cli("audit", *fleet, "--format", fmt)
-        local = _cli("audit", *fleet, "--workers", "2", "--format", fmt)
-        assert one.returncode == local.returncode == 0, local.stderr
+    for fmt, gate in (("json", ["--fail-on-findings"]), ("markdown", [])):
+        one = _cli("audit", *fleet, "--format", fmt, *gate)
+        local = _cli("audit", *fleet, "--workers", "2", "--format", fmt, *gate)
+        assert one.returncode == local.returncode == (1 if gate else 0), local.stderr
         assert local.stdout == one.stdout and not local.stderr
         written[fmt] = local.stdout
     assert json.loads(written["json"])["summary"]["victims"] > 0
