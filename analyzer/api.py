@@ -258,6 +258,14 @@ class Audit:
     @cached_property
     def report(self) -> Report:
         """The pydantic report (what `--format json` prints), with every secret redacted."""
+        # every text the report is built from was masked at the source (evidence._redact):
+        # the guard walks it only if a known value or a hidden character is in it after all
+        return self.evidence.redactor.guard_model(self._assembled)
+
+    @cached_property
+    def _assembled(self) -> Report:
+        """The report before its guard (a fleet's server is guarded once, with every server's
+        secret values: finish_server)."""
         verdicts, findings = self._detected
         limitations = [
             LimitationRecord(code=lim.code, message=lim.message, source=lim.source)
@@ -266,16 +274,13 @@ class Audit:
         limitations += end_bounds(self.evidence.ends_by_server(), findings)
         if not self.evidence.runs.height and not self.evidence.events.height:
             limitations.append(NO_RUN_EVIDENCE_RECORD)
-        report = assemble(
+        return assemble(
             inputs=[_input_record(i) for i in self.evidence.inputs],
             limitations=limitations,
             verdicts=verdicts,
             findings=findings,
             end_of_evidence=self.end_of_evidence,
         )
-        # every text the report is built from was masked at the source (evidence._redact):
-        # the guard walks it only if a known value or a hidden character is in it after all
-        return self.evidence.redactor.guard_model(report)
 
     def redact(self, text: str, *, keep_styles: bool = False) -> str:
         """Mask every secret the inputs hold (and every secret-shaped string) in `text`, and
@@ -418,7 +423,8 @@ class ServerHead:
 class ServerAudit:
     """One server of a fleet audited whole where its task ran: its report (the capacity
     foresight worked out in the task, as in one process: servers share no fleet and no
-    instance) masked with its own secret values, and those values."""
+    instance) built from texts masked with its own secret values, not yet guarded (that is
+    done once, with every server's: `finish_server`), and those values."""
 
     report: Report
     secrets: frozenset[str]
@@ -437,14 +443,15 @@ def audit_server(paths: Sequence[str], label: str, options: dict) -> ServerAudit
     """One server of a fleet, audited whole: the task a worker runs for each server
     (analyzer.cluster.audit_servers); its result stays on the worker until `finish_server`."""
     opened = open_sources(paths, **{**options, "server_labels": dict.fromkeys(paths, label)})
-    return ServerAudit(opened.report, frozenset(opened.evidence.redactor.values))
+    return ServerAudit(opened._assembled, frozenset(opened.evidence.redactor.values))
 
 
 def finish_server(audited: ServerAudit, secrets: frozenset[str]) -> Report | None:
-    """The server's report masked also with the secret values of every other server of the
-    fleet (`secrets`: all of them), as one process masks every text with all the inputs'
-    values (a token one server's job spec holds, repeated in another's failure message);
-    None when they mask nothing more in it: its head's part stands."""
+    """The server's report guarded as one process guards its report (Audit.report), with the
+    secret values of every server of the fleet (`secrets`: all of them), as one process
+    masks every text with all the inputs' values (a token one server's job spec holds,
+    repeated in another's failure message); None when the guard changes nothing in it: its
+    head's part stands."""
     report = Redactor(values=set(secrets)).guard_model(audited.report)
     return None if report is audited.report else report
 
