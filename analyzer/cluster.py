@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from analyzer._version import __version__
 from analyzer.errors import AuditInputError
 from analyzer.pipeline.partitions import PartitionResult, merge_partitions
+from analyzer.progress import stage
 from analyzer.sources.base import WholeInputFacts
 
 if TYPE_CHECKING:
@@ -288,7 +289,8 @@ def audit_servers_locally(workers: int, servers: Servers, fleet: FleetTasks, **o
     servers it audited until they are finished there; each head is read here while the
     other servers are still audited."""
     with _no_collection(), _Local(min(workers, len(servers)), fleet) as pool:
-        heads = pool.audit(servers, _largest_first(servers), options)
+        with stage("auditing servers", total=len(servers), unit="servers") as step:
+            heads = pool.audit(servers, _largest_first(servers), options, step)
         secrets = _every_secret(heads)
         if secrets is None:
             return None
@@ -347,8 +349,11 @@ class _Local:
                 connection.send(None)
                 connection.close()
 
-    def audit(self, servers: Servers, order: list[int], options: dict[str, Any]) -> dict[int, Any]:
-        """Each server's head, the servers sent in `order` to whichever process is free."""
+    def audit(
+        self, servers: Servers, order: list[int], options: dict[str, Any], step: Callable
+    ) -> dict[int, Any]:
+        """Each server's head, the servers sent in `order` to whichever process is free
+        (`step`: a server done)."""
         pending = deque(order)
         idle = list(self._connections)
         busy: dict[Connection, int] = {}
@@ -360,8 +365,10 @@ class _Local:
                 connection.send((index, (paths, label, options)))
                 busy[connection], self._held[index] = index, connection
             for connection in _ready(list(busy)):
-                heads[busy.pop(connection)] = _received(connection)
+                index = busy.pop(connection)
+                heads[index] = _received(connection)
                 idle.append(connection)
+                step(note=f"audited {servers[index][1]}")
         return heads
 
     def finish(self, secrets: frozenset[str]) -> dict[int, Any]:
