@@ -8,18 +8,19 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
 import analyzer.contract_frames as frames
+from analyzer.cluster import FleetTasks
 from analyzer.contract import Finding, InputRecord, LimitationRecord, Report, RunVerdict
 from analyzer.errors import AuditInputError
 from analyzer.pipeline.assemble import (
     NO_RUN_EVIDENCE_RECORD,
     assemble,
     end_bounds,
-    merge_reports,  # noqa: F401 (public: analyzer.merge_reports)
+    merge_reports,
 )
 from analyzer.pipeline.detect import detect
 from analyzer.pipeline.evidence import Evidence, combine
@@ -37,7 +38,7 @@ from analyzer.pipeline.selectors import one_run, run_filter
 from analyzer.pipeline.servers import assign_servers, distinct_labels
 from analyzer.pipeline.timeline import deployments, evidence_gaps, submissions
 from analyzer.progress import listening, stage
-from analyzer.redact import without_controls
+from analyzer.redact import Redactor, without_controls
 from analyzer.sources import (
     count_files,
     is_claimed,
@@ -257,6 +258,14 @@ class Audit:
     @cached_property
     def report(self) -> Report:
         """The pydantic report (what `--format json` prints), with every secret redacted."""
+        # every text the report is built from was masked at the source (evidence._redact):
+        # the guard walks it only if a known value or a hidden character is in it after all
+        return self.evidence.redactor.guard_model(self._assembled)
+
+    @cached_property
+    def _assembled(self) -> Report:
+        """The report before its guard (a fleet's server is guarded once, with every server's
+        secret values: finish_server)."""
         verdicts, findings = self._detected
         limitations = [
             LimitationRecord(code=lim.code, message=lim.message, source=lim.source)
@@ -265,16 +274,13 @@ class Audit:
         limitations += end_bounds(self.evidence.ends_by_server(), findings)
         if not self.evidence.runs.height and not self.evidence.events.height:
             limitations.append(NO_RUN_EVIDENCE_RECORD)
-        report = assemble(
+        return assemble(
             inputs=[_input_record(i) for i in self.evidence.inputs],
             limitations=limitations,
             verdicts=verdicts,
             findings=findings,
             end_of_evidence=self.end_of_evidence,
         )
-        # every text the report is built from was masked at the source (evidence._redact):
-        # the guard walks it only if a known value or a hidden character is in it after all
-        return self.evidence.redactor.guard_model(report)
 
     def redact(self, text: str, *, keep_styles: bool = False) -> str:
         """Mask every secret the inputs hold (and every secret-shaped string) in `text`, and
@@ -400,12 +406,58 @@ def audit_partition(
     return PartitionResult(opened.report, opened._foresight_piece(whole_tables=index == 0))
 
 
-def audit_server(paths: Sequence[str], label: str, options: dict) -> PartitionResult:
-    """One server's report and its share of the capacity foresight (its own fleets and
-    instances): the task a Dask worker runs for each server of a fleet (analyzer.cluster)."""
+@dataclass(frozen=True)
+class ServerHead:
+    """What the client is sent of each server's audit as soon as it is done: the secret values
+    its inputs hold (one process masks every text with every input's), its runs (two copies
+    of one database are one server), the version that audited it, and its `part` of the
+    merge, final unless another server's secret values mask more in it (`finish_server`)."""
+
+    generated_by: str
+    secrets: frozenset[str]
+    runs: frozenset[str]
+    part: Any
+
+
+@dataclass
+class ServerAudit:
+    """One server of a fleet audited whole where its task ran: its report (the capacity
+    foresight worked out in the task, as in one process: servers share no fleet and no
+    instance) built from texts masked with its own secret values, not yet guarded (that is
+    done once, with every server's: `finish_server`), and those values."""
+
+    report: Report
+    secrets: frozenset[str]
+
+    @property
+    def head(self) -> ServerHead:
+        return ServerHead(
+            self.report.generated_by,
+            self.secrets,
+            frozenset(v.run_id for v in self.report.runs),
+            self.report,
+        )
+
+
+def audit_server(paths: Sequence[str], label: str, options: dict) -> ServerAudit:
+    """One server of a fleet, audited whole: the task a worker runs for each server
+    (analyzer.cluster.audit_servers); its result stays on the worker until `finish_server`."""
     opened = open_sources(paths, **{**options, "server_labels": dict.fromkeys(paths, label)})
-    opened._defer_foresight = True
-    return PartitionResult(opened.report, opened._foresight_piece(whole_tables=True))
+    return ServerAudit(opened._assembled, frozenset(opened.evidence.redactor.values))
+
+
+def finish_server(audited: ServerAudit, secrets: frozenset[str]) -> Report | None:
+    """The server's report guarded as one process guards its report (Audit.report), with the
+    secret values of every server of the fleet (`secrets`: all of them), as one process
+    masks every text with all the inputs' values (a token one server's job spec holds,
+    repeated in another's failure message); None when the guard changes nothing in it: its
+    head's part stands."""
+    report = Redactor(values=set(secrets)).guard_model(audited.report)
+    return None if report is audited.report else report
+
+
+REPORT_FLEET = FleetTasks(audit_server, finish_server, merge_reports)
+"""A fleet's servers audited one per task and merged into the report one process gives."""
 
 
 def one_server_each(paths: Sequence[str | Path]) -> list[tuple[list[str], str]] | None:
@@ -455,22 +507,25 @@ def audit_on_cluster(
     workers: int | None = None,
     address: str | None = None,
     partitions: int | None = None,
+    fleet: FleetTasks | None = None,
     **options,
-) -> Report:
+) -> Report | Any:
     """Audit on a new local Dask cluster of `workers` processes or on the scheduler at
     `address`, in `partitions` tasks (analyzer.cluster.PARTITIONS_PER_WORKER per worker thread
     unless given). Several databases, each a server of its own, are audited one server per
     task instead (unless --partitions or --server-label is given): no task reads another's
-    database, and nothing is learnt of the whole inputs first."""
+    database, and nothing is learnt of the whole inputs first; `fleet` says what those tasks
+    do and what their merge returns (REPORT_FLEET: the report)."""
     from analyzer.cluster import run_on_cluster
 
     given = as_paths(paths)
-    fleet = None if partitions or options.get("server_labels") else one_server_each(given)
+    servers = None if partitions or options.get("server_labels") else one_server_each(given)
     return run_on_cluster(
         given,
         audit_partition,
         whole_input_facts,
-        servers=(fleet, audit_server) if fleet else None,
+        servers=servers,
+        fleet=fleet or REPORT_FLEET,
         workers=workers,
         address=address,
         partitions=partitions,

@@ -10,21 +10,35 @@ task is given by the caller (analyzer.api.audit_partition), so this module never
 back; the merge is `merge_partitions`, the same code as for partitions audited one after another
 in one process.
 
+A fleet of dstack servers (several databases, each a server) is audited one server per task
+instead (`audit_servers`; with a local `--workers N`, on processes of our own:
+`audit_servers_locally`): each task finishes its server (its capacity foresight; for the JSON
+report its rendering and redaction too), and only its secret values must be known to the
+others before the client puts the parts together (`FleetTasks`).
+
 Dask is imported only here, and only when a command asks for a cluster.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
-from collections.abc import Callable, Iterator, Sequence
+import multiprocessing
+import pickle
+import signal
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from analyzer._version import __version__
 from analyzer.errors import AuditInputError
 from analyzer.pipeline.partitions import PartitionResult, merge_partitions
+from analyzer.progress import stage
 from analyzer.sources.base import WholeInputFacts
 
 if TYPE_CHECKING:
@@ -40,6 +54,7 @@ also one more pass over every database's runs table). Measured then (benchmarks/
 2,000 runs, 2 workers, a shared 2-core machine): 2 / 4 / 8 partitions 9.1 / 9.3 / 18.8 s;
 `--partitions` sets more, to bound memory."""
 WORKER_WAIT_SECONDS = 30
+SIGNAL_SECONDS = 0.2  # how soon a local --workers audit sees Ctrl-C while it waits
 WORKER_PRELOAD = "analyzer.api"
 """Imported by each local worker as it starts (while the client learns the whole inputs), not
 when its first task arrives."""
@@ -148,15 +163,17 @@ def audit_partitions(
         shared=facts,
         pure=False,
     )
-    return merge_partitions(_gather(client, futures))
+    results = _gather(client, futures)
+    _same_version(r.report.generated_by for r in results)
+    return merge_partitions(results)
 
 
-def _gather(client: Client, futures: list) -> list[PartitionResult]:
+def _gather(client: Client, futures: list) -> list:
     """The tasks' results in order; an error raised by a task (an unreadable input) is raised
-    here unchanged, a lost worker or scheduler and another version of the tool say so."""
+    here unchanged, a lost worker or scheduler says so."""
     distributed = _distributed()
     try:
-        results: list[PartitionResult] = client.gather(futures)
+        results: list = client.gather(futures)
     except distributed.KilledWorker as error:
         raise AuditInputError(
             "--cluster",
@@ -173,46 +190,70 @@ def _gather(client: Client, futures: list) -> list[PartitionResult]:
             f"a worker cannot run the audit ({error})",
             f"install dstack-audit {__version__} on every worker",
         ) from None
-    versions = {r.report.generated_by for r in results} - {f"dstack-audit {__version__}"}
+    return results
+
+
+def _same_version(generated_by: Iterable[str]) -> None:
+    """Refuse results of workers that run another version of the tool."""
+    versions = set(generated_by) - {f"dstack-audit {__version__}"}
     if versions:
         raise AuditInputError(
             "--cluster",
             f"workers run {', '.join(sorted(versions))}, not dstack-audit {__version__}",
             "install the same version on every worker",
         )
-    return results
 
 
-ServerTask = Callable[[Sequence[str], str, dict[str, Any]], PartitionResult]
-"""(a server's paths, its label, options) -> its report and its share of the capacity
-foresight: a module-level function, so a worker imports it by name."""
-Servers = tuple[list[tuple[list[str], str]], ServerTask]
-"""Each server's paths and label, and the task that audits one."""
+@dataclass(frozen=True)
+class FleetTasks:
+    """How a fleet of servers is audited one server per task (module-level functions, so a
+    worker imports them by name): `audit(paths, label, options)` runs on a worker and its
+    result stays there, its `.head` sent to the client at once (analyzer.api.ServerHead: its
+    secret values, its runs, the version, its part of the merge); `finish(audited, secrets)`
+    runs where `audit` ran, given every server's secret values, and returns its part again
+    only when they changed it (else None); `merge` puts the parts together here, in the order
+    the servers were given."""
+
+    audit: Callable[[Sequence[str], str, dict[str, Any]], Any]
+    finish: Callable[[Any, frozenset[str]], Any]
+    merge: Callable[[list[Any]], Any]
 
 
-def audit_servers(
-    client: Client, servers: list[tuple[list[str], str]], task: ServerTask, **options: Any
-) -> Report | None:
-    """A fleet of dstack servers, one server per task of `client`'s cluster, merged as the
-    partitions are (the capacity foresight over every server's fleets and instances). None
-    when two of them turn out to hold the same runs (copies of one database, or a database
-    with no run, which one process files with its folder's): then they are one server, and
-    the caller audits in partitions instead."""
-    # the largest server first, so that no long task starts last; merged in the order given
-    order = sorted(range(len(servers)), key=lambda i: -_bytes(servers[i][0]))
-    futures = client.map(
-        task,
+Servers = list[tuple[list[str], str]]
+"""Each server's paths and its label (analyzer.api.one_server_each)."""
+
+
+def _head(audited: Any) -> Any:
+    return audited.head
+
+
+def audit_servers(client: Client, servers: Servers, fleet: FleetTasks, **options: Any) -> Any:
+    """A fleet of dstack servers, one server per task of `client`'s cluster, merged by
+    `fleet.merge`: the report (or its JSON) one process gives. Servers share no fleet and no
+    instance, so each task finishes its own server's capacity foresight; only the secret
+    values go round, because one process masks every text with every input's. None when two
+    of them turn out to hold the same runs (copies of one database, or a database with no
+    run, which one process files with its folder's): then they are one server, and the
+    caller audits in partitions instead."""
+    order = _largest_first(servers)
+    audits = client.map(
+        fleet.audit,
         [servers[i][0] for i in order],
         [servers[i][1] for i in order],
         options=options,
         pure=False,
     )
-    done = dict(zip(order, _gather(client, futures), strict=True))
-    results = [done[i] for i in range(len(servers))]
-    runs = [{v.run_id for v in r.report.runs} for r in results]
-    if not all(runs) or len(set().union(*runs)) < sum(map(len, runs)):
+    heads = dict(zip(order, _gather(client, client.map(_head, audits, pure=False)), strict=True))
+    secrets = _every_secret(heads)
+    if secrets is None:
         return None
-    return merge_partitions(results)
+    finished = client.map(fleet.finish, audits, secrets=secrets, pure=False)
+    return _merged(fleet, heads, dict(zip(order, _gather(client, finished), strict=True)))
+
+
+def _largest_first(servers: Servers) -> list[int]:
+    """The servers' indexes, the largest first: no long task starts last."""
+    return sorted(range(len(servers)), key=lambda i: -_bytes(servers[i][0]))
 
 
 def _bytes(paths: Sequence[str]) -> int:
@@ -223,27 +264,204 @@ def _bytes(paths: Sequence[str]) -> int:
         return 0
 
 
+def _every_secret(heads: dict[int, Any]) -> frozenset[str] | None:
+    """Every server's secret values, once the heads show one version of the tool and no run
+    twice (None: two of them are one server)."""
+    _same_version(head.generated_by for head in heads.values())
+    runs = [head.runs for head in heads.values()]
+    if not all(runs) or len(set().union(*runs)) < sum(map(len, runs)):
+        return None
+    return frozenset().union(*(head.secrets for head in heads.values()))
+
+
+def _merged(fleet: FleetTasks, heads: dict[int, Any], finished: dict[int, Any]) -> Any:
+    """`fleet.merge` of each server's part, in the order given: the head's, or the one its
+    finish rendered again."""
+    parts = [heads[i].part if finished[i] is None else finished[i] for i in range(len(heads))]
+    return fleet.merge(parts)
+
+
+def audit_servers_locally(workers: int, servers: Servers, fleet: FleetTasks, **options: Any) -> Any:
+    """`audit_servers` on `workers` local processes of our own (`--workers N`), with none of
+    a local Dask cluster's start: no scheduler, no nanny, no Dask imported anywhere; each
+    process starts a fresh interpreter (a fork would copy the threads polars runs from its
+    import on, and a lock one of them held) and imports only the pipeline. Each keeps the
+    servers it audited until they are finished there; each head is read here while the
+    other servers are still audited."""
+    with _no_collection(), _Local(min(workers, len(servers)), fleet) as pool:
+        with stage("auditing servers", total=len(servers), unit="servers") as step:
+            heads = pool.audit(servers, _largest_first(servers), options, step)
+        secrets = _every_secret(heads)
+        if secrets is None:
+            return None
+        finished = pool.finish(secrets)
+        pool.release()
+        return _merged(fleet, heads, finished)
+
+
+@contextmanager
+def _no_collection() -> Iterator[None]:
+    """Python's cycle collector paused: the heads read here are kept to the end and the merge
+    makes no cycles, yet each pass would walk every object of them again (a third of the
+    client's CPU on a fleet of 8 servers of 2k runs)."""
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if paused:
+            gc.enable()
+
+
+class _Local:
+    """Local worker processes, each sent one server at a time."""
+
+    def __init__(self, count: int, fleet: FleetTasks) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._connections: list[Connection] = []
+        self._processes = []
+        self._held: dict[int, Connection] = {}  # which process audited each server
+        for _ in range(count):
+            ours, theirs = context.Pipe()
+            process = context.Process(target=_serve, args=(theirs, fleet), daemon=True)
+            process.start()
+            theirs.close()
+            self._connections.append(ours)
+            self._processes.append(process)
+
+    def __enter__(self) -> _Local:
+        return self
+
+    def __exit__(self, kind: type | None, *_: object) -> None:
+        if kind is None:
+            self.release()
+        for connection, process in zip(self._connections, self._processes, strict=True):
+            if kind is not None:
+                process.terminate()
+            connection.close()
+        for process in self._processes:
+            process.join()
+
+    def release(self) -> None:
+        """Tell every process it is done: they exit while this one merges."""
+        for connection in self._connections:
+            if not connection.closed:
+                connection.send(None)
+                connection.close()
+
+    def audit(
+        self, servers: Servers, order: list[int], options: dict[str, Any], step: Callable
+    ) -> dict[int, Any]:
+        """Each server's head, the servers sent in `order` to whichever process is free
+        (`step`: a server done)."""
+        pending = deque(order)
+        idle = list(self._connections)
+        busy: dict[Connection, int] = {}
+        heads: dict[int, Any] = {}
+        while pending or busy:
+            while pending and idle:
+                connection, index = idle.pop(), pending.popleft()
+                paths, label = servers[index]
+                connection.send((index, (paths, label, options)))
+                busy[connection], self._held[index] = index, connection
+            for connection in _ready(list(busy)):
+                index = busy.pop(connection)
+                heads[index] = _received(connection)
+                idle.append(connection)
+                step(note=f"audited {servers[index][1]}")
+        return heads
+
+    def finish(self, secrets: frozenset[str]) -> dict[int, Any]:
+        """Each server finished where it was audited, given every server's secret values
+        (one message to each process, its servers' answers in one reply)."""
+        for connection in self._connections:
+            mine = [index for index, held in self._held.items() if held is connection]
+            connection.send((mine, secrets))
+        return {index: part for c in self._connections for index, part in _received(c).items()}
+
+
+def _ready(connections: list[Connection]) -> list[Connection]:
+    """The connections with an answer to read, waited for a little at a time: a signal
+    (Ctrl-C, SIGTERM) may land on one of polars' threads, which does not wake a wait of the
+    main thread, and only the main thread raises it."""
+    while not (ready := wait(connections, timeout=SIGNAL_SECONDS)):
+        pass
+    return ready  # type: ignore[return-value]
+
+
+def _received(connection: Connection) -> Any:
+    """A worker process's answer; the error its task raised, raised here."""
+    _ready([connection])
+    try:
+        done, answer = connection.recv()
+    except EOFError:
+        raise AuditInputError(
+            "--workers",
+            "a worker process died while auditing a server",
+            "fewer --workers bound the memory: each audits a whole server",
+        ) from None
+    if not done:
+        raise answer
+    return answer
+
+
+def _serve(connection: Connection, fleet: FleetTasks) -> None:
+    """A local worker process: audit each server it is sent, keep it, finish them when sent
+    every server's secret values."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the client stops us
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    kept: dict[int, Any] = {}
+    while (message := connection.recv()) is not None:
+        try:
+            if isinstance(message[0], int):
+                index, arguments = message
+                kept[index] = fleet.audit(*arguments)
+                answer = kept[index].head
+            else:
+                indexes, secrets = message
+                answer = {i: fleet.finish(kept.pop(i), secrets) for i in indexes}
+        except Exception as error:  # sent back whole: the client raises it
+            _send_error(connection, error)
+            continue
+        connection.send((True, answer))
+
+
+def _send_error(connection: Connection, error: Exception) -> None:
+    """The error a task raised, to the client; one that cannot be pickled, as its text."""
+    try:
+        connection.send((False, error))
+    except (pickle.PicklingError, TypeError, AttributeError):
+        connection.send((False, RuntimeError(f"{type(error).__name__}: {error}")))
+
+
 def run_on_cluster(
     paths: Sequence[str | Path],
     task: PartitionTask,
     learn: LearnWholeInputs,
     *,
     servers: Servers | None = None,
+    fleet: FleetTasks | None = None,
     workers: int | None = None,
     address: str | None = None,
     partitions: int | None = None,
     **options: Any,
-) -> Report:
+) -> Any:
     """Audit on a new local cluster of `workers` processes or on the scheduler at `address`,
     in `partitions` tasks (PARTITIONS_PER_WORKER per worker thread unless given), the whole
-    inputs' shared facts learnt by `learn` in this process while the cluster starts; or, given
-    `servers` (a fleet of databases), one server per task (audit_servers)."""
+    inputs' shared facts learnt by `learn` in this process while the cluster starts: the
+    report. Given `servers` (a fleet of databases) and `fleet`, one server per task, on
+    local processes of our own (audit_servers_locally) or the scheduler's workers
+    (audit_servers): what `fleet.merge` returns, unless two servers prove to be one."""
     given = _sendable(paths)
-    if servers is not None:
+    if servers is not None and fleet is not None:
+        local = address is None
+        merged = audit_servers_locally(workers or 1, servers, fleet, **options) if local else None
+        if merged is not None:
+            return merged
         with connect(workers=workers, address=address) as client:
-            report = audit_servers(client, *servers, **options)
-            if report is not None:
-                return report
+            merged = None if local else audit_servers(client, servers, fleet, **options)
+            if merged is not None:
+                return merged
             count = partitions or default_partitions(client)
             shared = learn(given)
             return audit_partitions(client, given, count, task, shared=shared, **options)

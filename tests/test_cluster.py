@@ -5,6 +5,8 @@ The merged report must be the single-process report, field for field."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -13,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from analyzer.api import audit_in_partitions, audit_server, one_server_each, open_sources
-from analyzer.cluster import audit_servers
+from analyzer.api import REPORT_FLEET, audit_in_partitions, one_server_each, open_sources
+from analyzer.cluster import FleetTasks, audit_servers, audit_servers_locally
+from analyzer.errors import AuditInputError
+from analyzer.render.report_json import JSON_FLEET, json_pieces
 from analyzer.synth import synthesize
 from tests.conftest import CAPTURES, ROOT, plant_env_secret, plant_failure_message
 
@@ -270,13 +274,44 @@ def test_a_fleet_of_databases_is_one_server_per_task(scheduler, sources):
     assert sorted({v["server"] for v in json.loads(one.stdout)["runs"]}) == sorted(
         label for _, label in servers
     )
+    whole = open_sources(fleet).report
     with distributed.Client(scheduler, timeout=60) as client:
-        report = audit_servers(client, servers, audit_server)
-    assert report is not None
-    assert report.model_dump_json() == open_sources(fleet).report.model_dump_json()
+        report = audit_servers(client, servers, REPORT_FLEET)
+        rendered = audit_servers(client, servers, JSON_FLEET)
+    assert report is not None and rendered is not None
+    assert report.model_dump_json() == whole.model_dump_json()
+    # the JSON fleet: each server's runs and findings rendered in its task, merged here
+    assert "".join(rendered.pieces()) == "".join(json_pieces(whole)) == one.stdout
+    assert rendered.report.summary == whole.summary
     done = _cli("audit", *fleet, "--cluster", scheduler, "--format", "json")
     assert done.returncode == 0, done.stderr
     assert done.stdout == one.stdout
+
+
+def test_a_fleet_on_local_workers_is_the_one_process_report(sources):
+    """`--workers 2` audits a fleet on two local processes of its own (no Dask cluster), one
+    server per task: the JSON rendered in the tasks, the markdown from the merged report, both
+    byte for byte what one process writes, and --fail-on-findings exits alike."""
+    fleet = [s for s in sources if "v0.20" not in s]
+    written = {}
+    for fmt, gate in (("json", ["--fail-on-findings"]), ("markdown", [])):
+        one = _cli("audit", *fleet, "--format", fmt, *gate)
+        local = _cli("audit", *fleet, "--workers", "2", "--format", fmt, *gate)
+        assert one.returncode == local.returncode == (1 if gate else 0), local.stderr
+        assert local.stdout == one.stdout and not local.stderr
+        written[fmt] = local.stdout
+    assert json.loads(written["json"])["summary"]["victims"] > 0
+
+
+def test_an_unreadable_server_on_local_workers_is_the_same_one_line_error(tmp_path):
+    broken = tmp_path / "broken.db"
+    broken.write_bytes(b"SQLite format 3\x00" + b"\x00" * 100)
+    given = [str(CAPTURES / "v0.22.5" / "seed" / "server.db"), str(broken)]
+    alone = _cli("audit", *given)
+    local = _cli("audit", *given, "--workers", "2")
+    assert alone.returncode == local.returncode == 2
+    assert local.stderr == alone.stderr and local.stderr.count("\n") == 1
+    assert str(broken) in local.stderr and not local.stdout
 
 
 def test_copies_of_one_database_give_way_to_the_partitions(scheduler, tmp_path):
@@ -288,11 +323,13 @@ def test_copies_of_one_database_give_way_to_the_partitions(scheduler, tmp_path):
     copy.write_bytes(seed.read_bytes())
     given = [str(seed), str(copy)]
     with distributed.Client(scheduler, timeout=60) as client:
-        assert audit_servers(client, one_server_each(given), audit_server) is None
+        assert audit_servers(client, one_server_each(given), REPORT_FLEET) is None
+    assert audit_servers_locally(2, one_server_each(given), JSON_FLEET) is None
     partitioned = _cli("audit", *given, "--partitions", "2", "--format", "json")
     done = _cli("audit", *given, "--cluster", scheduler, "--format", "json")
-    assert partitioned.returncode == done.returncode in (0, 1)
-    assert done.stdout == partitioned.stdout
+    local = _cli("audit", *given, "--workers", "2", "--format", "json")
+    assert partitioned.returncode == done.returncode == local.returncode in (0, 1)
+    assert done.stdout == partitioned.stdout == local.stdout
     assert json.loads(done.stdout)["summary"]["victims"] > 0
 
 
@@ -321,5 +358,73 @@ def test_a_secret_one_server_knows_is_masked_in_every_server(scheduler, tmp_path
     given = [str(seed), str(crash)]
     one = _cli("audit", *given, "--format", "json")
     done = _cli("audit", *given, "--cluster", scheduler, "--format", "json")
+    local = _cli("audit", *given, "--workers", "2", "--format", "json")
     assert secret not in one.stdout and "token *** rejected" in one.stdout
-    assert done.stdout == one.stdout
+    assert done.stdout == one.stdout == local.stdout
+
+
+def _children(pid: int) -> set[int]:
+    """The processes `pid` started (Linux: /proc)."""
+    found = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children = (task / "children").read_text().split()
+        found |= {int(child) for child in children}
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux's /proc")
+def test_ctrl_c_stops_the_local_workers_and_leaves_no_output(sources, tmp_path):
+    """Ctrl-C (SIGINT to the whole foreground group) while the local worker processes audit
+    the fleet: exit 130, no partial output, and no worker process left behind."""
+    out = tmp_path / "report.json"
+    fleet = [s for s in sources if "v0.20" not in s]
+    command = [BIN / "dstack-audit", "audit", *fleet, "--workers", "2", "-o", str(out), "-q"]
+    process = subprocess.Popen(command, cwd=ROOT, start_new_session=True, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while len(workers := _children(process.pid)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)  # two workers and multiprocessing's resource tracker
+    assert len(workers) >= 3, "the worker processes did not start"
+    os.killpg(process.pid, signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    if process.returncode == 0:
+        pytest.skip("the audit finished before the signal")
+    assert process.returncode == 130, stderr
+    assert stderr.decode().strip() == "dstack-audit: interrupted"
+    assert list(tmp_path.iterdir()) == []
+    deadline = time.monotonic() + 10
+    while (left := _alive(workers)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left
+
+
+def _alive(pids: set[int]) -> list[str]:
+    """The command lines of those of `pids` still running (a zombie has none)."""
+    lines = []
+    for pid in pids:
+        try:
+            line = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if line:
+            lines.append(line.replace(b"\0", b" ").decode())
+    return lines
+
+
+def _raises_unpicklable(paths, label, options):
+    raise ValueError(lambda: label)  # a lambda cannot be pickled: the error cannot travel whole
+
+
+def _dies(paths, label, options):
+    os._exit(9)  # as the kernel's OOM killer ends a worker
+
+
+def test_a_local_worker_s_failure_reaches_the_client(tmp_path):
+    """An error that cannot be pickled arrives as its text; a worker process that dies is one
+    AuditInputError naming --workers, not a hang."""
+    servers = [([str(tmp_path / "a.db")], "a"), ([str(tmp_path / "b.db")], "b")]
+    fleet = FleetTasks(_raises_unpicklable, REPORT_FLEET.finish, REPORT_FLEET.merge)
+    with pytest.raises(RuntimeError, match=r"^ValueError: <function"):
+        audit_servers_locally(2, servers, fleet)
+    fleet = FleetTasks(_dies, REPORT_FLEET.finish, REPORT_FLEET.merge)
+    with pytest.raises(AuditInputError, match="a worker process died"):
+        audit_servers_locally(2, servers, fleet)

@@ -119,8 +119,9 @@ RENDERERS: dict[str, Callable[[Any], Iterable[str]]] = {  # besides "table", the
 @click.option(
     "--workers",
     type=click.IntRange(min=1),
-    help="Audit the partitions as tasks on a new local Dask cluster of N worker processes "
-    "(needs the 'cluster' extra; --partitions defaults to one per worker thread).",
+    help="Audit on N local worker processes: several databases one server per process, else "
+    "the partitions as tasks on a new local Dask cluster (needs the 'cluster' extra; "
+    "--partitions defaults to one per worker thread).",
 )
 @click.option(
     "--cluster",
@@ -260,10 +261,22 @@ def audit(
         options.update(log_tz=log_tz, log_date=log_date.date() if log_date else None)
         if workers or cluster:
             from analyzer.api import audit_on_cluster
+            from analyzer.render.report_json import JSON_FLEET, FleetJson
 
             report = audit_on_cluster(
-                sources, workers=workers, address=cluster, partitions=partitions, **options
+                sources,
+                workers=workers,
+                address=cluster,
+                partitions=partitions,
+                fleet=JSON_FLEET if fmt == "json" else None,
+                **options,
             )
+            if isinstance(report, FleetJson):  # rendered and redacted in the servers' tasks
+                outputs.add_inputs(i.path for i in report.report.inputs)
+                outputs.write_pieces(output, report.pieces())
+                wrote(output)
+                _gate(report.report, fail_on_findings, allow_undecided)
+                return
         else:
             report = audit_in_partitions(sources, partitions, **options)
         outputs.add_inputs(i.path for i in report.inputs)

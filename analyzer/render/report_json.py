@@ -5,25 +5,37 @@ Pieces are whole lines: the head (every field but the runs and the findings), ea
 verdict and each finding on its own (indented as pydantic's `indent=2` places it in the
 list), and the closing brackets. JSON escapes every newline inside a string, so each string of
 the report lies on one line, inside one piece (analyzer.redact.redact_pieces relies on it).
+
+A fleet of servers audited one server per task (analyzer.cluster.audit_servers) renders and
+redacts each server's runs and findings in its task (`server_json`); this process only puts
+the pieces in the one-process order after the head it renders (`fleet_json`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
 from pydantic import BaseModel
 
+from analyzer.cluster import FleetTasks
 from analyzer.contract import Report
 
 STREAMED = ("runs", "findings")  # Report's last fields, in order: its lists of many items
 _ITEM_INDENT = "    "  # a top-level field's list items, at `indent=2`
+_ITEM_END = ",\n"  # an item's piece ends so; the last of its list with "\n" alone
 
 
-def json_pieces(report: Report) -> Iterator[str]:
-    """`report.model_dump_json(indent=2) + "\\n"`, as consecutive whole lines."""
+def json_pieces(
+    report: Report, rendered: Callable[[BaseModel], str] | None = None
+) -> Iterator[str]:
+    """`report.model_dump_json(indent=2) + "\\n"`, as consecutive whole lines (`rendered`:
+    each run's and finding's piece, rendered already, as `item_piece` renders it)."""
     if tuple(type(report).model_fields)[-len(STREAMED) :] != STREAMED:
         yield report.model_dump_json(indent=2) + "\n"  # a contract that moved them: whole
         return
+    piece = rendered or item_piece
     head = report.model_dump_json(indent=2, exclude=set(STREAMED))
     yield head.removesuffix("\n}") + ",\n"
     for number, name in enumerate(STREAMED):
@@ -35,7 +47,131 @@ def json_pieces(report: Report) -> Iterator[str]:
         yield f'  "{name}": [\n'
         last = len(items) - 1
         for index, item in enumerate(items):
-            text = item.model_dump_json(indent=2).replace("\n", "\n" + _ITEM_INDENT)
-            yield _ITEM_INDENT + text + (",\n" if index < last else "\n")
+            text = piece(item)
+            yield text if index < last else text.removesuffix(_ITEM_END) + "\n"
         yield f"  ]{closing}"
     yield "}\n"
+
+
+def item_piece(item: BaseModel) -> str:
+    """One run verdict or finding as the report's JSON lists it (followed by another)."""
+    return (
+        _ITEM_INDENT + item.model_dump_json(indent=2).replace("\n", "\n" + _ITEM_INDENT) + _ITEM_END
+    )
+
+
+# What the fleet's merge reads of a run verdict and a finding (analyzer.pipeline.assemble: the
+# order, the limitations and the summary): the rest stays in the rendered pieces.
+_UNMERGED_RUN = {"why": "", "gaps": []}
+_UNMERGED_FINDING = {
+    "evidence": [],
+    "notes": [],
+    "also_stopped": [],
+    "counterfactuals": [],
+    "capacity_foresight": None,
+}
+
+
+@dataclass
+class ServerJson:
+    """One server's report as its task sends it: its runs and findings rendered and redacted
+    (`runs`, `findings`, in the report's order), and the report with them cut down to what
+    the merge reads."""
+
+    report: Report
+    runs: list[str]
+    findings: list[str]
+
+
+def server_json(report: Report) -> ServerJson:
+    """`report`'s runs and findings rendered, each through the final redaction pass (every
+    secret shape, every control character) the command gives the whole text."""
+    return ServerJson(
+        report.model_copy(
+            update={
+                "runs": [v.model_copy(update=_UNMERGED_RUN) for v in report.runs],
+                "findings": [f.model_copy(update=_UNMERGED_FINDING) for f in report.findings],
+            }
+        ),
+        _redacted([item_piece(v) for v in report.runs]),
+        _redacted([item_piece(f) for f in report.findings]),
+    )
+
+
+def _redacted(pieces: Sequence[str]) -> list[str]:
+    import polars as pl
+
+    from analyzer.redact import Redactor, without_controls
+
+    if not pieces:
+        return []
+    texts = pl.Series([without_controls(piece) for piece in pieces], dtype=pl.String)
+    return Redactor().apply_series(texts).to_list()
+
+
+@dataclass
+class FleetJson:
+    """A fleet's JSON report: the merged report (its runs and findings cut down, for the
+    command's gate and its outputs' checks) and its pieces, ready to write."""
+
+    report: Report
+    parts: list[ServerJson]
+
+    def pieces(self) -> Iterator[str]:
+        """The one-process JSON report: the head rendered and redacted here, each run and
+        finding as its server's task rendered and redacted it."""
+        from analyzer.redact import Redactor, without_controls
+
+        rendered = {
+            id(item): piece
+            for part in self.parts
+            for items, pieces in (
+                (part.report.runs, part.runs),
+                (part.report.findings, part.findings),
+            )
+            for item, piece in zip(items, pieces, strict=True)
+        }
+        lines = json_pieces(self.report, lambda item: rendered[id(item)])
+        yield Redactor().apply(without_controls(next(lines)))  # the head; the rest is brackets
+        yield from lines
+
+
+def fleet_json(parts: list[ServerJson]) -> FleetJson:
+    """The fleet's JSON report from its servers' parts, in the order the servers were given."""
+    from analyzer.pipeline.assemble import merge_reports
+
+    return FleetJson(merge_reports([part.report for part in parts]), parts)
+
+
+@dataclass
+class RenderedServer:
+    """A server audited in its task with its JSON rendered there too, before the other
+    servers' secret values are known: most often they mask nothing more in it."""
+
+    audited: Any  # analyzer.api.ServerAudit
+    json: ServerJson
+
+    @property
+    def head(self) -> Any:
+        return replace(self.audited.head, part=self.json)
+
+
+def audit_server_json(paths: Sequence[str], label: str, options: dict) -> RenderedServer:
+    """One server of a fleet audited and rendered where its task runs."""
+    from analyzer.api import audit_server
+
+    audited = audit_server(paths, label, options)
+    return RenderedServer(audited, server_json(audited.report))
+
+
+def finish_server_json(rendered: RenderedServer, secrets: frozenset[str]) -> ServerJson | None:
+    """The server's JSON rendered again when the other servers' secret values mask more in
+    it (analyzer.api.finish_server); None when its head's part stands."""
+    from analyzer.api import finish_server
+
+    report = finish_server(rendered.audited, secrets)
+    return None if report is None else server_json(report)
+
+
+JSON_FLEET = FleetTasks(audit_server_json, finish_server_json, fleet_json)
+"""A fleet's servers audited one per task into the JSON report one process writes."""
