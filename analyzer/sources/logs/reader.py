@@ -190,6 +190,14 @@ def _read_all(blocks: Iterable[bytes], display_path: str) -> LogRead:
     return stream.result(records)
 
 
+def _few(frames: Iterable[pl.DataFrame]) -> bool:
+    """Whether kept lines may wait for more: under GATHERED_ROWS and a chunk's bytes."""
+    frames = list(frames)
+    rows = sum(frame.height for frame in frames)
+    size = sum(int(frame["raw"].str.len_bytes().sum() or 0) for frame in frames)
+    return rows < GATHERED_ROWS and size < lines.CHUNK_BYTES
+
+
 def detached(frame: pl.DataFrame) -> pl.DataFrame:
     """A copy that owns its text. A filtered string column still points into the whole
     chunk's buffers (polars' string views), so the few rows kept of a chunk would keep all of
@@ -253,8 +261,10 @@ class LogStream:
     def chunks(self, blocks: Iterable[bytes]) -> Iterator[tuple[pl.DataFrame, SetAside]]:
         """Each chunk's records and the records set aside from it (none without
         ``matter_words``), in order. The few lines a busy chunk keeps wait for the next
-        chunk's (up to GATHERED_ROWS) and are classified with them: as one chunk, since the
-        lines set aside between them change how no line is classified."""
+        chunk's (up to GATHERED_ROWS and a chunk's bytes) and are classified with them: as
+        one chunk, since the lines set aside between them change how no line is classified.
+        (Only where a record longer than a chunk is cut can then move: it is cut where the
+        gathered lines end.)"""
         ends: list[bool] = []
         carry = pl.Series("raw", [], dtype=pl.String)
         next_line = 1
@@ -279,11 +289,7 @@ class LogStream:
                 self._wrapper_known = True
             kept, aside = self._set_aside(unwrap(raw, self.wrapper, start_line))
             gathered.append((detached(kept) if aside.height else kept, aside))
-            if (
-                following is not None
-                and aside.height
-                and sum(part.height for part, _ in gathered) < GATHERED_ROWS
-            ):
+            if following is not None and aside.height and _few(part for part, _ in gathered):
                 chunk = following
                 continue
             frame = classify_lines(pl.concat([part for part, _ in gathered]))
