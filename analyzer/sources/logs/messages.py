@@ -279,8 +279,11 @@ class EventCollector:
         self._markers |= markers
         if relevant.height:
             kept = [name for name in _KEPT_COLUMNS if name in relevant.columns]
+            # the places are written anew (format), so only the kept columns need their own text
             self._kept.append(
-                detached(relevant.select(*kept, pl.concat_list([_PLACE]).alias("places")))
+                detached(relevant.select(*kept)).with_columns(
+                    relevant.select(pl.concat_list([_PLACE]).alias("places"))
+                )
             )
             self._kept_rows += relevant.height
             if self._kept_rows >= self._compact_at:
