@@ -278,7 +278,7 @@ class LogStream:
             following = next(chunks, None)
             raw, invalid = split_lines(chunk, first)
             first = False
-            self._count_raw(raw, invalid)
+            self._count_raw(raw, invalid, chunk)
             start_line = next_line - carry.len()
             next_line += raw.len()
             self.lines_total += raw.len()
@@ -319,18 +319,21 @@ class LogStream:
             self.formats["standard"] = self.formats.get("standard", 0) + aside.height
         return kept, aside
 
-    def _count_raw(self, raw: pl.Series, invalid: bool) -> None:
-        """Damage seen on the bytes of each new line (once per line)."""
+    def _count_raw(self, raw: pl.Series, invalid: bool, chunk: bytes) -> None:
+        """Damage seen on the bytes of each new line (once per line); lines are searched only
+        for a byte the chunk holds (a search of the bytes is a fraction of one of the lines)."""
         if invalid:
             self._count(
                 "invalid UTF-8 on {} lines (decoded with replacement characters)",
                 int(raw.str.contains("\ufffd", literal=True).sum()),
             )
-        self._count("NUL bytes on {} lines", int(raw.str.contains("\x00", literal=True).sum()))
-        self._count(
-            "{} lines over the " + f"{MAX_LINE_BYTES} byte limit, counted and quarantined",
-            int(raw.str.starts_with(OVERLONG).sum()),
-        )
+        if b"\x00" in chunk:
+            self._count("NUL bytes on {} lines", int(raw.str.contains("\x00", literal=True).sum()))
+        if OVERLONG.encode() in chunk:
+            self._count(
+                "{} lines over the " + f"{MAX_LINE_BYTES} byte limit, counted and quarantined",
+                int(raw.str.starts_with(OVERLONG).sum()),
+            )
 
     def _count(self, template: str, lines: int) -> None:
         if lines:
