@@ -309,14 +309,20 @@ def _levels(aside: pl.DataFrame) -> pl.DataFrame:
     where it wrote one, else the local time as UTC, as ``EventCollector`` times a record).
     Within a level every line opens with the same ``LEVEL `` and then its time, in a fixed
     width whose text order is its time order (``_STD_VALID_HEAD_RE``): the greatest line holds
-    the latest time, parsed alone. The levels' first letters differ, so they group them."""
+    the latest time, parsed alone. The levels' first letters differ, so they group them
+    (unless every line is of the first line's level, a busy log's access lines: no grouping)."""
     content = pl.col("content")
-    per_level = aside.group_by(content.str.head(1), maintain_order=True).agg(
+    columns = [
         content.first().alias("_first"),
         pl.len().cast(pl.Int64).alias("lines"),
         content.filter(pl.col("wrapper_time").is_null()).max().alias("_last"),
         pl.col("wrapper_time").max().alias("_wrapper"),
-    )
+    ]
+    first = aside["content"][0].split(" ", 1)[0] + " " if aside.height else ""
+    if aside.height and aside.select(content.str.starts_with(first).all()).item():
+        per_level = aside.select(columns)
+    else:
+        per_level = aside.group_by(content.str.head(1), maintain_order=True).agg(columns)
     level_end = pl.col("_first").str.find(" ", literal=True)
     local = (
         pl.col("_last")
