@@ -734,15 +734,27 @@ def test_rich_refold_at_any_width(width: int, picks: list[int]) -> None:
 @PROPERTY
 @given(st.binary(max_size=400))
 def test_line_splitting_matches_python(body: bytes) -> None:
-    """The fast CSV-reader split and the fallback agree with plain Python splitting."""
+    """The fast CSV-reader split (strict UTF-8 or with replacement) and the fallback agree
+    with plain Python splitting; the strict one reads only what is UTF-8, and split_lines says
+    the UTF-8 was bad exactly when it was."""
     text = body.decode("utf-8", errors="replace")
     expected = [line.removesuffix("\r") for line in text.removesuffix("\n").split("\n")]
     assert split_text(body).to_list() == expected
     fast = split_with_csv_reader(body)
+    strict = split_with_csv_reader(body, "utf8")
     if body and b"\x1f" not in body and not body.startswith((b"\xef\xbb\xbf", b"x", b"(\xb5/\xfd")):
         assert fast is not None and fast.to_list() == expected
+        try:
+            body.decode("utf-8")
+        except UnicodeDecodeError:
+            assert strict is None
+        else:
+            assert strict is not None and strict.to_list() == expected
     else:
-        assert fast is None
+        assert fast is None and strict is None
+    raw, invalid = log_lines.split_lines(body, False)
+    assert raw.to_list() == (expected if body else [])
+    assert invalid == (text.encode() != body)
 
 
 # A busy server's lines that carry nothing for the audit (uvicorn's access log, as the server
