@@ -267,7 +267,7 @@ def _groups(pattern: str, names: tuple[str, ...], match: bool) -> pl.Expr:
 
 
 def quiet_standard_records(
-    frame: pl.DataFrame, words: tuple[str, ...]
+    frame: pl.DataFrame, words: tuple[str, ...], *, escapes: bool = True
 ) -> tuple[pl.DataFrame, SetAside]:
     """Split off the lines of unwrapped lines (``unwrap``'s columns) that are each a whole
     standard record holding none of ``words``: a standard record start followed by another
@@ -283,9 +283,11 @@ def quiet_standard_records(
     record starts is anything more done. A start is proven by one match of
     ``_STD_VALID_HEAD_RE`` (its time a real one, so no line's time is parsed); a start it
     leaves to ``classify_lines`` (a 29 February, a leap second) only keeps its neighbours.
+    ``escapes=False`` says no line holds an escape byte (the caller saw none in the bytes).
     Returns the lines kept, in order, and what was set aside."""
     content = pl.col("content")
-    marked = frame.with_columns(_escape=content.str.contains("\x1b", literal=True))
+    escape = content.str.contains("\x1b", literal=True) if escapes else pl.lit(False)
+    marked = frame.with_columns(_escape=escape)
     words_found = content.str.contains("|".join(map(re.escape, words)))
     marked = marked.with_columns(_quiet=~words_found & ~pl.col("_escape"))
     if marked["_quiet"].sum() * QUIET_SHARE < frame.height:

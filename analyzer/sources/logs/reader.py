@@ -282,12 +282,15 @@ class LogStream:
             start_line = next_line - carry.len()
             next_line += raw.len()
             self.lines_total += raw.len()
+            escapes = b"\x1b" in chunk or bool(carry.str.contains("\x1b", literal=True).any())
             raw = pl.concat([carry, raw]) if carry.len() else raw
             carry = pl.Series("raw", [], dtype=pl.String)
             if not self._wrapper_known and bool((raw.str.strip_chars() != "").any()):
                 self.wrapper = detect_wrapper(raw)
                 self._wrapper_known = True
-            kept, aside = self._set_aside(unwrap(raw, self.wrapper, start_line))
+            # a journal entry's message is JSON, where an escape is written as "\u001b"
+            escapes = escapes or self.wrapper == "journald"
+            kept, aside = self._set_aside(unwrap(raw, self.wrapper, start_line), escapes)
             gathered.append((detached(kept) if aside.height else kept, aside))
             if following is not None and aside.height and _few(part for part, _ in gathered):
                 chunk = following
@@ -308,11 +311,12 @@ class LogStream:
             chunk = following
         self.ends_with_newline = not ends or ends[-1]
 
-    def _set_aside(self, frame: pl.DataFrame) -> tuple[pl.DataFrame, SetAside]:
-        """Split off the lone standard records that hold none of ``matter_words``."""
+    def _set_aside(self, frame: pl.DataFrame, escapes: bool) -> tuple[pl.DataFrame, SetAside]:
+        """Split off the lone standard records that hold none of ``matter_words``
+        (``escapes``: whether any line may hold an escape byte)."""
         if not self.matter_words:
             return frame, SetAside.none()
-        kept, aside = quiet_standard_records(frame, self.matter_words)
+        kept, aside = quiet_standard_records(frame, self.matter_words, escapes=escapes)
         if aside.height:
             self.record_count += aside.height
             self.non_blank_lines += aside.height
