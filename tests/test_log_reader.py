@@ -12,7 +12,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 
@@ -33,6 +33,7 @@ from analyzer.sources.logs.reader import (
     read_log_bytes,
     sniff_log,
 )
+from analyzer.sources.logs.wrappers import unwrap
 from analyzer.synth import rich_fold
 
 DATA = Path(__file__).parent / "data" / "logs"
@@ -733,15 +734,27 @@ def test_rich_refold_at_any_width(width: int, picks: list[int]) -> None:
 @PROPERTY
 @given(st.binary(max_size=400))
 def test_line_splitting_matches_python(body: bytes) -> None:
-    """The fast CSV-reader split and the fallback agree with plain Python splitting."""
+    """The fast CSV-reader split (strict UTF-8 or with replacement) and the fallback agree
+    with plain Python splitting; the strict one reads only what is UTF-8, and split_lines says
+    the UTF-8 was bad exactly when it was."""
     text = body.decode("utf-8", errors="replace")
     expected = [line.removesuffix("\r") for line in text.removesuffix("\n").split("\n")]
     assert split_text(body).to_list() == expected
     fast = split_with_csv_reader(body)
+    strict = split_with_csv_reader(body, "utf8")
     if body and b"\x1f" not in body and not body.startswith((b"\xef\xbb\xbf", b"x", b"(\xb5/\xfd")):
         assert fast is not None and fast.to_list() == expected
+        try:
+            body.decode("utf-8")
+        except UnicodeDecodeError:
+            assert strict is None
+        else:
+            assert strict is not None and strict.to_list() == expected
     else:
-        assert fast is None
+        assert fast is None and strict is None
+    raw, invalid = log_lines.split_lines(body, False)
+    assert raw.to_list() == (expected if body else [])
+    assert invalid == (text.encode() != body)
 
 
 # A busy server's lines that carry nothing for the audit (uvicorn's access log, as the server
@@ -753,6 +766,10 @@ _KEPT_NEIGHBOURS = (
     "INFO {t} uvicorn.access The admin token is 0a1b2c3d-planted",  # a secret, any logger
     "INFO {t} uvicorn.access run(abc123)web: now is RUNNING",  # a run line, any logger
     "INFO 2026-13-40T09:00:00.000 uvicorn.access no such time",  # not a record: unparsed
+    "INFO 2024-02-29T09:00:00.000 uvicorn.access a leap day",  # a record the filter leaves
+    "INFO 2026-11-02T09:59:60.000 uvicorn.access a leap second",  # a record (10:00:00)
+    "INFO 2026-02-29T09:00:00.000 uvicorn.access no such day",  # not a record: unparsed
+    "INFO \u0662\u0660\u0662\u0666-11-02T09:00:00.000 uvicorn.access Arabic-Indic digits",
     "INFO {t} uvicorn.access \x1b[31mcoloured\x1b[0m",  # cleaned in classification
     "INFO {t} \x1b[0m no logger once cleaned",  # a start only before cleaning
     "INFO {t} uvicorn.access GET /api/Service/list 200",  # a word: the full path, irrelevant
@@ -762,15 +779,16 @@ _KEPT_NEIGHBOURS = (
 )
 
 
-def _collected(data: bytes, chunk: int, monkeypatch, *, set_aside: bool):
+def _collected(data: bytes, chunk: int, monkeypatch, *, set_aside: bool, gathered: int = 1):
     with monkeypatch.context() as patch:
         patch.setattr(log_lines, "CHUNK_BYTES", chunk)
-        patch.setattr(log_lines, "BLOCK_BYTES", 97)
+        patch.setattr(reader, "GATHERED_ROWS", gathered)
         patch.setattr(layouts, "QUIET_SHARE", 1 << 30)  # every chunk, whatever its share
         stream = LogStream("x.log", matter_words=MATTER_WORDS if set_aside else ())
         collector = EventCollector("x.log", "server")
         aside_lines = 0
-        for records, aside in stream.chunks([data]):
+        blocks = [data[at : at + 97] for at in range(0, len(data), 97)]  # chunks end between
+        for records, aside in stream.chunks(blocks):
             aside_lines += aside.height
             collector.add(records, aside)
     events, facts = collector.finish()
@@ -784,14 +802,16 @@ def _collected(data: bytes, chunk: int, monkeypatch, *, set_aside: bool):
 @given(
     every=st.integers(min_value=1, max_value=6),
     neighbours=st.lists(st.integers(min_value=0, max_value=len(_KEPT_NEIGHBOURS) - 1), max_size=8),
-    chunk=st.integers(min_value=200, max_value=20_000),
+    chunk=st.integers(min_value=1_000, max_value=20_000),  # no record longer: none is cut
+    gathered=st.sampled_from([1, 50, 20_000]),
 )
 def test_setting_irrelevant_lines_aside_changes_no_count_event_or_place(
-    monkeypatch, every, neighbours, chunk
+    monkeypatch, every, neighbours, chunk, gathered
 ):
     """The real standard log with access lines after every few lines (and lines that must stay
-    beside them), in generated chunk sizes: the lines set aside before classification leave
-    every count, event (with its sequence number) and unparsed place as a full read gives."""
+    beside them), in generated chunk sizes: the lines set aside before classification (the
+    kept lines of several chunks classified together, or not) leave every count, event (with
+    its sequence number) and unparsed place as a full read gives."""
     seed_log = CAPTURES / "v0.22.5" / "seed" / "logs" / "server-info.standard.log"
     real = seed_log.read_text().splitlines()
     padded: list[str] = []
@@ -806,13 +826,105 @@ def test_setting_irrelevant_lines_aside_changes_no_count_event_or_place(
     full, full_events, full_facts, none_aside = _collected(
         data, chunk, monkeypatch, set_aside=False
     )
-    read, events, facts, aside = _collected(data, chunk, monkeypatch, set_aside=True)
+    read, events, facts, aside = _collected(
+        data, chunk, monkeypatch, set_aside=True, gathered=gathered
+    )
     assert none_aside == 0 and aside >= len(real) // every
     assert facts == full_facts
     assert_frame_equal(events, full_events)
     assert_frame_equal(read.unparsed, full.unparsed)
     for name in ("lines_total", "lines_irrelevant", "record_count", "format", "damage"):
         assert getattr(read, name) == getattr(full, name), name
+
+
+@pytest.mark.parametrize("gathered", [1, 20_000])
+def test_a_record_open_at_a_chunk_end_after_set_aside_lines_goes_on(monkeypatch, gathered):
+    """A traceback that a chunk's end cuts, after access lines set aside in that chunk, is held
+    for the next chunk whole: its lines are the record's, none unparsed (the held record is
+    found by its row; line numbers have gaps where lines were set aside)."""
+    t = "2026-11-02T09:00:00.000"
+    access = [_ACCESS.format(t=t, i=i) for i in range(40)]
+    failure = [f"ERROR {t} dstack._internal.server job(abc123)web-0-0: boom"] + [
+        f'  File "x.py", line {n}, in f' for n in range(30)
+    ]
+    first = [f"INFO {t} dstack._internal.server run(abc123)web: now is RUNNING"]
+    data = ("\n".join(first + access + failure + access[:5]) + "\n").encode()
+    chunk = len("\n".join(first + access + failure[:5]))
+    full = _collected(data, chunk, monkeypatch, set_aside=False)[0]
+    read, _, _, aside = _collected(data, chunk, monkeypatch, set_aside=True, gathered=gathered)
+    assert aside >= 40 and read.unparsed.height == full.unparsed.height == 0
+    assert read.record_count == full.record_count == 47
+
+
+def _stamp(when: datetime) -> str:
+    return (
+        f"{when.year:04d}-{when.month:02d}-{when.day:02d}T{when.hour:02d}:{when.minute:02d}:"
+        f"{when.second:02d}.{when.microsecond // 1000:03d}"
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lines=st.lists(
+        st.tuples(
+            st.sampled_from(layouts.LEVELS.split("|")),
+            st.datetimes(min_value=datetime(1, 1, 1), max_value=datetime(9999, 12, 31)),
+        ),
+        min_size=1,
+        max_size=30,
+    ),
+    docker=st.booleans(),
+)
+@example(
+    lines=[
+        ("INFO", datetime(2026, 11, 2, 9, 0, 1)),
+        ("DEBUG", datetime(999, 1, 1)),
+        ("INFO", datetime(2024, 2, 29, 23, 59, 59)),
+        ("INFO", datetime(2026, 11, 2, 9, 0, 0, 999000)),
+        ("INFO", datetime(2026, 11, 2, 9, 0, 0, 1000)),
+        ("WARNING", datetime(9999, 12, 31, 23, 59, 59)),
+    ],
+    docker=False,
+)
+@example(
+    lines=[("ERROR", datetime(2026, 12, 31, 12)), ("ERROR", datetime(2026, 4, 30))], docker=True
+)
+def test_set_aside_lines_are_counted_and_timed_as_if_each_were_parsed(lines, docker) -> None:
+    """The pre-filter never parses a set-aside line's time: per level, its count and latest
+    time (the docker timestamp where written, else the local time) are those of parsing every
+    line; a 29 February (left to the classification) and the line before it stay."""
+    raw = [f"{level} {_stamp(when)} uvicorn.access GET /health 200" for level, when in lines]
+    raw.append("INFO 2026-01-01T00:00:00.000 uvicorn.access the last line stays")
+    if docker:  # written at other times than the local ones
+        raw = [f"2026-01-01T00:00:{n % 60:02d}.000000000Z {line}" for n, line in enumerate(raw)]
+    frame = unwrap(pl.Series("raw", raw), "docker" if docker else None, 1)
+    kept, aside = layouts.quiet_standard_records(frame, MATTER_WORDS)
+    assert frame["wrapper_time"].is_not_null().all() == docker
+
+    valid = [(when.month, when.day) != (2, 29) for _, when in lines] + [True]
+    lone = [valid[n] and valid[n + 1] for n in range(len(lines))]
+    assert aside.lines.to_list() == [n + 1 for n, alone in enumerate(lone) if alone]
+    assert kept["line"].to_list() == [
+        n + 1 for n in range(len(raw)) if n >= len(lone) or not lone[n]
+    ]
+    times = frame.select(
+        pl.col("content").str.extract(r"^(\S+)", 1).alias("level"),
+        pl.coalesce(
+            "wrapper_time",
+            pl.col("content")
+            .str.extract(r"^\S+ (\S+)", 1)
+            .str.to_datetime("%Y-%m-%dT%H:%M:%S%.3f", time_unit="us")
+            .dt.replace_time_zone("UTC"),
+        ).alias("time"),
+    )
+    expected: dict[str, tuple[int, datetime]] = {}
+    for (level, time_), alone in zip(times.iter_rows(), lone, strict=False):
+        if alone:
+            count, latest = expected.get(level, (0, time_))
+            expected[level] = (count + 1, max(latest, time_))
+    assert {level: (count, latest) for level, count, latest in aside.levels.iter_rows()} == (
+        expected
+    )
 
 
 @settings(max_examples=40, deadline=None)
@@ -831,9 +943,10 @@ def test_a_busy_log_gives_the_same_source_whatever_its_chunks_and_batches(
     tmp_path, monkeypatch
 ) -> None:
     """The real standard log with access lines between its lines, read as the audit reads a
-    file: in one batch, and in 4 KiB chunks handed to the event collector one by one, the
-    events, every note on the input (the lines' account) and the limitations are the same,
-    and most access lines never reach classification."""
+    file: in one batch, in 4 KiB chunks whose kept lines are classified together, and in
+    4 KiB chunks each classified and handed to the event collector on its own, the events,
+    every note on the input (the lines' account) and the limitations are the same, and most
+    access lines never reach classification."""
     from analyzer.sources.logs import source
 
     seed_log = CAPTURES / "v0.22.5" / "seed" / "logs" / "server-info.standard.log"
@@ -849,8 +962,6 @@ def test_a_busy_log_gives_the_same_source_whatever_its_chunks_and_batches(
     with monkeypatch.context() as patch:
         patch.setattr(log_lines, "CHUNK_BYTES", 4096)
         patch.setattr(log_lines, "BLOCK_BYTES", 1024)
-        batched = source._load_file(log, "server")  # the small chunks in one batch
-        patch.setattr(source, "_BATCH_RECORDS", 1)
         classified: list[int] = []
         classify = reader.classify_lines
         patch.setattr(
@@ -858,10 +969,15 @@ def test_a_busy_log_gives_the_same_source_whatever_its_chunks_and_batches(
             "classify_lines",
             lambda frame: classified.append(frame.height) or classify(frame),
         )
+        batched = source._load_file(log, "server")  # the small chunks' kept lines together
+        gathered, classified[:] = len(classified), []
+        patch.setattr(source, "_BATCH_RECORDS", 1)
+        patch.setattr(reader, "GATHERED_ROWS", 1)
         chunked = source._load_file(log, "server")  # each its own batch
     for read in (batched, chunked):
         assert_frame_equal(read.events, whole.events)
         assert read.inputs[0].notes == whole.inputs[0].notes
         assert read.limitations == whole.limitations
     assert whole.events.height > 0 and len(classified) >= 5
+    assert gathered * 3 <= len(classified)  # kept lines of several chunks classified at once
     assert sum(classified) * 4 < len(padded)  # the lifecycle lines, few access lines

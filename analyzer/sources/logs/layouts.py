@@ -28,6 +28,18 @@ _STD_RE = (
 # pre-filter that looks at every line of a chunk.
 _STD_HEAD_RE = re.sub(r"\(\?P<\w+>", "(?:", _STD_RE)
 
+# The same start with a time that parses (years 0001-9999, the month's days, no leap second;
+# ASCII digits, where ``\d`` would take any script's): the lines the pre-filter may set aside
+# without parsing their time. A 29 February or a second 60 is not matched here (such a line is
+# classified like any other).
+_STD_VALID_HEAD_RE = (
+    rf"^(?:{LEVELS}) "
+    r"(?:000[1-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-9][0-9]{3})-"
+    r"(?:(?:0[1-9]|1[0-2])-(?:0[1-9]|1[0-9]|2[0-8])|(?:0[13-9]|1[0-2])-(?:29|30)"
+    r"|(?:0[13578]|1[02])-31)"
+    r"T(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{3} \S+(?: |$)"
+)
+
 _STD_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S%.3f"
 
 # rich: 10-char time column (or 10 spaces when the time repeats), space, 8-char level, space.
@@ -255,8 +267,8 @@ def _groups(pattern: str, names: tuple[str, ...], match: bool) -> pl.Expr:
 
 
 def quiet_standard_records(
-    frame: pl.DataFrame, words: tuple[str, ...]
-) -> tuple[pl.DataFrame, pl.DataFrame]:
+    frame: pl.DataFrame, words: tuple[str, ...], *, escapes: bool = True
+) -> tuple[pl.DataFrame, SetAside]:
     """Split off the lines of unwrapped lines (``unwrap``'s columns) that are each a whole
     standard record holding none of ``words``: a standard record start followed by another
     one. Taking such a line out changes how no other line is classified (a start ends the
@@ -268,33 +280,64 @@ def quiet_standard_records(
     The words are looked for first, in the whole line (one search for literals, no field
     parsed): only when a good share of the chunk holds none of them (a busy server's access
     log) are the record starts matched, and only when a good share of those are standard
-    record starts is any field parsed. Returns the lines kept, in order, and the lines set
-    aside as line, level, local_time and wrapper_time."""
+    record starts is anything more done. A start is proven by one match of
+    ``_STD_VALID_HEAD_RE`` (its time a real one, so no line's time is parsed); a start it
+    leaves to ``classify_lines`` (a 29 February, a leap second) only keeps its neighbours.
+    ``escapes=False`` says no line holds an escape byte (the caller saw none in the bytes).
+    Returns the lines kept, in order, and what was set aside."""
     content = pl.col("content")
-    marked = frame.with_columns(_escape=content.str.contains("\x1b", literal=True))
+    escape = content.str.contains("\x1b", literal=True) if escapes else pl.lit(False)
+    marked = frame.with_columns(_escape=escape)
     words_found = content.str.contains("|".join(map(re.escape, words)))
     marked = marked.with_columns(_quiet=~words_found & ~pl.col("_escape"))
     if marked["_quiet"].sum() * QUIET_SHARE < frame.height:
-        return frame, pl.DataFrame(schema=SET_ASIDE_SCHEMA)
-    marked = marked.with_columns(_start=content.str.contains(_STD_HEAD_RE) & ~pl.col("_escape"))
-    if (marked["_start"] & marked["_quiet"]).sum() * QUIET_SHARE < frame.height:  # rich, json
-        return frame, pl.DataFrame(schema=SET_ASIDE_SCHEMA)
-    level_end = pl.col("_level_end")
-    marked = marked.with_columns(_level_end=content.str.find(" ", literal=True)).with_columns(
-        local_time=content.str.slice(level_end + 1, 23).str.to_datetime(
-            _STD_TIME_FORMAT, time_unit="ms", strict=False
-        )
-    )
+        return frame, SetAside.none()
     marked = marked.with_columns(
-        _start=pl.col("_start") & in_range(pl.col("local_time")).is_not_null()
+        _start=content.str.contains(_STD_VALID_HEAD_RE) & ~pl.col("_escape")
     )
+    if (marked["_start"] & marked["_quiet"]).sum() * QUIET_SHARE < frame.height:  # rich, json
+        return frame, SetAside.none()
     start = pl.col("_start")
     lone = start & start.shift(-1).fill_null(False) & pl.col("flag").is_null() & pl.col("_quiet")
     marked = marked.with_columns(lone.alias("_lone"))
-    aside = marked.filter(pl.col("_lone")).select(
-        "line", content.str.slice(0, level_end).alias("level"), "local_time", "wrapper_time"
+    aside = marked.filter(pl.col("_lone"))
+    return marked.filter(~pl.col("_lone")).select(frame.columns), SetAside(
+        aside["line"], _levels(aside)
     )
-    return marked.filter(~pl.col("_lone")).select(frame.columns), aside
+
+
+def _levels(aside: pl.DataFrame) -> pl.DataFrame:
+    """Per level of set-aside standard lines: how many, and the latest time (the wrapper's
+    where it wrote one, else the local time as UTC, as ``EventCollector`` times a record).
+    Within a level every line opens with the same ``LEVEL `` and then its time, in a fixed
+    width whose text order is its time order (``_STD_VALID_HEAD_RE``): the greatest line holds
+    the latest time, parsed alone. The levels' first letters differ, so they group them
+    (unless every line is of the first line's level, a busy log's access lines: no grouping)."""
+    content = pl.col("content")
+    columns = [
+        content.first().alias("_first"),
+        pl.len().cast(pl.Int64).alias("lines"),
+        content.filter(pl.col("wrapper_time").is_null()).max().alias("_last"),
+        pl.col("wrapper_time").max().alias("_wrapper"),
+    ]
+    first = aside["content"][0].split(" ", 1)[0] + " " if aside.height else ""
+    if aside.height and aside.select(content.str.starts_with(first).all()).item():
+        per_level = aside.select(columns)
+    else:
+        per_level = aside.group_by(content.str.head(1), maintain_order=True).agg(columns)
+    level_end = pl.col("_first").str.find(" ", literal=True)
+    local = (
+        pl.col("_last")
+        .str.slice(level_end + 1, 23)
+        .str.to_datetime(_STD_TIME_FORMAT, time_unit="ms", strict=False)
+        .cast(pl.Datetime("us"))
+        .dt.replace_time_zone("UTC")
+    )
+    return per_level.select(
+        pl.col("_first").str.slice(0, level_end).alias("level"),
+        "lines",
+        pl.max_horizontal(pl.col("_wrapper"), local).alias("latest"),
+    )
 
 
 # Lines are set aside in a chunk only when at least one in QUIET_SHARE holds none of the words
@@ -302,12 +345,37 @@ def quiet_standard_records(
 QUIET_SHARE = 4
 
 
-SET_ASIDE_SCHEMA = {
-    "line": pl.Int64(),
-    "level": pl.String(),
-    "local_time": pl.Datetime("ms"),
-    "wrapper_time": UTC_TIME,
-}
+SET_ASIDE_LEVELS = {"level": pl.String(), "lines": pl.Int64(), "latest": UTC_TIME}
+
+
+@dataclass
+class SetAside:
+    """The one-line standard records set aside from some lines, as their account needs them:
+    their line numbers (their places in the sequence of records) and, per level, how many
+    and the latest time (``SET_ASIDE_LEVELS``)."""
+
+    lines: pl.Series
+    levels: pl.DataFrame
+
+    @property
+    def height(self) -> int:
+        return self.lines.len()
+
+    @classmethod
+    def none(cls) -> SetAside:
+        return cls(pl.Series("line", [], pl.Int64), pl.DataFrame(schema=SET_ASIDE_LEVELS))
+
+    @classmethod
+    def joined(cls, parts: list[SetAside]) -> SetAside:
+        """Several in order as one (their levels summed, the latest of each kept)."""
+        if len(parts) == 1:
+            return parts[0]
+        levels = (
+            pl.concat([part.levels for part in parts])
+            .group_by("level", maintain_order=True)
+            .agg(pl.col("lines").sum(), pl.col("latest").max())
+        )
+        return cls(pl.concat([part.lines for part in parts], rechunk=True), levels)
 
 
 def _json_fields(frame: pl.DataFrame) -> pl.DataFrame:

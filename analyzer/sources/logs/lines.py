@@ -213,6 +213,11 @@ def split_lines(data: bytes, first: bool) -> tuple[pl.Series, bool]:
     if not data:
         return pl.Series("raw", [], dtype=pl.String), False
     body = data.removeprefix(b"\xef\xbb\xbf") if first else data
+    # read as strict UTF-8 first (faster, and what it reads replaced nothing); bad bytes make
+    # it fail, and the lines are read again with replacement
+    raw = split_with_csv_reader(body, "utf8")
+    if raw is not None:
+        return raw, False
     raw = split_with_csv_reader(body)
     if raw is None:
         raw = split_text(body)
@@ -229,10 +234,11 @@ def _utf8(data: bytes) -> bool:
     return True
 
 
-def split_with_csv_reader(body: bytes) -> pl.Series | None:
+def split_with_csv_reader(body: bytes, encoding: str = "utf8-lossy") -> pl.Series | None:
     """Fast path: polars' CSV reader, with a separator absent from the data and no quoting,
     splits lines in parallel, several times faster than ``str.split``. None when it cannot be
-    used or its row count disagrees with the newline count."""
+    used, its row count disagrees with the newline count, or (``encoding="utf8"``) the bytes
+    are not UTF-8."""
     # It would drop a BOM, and it decompresses data that opens like zlib, zstd or gzip.
     if not body or b"\x1f" in body or body.startswith((b"\xef\xbb\xbf", b"x", b"(\xb5/\xfd")):
         return None
@@ -244,7 +250,7 @@ def split_with_csv_reader(body: bytes) -> pl.Series | None:
             separator="\x1f",
             quote_char=None,
             new_columns=["raw"],
-            encoding="utf8-lossy",
+            encoding=encoding,
             infer_schema=False,
             raise_if_empty=False,
         )["raw"].fill_null("")

@@ -15,6 +15,7 @@ import polars as pl
 
 import analyzer.catalogue as catalogue
 from analyzer.model import EVENTS_SCHEMA, UTC_TIME
+from analyzer.sources.logs.layouts import SetAside
 from analyzer.sources.logs.masking import RecordRun, redact_record_run
 from analyzer.sources.logs.reader import detached
 
@@ -182,7 +183,7 @@ class EventCollector:
             catalogue.LOG_LINE_TEMPLATES, catalogue.LOG_LINE_IRRELEVANT, fold_tolerant=True
         )
 
-    def add(self, records: pl.DataFrame, aside: pl.DataFrame | None = None) -> None:
+    def add(self, records: pl.DataFrame, aside: SetAside | None = None) -> None:
         """One chunk's records, and the irrelevant one-line records set aside from it
         (``LogStream.chunks``): counted, and numbered in the sequence as if read."""
         facts = self.facts
@@ -194,7 +195,7 @@ class EventCollector:
         self._count_records(records)
         seq = pl.int_range(pl.len(), dtype=pl.Int64) + seq_offset
         if aside is not None and aside.height:
-            seq = seq + aside["line"].search_sorted(records["line"]).cast(pl.Int64)
+            seq = seq + aside.lines.search_sorted(records["line"]).cast(pl.Int64)
         frame = records.select(
             seq.alias("seq"),
             *_PLACE_COLUMNS,
@@ -278,8 +279,11 @@ class EventCollector:
         self._markers |= markers
         if relevant.height:
             kept = [name for name in _KEPT_COLUMNS if name in relevant.columns]
+            # the places are written anew (format), so only the kept columns need their own text
             self._kept.append(
-                detached(relevant.select(*kept, pl.concat_list([_PLACE]).alias("places")))
+                detached(relevant.select(*kept)).with_columns(
+                    relevant.select(pl.concat_list([_PLACE]).alias("places"))
+                )
             )
             self._kept_rows += relevant.height
             if self._kept_rows >= self._compact_at:
@@ -322,19 +326,15 @@ class EventCollector:
         for level, count in records.group_by("level", maintain_order=True).len().iter_rows():
             facts.levels[level] = facts.levels.get(level, 0) + count
 
-    def _count_set_aside(self, aside: pl.DataFrame) -> None:
-        """``_count_records`` of set-aside records (each with a local time; ``_times``)."""
+    def _count_set_aside(self, aside: SetAside) -> None:
+        """``_count_records`` of set-aside records (their levels' counts and latest times)."""
         facts = self.facts
         facts.records += aside.height
         facts.irrelevant += aside.height
-        wrapper_time = pl.col("wrapper_time")
-        local_time = pl.col("local_time").cast(pl.Datetime("us")).dt.replace_time_zone("UTC")
-        latest = aside.select(
-            pl.when(wrapper_time.is_not_null()).then(wrapper_time).otherwise(local_time).max()
-        ).item()
+        latest = aside.levels["latest"].max()
         if latest is not None and (facts.last_time is None or latest > facts.last_time):
             facts.last_time = latest
-        for level, count in aside.group_by("level", maintain_order=True).len().iter_rows():
+        for level, count in aside.levels.select("level", "lines").iter_rows():
             facts.levels[level] = facts.levels.get(level, 0) + count
 
     def finish(self) -> tuple[pl.DataFrame, LogFacts]:

@@ -40,9 +40,9 @@ from analyzer.sources.logs.layouts import (
     ANSI_RE,
     LEVELS,
     LOGO_LINES,
-    SET_ASIDE_SCHEMA,
     STARTUP_RE,
     RichClock,
+    SetAside,
     classify_lines,
     fold_records,
     quiet_standard_records,
@@ -74,6 +74,11 @@ QUARANTINE_TEXT_BYTES = 64 * 1024 * 1024
 # the rich lines among its first this many lines; the lines read until then wait, accounted but
 # not folded (a few MB at most), so every chunking of a file folds it the same way.
 WIDTH_SAMPLE_LINES = 20_000
+
+# The lines a busy chunk keeps once its irrelevant ones are set aside (a few hundred of a
+# chunk's hundred thousand) are classified together with the next chunks' until there are
+# this many: each classification and fold is some fifty small queries, whatever its size.
+GATHERED_ROWS = 20_000
 
 
 QUARANTINE_NOT_KEPT = (
@@ -185,6 +190,14 @@ def _read_all(blocks: Iterable[bytes], display_path: str) -> LogRead:
     return stream.result(records)
 
 
+def _few(frames: Iterable[pl.DataFrame]) -> bool:
+    """Whether kept lines may wait for more: under GATHERED_ROWS and a chunk's bytes."""
+    frames = list(frames)
+    rows = sum(frame.height for frame in frames)
+    size = sum(int(frame["raw"].str.len_bytes().sum() or 0) for frame in frames)
+    return rows < GATHERED_ROWS and size < lines.CHUNK_BYTES
+
+
 def detached(frame: pl.DataFrame) -> pl.DataFrame:
     """A copy that owns its text. A filtered string column still points into the whole
     chunk's buffers (polars' string views), so the few rows kept of a chunk would keep all of
@@ -214,8 +227,8 @@ class LogStream:
     With ``matter_words`` (literals one of which every line that can matter holds),
     ``chunks`` sets aside the one-line standard records that hold none of them before they are
     classified (most of a busy server's lines: access logs, heartbeats): they are counted as
-    records of their format and handed over as a small frame (line, level, local_time,
-    wrapper_time) beside the chunk's records, for their counts and times."""
+    records of their format and handed over beside the chunk's records as their line numbers
+    and their levels' counts and latest times (``SetAside``)."""
 
     def __init__(self, display_path: str, *, matter_words: tuple[str, ...] = ()) -> None:
         self.display_path = display_path
@@ -245,9 +258,13 @@ class LogStream:
         for records, _ in self.chunks(blocks):
             yield records
 
-    def chunks(self, blocks: Iterable[bytes]) -> Iterator[tuple[pl.DataFrame, pl.DataFrame]]:
-        """Each chunk's records and the records set aside from it (empty without
-        ``matter_words``), in order."""
+    def chunks(self, blocks: Iterable[bytes]) -> Iterator[tuple[pl.DataFrame, SetAside]]:
+        """Each chunk's records and the records set aside from it (none without
+        ``matter_words``), in order. The few lines a busy chunk keeps wait for the next
+        chunk's (up to GATHERED_ROWS and a chunk's bytes) and are classified with them: as
+        one chunk, since the lines set aside between them change how no line is classified.
+        (Only where a record longer than a chunk is cut can then move: it is cut where the
+        gathered lines end.)"""
         ends: list[bool] = []
         carry = pl.Series("raw", [], dtype=pl.String)
         next_line = 1
@@ -255,22 +272,32 @@ class LogStream:
         chunk = next(chunks, None)
         first = True
         # accounted, not yet folded (width not yet known), with their set-aside records
-        pending: list[tuple[pl.DataFrame, pl.DataFrame]] = []
+        pending: list[tuple[pl.DataFrame, SetAside]] = []
+        gathered: list[tuple[pl.DataFrame, SetAside]] = []  # kept lines waiting for more
         while chunk is not None:
             following = next(chunks, None)
             raw, invalid = split_lines(chunk, first)
             first = False
-            self._count_raw(raw, invalid)
+            self._count_raw(raw, invalid, chunk)
             start_line = next_line - carry.len()
             next_line += raw.len()
             self.lines_total += raw.len()
+            escapes = b"\x1b" in chunk or bool(carry.str.contains("\x1b", literal=True).any())
             raw = pl.concat([carry, raw]) if carry.len() else raw
+            carry = pl.Series("raw", [], dtype=pl.String)
             if not self._wrapper_known and bool((raw.str.strip_chars() != "").any()):
                 self.wrapper = detect_wrapper(raw)
                 self._wrapper_known = True
-            frame, aside = self._set_aside(unwrap(raw, self.wrapper, start_line))
-            frame = classify_lines(frame)
-            carry = pl.Series("raw", [], dtype=pl.String)
+            # a journal entry's message is JSON, where an escape is written as "\u001b"
+            escapes = escapes or self.wrapper == "journald"
+            kept, aside = self._set_aside(unwrap(raw, self.wrapper, start_line), escapes)
+            gathered.append((detached(kept) if aside.height else kept, aside))
+            if following is not None and aside.height and _few(part for part, _ in gathered):
+                chunk = following
+                continue
+            frame = classify_lines(pl.concat([part for part, _ in gathered]))
+            aside = SetAside.joined([part for _, part in gathered])
+            gathered.clear()
             if following is not None:
                 frame, carry = self._hold_open_record(frame)
             pending.append((self._account(frame), aside))
@@ -284,29 +311,33 @@ class LogStream:
             chunk = following
         self.ends_with_newline = not ends or ends[-1]
 
-    def _set_aside(self, frame: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
-        """Split off the lone standard records that hold none of ``matter_words``."""
+    def _set_aside(self, frame: pl.DataFrame, escapes: bool) -> tuple[pl.DataFrame, SetAside]:
+        """Split off the lone standard records that hold none of ``matter_words``
+        (``escapes``: whether any line may hold an escape byte)."""
         if not self.matter_words:
-            return frame, pl.DataFrame(schema=SET_ASIDE_SCHEMA)
-        kept, aside = quiet_standard_records(frame, self.matter_words)
+            return frame, SetAside.none()
+        kept, aside = quiet_standard_records(frame, self.matter_words, escapes=escapes)
         if aside.height:
             self.record_count += aside.height
             self.non_blank_lines += aside.height
             self.formats["standard"] = self.formats.get("standard", 0) + aside.height
         return kept, aside
 
-    def _count_raw(self, raw: pl.Series, invalid: bool) -> None:
-        """Damage seen on the bytes of each new line (once per line)."""
+    def _count_raw(self, raw: pl.Series, invalid: bool, chunk: bytes) -> None:
+        """Damage seen on the bytes of each new line (once per line); lines are searched only
+        for a byte the chunk holds (a search of the bytes is a fraction of one of the lines)."""
         if invalid:
             self._count(
                 "invalid UTF-8 on {} lines (decoded with replacement characters)",
                 int(raw.str.contains("\ufffd", literal=True).sum()),
             )
-        self._count("NUL bytes on {} lines", int(raw.str.contains("\x00", literal=True).sum()))
-        self._count(
-            "{} lines over the " + f"{MAX_LINE_BYTES} byte limit, counted and quarantined",
-            int(raw.str.starts_with(OVERLONG).sum()),
-        )
+        if b"\x00" in chunk:
+            self._count("NUL bytes on {} lines", int(raw.str.contains("\x00", literal=True).sum()))
+        if OVERLONG.encode() in chunk:
+            self._count(
+                "{} lines over the " + f"{MAX_LINE_BYTES} byte limit, counted and quarantined",
+                int(raw.str.starts_with(OVERLONG).sum()),
+            )
 
     def _count(self, template: str, lines: int) -> None:
         if lines:
@@ -315,13 +346,13 @@ class LogStream:
     def _hold_open_record(self, frame: pl.DataFrame) -> tuple[pl.DataFrame, pl.Series]:
         """Split off the last record's lines (it may go on in the next chunk) unless they are
         more than a chunk: then it is cut here."""
-        starts = frame.filter(pl.col("start"))["line"]
+        starts = frame["start"].arg_true()  # rows: lines set aside leave gaps in the numbers
         if starts.len() == 0:
             return frame, pl.Series("raw", [], dtype=pl.String)
-        at = int(starts[-1]) - int(frame["line"][0])
+        at = int(starts[-1])
         held = frame.slice(at)
         if int(held["raw"].str.len_bytes().sum() or 0) > lines.CHUNK_BYTES:
-            self.cut_records.append(int(starts[-1]))
+            self.cut_records.append(int(held["line"][0]))
             return frame, pl.Series("raw", [], dtype=pl.String)
         return frame.slice(0, at), held["raw"]
 

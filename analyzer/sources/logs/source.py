@@ -23,6 +23,7 @@ from analyzer.sources.base import (
     file_head,
     file_version,
 )
+from analyzer.sources.logs.layouts import SetAside
 from analyzer.sources.logs.messages import ADMIN_TOKEN, MATTER_WORDS, EventCollector
 from analyzer.sources.logs.reader import SNIFF_BYTES, LogStream, file_blocks, sniff_log
 
@@ -156,11 +157,11 @@ _BATCH_SET_ASIDE = 1_000_000
 
 
 def _batches(
-    chunks: Iterable[tuple[pl.DataFrame, pl.DataFrame]],
-) -> Iterator[tuple[pl.DataFrame, pl.DataFrame]]:
+    chunks: Iterable[tuple[pl.DataFrame, SetAside]],
+) -> Iterator[tuple[pl.DataFrame, SetAside]]:
     """The chunks' records and set-aside lines, concatenated in order into fewer, larger
     pieces (the collector's result does not depend on how its input is cut)."""
-    held: list[tuple[pl.DataFrame, pl.DataFrame]] = []
+    held: list[tuple[pl.DataFrame, SetAside]] = []
     records = aside = 0
     for chunk in chunks:
         held.append(chunk)
@@ -173,14 +174,12 @@ def _batches(
         yield _joined(held)
 
 
-def _joined(held: list[tuple[pl.DataFrame, pl.DataFrame]]) -> tuple[pl.DataFrame, pl.DataFrame]:
+def _joined(held: list[tuple[pl.DataFrame, SetAside]]) -> tuple[pl.DataFrame, SetAside]:
     if len(held) == 1:
         return held[0]
     # one chunk per column: string functions over a concatenation of several chunks' string
     # views can fail inside polars (an index assertion in its view arrays)
-    return pl.concat([r for r, _ in held], rechunk=True), pl.concat(
-        [a for _, a in held], rechunk=True
-    )
+    return pl.concat([r for r, _ in held], rechunk=True), SetAside.joined([a for _, a in held])
 
 
 def _from_read(info: InputInfo, read, facts, events: pl.DataFrame) -> SourceData:
