@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cache, cached_property
 from itertools import groupby
@@ -640,41 +640,49 @@ class Redactor:
         """Every string column of `frame` (lists of strings too) redacted."""
         return self.apply_frames([frame])[0]
 
-    def apply_frames(self, frames: list[pl.DataFrame]) -> list[pl.DataFrame]:
+    def apply_frames(
+        self, frames: list[pl.DataFrame], closed: Mapping[str, str] | None = None
+    ) -> list[pl.DataFrame]:
         """Every string column of every frame (lists of strings too) redacted, each distinct
         text once over all of them: most columns repeat a few values (a server, a status),
-        and a pass over a column costs about as much for one text as for thousands."""
-        text_columns = [
-            {
-                name: dtype == pl.List(pl.String)
-                for name, dtype in frame.schema.items()
-                if dtype in (pl.String, pl.List(pl.String))
-            }
-            for frame in frames
+        and a pass over a column costs about as much for one text as for thousands. A column
+        `closed` names (analyzer.model.CLOSED_TEXT) keeps every value that has its shape (a
+        regex): only its other values are redacted."""
+        closed = closed or {}
+        columns = [
+            (index, name, dtype == pl.List(pl.String))
+            for index, frame in enumerate(frames)
+            for name, dtype in frame.schema.items()
+            if dtype in (pl.String, pl.List(pl.String))
         ]
-        texts = [
-            (frame[name].explode() if is_list else frame[name]).alias("text")
-            for frame, columns in zip(frames, text_columns, strict=True)
-            for name, is_list in columns.items()
-        ]
-        if not texts:
+        if not columns:
             return frames
+        texts = [
+            _unshaped(frames[index][name], is_list, closed.get(name))
+            for index, name, is_list in columns
+        ]
         distinct = pl.concat(texts).drop_nulls().unique()
         redacted = self.apply_series(distinct, dedupe=False)
         changed = distinct != redacted
         if not changed.any():
             return frames
         old, new = distinct.filter(changed), redacted.filter(changed)
-        return [
-            frame.with_columns(
-                pl.col(name).list.eval(pl.element().replace(old, new))
+        updates: list[list[pl.Expr]] = [[] for _ in frames]
+        for (index, name, is_list), own in zip(columns, texts, strict=True):
+            olds, news = old, new
+            if name in closed:  # only its values without the shape, if any of them changed
+                mine = old.is_in(own.implode())
+                if not mine.any():
+                    continue
+                olds, news = old.filter(mine), new.filter(mine)
+            updates[index].append(
+                pl.col(name).list.eval(pl.element().replace(olds, news))
                 if is_list
-                else pl.col(name).replace(old, new)
-                for name, is_list in columns.items()
+                else pl.col(name).replace(olds, news)
             )
-            if columns
-            else frame
-            for frame, columns in zip(frames, text_columns, strict=True)
+        return [
+            frame.with_columns(exprs) if exprs else frame
+            for frame, exprs in zip(frames, updates, strict=True)
         ]
 
     def apply_data(self, data: object, *, controls: bool = False) -> object:
@@ -751,6 +759,14 @@ class Redactor:
         if self._forms is None or self._forms[0] != key:
             self._forms = (key, value_forms(self.values))
         return self._forms[1]
+
+
+def _unshaped(column: pl.Series, is_list: bool, shape: str | None) -> pl.Series:
+    """The texts of a column that do not have its closed `shape` (all of them without one)."""
+    texts = column.explode() if is_list else column
+    if shape is None:
+        return texts.alias("text")
+    return texts.filter(~texts.str.contains(f"^(?:{shape})$").fill_null(False)).alias("text")
 
 
 def ordinary_word(value: str) -> bool:

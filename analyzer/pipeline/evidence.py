@@ -12,6 +12,7 @@ from datetime import datetime
 import polars as pl
 
 from analyzer.model import (
+    CLOSED_TEXT,
     EVENTS_SCHEMA,
     FLEETS_SCHEMA,
     INSTANCES_SCHEMA,
@@ -348,7 +349,7 @@ def _redact(evidence: Evidence) -> None:
     it: the report, the notebook tables, the dataset and every picture start from here."""
     redactor = evidence.redactor
     tables = ("runs", "jobs", "events", "unparsed", "fleets", "instances")
-    redacted = redactor.apply_frames([getattr(evidence, table) for table in tables])
+    redacted = redactor.apply_frames([getattr(evidence, table) for table in tables], CLOSED_TEXT)
     for table, frame in zip(tables, redacted, strict=True):
         setattr(evidence, table, frame)
     texts = [[i.path, *i.notes] for i in evidence.inputs]
