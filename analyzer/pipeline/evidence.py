@@ -237,12 +237,12 @@ def _merge_events(frames: list[pl.DataFrame]) -> pl.DataFrame:
     if stacked.select(pl.struct(key).is_unique().all()).item():
         # every event seen once (one input, as a lone database): what the grouping below
         # would give, without grouping every column of every row
-        merged = stacked.with_columns(
+        # (conformed already: only the provenance lists change)
+        return stacked.with_columns(
             pl.col("provenance")
             .list.unique(maintain_order=True)
             .fill_null(pl.lit([], dtype=pl.List(pl.String)))
         )
-        return conform(merged, EVENTS_SCHEMA).collect()
     merged = (
         stacked.with_columns(pl.col("time").fill_null(pl.lit(None)))
         .group_by(key, maintain_order=True)
@@ -339,9 +339,18 @@ def combine(parts: list[SourceData]) -> Evidence:
         evidence.limitations = [
             lim for lim in evidence.limitations if not lim.code.startswith(API_ONLY_PREFIXES)
         ]
-    evidence.events = evidence.events.sort(["server", "time", "seq"], nulls_last=True)
+    evidence.events = _in_order(evidence.events, ["server", "time", "seq"])
     _redact(evidence)
     return evidence
+
+
+def _in_order(frame: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """`frame` sorted by `keys` (nulls last), left as it is when it is in that order already
+    (one database's events come so): the order is found, and the rows moved only if needed."""
+    order = frame.select(pl.arg_sort_by(keys, nulls_last=True)).to_series()
+    if (order == pl.int_range(frame.height, dtype=order.dtype, eager=True)).all():
+        return frame
+    return frame[order]
 
 
 def _redact(evidence: Evidence) -> None:
