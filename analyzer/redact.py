@@ -391,6 +391,17 @@ def _keyword_rules() -> tuple[list[str], dict[str, list[int]], list[int]]:
     return sorted(triggered), triggered, always
 
 
+@cache
+def _keywords_of(only: frozenset[int] | None) -> tuple[list[str], dict[str, list[int]], list[int]]:
+    """`_keyword_rules` of the rules `only` (all: None): a pass looks for their keywords
+    alone (the rules that span lines run over whole texts, where other keywords abound)."""
+    keywords, triggered, always = _keyword_rules()
+    if only is None:
+        return keywords, triggered, always
+    mine = [k for k in keywords if any(i in only for i in triggered[k])]
+    return mine, triggered, [i for i in always if i in only]
+
+
 def redact_shapes(texts: pl.Series, *, dedupe: bool = True) -> pl.Series:
     """Every secret shape in a column of texts masked. Each distinct text is redacted once
     (`dedupe` false: the caller's texts are distinct already, or nearly).
@@ -451,10 +462,13 @@ def multi_line_order() -> tuple[tuple[bool, tuple[frozenset[int], ...]], ...]:
 def _over_lines(texts: pl.Series, groups: tuple[frozenset[int], ...]) -> pl.Series:
     """Each group of rules, one after the other, over every distinct line of the texts."""
     lines = texts.str.split("\n")
-    owner = pl.int_range(texts.len(), eager=True).repeat_by(lines.list.len())
     flat = lines.explode()
+    given = flat
     for group in groups:
         flat = _per_distinct_line(flat, group)
+    if flat is given:  # no line changed (most rendered text): nothing to join again
+        return texts
+    owner = pl.int_range(texts.len(), eager=True).repeat_by(lines.list.len())
     return (
         pl.DataFrame({"owner": owner.explode(), "line": flat})
         .group_by("owner", maintain_order=True)
@@ -473,17 +487,15 @@ def _per_distinct_line(lines: pl.Series, only: frozenset[int]) -> pl.Series:
     return lines.replace(distinct.filter(changed), redacted.filter(changed))
 
 
-def _run_rules(
-    texts: pl.Series, only: set[int] | None, exclude: set[int] = frozenset()
-) -> pl.Series:
-    """The rules (`only` those, or all but `exclude`) over the texts holding their keywords:
-    one polars pass finds, per text, the keywords it holds; each rule then runs once over its
-    texts joined by newlines (texts holding a newline themselves are run one by one). Only
-    the texts some rule runs over travel into Python."""
-    keywords, triggered, always = _keyword_rules()
-    wanted = (lambda i: i in only) if only is not None else (lambda i: i not in exclude)
+def _run_rules(texts: pl.Series, only: frozenset[int] | None) -> pl.Series:
+    """The rules (`only` those, or all) over the texts holding their keywords: one polars
+    pass finds, per text, the keywords of those rules it holds; each rule then runs once over
+    its texts joined by newlines (texts holding a newline themselves are run one by one).
+    Only the texts some rule runs over travel into Python."""
+    keywords, triggered, always = _keywords_of(only)
+    wanted = (lambda i: i in only) if only is not None else (lambda i: True)
     found = (
-        pl.DataFrame({"text": texts})
+        pl.DataFrame({"text": texts if keywords else pl.Series([], dtype=pl.String)})
         .with_row_index("row")
         .select(
             "row",
