@@ -126,7 +126,7 @@ class Audit:
             self.submissions,
             self.events,
             self.end_of_evidence,
-            self.evidence.ends_by_server(),
+            self._ends,
         )
 
     def story(self, run: str) -> RunStory:
@@ -148,6 +148,12 @@ class Audit:
         )
 
     @cached_property
+    def _ends(self) -> dict[str, datetime]:
+        """Evidence.ends_by_server, worked out once: the judgement, the impact and the report's
+        bounds all read it."""
+        return self.evidence.ends_by_server()
+
+    @cached_property
     def _detected(self) -> tuple[list[RunVerdict], list[Finding]]:
         with stage("auditing runs"):
             return self._detect()
@@ -158,7 +164,7 @@ class Audit:
             self.submissions,
             self.events,
             self.evidence.disputed_runs,
-            self.evidence.ends_by_server(),
+            self._ends,
         )
         gaps = evidence_gaps(
             self.runs, self.evidence.jobs, self.events, self.evidence.events_table_servers
@@ -174,7 +180,7 @@ class Audit:
             self.submissions,
             self.evidence.runs,
             self.events,
-            self.evidence.ends_by_server(),
+            self._ends,
         )
         if not self._defer_foresight:
             findings = foresight(frames_of(self), findings, self.deployments, self._dateless)
@@ -265,7 +271,7 @@ class Audit:
             LimitationRecord(code=lim.code, message=lim.message, source=lim.source)
             for lim in self.evidence.limitations
         ]
-        limitations += end_bounds(self.evidence.ends_by_server(), findings)
+        limitations += end_bounds(self._ends, findings)
         if not self.evidence.runs.height and not self.evidence.events.height:
             limitations.append(NO_RUN_EVIDENCE_RECORD)
         report = assemble(

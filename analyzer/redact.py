@@ -750,7 +750,9 @@ class Redactor:
         counts (a word that only looks like an ordinary value, an escaped backslash before
         an `r`): then the walk decides."""
         text = pl.Series([json_text], dtype=pl.String)
-        if text.str.contains(f"{HIDDEN}|{_HIDDEN_ESCAPED}").any():
+        # JSON escapes every C0 control: in an ASCII text, only DEL can stand raw
+        raw = "\x7f" in json_text if json_text.isascii() else text.str.contains(HIDDEN).any()
+        if raw or text.str.contains(_HIDDEN_ESCAPED).any():
             return True
         if not self.values:
             return False
@@ -929,9 +931,19 @@ def without_controls(text: str, *, keep_styles: bool = False) -> str:
     renderer's own SGR colour sequences stay (the data it drew from is cleaned already: every
     string of the report loses its control characters)."""
     if not keep_styles:
-        return _CONTROLS.sub("", text)
+        return _cleaned(text)
     parts = _STYLE.split(text)
-    return "".join(p if i % 2 else _CONTROLS.sub("", p) for i, p in enumerate(parts))
+    return "".join(p if i % 2 else _cleaned(p) for i, p in enumerate(parts))
+
+
+# the hidden characters that are ASCII (C0 controls but tab and newline, DEL), for translate
+_ASCII_HIDDEN = dict.fromkeys(c for a, b in _HIDDEN_RANGES for c in range(a, min(b, 0x7F) + 1))
+
+
+def _cleaned(text: str) -> str:
+    """`text` without ``_CONTROLS``: an ASCII text (most rendered output) by one translate,
+    several times faster than the regex."""
+    return text.translate(_ASCII_HIDDEN) if text.isascii() else _CONTROLS.sub("", text)
 
 
 CHUNK_CHARS = 4_000_000  # chunks of about this size: ~15 times it in memory, CPU as one pass
