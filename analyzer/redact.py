@@ -609,6 +609,8 @@ class Redactor:
 
     def apply(self, text: str) -> str:
         """`text` with every known value and every secret shape masked."""
+        if text.isascii() and len(text.translate(_ASCII_HIDDEN)) == len(text):
+            return self._masked(pl.Series([text]), dedupe=True)[0]  # nothing hidden in it
         return self.apply_series(pl.Series([text]))[0]
 
     def apply_series(self, texts: pl.Series, *, dedupe: bool = True) -> pl.Series:
