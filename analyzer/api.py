@@ -85,11 +85,18 @@ class Audit:
             runs = runs.filter(began.is_null() | (began <= self.until))
         return runs
 
+    def _of_runs(self, frame: pl.DataFrame) -> pl.DataFrame:
+        """`frame`'s rows of the selected runs: a semi join on (server, run_id) as a lookup
+        (the join cost more than the rest of selecting a large audit's events)."""
+        keys = self.runs.select(pl.struct("server", "run_id")).to_series().implode()
+        selected = pl.col("run_id").is_not_null() & pl.struct("server", "run_id").is_in(keys)
+        return frame.filter(selected)
+
     @cached_property
     def submissions(self) -> pl.DataFrame:
         """One row per job submission with its derived times and health (timeline stage)."""
         subs = submissions(self.evidence)
-        return subs.join(self.runs.select("server", "run_id"), on=["server", "run_id"], how="semi")
+        return self._of_runs(subs)
 
     @cached_property
     def deployments(self) -> pl.DataFrame:
@@ -101,16 +108,12 @@ class Audit:
             .list.eval(pl.element().str.strip_chars())
             .list.eval(pl.element().filter(pl.element() != ""))
         )
-        return deps.join(
-            self.runs.select("server", "run_id"), on=["server", "run_id"], how="semi"
-        ).with_columns(listed.alias("changed_fields"))
+        return self._of_runs(deps).with_columns(listed.alias("changed_fields"))
 
     @cached_property
     def events(self) -> pl.DataFrame:
         """Every state change of the selected runs and their jobs, each with its provenance."""
-        return self.evidence.events.join(
-            self.runs.select("server", "run_id"), on=["server", "run_id"], how="semi"
-        )
+        return self._of_runs(self.evidence.events)
 
     @cached_property
     def end_of_evidence(self) -> datetime | None:
@@ -124,7 +127,7 @@ class Audit:
             self.submissions,
             self.events,
             self.end_of_evidence,
-            self.evidence.ends_by_server(),
+            self._ends,
         )
 
     def story(self, run: str) -> RunStory:
@@ -146,6 +149,12 @@ class Audit:
         )
 
     @cached_property
+    def _ends(self) -> dict[str, datetime]:
+        """Evidence.ends_by_server, worked out once: the judgement, the impact and the report's
+        bounds all read it."""
+        return self.evidence.ends_by_server()
+
+    @cached_property
     def _detected(self) -> tuple[list[RunVerdict], list[Finding]]:
         with stage("auditing runs"):
             return self._detect()
@@ -156,7 +165,7 @@ class Audit:
             self.submissions,
             self.events,
             self.evidence.disputed_runs,
-            self.evidence.ends_by_server(),
+            self._ends,
         )
         gaps = evidence_gaps(
             self.runs, self.evidence.jobs, self.events, self.evidence.events_table_servers
@@ -172,7 +181,7 @@ class Audit:
             self.submissions,
             self.evidence.runs,
             self.events,
-            self.evidence.ends_by_server(),
+            self._ends,
         )
         if not self._defer_foresight:
             findings = foresight(frames_of(self), findings, self.deployments, self._dateless)
@@ -271,7 +280,7 @@ class Audit:
             LimitationRecord(code=lim.code, message=lim.message, source=lim.source)
             for lim in self.evidence.limitations
         ]
-        limitations += end_bounds(self.evidence.ends_by_server(), findings)
+        limitations += end_bounds(self._ends, findings)
         if not self.evidence.runs.height and not self.evidence.events.height:
             limitations.append(NO_RUN_EVIDENCE_RECORD)
         return assemble(

@@ -161,6 +161,65 @@ VOCABULARY_COLUMNS: dict[str, tuple[str, ...]] = {
     "deployment_basis": DEPLOYMENT_BASES,
 }
 
+# Where a secret can sit (docs/threat-model.md): every text column of the evidence's frames is
+# decided here, once (tests/test_text_columns.py fails on a column left out). A FREE_TEXT
+# column holds what a user or a program wrote (names, messages, specs, a log's path) and is
+# masked whole (pipeline/evidence.py). A CLOSED_TEXT column holds text the sources and dstack
+# write themselves in a fixed shape: an id dstack generated (`uuid.uuid4()`, or the hex prefix
+# a log shows), a time as a clock printed it, a table row's key after the table's name. A
+# value of its column's shape is no secret and no secret shape fits it, so it is left as it
+# is; any other value in such a column is masked as free text.
+ID_TEXT = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{6,32}"
+TIME_TEXT = r"[0-9][0-9:., TZ+-]{0,39}"
+ROW_KEY_TEXT = rf"(?:runs|jobs|events|fleets|instances):(?:{ID_TEXT})"
+CLOSED_TEXT: dict[str, str] = {
+    "run_id": ID_TEXT,
+    "job_id": ID_TEXT,
+    "fleet_id": ID_TEXT,
+    "instance_id": ID_TEXT,
+    "entity_id": ID_TEXT,
+    "time_text": TIME_TEXT,
+    "provenance": ROW_KEY_TEXT,
+}
+FREE_TEXT: frozenset[str] = frozenset(
+    {
+        "server",
+        "source",
+        "project",
+        "run_name",
+        "run_type",
+        "status",
+        "termination_reason",
+        "user",
+        "placement_spec",
+        "job_name",
+        "termination_reason_message",
+        "instance_name",
+        "fleet_name",
+        "replica_group",
+        "spec_fingerprint",
+        "resources",
+        "deployment_basis",
+        "placement",
+        "backend",
+        "gpu_name",
+        "time_basis",
+        "kind",
+        "origin",
+        "entity_type",
+        "entity_name",
+        "old_status",
+        "new_status",
+        "termination_message",
+        "changed_fields",
+        "actor",
+        "message",
+        "probe",
+        "file",  # the evidence's unparsed log lines: file, text
+        "text",
+    }
+)
+
 # Log records as the log readers hand them to the message catalogue.
 LOG_RECORDS_SCHEMA: dict[str, pl.DataType] = {
     "file": pl.String(),

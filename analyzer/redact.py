@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cache, cached_property
 from itertools import groupby
@@ -391,6 +391,17 @@ def _keyword_rules() -> tuple[list[str], dict[str, list[int]], list[int]]:
     return sorted(triggered), triggered, always
 
 
+@cache
+def _keywords_of(only: frozenset[int] | None) -> tuple[list[str], dict[str, list[int]], list[int]]:
+    """`_keyword_rules` of the rules `only` (all: None): a pass looks for their keywords
+    alone (the rules that span lines run over whole texts, where other keywords abound)."""
+    keywords, triggered, always = _keyword_rules()
+    if only is None:
+        return keywords, triggered, always
+    mine = [k for k in keywords if any(i in only for i in triggered[k])]
+    return mine, triggered, [i for i in always if i in only]
+
+
 def redact_shapes(texts: pl.Series, *, dedupe: bool = True) -> pl.Series:
     """Every secret shape in a column of texts masked. Each distinct text is redacted once
     (`dedupe` false: the caller's texts are distinct already, or nearly).
@@ -451,10 +462,13 @@ def multi_line_order() -> tuple[tuple[bool, tuple[frozenset[int], ...]], ...]:
 def _over_lines(texts: pl.Series, groups: tuple[frozenset[int], ...]) -> pl.Series:
     """Each group of rules, one after the other, over every distinct line of the texts."""
     lines = texts.str.split("\n")
-    owner = pl.int_range(texts.len(), eager=True).repeat_by(lines.list.len())
     flat = lines.explode()
+    given = flat
     for group in groups:
         flat = _per_distinct_line(flat, group)
+    if flat is given:  # no line changed (most rendered text): nothing to join again
+        return texts
+    owner = pl.int_range(texts.len(), eager=True).repeat_by(lines.list.len())
     return (
         pl.DataFrame({"owner": owner.explode(), "line": flat})
         .group_by("owner", maintain_order=True)
@@ -473,17 +487,15 @@ def _per_distinct_line(lines: pl.Series, only: frozenset[int]) -> pl.Series:
     return lines.replace(distinct.filter(changed), redacted.filter(changed))
 
 
-def _run_rules(
-    texts: pl.Series, only: set[int] | None, exclude: set[int] = frozenset()
-) -> pl.Series:
-    """The rules (`only` those, or all but `exclude`) over the texts holding their keywords:
-    one polars pass finds, per text, the keywords it holds; each rule then runs once over its
-    texts joined by newlines (texts holding a newline themselves are run one by one). Only
-    the texts some rule runs over travel into Python."""
-    keywords, triggered, always = _keyword_rules()
-    wanted = (lambda i: i in only) if only is not None else (lambda i: i not in exclude)
+def _run_rules(texts: pl.Series, only: frozenset[int] | None) -> pl.Series:
+    """The rules (`only` those, or all) over the texts holding their keywords: one polars
+    pass finds, per text, the keywords of those rules it holds; each rule then runs once over
+    its texts joined by newlines (texts holding a newline themselves are run one by one).
+    Only the texts some rule runs over travel into Python."""
+    keywords, triggered, always = _keywords_of(only)
+    wanted = (lambda i: i in only) if only is not None else (lambda i: True)
     found = (
-        pl.DataFrame({"text": texts})
+        pl.DataFrame({"text": texts if keywords else pl.Series([], dtype=pl.String)})
         .with_row_index("row")
         .select(
             "row",
@@ -597,6 +609,8 @@ class Redactor:
 
     def apply(self, text: str) -> str:
         """`text` with every known value and every secret shape masked."""
+        if text.isascii() and len(text.translate(_ASCII_HIDDEN)) == len(text):
+            return self._masked(pl.Series([text]), dedupe=True)[0]  # nothing hidden in it
         return self.apply_series(pl.Series([text]))[0]
 
     def apply_series(self, texts: pl.Series, *, dedupe: bool = True) -> pl.Series:
@@ -640,41 +654,49 @@ class Redactor:
         """Every string column of `frame` (lists of strings too) redacted."""
         return self.apply_frames([frame])[0]
 
-    def apply_frames(self, frames: list[pl.DataFrame]) -> list[pl.DataFrame]:
+    def apply_frames(
+        self, frames: list[pl.DataFrame], closed: Mapping[str, str] | None = None
+    ) -> list[pl.DataFrame]:
         """Every string column of every frame (lists of strings too) redacted, each distinct
         text once over all of them: most columns repeat a few values (a server, a status),
-        and a pass over a column costs about as much for one text as for thousands."""
-        text_columns = [
-            {
-                name: dtype == pl.List(pl.String)
-                for name, dtype in frame.schema.items()
-                if dtype in (pl.String, pl.List(pl.String))
-            }
-            for frame in frames
+        and a pass over a column costs about as much for one text as for thousands. A column
+        `closed` names (analyzer.model.CLOSED_TEXT) keeps every value that has its shape (a
+        regex): only its other values are redacted."""
+        closed = closed or {}
+        columns = [
+            (index, name, dtype == pl.List(pl.String))
+            for index, frame in enumerate(frames)
+            for name, dtype in frame.schema.items()
+            if dtype in (pl.String, pl.List(pl.String))
         ]
-        texts = [
-            (frame[name].explode() if is_list else frame[name]).alias("text")
-            for frame, columns in zip(frames, text_columns, strict=True)
-            for name, is_list in columns.items()
-        ]
-        if not texts:
+        if not columns:
             return frames
+        texts = [
+            _unshaped(frames[index][name], is_list, closed.get(name))
+            for index, name, is_list in columns
+        ]
         distinct = pl.concat(texts).drop_nulls().unique()
         redacted = self.apply_series(distinct, dedupe=False)
         changed = distinct != redacted
         if not changed.any():
             return frames
         old, new = distinct.filter(changed), redacted.filter(changed)
-        return [
-            frame.with_columns(
-                pl.col(name).list.eval(pl.element().replace(old, new))
+        updates: list[list[pl.Expr]] = [[] for _ in frames]
+        for (index, name, is_list), own in zip(columns, texts, strict=True):
+            olds, news = old, new
+            if name in closed:  # only its values without the shape, if any of them changed
+                mine = old.is_in(own.implode())
+                if not mine.any():
+                    continue
+                olds, news = old.filter(mine), new.filter(mine)
+            updates[index].append(
+                pl.col(name).list.eval(pl.element().replace(olds, news))
                 if is_list
-                else pl.col(name).replace(old, new)
-                for name, is_list in columns.items()
+                else pl.col(name).replace(olds, news)
             )
-            if columns
-            else frame
-            for frame, columns in zip(frames, text_columns, strict=True)
+        return [
+            frame.with_columns(exprs) if exprs else frame
+            for frame, exprs in zip(frames, updates, strict=True)
         ]
 
     def apply_data(self, data: object, *, controls: bool = False) -> object:
@@ -730,7 +752,9 @@ class Redactor:
         counts (a word that only looks like an ordinary value, an escaped backslash before
         an `r`): then the walk decides."""
         text = pl.Series([json_text], dtype=pl.String)
-        if text.str.contains(f"{HIDDEN}|{_HIDDEN_ESCAPED}").any():
+        # JSON escapes every C0 control: in an ASCII text, only DEL can stand raw
+        raw = "\x7f" in json_text if json_text.isascii() else text.str.contains(HIDDEN).any()
+        if raw or text.str.contains(_HIDDEN_ESCAPED).any():
             return True
         if not self.values:
             return False
@@ -751,6 +775,14 @@ class Redactor:
         if self._forms is None or self._forms[0] != key:
             self._forms = (key, value_forms(self.values))
         return self._forms[1]
+
+
+def _unshaped(column: pl.Series, is_list: bool, shape: str | None) -> pl.Series:
+    """The texts of a column that do not have its closed `shape` (all of them without one)."""
+    texts = column.explode() if is_list else column
+    if shape is None:
+        return texts.alias("text")
+    return texts.filter(~texts.str.contains(f"^(?:{shape})$").fill_null(False)).alias("text")
 
 
 def ordinary_word(value: str) -> bool:
@@ -901,9 +933,19 @@ def without_controls(text: str, *, keep_styles: bool = False) -> str:
     renderer's own SGR colour sequences stay (the data it drew from is cleaned already: every
     string of the report loses its control characters)."""
     if not keep_styles:
-        return _CONTROLS.sub("", text)
+        return _cleaned(text)
     parts = _STYLE.split(text)
-    return "".join(p if i % 2 else _CONTROLS.sub("", p) for i, p in enumerate(parts))
+    return "".join(p if i % 2 else _cleaned(p) for i, p in enumerate(parts))
+
+
+# the hidden characters that are ASCII (C0 controls but tab and newline, DEL), for translate
+_ASCII_HIDDEN = dict.fromkeys(c for a, b in _HIDDEN_RANGES for c in range(a, min(b, 0x7F) + 1))
+
+
+def _cleaned(text: str) -> str:
+    """`text` without ``_CONTROLS``: an ASCII text (most rendered output) by one translate,
+    several times faster than the regex."""
+    return text.translate(_ASCII_HIDDEN) if text.isascii() else _CONTROLS.sub("", text)
 
 
 CHUNK_CHARS = 4_000_000  # chunks of about this size: ~15 times it in memory, CPU as one pass

@@ -158,7 +158,13 @@ def test_the_guard_walks_a_report_holding_a_known_value_or_a_hidden_character(se
     redactor = Redactor()
     redactor.add([SECRET])
     finding = seed_report.findings[0]
-    for job_name in (f"web-{SECRET[:9]}" + SECRET[9:], "web\x1b[2J", "web\u202e0", "web\r"):
+    for job_name in (
+        f"web-{SECRET[:9]}" + SECRET[9:],
+        "web\x1b[2J",
+        "web\u202e0",
+        "web\r",
+        "web\x7f",
+    ):
         victim = finding.victims[0].model_copy(update={"job_name": job_name})
         report = seed_report.model_copy(
             update={"findings": [finding.model_copy(update={"victims": [victim]})]}

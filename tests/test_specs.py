@@ -479,3 +479,48 @@ def test_an_accepted_update_that_creates_no_surge_promises_no_room(seed):
     web = _web(seed, BEFORE_UPDATE)
     assert web.surge_capacity == "available"
     assert not any(r.startswith("run chat's update") for r in web.reasons)
+
+
+def test_room_promised_is_the_same_whatever_moments_are_asked_at_once(monkeypatch):
+    from analyzer.pipeline import specs
+
+    def at(minute):
+        return datetime(2026, 11, 2, 9, minute, tzinfo=UTC)
+
+    updates = pl.DataFrame(
+        {
+            "server": ["s", "s"],
+            "run_id": ["chat", "api"],
+            "time": [at(2), at(4)],
+            "deployment_num": [1, 1],
+            "changed_fields": ["configuration.commands", "configuration.image"],
+        }
+    )
+    submissions = pl.DataFrame({"server": ["s"], "run_id": ["api"], "created_at": [at(5)]})
+    runs = pl.DataFrame(
+        {
+            "server": ["s"] * 3,
+            "run_id": ["web", "chat", "api"],
+            "fleet_id": ["f"] * 3,
+            "run_name": ["web", "chat", "api"],
+            "status": ["running"] * 3,
+            "last_processed_at": [at(9)] * 3,
+        }
+    )
+    moments = pl.DataFrame(
+        {"server": ["s"] * 3, "run_id": ["web"] * 3, "as_of": [at(m) for m in (1, 3, 6)]}
+    )
+
+    def promised():
+        found = specs.promised_surges(updates, submissions, runs, moments)
+        return sorted((row["as_of"].minute, row["promised"]) for row in found.iter_rows(named=True))
+
+    chat = (
+        "run chat's update to deployment 1 (accepted at 2026-11-02 09:02:00) has not created "
+        "its surge replica yet"
+    )
+    # api's surge replica was created at 09:05: promised at no moment asked (after 09:04)
+    expected = [(3, [chat]), (6, [chat])]
+    assert promised() == expected
+    monkeypatch.setattr(specs, "SURGE_CHUNK", 1)  # each moment asked on its own
+    assert promised() == expected

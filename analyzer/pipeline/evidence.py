@@ -12,6 +12,7 @@ from datetime import datetime
 import polars as pl
 
 from analyzer.model import (
+    CLOSED_TEXT,
     EVENTS_SCHEMA,
     FLEETS_SCHEMA,
     INSTANCES_SCHEMA,
@@ -226,6 +227,14 @@ def _disputed_keys(
     )
 
 
+def _all_unique(frame: pl.DataFrame, key: list[str]) -> bool:
+    """Whether no two rows share `key`: told by the keys' hashes when they all differ (one
+    pass over integers), by the keys themselves only when two hashes meet."""
+    if frame.select(pl.struct(key).hash().n_unique()).item() == frame.height:
+        return True
+    return frame.select(pl.struct(key).is_unique().all()).item()
+
+
 def _merge_events(frames: list[pl.DataFrame]) -> pl.DataFrame:
     """One row per real event: equal (server, entity, message, time) rows from several inputs
     are the same event seen twice; their provenances are kept together."""
@@ -233,15 +242,15 @@ def _merge_events(frames: list[pl.DataFrame]) -> pl.DataFrame:
         return pl.DataFrame(schema=EVENTS_SCHEMA)
     stacked = _stacked(frames, EVENTS_SCHEMA).collect()
     key = ["server", "entity_type", "entity_id", "message", "time"]
-    if stacked.select(pl.struct(key).is_unique().all()).item():
+    if _all_unique(stacked, key):
         # every event seen once (one input, as a lone database): what the grouping below
         # would give, without grouping every column of every row
-        merged = stacked.with_columns(
+        # (conformed already: only the provenance lists change)
+        return stacked.with_columns(
             pl.col("provenance")
             .list.unique(maintain_order=True)
             .fill_null(pl.lit([], dtype=pl.List(pl.String)))
         )
-        return conform(merged, EVENTS_SCHEMA).collect()
     merged = (
         stacked.with_columns(pl.col("time").fill_null(pl.lit(None)))
         .group_by(key, maintain_order=True)
@@ -338,9 +347,18 @@ def combine(parts: list[SourceData]) -> Evidence:
         evidence.limitations = [
             lim for lim in evidence.limitations if not lim.code.startswith(API_ONLY_PREFIXES)
         ]
-    evidence.events = evidence.events.sort(["server", "time", "seq"], nulls_last=True)
+    evidence.events = _in_order(evidence.events, ["server", "time", "seq"])
     _redact(evidence)
     return evidence
+
+
+def _in_order(frame: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """`frame` sorted by `keys` (nulls last), left as it is when it is in that order already
+    (one database's events come so): the order is found, and the rows moved only if needed."""
+    order = frame.select(pl.arg_sort_by(keys, nulls_last=True)).to_series()
+    if (order == pl.int_range(frame.height, dtype=order.dtype, eager=True)).all():
+        return frame
+    return frame[order]
 
 
 def _redact(evidence: Evidence) -> None:
@@ -348,7 +366,7 @@ def _redact(evidence: Evidence) -> None:
     it: the report, the notebook tables, the dataset and every picture start from here."""
     redactor = evidence.redactor
     tables = ("runs", "jobs", "events", "unparsed", "fleets", "instances")
-    redacted = redactor.apply_frames([getattr(evidence, table) for table in tables])
+    redacted = redactor.apply_frames([getattr(evidence, table) for table in tables], CLOSED_TEXT)
     for table, frame in zip(tables, redacted, strict=True):
         setattr(evidence, table, frame)
     texts = [[i.path, *i.notes] for i in evidence.inputs]

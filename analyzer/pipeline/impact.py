@@ -179,12 +179,14 @@ def _stop_precisions(findings: list[Finding], events: pl.DataFrame) -> dict[tupl
         "server",
         pl.col("entity_id").alias("job_id"),
         pl.col("time").alias("stop"),
-        _precision_us().alias("precision"),
+        "time_text",
+        "time_basis",
     )
+    # the precision read only of the sightings of a stop, not of every job event
     found = (
         stops.join(sightings, on=["server", "job_id", "stop"])
         .group_by("i", "job_id")
-        .agg(pl.col("precision").min())
+        .agg(_precision_us().min().alias("precision"))
     )
     return {(i, job): p for i, job, p in found.iter_rows()}
 

@@ -221,6 +221,8 @@ def _clock_jumps(evidence: Evidence) -> pl.DataFrame:
     kept in `_raw_time`, and `_after_jump` marks lines past a jump (for zone conversion)."""
     events = evidence.events.with_columns(pl.col("time").alias("_raw_time"))
     local = pl.col("time_basis") == "log_local_unaligned"
+    if not events.select(local.any()).item():  # no local clock (a database): nothing jumps
+        return events.with_columns(pl.lit(False).alias("_after_jump"))
     ordered = events.with_row_index("_i").sort("source", "seq")
     back = (pl.col("time").shift(1).over("source") - pl.col("time")).dt.total_microseconds()
     jump = pl.when(local & (back > CLOCK_JUMP_US)).then(quarter_hour(back)).otherwise(0)

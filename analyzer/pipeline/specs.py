@@ -353,6 +353,20 @@ def promised_surges(
     created = submissions.select(
         "server", pl.col("run_id").alias("other"), pl.col("created_at").alias("_created")
     )
+    # moments a few hundred at a time: each meets every other run of its fleet
+    chunks = asked.with_columns(_chunk=pl.int_range(pl.len()) // SURGE_CHUNK).partition_by(
+        "_chunk", include_key=False
+    )
+    return pl.concat([_promised(chunk, others, accepted, created) for chunk in chunks or [asked]])
+
+
+SURGE_CHUNK = 256  # moments asked at once: memory for their (moment, other run) pairs bounded
+
+
+def _promised(
+    asked: pl.DataFrame, others: pl.DataFrame, accepted: pl.DataFrame, created: pl.DataFrame
+) -> pl.DataFrame:
+    """promised_surges of the moments `asked` (server, run_id, as_of, fleet_id)."""
     pending = (
         asked.join(others, left_on=["server", "fleet_id"], right_on=["server", "_fleet"])
         .filter(pl.col("other") != pl.col("run_id"))
