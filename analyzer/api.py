@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from functools import cached_property
@@ -28,9 +29,10 @@ from analyzer.pipeline.foresight import foresight
 from analyzer.pipeline.impact import assess, serving_capacity
 from analyzer.pipeline.partitions import (
     ForesightPiece,
+    MergedReport,
     PartitionResult,
+    ReportSpill,
     foresight_piece,
-    merge_partitions,
 )
 from analyzer.pipeline.reconcile import TimeOptions, reconcile
 from analyzer.pipeline.selectors import one_run, run_filter
@@ -428,15 +430,29 @@ def audit_in_partitions(paths: Paths, count: int, *, client=None, **options) -> 
     largest partition, not by the input (databases and ingested datasets push the partition
     down into their reads). With a Dask `client`, the partitions are tasks of its cluster
     (analyzer.cluster) and the workers open the sources from the same paths or URLs."""
+    with partitions_merged(paths, count, client=client, **options) as merged:
+        return merged.report()
+
+
+@contextmanager
+def partitions_merged(
+    paths: Paths, count: int, *, client=None, **options
+) -> Iterator[MergedReport]:
+    """`audit_in_partitions`, its runs and findings left in the merge's private folder until
+    the report is written (`MergedReport.texts`: what the JSON output streams), so that no
+    list of every run and finding is held; the folder is removed on leaving."""
     given = as_paths(paths)
     shared = whole_input_facts(given)
-    if client is not None:
-        from analyzer.cluster import audit_partitions
+    with ReportSpill() as spill:
+        if client is not None:
+            from analyzer.cluster import audit_partitions
 
-        return audit_partitions(client, given, count, audit_partition, shared=shared, **options)
-    results = [audit_partition(given, index, count, options, shared) for index in range(count)]
-    del shared  # the whole tables it holds are not needed by the merge
-    return merge_partitions(results)
+            audit_partitions(client, given, count, audit_partition, spill, shared=shared, **options)
+        else:
+            for index in range(count):
+                spill.add(index, audit_partition(given, index, count, options, shared))
+        del shared  # the whole tables it holds are not needed by the merge
+        yield spill.merged()
 
 
 def whole_input_facts(paths: Sequence[str | Path]) -> WholeInputFacts:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from analyzer._version import __version__
 from analyzer.errors import AuditInputError
-from analyzer.pipeline.partitions import PartitionResult, merge_partitions
+from analyzer.pipeline.partitions import PartitionResult, ReportSpill, merge_partitions
 from analyzer.sources.base import WholeInputFacts
 
 if TYPE_CHECKING:
@@ -130,13 +130,15 @@ def audit_partitions(
     paths: Sequence[str | Path],
     count: int,
     task: PartitionTask,
+    spill: ReportSpill,
     *,
     shared: WholeInputFacts,
     **options: Any,
-) -> Report:
-    """The partitions of whole services as `task`s of `client`'s cluster, merged as in one
-    process; the facts `shared` of the whole inputs are sent once to every worker. An error
-    raised by a task (an unreadable input) is raised here unchanged."""
+) -> None:
+    """The partitions of whole services as `task`s of `client`'s cluster, each result written
+    to `spill` as it arrives (merged there as in one process); the facts `shared` of the whole
+    inputs are sent once to every worker. An error raised by a task (an unreadable input) is
+    raised here unchanged."""
     given = _sendable(paths)
     [facts] = client.scatter([shared], broadcast=True, hash=False)
     futures = client.map(
@@ -148,15 +150,28 @@ def audit_partitions(
         shared=facts,
         pure=False,
     )
-    return merge_partitions(_gather(client, futures))
+    for index, result in _arrived(client, futures):
+        spill.add(index, result)
 
 
 def _gather(client: Client, futures: list) -> list[PartitionResult]:
-    """The tasks' results in order; an error raised by a task (an unreadable input) is raised
-    here unchanged, a lost worker or scheduler and another version of the tool say so."""
+    """The tasks' results in order (_arrived)."""
+    done = dict(_arrived(client, futures))
+    return [done[i] for i in range(len(futures))]
+
+
+def _arrived(client: Client, futures: list) -> Iterator[tuple[int, PartitionResult]]:
+    """Each task's index and result as it arrives, its future released then; an error raised
+    by a task (an unreadable input) is raised here unchanged, a lost worker or scheduler and
+    another version of the tool say so."""
     distributed = _distributed()
+    index = {future.key: i for i, future in enumerate(futures)}
+    arriving = distributed.as_completed(futures, with_results=True)
     try:
-        results: list[PartitionResult] = client.gather(futures)
+        for future, result in arriving:
+            _same_version(result)
+            yield index[future.key], result
+            future.release()
     except distributed.KilledWorker as error:
         raise AuditInputError(
             "--cluster",
@@ -173,14 +188,20 @@ def _gather(client: Client, futures: list) -> list[PartitionResult]:
             f"a worker cannot run the audit ({error})",
             f"install dstack-audit {__version__} on every worker",
         ) from None
-    versions = {r.report.generated_by for r in results} - {f"dstack-audit {__version__}"}
-    if versions:
+    finally:
+        if not arriving.is_empty():  # left early (an error): the other tasks are not wanted
+            arriving.clear()
+            client.cancel(futures)
+
+
+def _same_version(result: PartitionResult) -> None:
+    version = result.report.generated_by
+    if version != f"dstack-audit {__version__}":
         raise AuditInputError(
             "--cluster",
-            f"workers run {', '.join(sorted(versions))}, not dstack-audit {__version__}",
+            f"workers run {version}, not dstack-audit {__version__}",
             "install the same version on every worker",
         )
-    return results
 
 
 ServerTask = Callable[[Sequence[str], str, dict[str, Any]], PartitionResult]
@@ -245,11 +266,22 @@ def run_on_cluster(
             if report is not None:
                 return report
             count = partitions or default_partitions(client)
-            shared = learn(given)
-            return audit_partitions(client, given, count, task, shared=shared, **options)
+            return _in_partitions(client, given, count, task, learn(given), **options)
     with ThreadPoolExecutor(1) as pool:
         learning = pool.submit(learn, given)
         with connect(workers=workers, address=address) as client:
             count = partitions or default_partitions(client)
-            shared = learning.result()
-            return audit_partitions(client, given, count, task, shared=shared, **options)
+            return _in_partitions(client, given, count, task, learning.result(), **options)
+
+
+def _in_partitions(
+    client: Client,
+    given: list[str],
+    count: int,
+    task: PartitionTask,
+    shared: WholeInputFacts,
+    **options: Any,
+) -> Report:
+    with ReportSpill() as spill:
+        audit_partitions(client, given, count, task, spill, shared=shared, **options)
+        return spill.merged().report()

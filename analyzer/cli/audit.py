@@ -183,7 +183,7 @@ def audit(
     (or runs not decided, unless --allow-undecided), 2 unusable input or wrong
     usage.
     """
-    from analyzer.api import audit_in_partitions
+    from analyzer.api import partitions_merged
     from analyzer.outputs import plan
     from analyzer.redact import Redactor, redact_pieces, without_controls
     from analyzer.sources.live import LIVE_URL, use_token
@@ -258,18 +258,26 @@ def audit(
         if workers and cluster:
             raise AuditInputError("--workers", "cannot be combined with --cluster")
         options.update(log_tz=log_tz, log_date=log_date.date() if log_date else None)
+        shapes = Redactor()  # each partition's report is redacted already: secret shapes only
+
+        def clean(text: str) -> str:
+            return shapes.apply(without_controls(text))
+
         if workers or cluster:
             from analyzer.api import audit_on_cluster
 
             report = audit_on_cluster(
                 sources, workers=workers, address=cluster, partitions=partitions, **options
             )
-        else:
-            report = audit_in_partitions(sources, partitions, **options)
-        outputs.add_inputs(i.path for i in report.inputs)
-        shapes = Redactor()  # each partition's report is redacted already: secret shapes only
-        write(report, lambda text: shapes.apply(without_controls(text)))
-        _gate(report, fail_on_findings, allow_undecided)
+            outputs.add_inputs(i.path for i in report.inputs)
+            write(report, clean)
+            _gate(report, fail_on_findings, allow_undecided)
+            return
+        with partitions_merged(sources, partitions, **options) as merged:
+            outputs.add_inputs(i.path for i in merged.head.inputs)
+            # JSON streams the runs and findings from the merge's files; the others read them
+            write(merged if fmt == "json" else merged.report(), clean)
+        _gate(merged.head, fail_on_findings, allow_undecided)
         return
     opened = open_audit(sources, log_tz, log_date, partition=parse_partition(partition), **options)
     report = opened.report
@@ -328,7 +336,7 @@ def _gate(report: Any, fail_on_findings: bool, allow_undecided: bool) -> None:
     must not read "no findings" from no evidence as safe) unless --allow-undecided."""
     if not fail_on_findings:
         return
-    if report.findings:
+    if report.summary.findings:
         sys.exit(1)
     from analyzer.render.format import undecided
     from analyzer.terminal import SETTINGS
