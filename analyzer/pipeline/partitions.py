@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import NamedTuple
 
 import polars as pl
 from pydantic import BaseModel, SerializeAsAny
@@ -231,8 +232,8 @@ class ReportSpill:
         self._wanted[index] = [i for i, f in enumerate(report.findings) if id(f) in wanted]
         self._heads[index] = report.model_copy(
             update={
-                "runs": [v.model_copy(update=_SLIM_VERDICT) for v in report.runs],
-                "findings": [f.model_copy(update=_SLIM_FINDING) for f in report.findings],
+                "runs": report.runs,  # a verdict is small: held whole, for the summary
+                "findings": [_slim_finding(f) for f in report.findings],
             }
         )
         self._pieces.append(result.foresight)
@@ -261,9 +262,10 @@ class ReportSpill:
         for index in order:
             for name, model in (("runs", RunVerdict), ("findings", Finding)):
                 self._guard(self._file(name, index), model, known)
-        whole = known.guard_model(merge_reports([self._heads[i] for i in order]))
+        whole = merge_reports([self._heads[i] for i in order])
+        head = known.guard_model(whole.model_copy(update={name: [] for name in STREAMED}))
         return MergedReport(
-            head=whole.model_copy(update={name: [] for name in STREAMED}),
+            head=head,
             counts={"runs": whole.summary.runs, "findings": whole.summary.findings},
             files={name: [self._file(name, i) for i in order] for name in STREAMED},
         )
@@ -287,7 +289,7 @@ class ReportSpill:
             update["root_cause"] = answer.root_cause
             finding = Finding.model_validate_json(lines[k][1]).model_copy(update=update)
             lines[k] = (lines[k][0], _text(finding))
-            slim[k] = answer
+            slim[k] = _slim_finding(answer)
         self._heads[index] = head.model_copy(update={"findings": slim})
         _write(path, lines)
 
@@ -324,11 +326,43 @@ class _Items(BaseModel):
     items: list[SerializeAsAny[BaseModel]]
 
 
-# what the merge reads of a run verdict (its place, its verdict, whether it runs on) and of
-# a finding (analyzer.pipeline.impact.summarise, impact_rank, its limitations): the rest of
-# each waits on disk
-_SLIM_VERDICT = {"why": "", "gaps": []}
-_SLIM_FINDING = {"evidence": [], "counterfactuals": [], "also_stopped": [], "notes": []}
+class _Stop(NamedTuple):
+    """What the summary reads of a victim (impact._day)."""
+
+    terminated_at: datetime | None
+
+
+class _Loss(NamedTuple):
+    """What the summary reads of a victim's impact (impact.totals)."""
+
+    lost_seconds: float | None
+    lost_cost: float | None
+    lost_is_lower_bound: bool
+
+
+def _slim_finding(finding: Finding) -> Finding:
+    """What the merge reads of a finding: its order (impact_rank), the summary's figures
+    (impact.summarise: each victim's stop and loss, as plain tuples), its limitations, and
+    what the capacity foresight reads (its culprits and root cause); the rest of it (its
+    evidence chain, what-ifs, the victims' details) waits on disk. Only read, never
+    validated or written out."""
+    impact = finding.impact
+    if impact is not None:
+        losses = [
+            _Loss(v.lost_seconds, v.lost_cost, v.lost_is_lower_bound) for v in impact.per_victim
+        ]
+        impact = impact.model_copy(update={"per_victim": losses, "lower_bound_reasons": []})
+    return finding.model_copy(
+        update={
+            "victims": [_Stop(v.terminated_at) for v in finding.victims],
+            "impact": impact,
+            "evidence": [],
+            "counterfactuals": [],
+            "also_stopped": [],
+            "notes": [],
+            "capacity_foresight": None,
+        }
+    )
 
 
 def _text(item: BaseModel) -> str:
