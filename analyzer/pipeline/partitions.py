@@ -317,9 +317,9 @@ class ReportSpill:
         (Redactor.guard_model), rewritten only when a text holds a known value or a hidden
         character (a value one partition's runs hold, repeated in another's): one look at
         the texts first, the items read only then."""
-        lines = _read(path)
-        if not known.holds_known_or_hidden("".join(text for _, text in lines)):
+        if not known.holds_known_or_hidden(path.read_text()):
             return
+        lines = _read(path)
         items = [model.model_validate_json(text) for _, text in lines]
         guarded = known.guard_model(_Items(items=items)).items
         _write(path, [(key, _text(item)) for (key, _), item in zip(lines, guarded, strict=True)])
@@ -388,15 +388,32 @@ def _text(item: BaseModel) -> str:
     return item.model_dump_json(indent=2)
 
 
-def _write(path: Path, lines: list[tuple]) -> None:
+# A spill file is records of an item's place in the report (its sort key as one line of
+# JSON) and its JSON text (`indent=2`, which never holds an empty line: a string's newlines
+# are escaped), each record ended by an empty line. The texts lie in the file as they are, so
+# the secret guard looks at the file's text itself, and only the keys are parsed to merge.
+_END = "\n\n"
+
+
+def _write(path: Path, records: list[tuple]) -> None:
     with path.open("w") as handle:
-        for key, text in lines:
-            handle.write(json.dumps([key, text]) + "\n")
+        for key, text in records:
+            handle.write(json.dumps(key) + "\n" + text + _END)
 
 
 def _read(path: Path) -> list[tuple]:
+    return list(_records(path))
+
+
+def _records(path: Path) -> Iterator[tuple[list, str]]:
+    """The records of a spill file in order, read a block at a time."""
     with path.open() as handle:
-        return [tuple(json.loads(line)) for line in handle]
+        rest = ""
+        while block := handle.read(1 << 20):
+            *whole, rest = (rest + block).split(_END)
+            for record in whole:
+                key, text = record.split("\n", 1)
+                yield json.loads(key), text
 
 
 @dataclass
@@ -411,7 +428,7 @@ class MergedReport:
 
     def texts(self, name: str) -> Iterator[str]:
         """Each item of the list `name` as `model_dump_json(indent=2)` gives it, in order."""
-        return (text for _, text in heapq.merge(*map(_lines, self.files[name]), key=_key))
+        return (text for _, text in heapq.merge(*map(_records, self.files[name]), key=_key))
 
     def report(self) -> Report:
         """The whole report, every item read back."""
@@ -420,13 +437,6 @@ class MergedReport:
             "findings": [Finding.model_validate_json(t) for t in self.texts("findings")],
         }
         return self.head.model_copy(update=lists)
-
-
-def _lines(path: Path) -> Iterator[tuple[list, str]]:
-    with path.open() as handle:
-        for line in handle:
-            key, text = json.loads(line)
-            yield key, text
 
 
 def _key(item: tuple[list, str]) -> list:

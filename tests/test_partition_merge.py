@@ -1,15 +1,19 @@
 """An audit in partitions holds one partition at a time: each partition's runs and findings go
 to the merge's private folder as it finishes (analyzer.pipeline.partitions.ReportSpill), so
 the peak memory of the whole process does not grow with the number of partitions when each
-holds as many runs. Whole processes, as a user runs them: the peak RSS of each child."""
+holds as many runs; the report streamed from there is the one-process report, byte for byte.
+Whole processes, as a user runs them."""
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
+from analyzer.sources.partition import service_bucket
 from analyzer.synth import synthesize
+from tests.conftest import execute
 
 # stories that end in findings (collateral terminations with their evidence chains): the
 # reports the merge used to hold for every partition are large, so holding them shows
@@ -66,3 +70,36 @@ def test_peak_memory_does_not_grow_with_the_number_of_buckets(tmp_path):
     whole = tmp_path / "whole.json"
     _audit([str(tmp_path / "server-8" / "server.db"), "-o", str(whole)])
     assert out.read_bytes() == whole.read_bytes()
+
+
+def test_a_secret_one_partition_knows_is_masked_in_the_others(tmp_path):
+    """A token in the job specs of one partition's runs, repeated in the failure messages of
+    another partition's: one process masks it in both, and so does the merge."""
+    secret = "hf_PlantedAcrossPartitions_4242"
+    synthesize(tmp_path / "server", 60, seed=7, log_formats=(), mix=MIX)
+    db = tmp_path / "server" / "server.db"
+    with sqlite3.connect(db) as connection:
+        runs = connection.execute("SELECT id, project_id, run_name FROM runs").fetchall()
+    buckets = {run: service_bucket(project, name, 2) for run, project, name in runs}
+    ids = {bucket: [run for run, b in buckets.items() if b == bucket] for bucket in (0, 1)}
+    assert ids[0] and ids[1]
+    marks = ", ".join("?" * len(ids[0]))
+    execute(
+        db,
+        "UPDATE jobs SET job_spec_data = json_set(job_spec_data, '$.env', json(?)) "
+        f"WHERE run_id IN ({marks})",
+        params=(f'{{"HF_TOKEN": "{secret}"}}', *ids[0]),
+    )
+    marks = ", ".join("?" * len(ids[1]))
+    execute(
+        db,
+        "UPDATE jobs SET termination_reason_message = ? "
+        f"WHERE status = 'FAILED' AND run_id IN ({marks})",
+        params=(f"exited: token {secret} rejected", *ids[1]),
+    )
+    whole, merged = tmp_path / "whole.json", tmp_path / "merged.json"
+    _audit([str(db), "-o", str(whole)])
+    _audit([str(db), "--partitions", "2", "-o", str(merged)])
+    text = whole.read_text()
+    assert secret not in text and "token *** rejected" in text
+    assert merged.read_bytes() == whole.read_bytes()
