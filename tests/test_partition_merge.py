@@ -6,9 +6,12 @@ Whole processes, as a user runs them."""
 
 from __future__ import annotations
 
+import os
+import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from analyzer.sources.partition import service_bucket
@@ -103,3 +106,28 @@ def test_a_secret_one_partition_knows_is_masked_in_the_others(tmp_path):
     text = whole.read_text()
     assert secret not in text and "token *** rejected" in text
     assert merged.read_bytes() == whole.read_bytes()
+
+
+def test_ctrl_c_during_the_partitions_leaves_no_spill_folder(tmp_path):
+    """Interrupted once the merge's folder holds a partition's report: exit 130, and the
+    folder (in TMPDIR, never beside the evidence) is gone with everything in it."""
+    synthesize(tmp_path / "server", 600, seed=7, log_formats=(), mix=MIX)
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    db, out = tmp_path / "server" / "server.db", tmp_path / "report.json"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "analyzer", "audit", str(db), "--partitions", "6", "-o", str(out)],
+        env={**os.environ, "TMPDIR": str(temporary)},
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 120
+    while not list(temporary.glob("dstack-audit-merge-*/*")) and time.monotonic() < deadline:
+        assert process.poll() is None, "the audit ended before its first partition was written"
+        time.sleep(0.05)
+    assert list(temporary.glob("dstack-audit-merge-*/*")), "no spill folder in TMPDIR"
+    process.send_signal(signal.SIGINT)
+    _, errors = process.communicate(timeout=60)
+    assert process.returncode == 130, errors
+    assert not list(temporary.iterdir())
+    assert not out.exists()
+    assert {p.name for p in db.parent.iterdir()} == {"server.db", "truth.json", "logs"}
