@@ -465,30 +465,35 @@ def whole_input_facts(paths: Sequence[str | Path]) -> WholeInputFacts:
     return shared
 
 
-def audit_on_cluster(
+@contextmanager
+def cluster_merged(
     paths: Paths,
     *,
     workers: int | None = None,
     address: str | None = None,
     partitions: int | None = None,
     **options,
-) -> Report:
+) -> Iterator[Report | MergedReport]:
     """Audit on a new local Dask cluster of `workers` processes or on the scheduler at
     `address`, in `partitions` tasks (analyzer.cluster.PARTITIONS_PER_WORKER per worker thread
-    unless given). Several databases, each a server of its own, are audited one server per
-    task instead (unless --partitions or --server-label is given): no task reads another's
-    database, and nothing is learnt of the whole inputs first."""
+    unless given), the partitions' runs and findings left in the merge's private folder until
+    the report is written (as `partitions_merged`). Several databases, each a server of its
+    own, are audited one server per task instead (unless --partitions or --server-label is
+    given): no task reads another's database, nothing is learnt of the whole inputs first, and
+    their report comes whole."""
     from analyzer.cluster import run_on_cluster
 
     given = as_paths(paths)
     fleet = None if partitions or options.get("server_labels") else one_server_each(given)
-    return run_on_cluster(
-        given,
-        audit_partition,
-        whole_input_facts,
-        servers=(fleet, audit_server) if fleet else None,
-        workers=workers,
-        address=address,
-        partitions=partitions,
-        **options,
-    )
+    with ReportSpill() as spill:
+        yield run_on_cluster(
+            given,
+            audit_partition,
+            whole_input_facts,
+            spill,
+            servers=(fleet, audit_server) if fleet else None,
+            workers=workers,
+            address=address,
+            partitions=partitions,
+            **options,
+        )

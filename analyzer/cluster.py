@@ -24,7 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 from analyzer._version import __version__
 from analyzer.errors import AuditInputError
-from analyzer.pipeline.partitions import PartitionResult, ReportSpill, merge_partitions
+from analyzer.pipeline.partitions import (
+    MergedReport,
+    PartitionResult,
+    ReportSpill,
+    merge_partitions,
+)
 from analyzer.sources.base import WholeInputFacts
 
 if TYPE_CHECKING:
@@ -248,17 +253,20 @@ def run_on_cluster(
     paths: Sequence[str | Path],
     task: PartitionTask,
     learn: LearnWholeInputs,
+    spill: ReportSpill,
     *,
     servers: Servers | None = None,
     workers: int | None = None,
     address: str | None = None,
     partitions: int | None = None,
     **options: Any,
-) -> Report:
+) -> Report | MergedReport:
     """Audit on a new local cluster of `workers` processes or on the scheduler at `address`,
     in `partitions` tasks (PARTITIONS_PER_WORKER per worker thread unless given), the whole
-    inputs' shared facts learnt by `learn` in this process while the cluster starts; or, given
-    `servers` (a fleet of databases), one server per task (audit_servers)."""
+    inputs' shared facts learnt by `learn` in this process while the cluster starts, each
+    task's result written to `spill` as it arrives (the merged report reads it: use it inside
+    `spill`'s `with`); or, given `servers` (a fleet of databases), one server per task
+    (audit_servers)."""
     given = _sendable(paths)
     if servers is not None:
         with connect(workers=workers, address=address) as client:
@@ -266,22 +274,13 @@ def run_on_cluster(
             if report is not None:
                 return report
             count = partitions or default_partitions(client)
-            return _in_partitions(client, given, count, task, learn(given), **options)
+            shared = learn(given)
+            audit_partitions(client, given, count, task, spill, shared=shared, **options)
+            return spill.merged()
     with ThreadPoolExecutor(1) as pool:
         learning = pool.submit(learn, given)
         with connect(workers=workers, address=address) as client:
             count = partitions or default_partitions(client)
-            return _in_partitions(client, given, count, task, learning.result(), **options)
-
-
-def _in_partitions(
-    client: Client,
-    given: list[str],
-    count: int,
-    task: PartitionTask,
-    shared: WholeInputFacts,
-    **options: Any,
-) -> Report:
-    with ReportSpill() as spill:
-        audit_partitions(client, given, count, task, spill, shared=shared, **options)
-        return spill.merged().report()
+            shared = learning.result()
+            audit_partitions(client, given, count, task, spill, shared=shared, **options)
+            return spill.merged()

@@ -184,6 +184,7 @@ def audit(
     usage.
     """
     from analyzer.api import partitions_merged
+    from analyzer.contract import Report
     from analyzer.outputs import plan
     from analyzer.redact import Redactor, redact_pieces, without_controls
     from analyzer.sources.live import LIVE_URL, use_token
@@ -264,20 +265,20 @@ def audit(
             return shapes.apply(without_controls(text))
 
         if workers or cluster:
-            from analyzer.api import audit_on_cluster
+            from analyzer.api import cluster_merged
 
-            report = audit_on_cluster(
+            merging = cluster_merged(
                 sources, workers=workers, address=cluster, partitions=partitions, **options
             )
-            outputs.add_inputs(i.path for i in report.inputs)
-            write(report, clean)
-            _gate(report, fail_on_findings, allow_undecided)
-            return
-        with partitions_merged(sources, partitions, **options) as merged:
-            outputs.add_inputs(i.path for i in merged.head.inputs)
+        else:
+            merging = partitions_merged(sources, partitions, **options)
+        with merging as merged:
+            head = merged if isinstance(merged, Report) else merged.head
+            outputs.add_inputs(i.path for i in head.inputs)
             # JSON streams the runs and findings from the merge's files; the others read them
-            write(merged if fmt == "json" else merged.report(), clean)
-        _gate(merged.head, fail_on_findings, allow_undecided)
+            streamed = fmt == "json" or isinstance(merged, Report)
+            write(merged if streamed else merged.report(), clean)
+        _gate(head, fail_on_findings, allow_undecided)
         return
     opened = open_audit(sources, log_tz, log_date, partition=parse_partition(partition), **options)
     report = opened.report
