@@ -214,8 +214,8 @@ own, 512 at a time 2.5 s and 120 MB (the audit in 16 partitions: 542 MB peak; 1,
 class ReportSpill:
     """The reports of the partitions of one audit, each written to a private folder as soon
     as its partition is done, so that no list of every run and finding is held for the merge:
-    each run verdict and each finding as its JSON text (one per line, with its place in the
-    report's order), beside what the merge reads of them (the summary's few fields) and the
+    each run verdict and each finding as its JSON text after its place in the report's order
+    (`_write`), beside what the merge reads of them (the summary's few fields) and the
     partition's whole-report facts. The folder is made by `tempfile` (never in or beside the
     evidence) and removed on leaving, also on an error or Ctrl-C."""
 
@@ -237,7 +237,7 @@ class ReportSpill:
     def _file(self, name: str, index: int) -> Path:
         if self._folder is None:
             raise RuntimeError("a ReportSpill is used inside `with`")
-        return self._folder / f"{name}-{index}.jsonl"
+        return self._folder / f"{name}-{index}.spill"
 
     def add(self, index: int, result: PartitionResult) -> None:
         """Partition `index`'s report written out, its foresight piece kept (results may come
@@ -247,11 +247,9 @@ class ReportSpill:
         _write(self._file("findings", index), [(impact_rank(f), _text(f)) for f in report.findings])
         wanted = {id(f) for f in wanted_findings(report.findings)}
         self._wanted[index] = [i for i, f in enumerate(report.findings) if id(f) in wanted]
+        # a verdict is small: held whole, for the summary and the order of the runs
         self._heads[index] = report.model_copy(
-            update={
-                "runs": report.runs,  # a verdict is small: held whole, for the summary
-                "findings": [_slim_finding(f) for f in report.findings],
-            }
+            update={"findings": [_slim_finding(f) for f in report.findings]}
         )
         self._pieces.append(result.foresight)
 
