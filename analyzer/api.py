@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from functools import cached_property
@@ -29,9 +30,10 @@ from analyzer.pipeline.foresight import foresight
 from analyzer.pipeline.impact import assess, serving_capacity
 from analyzer.pipeline.partitions import (
     ForesightPiece,
+    MergedReport,
     PartitionResult,
+    ReportSpill,
     foresight_piece,
-    merge_partitions,
 )
 from analyzer.pipeline.reconcile import TimeOptions, reconcile
 from analyzer.pipeline.selectors import one_run, run_filter
@@ -489,15 +491,29 @@ def audit_in_partitions(paths: Paths, count: int, *, client=None, **options) -> 
     largest partition, not by the input (databases and ingested datasets push the partition
     down into their reads). With a Dask `client`, the partitions are tasks of its cluster
     (analyzer.cluster) and the workers open the sources from the same paths or URLs."""
+    with partitions_merged(paths, count, client=client, **options) as merged:
+        return merged.report()
+
+
+@contextmanager
+def partitions_merged(
+    paths: Paths, count: int, *, client=None, **options
+) -> Iterator[MergedReport]:
+    """`audit_in_partitions`, its runs and findings left in the merge's private folder until
+    the report is written (`MergedReport.texts`: what the JSON output streams), so that no
+    list of every run and finding is held; the folder is removed on leaving."""
     given = as_paths(paths)
     shared = whole_input_facts(given)
-    if client is not None:
-        from analyzer.cluster import audit_partitions
+    with ReportSpill() as spill:
+        if client is not None:
+            from analyzer.cluster import audit_partitions
 
-        return audit_partitions(client, given, count, audit_partition, shared=shared, **options)
-    results = [audit_partition(given, index, count, options, shared) for index in range(count)]
-    del shared  # the whole tables it holds are not needed by the merge
-    return merge_partitions(results)
+            audit_partitions(client, given, count, audit_partition, spill, shared=shared, **options)
+        else:
+            for index in range(count):
+                spill.add(index, audit_partition(given, index, count, options, shared))
+        del shared  # the whole tables it holds are not needed by the merge
+        yield spill.merged()
 
 
 def whole_input_facts(paths: Sequence[str | Path]) -> WholeInputFacts:
@@ -510,7 +526,8 @@ def whole_input_facts(paths: Sequence[str | Path]) -> WholeInputFacts:
     return shared
 
 
-def audit_on_cluster(
+@contextmanager
+def cluster_merged(
     paths: Paths,
     *,
     workers: int | None = None,
@@ -518,25 +535,28 @@ def audit_on_cluster(
     partitions: int | None = None,
     fleet: FleetTasks | None = None,
     **options,
-) -> Report | Any:
+) -> Iterator[Report | MergedReport | Any]:
     """Audit on a new local Dask cluster of `workers` processes or on the scheduler at
     `address`, in `partitions` tasks (analyzer.cluster.PARTITIONS_PER_WORKER per worker thread
-    unless given). Several databases, each a server of its own, are audited one server per
-    task instead (unless --partitions or --server-label is given): no task reads another's
-    database, and nothing is learnt of the whole inputs first; `fleet` says what those tasks
-    do and what their merge returns (REPORT_FLEET: the report)."""
+    unless given), the partitions' runs and findings left in the merge's private folder until
+    the report is written (as `partitions_merged`). Several databases, each a server of its
+    own, are audited one server per task instead (unless --partitions or --server-label is
+    given): no task reads another's database, and nothing is learnt of the whole inputs first;
+    `fleet` says what those tasks do and what their merge yields (REPORT_FLEET: the report)."""
     from analyzer.cluster import run_on_cluster
 
     given = as_paths(paths)
     servers = None if partitions or options.get("server_labels") else one_server_each(given)
-    return run_on_cluster(
-        given,
-        audit_partition,
-        whole_input_facts,
-        servers=servers,
-        fleet=fleet or REPORT_FLEET,
-        workers=workers,
-        address=address,
-        partitions=partitions,
-        **options,
-    )
+    with ReportSpill() as spill:
+        yield run_on_cluster(
+            given,
+            audit_partition,
+            whole_input_facts,
+            spill,
+            servers=servers,
+            fleet=fleet or REPORT_FLEET,
+            workers=workers,
+            address=address,
+            partitions=partitions,
+            **options,
+        )

@@ -7,8 +7,8 @@ times, the tables every partition reads whole: `WholeInputFacts`), and sends bac
 partition's Report and the few rows the capacity foresight needs of it (the instances its runs
 hold, the placements refused to them): the whole frames never travel through the scheduler. The
 task is given by the caller (analyzer.api.audit_partition), so this module never imports the api
-back; the merge is `merge_partitions`, the same code as for partitions audited one after another
-in one process.
+back; each result goes to the merge's spill as it arrives (`ReportSpill`), the same code as for
+partitions audited one after another in one process.
 
 A fleet of dstack servers (several databases, each a server) is audited one server per task
 instead (`audit_servers`; with a local `--workers N`, on processes of our own:
@@ -26,6 +26,7 @@ import logging
 import multiprocessing
 import pickle
 import signal
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -37,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from analyzer._version import __version__
 from analyzer.errors import AuditInputError
-from analyzer.pipeline.partitions import PartitionResult, merge_partitions
+from analyzer.pipeline.partitions import MergedReport, PartitionResult, ReportSpill
 from analyzer.progress import stage
 from analyzer.sources.base import WholeInputFacts
 
@@ -145,13 +146,15 @@ def audit_partitions(
     paths: Sequence[str | Path],
     count: int,
     task: PartitionTask,
+    spill: ReportSpill,
     *,
     shared: WholeInputFacts,
     **options: Any,
-) -> Report:
-    """The partitions of whole services as `task`s of `client`'s cluster, merged as in one
-    process; the facts `shared` of the whole inputs are sent once to every worker. An error
-    raised by a task (an unreadable input) is raised here unchanged."""
+) -> None:
+    """The partitions of whole services as `task`s of `client`'s cluster, each result written
+    to `spill` as it arrives (merged there as in one process); the facts `shared` of the whole
+    inputs are sent once to every worker. An error raised by a task (an unreadable input) is
+    raised here unchanged."""
     given = _sendable(paths)
     [facts] = client.scatter([shared], broadcast=True, hash=False)
     futures = client.map(
@@ -163,17 +166,28 @@ def audit_partitions(
         shared=facts,
         pure=False,
     )
-    results = _gather(client, futures)
-    _same_version(r.report.generated_by for r in results)
-    return merge_partitions(results)
+    for index, result in _arrived(client, futures):
+        _same_version([result.report.generated_by])
+        spill.add(index, result)
 
 
 def _gather(client: Client, futures: list) -> list:
-    """The tasks' results in order; an error raised by a task (an unreadable input) is raised
-    here unchanged, a lost worker or scheduler says so."""
+    """The tasks' results in order (_arrived)."""
+    done = dict(_arrived(client, futures))
+    return [done[i] for i in range(len(futures))]
+
+
+def _arrived(client: Client, futures: list) -> Iterator[tuple[int, Any]]:
+    """Each task's index and result as it arrives, its future released then; an error raised
+    by a task (an unreadable input) is raised here unchanged, a lost worker or scheduler says
+    so."""
     distributed = _distributed()
+    index = {future.key: i for i, future in enumerate(futures)}
+    arriving = distributed.as_completed(futures, with_results=True)
     try:
-        results: list = client.gather(futures)
+        for future, result in arriving:
+            yield index[future.key], result
+            future.release()
     except distributed.KilledWorker as error:
         raise AuditInputError(
             "--cluster",
@@ -190,7 +204,10 @@ def _gather(client: Client, futures: list) -> list:
             f"a worker cannot run the audit ({error})",
             f"install dstack-audit {__version__} on every worker",
         ) from None
-    return results
+    finally:
+        if not arriving.is_empty():  # left early (an error): the other tasks are not wanted
+            arriving.clear()
+            client.cancel(futures)
 
 
 def _same_version(generated_by: Iterable[str]) -> None:
@@ -313,6 +330,21 @@ def _no_collection() -> Iterator[None]:
             gc.enable()
 
 
+@contextmanager
+def _deaf_to_ctrl_c() -> Iterator[None]:
+    """SIGINT ignored while the workers are started: an ignored signal stays ignored across
+    exec and Python keeps it so, so a Ctrl-C to the whole foreground group while a worker is
+    still importing cannot print its traceback (the client stops the workers itself)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 class _Local:
     """Local worker processes, each sent one server at a time."""
 
@@ -321,13 +353,14 @@ class _Local:
         self._connections: list[Connection] = []
         self._processes = []
         self._held: dict[int, Connection] = {}  # which process audited each server
-        for _ in range(count):
-            ours, theirs = context.Pipe()
-            process = context.Process(target=_serve, args=(theirs, fleet), daemon=True)
-            process.start()
-            theirs.close()
-            self._connections.append(ours)
-            self._processes.append(process)
+        with _deaf_to_ctrl_c():
+            for _ in range(count):
+                ours, theirs = context.Pipe()
+                process = context.Process(target=_serve, args=(theirs, fleet), daemon=True)
+                process.start()
+                theirs.close()
+                self._connections.append(ours)
+                self._processes.append(process)
 
     def __enter__(self) -> _Local:
         return self
@@ -438,6 +471,7 @@ def run_on_cluster(
     paths: Sequence[str | Path],
     task: PartitionTask,
     learn: LearnWholeInputs,
+    spill: ReportSpill,
     *,
     servers: Servers | None = None,
     fleet: FleetTasks | None = None,
@@ -445,12 +479,13 @@ def run_on_cluster(
     address: str | None = None,
     partitions: int | None = None,
     **options: Any,
-) -> Any:
+) -> Report | MergedReport | Any:
     """Audit on a new local cluster of `workers` processes or on the scheduler at `address`,
     in `partitions` tasks (PARTITIONS_PER_WORKER per worker thread unless given), the whole
-    inputs' shared facts learnt by `learn` in this process while the cluster starts: the
-    report. Given `servers` (a fleet of databases) and `fleet`, one server per task, on
-    local processes of our own (audit_servers_locally) or the scheduler's workers
+    inputs' shared facts learnt by `learn` in this process while the cluster starts, each
+    task's result written to `spill` as it arrives (the merged report reads it: use it inside
+    `spill`'s `with`). Given `servers` (a fleet of databases) and `fleet`, one server per
+    task, on local processes of our own (audit_servers_locally) or the scheduler's workers
     (audit_servers): what `fleet.merge` returns, unless two servers prove to be one."""
     given = _sendable(paths)
     if servers is not None and fleet is not None:
@@ -464,10 +499,12 @@ def run_on_cluster(
                 return merged
             count = partitions or default_partitions(client)
             shared = learn(given)
-            return audit_partitions(client, given, count, task, shared=shared, **options)
+            audit_partitions(client, given, count, task, spill, shared=shared, **options)
+            return spill.merged()
     with ThreadPoolExecutor(1) as pool:
         learning = pool.submit(learn, given)
         with connect(workers=workers, address=address) as client:
             count = partitions or default_partitions(client)
             shared = learning.result()
-            return audit_partitions(client, given, count, task, shared=shared, **options)
+            audit_partitions(client, given, count, task, spill, shared=shared, **options)
+            return spill.merged()

@@ -742,11 +742,11 @@ class Redactor:
         hidden characters because the frames keep them (only a secret they hid is cleaned
         there). Secret shapes are not looked for: every text the model is built from was
         masked at the source, and every rendered output passes the whole rule set again."""
-        if self._holds_known_or_hidden(model.model_dump_json()):
+        if self.holds_known_or_hidden(model.model_dump_json()):
             return self.apply_model(model, controls=True)
         return model
 
-    def _holds_known_or_hidden(self, json_text: str) -> bool:
+    def holds_known_or_hidden(self, json_text: str) -> bool:
         """Whether a JSON text holds, inside its strings, a hidden character or any form of a
         known value (as JSON writes them: escaped; any case). Anything that could be one
         counts (a word that only looks like an ordinary value, an escaped backslash before

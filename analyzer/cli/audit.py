@@ -184,7 +184,8 @@ def audit(
     (or runs not decided, unless --allow-undecided), 2 unusable input or wrong
     usage.
     """
-    from analyzer.api import audit_in_partitions
+    from analyzer.api import partitions_merged
+    from analyzer.contract import Report
     from analyzer.outputs import plan
     from analyzer.redact import Redactor, redact_pieces, without_controls
     from analyzer.sources.live import LIVE_URL, use_token
@@ -259,11 +260,17 @@ def audit(
         if workers and cluster:
             raise AuditInputError("--workers", "cannot be combined with --cluster")
         options.update(log_tz=log_tz, log_date=log_date.date() if log_date else None)
-        if workers or cluster:
-            from analyzer.api import audit_on_cluster
-            from analyzer.render.report_json import JSON_FLEET, FleetJson
+        shapes = Redactor()  # each partition's report is redacted already: secret shapes only
 
-            report = audit_on_cluster(
+        def clean(text: str) -> str:
+            return shapes.apply(without_controls(text))
+
+        from analyzer.render.report_json import JSON_FLEET, FleetJson
+
+        if workers or cluster:
+            from analyzer.api import cluster_merged
+
+            merging = cluster_merged(
                 sources,
                 workers=workers,
                 address=cluster,
@@ -271,18 +278,21 @@ def audit(
                 fleet=JSON_FLEET if fmt == "json" else None,
                 **options,
             )
-            if isinstance(report, FleetJson):  # rendered and redacted in the servers' tasks
-                outputs.add_inputs(i.path for i in report.report.inputs)
-                outputs.write_pieces(output, report.pieces())
-                wrote(output)
-                _gate(report.report, fail_on_findings, allow_undecided)
-                return
         else:
-            report = audit_in_partitions(sources, partitions, **options)
-        outputs.add_inputs(i.path for i in report.inputs)
-        shapes = Redactor()  # each partition's report is redacted already: secret shapes only
-        write(report, lambda text: shapes.apply(without_controls(text)))
-        _gate(report, fail_on_findings, allow_undecided)
+            merging = partitions_merged(sources, partitions, **options)
+        with merging as merged:
+            if isinstance(merged, FleetJson):  # rendered and redacted in the servers' tasks
+                head = merged.report
+                outputs.add_inputs(i.path for i in head.inputs)
+                outputs.write_pieces(output, merged.pieces())
+                wrote(output)
+            else:
+                head = merged if isinstance(merged, Report) else merged.head
+                outputs.add_inputs(i.path for i in head.inputs)
+                # JSON streams the runs and findings from the merge's files; the others read them
+                streamed = fmt == "json" or isinstance(merged, Report)
+                write(merged if streamed else merged.report(), clean)
+        _gate(head, fail_on_findings, allow_undecided)
         return
     opened = open_audit(sources, log_tz, log_date, partition=parse_partition(partition), **options)
     report = opened.report
@@ -341,7 +351,7 @@ def _gate(report: Any, fail_on_findings: bool, allow_undecided: bool) -> None:
     must not read "no findings" from no evidence as safe) unless --allow-undecided."""
     if not fail_on_findings:
         return
-    if report.findings:
+    if report.summary.findings:
         sys.exit(1)
     from analyzer.render.format import undecided
     from analyzer.terminal import SETTINGS

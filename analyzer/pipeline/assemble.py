@@ -81,7 +81,8 @@ def _ordered_limitations(
     )
 
 
-def _run_order(verdict: RunVerdict) -> tuple:
+def run_order(verdict: RunVerdict) -> tuple:
+    """A run verdict's place in the report: by server, project and name."""
     return (verdict.server, verdict.project or "", verdict.run_name, verdict.run_id)
 
 
@@ -95,7 +96,7 @@ def assemble(
 ) -> Report:
     """The report: runs by server, project and name; findings worst first (impact_rank);
     what a finding cannot prove said for the whole audit too; the summary of both."""
-    runs = sorted(verdicts, key=_run_order)
+    runs = sorted(verdicts, key=run_order)
     ranked = sorted(findings, key=impact_rank)
     said = [*limitations, *(lim for f in ranked for lim in f.limitations)]
     return Report(

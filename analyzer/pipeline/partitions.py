@@ -8,15 +8,27 @@ works the foresight out once over every partition's findings and pieces.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import heapq
+import io
+import json
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
+from typing import NamedTuple
 
 import polars as pl
+from pydantic import BaseModel, SerializeAsAny
 
-from analyzer.contract import Finding, Report
-from analyzer.pipeline.assemble import merge_reports
+from analyzer.contract import Finding, Report, RunVerdict
+from analyzer.pipeline.assemble import merge_reports, run_order
 from analyzer.pipeline.exposure import Frames
 from analyzer.pipeline.foresight import foresight, wanted_findings
+from analyzer.pipeline.impact import impact_rank
+from analyzer.progress import stage
+from analyzer.redact import Redactor
 
 # What the foresight reads of the submissions of runs other than the probed ones: the
 # instances they hold (`held`), the provider's refusals (`refused`) and the jobs waiting in
@@ -102,13 +114,16 @@ def foresight_piece(
         how="diagonal_relaxed",
     )
     return ForesightPiece(
-        runs=runs,
-        submissions=pl.concat(
-            [subs.join(key, on=["server", "run_id"], how="semi"), others], how="diagonal_relaxed"
+        runs=_own(runs),
+        submissions=_own(
+            pl.concat(
+                [subs.join(key, on=["server", "run_id"], how="semi"), others],
+                how="diagonal_relaxed",
+            )
         ),
-        deployments=deployments.join(key, on=["server", "run_id"], how="semi"),
+        deployments=_own(deployments.join(key, on=["server", "run_id"], how="semi")),
         dateless=dateless,
-        updates=frames.updates,
+        updates=_own(frames.updates) if frames.updates is not None else None,
         fleets=frames.fleets if whole_tables else None,
         instances=frames.instances if whole_tables else None,
         fleet_table_servers=frames.fleet_table_servers,
@@ -119,12 +134,20 @@ def foresight_piece(
     )
 
 
-def foresight_of_pieces(findings: list[Finding], pieces: list[ForesightPiece]) -> list[Finding]:
-    """`foresight` over the merged findings of every partition, from their pieces: the same
-    facts, in the same order, as one process reads (each new answer masked with the
-    partitions' known secrets, as the partitions masked the rest of their findings)."""
-    from analyzer.redact import Redactor
+def _own(frame: pl.DataFrame) -> pl.DataFrame:
+    """`frame` in buffers of its own. A frame selected or filtered from a larger one shares
+    the larger one's buffers (a polars string column is views into them): a piece kept for
+    the merge would keep its whole partition's texts alive (16k runs in 16 partitions:
+    +23 MB of RSS a partition, +6 MB once written out and read back)."""
+    buffer = io.BytesIO()
+    frame.write_ipc(buffer)
+    buffer.seek(0)
+    return pl.read_ipc(buffer)
 
+
+def foresight_frames(pieces: list[ForesightPiece]) -> tuple[Frames, pl.DataFrame, set]:
+    """What `foresight` reads, from every partition's piece: the same facts, in the same
+    order, as one process reads (its frames, the deployments, the dateless runs)."""
     # every piece that read fleets and instances: the first partition's, or each server's
     whole = [p for p in pieces if p.fleets is not None]
     frames = Frames(
@@ -145,9 +168,19 @@ def foresight_of_pieces(findings: list[Finding], pieces: list[ForesightPiece]) -
         else None,
     )
     deployments = pl.concat([p.deployments for p in pieces], how="diagonal_relaxed")
-    dateless = set().union(*(p.dateless for p in pieces))
-    redactor = Redactor(values=set().union(*(p.secrets for p in pieces)))
-    answered = list(foresight(frames, findings, deployments, dateless))
+    return frames, deployments, set().union(*(p.dateless for p in pieces))
+
+
+def foresight_answered(
+    findings: list[Finding],
+    facts: tuple[Frames, pl.DataFrame, set],
+    redactor: Redactor,
+) -> list[Finding]:
+    """`foresight` over findings of any partitions, from the `foresight_frames` of every
+    partition's piece (each finding's answer depends on its own run and the shared facts
+    alone), each new answer masked with every partition's known secrets, as the partitions
+    masked the rest of their findings."""
+    answered = list(foresight(facts[0], findings, facts[1], facts[2]))
     worked = [
         i
         for i, (old, new) in enumerate(zip(findings, answered, strict=True))
@@ -169,18 +202,241 @@ class PartitionResult:
     foresight: ForesightPiece
 
 
-def merge_partitions(results: list[PartitionResult]) -> Report:
-    """The merged report of the partitions, each finding's capacity foresight worked out over
-    every partition's facts, every text masked with every partition's known secret values:
-    the report one process gives."""
-    from analyzer.redact import Redactor
+STREAMED = ("runs", "findings")  # the lists of a report that wait on disk for the merge
+FORESIGHT_CHUNK = 512
+"""Findings whose capacity foresight is worked out in one call (whole partitions: a run's
+findings together): each call's memory grows with the moments it asks about and the holders
+of the room then. 16k runs, 2,192 findings: all at once 1.6 s CPU and 400 MB over the merge's
+own, 512 at a time 2.5 s and 120 MB (the audit in 16 partitions: 542 MB peak; 1,024 at a time:
+676 MB); at 100k runs the merge's foresight is the audit's peak (docs/benchmarks.md)."""
 
-    pieces = [r.foresight for r in results]
-    merged = merge_reports(
-        [r.report for r in results],
-        complete=lambda findings: foresight_of_pieces(findings, pieces),
+
+class ReportSpill:
+    """The reports of the partitions of one audit, each written to a private folder as soon
+    as its partition is done, so that no list of every run and finding is held for the merge:
+    each run verdict and each finding as its JSON text after its place in the report's order
+    (`_write`), beside what the merge reads of them (the summary's few fields) and the
+    partition's whole-report facts. The folder is made by `tempfile` (never in or beside the
+    evidence) and removed on leaving, also on an error or Ctrl-C."""
+
+    def __init__(self) -> None:
+        self._folder: Path | None = None
+        self._heads: dict[int, Report] = {}  # each partition's report, its items slim
+        self._wanted: dict[int, list[int]] = {}  # per partition: its findings' foresight asks
+        self._pieces: list[ForesightPiece] = []
+
+    def __enter__(self) -> ReportSpill:
+        self._folder = Path(tempfile.mkdtemp(prefix="dstack-audit-merge-"))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
+
+    def _file(self, name: str, index: int) -> Path:
+        if self._folder is None:
+            raise RuntimeError("a ReportSpill is used inside `with`")
+        return self._folder / f"{name}-{index}.spill"
+
+    def add(self, index: int, result: PartitionResult) -> None:
+        """Partition `index`'s report written out, its foresight piece kept (results may come
+        in any order: the merge takes them in the partitions' order)."""
+        report = result.report
+        _write(self._file("runs", index), [(run_order(v), _text(v)) for v in report.runs])
+        _write(self._file("findings", index), [(impact_rank(f), _text(f)) for f in report.findings])
+        wanted = {id(f) for f in wanted_findings(report.findings)}
+        self._wanted[index] = [i for i, f in enumerate(report.findings) if id(f) in wanted]
+        # a verdict is small: held whole, for the summary and the order of the runs
+        self._heads[index] = report.model_copy(
+            update={"findings": [_slim_finding(f) for f in report.findings]}
+        )
+        self._pieces.append(result.foresight)
+
+    def merged(self) -> MergedReport:
+        """The merged report: the capacity foresight of every finding that asks for it worked
+        out once over every partition's facts (and written into its partition's file), every
+        text masked with every partition's known secret values: the report one process
+        gives."""
+        pieces, self._pieces = self._pieces, []
+        known = Redactor(values=set().union(*(p.secrets for p in pieces)))
+        order = sorted(self._heads)
+        asked = [(i, k) for i in order for k in self._wanted[i]]
+        if asked:
+            with stage("merging: the capacity foresight over every partition"):
+                facts = foresight_frames(pieces)
+                del pieces
+                answers: dict[tuple[int, int], Finding] = {}
+                for chunk in _chunks(order, self._wanted):
+                    # the foresight reads what the slim findings keep (culprits, root cause):
+                    # its answer is copied into the whole finding
+                    slim = [self._heads[i].findings[k] for i, k in chunk]
+                    answered = foresight_answered(slim, facts, known)
+                    answers.update(zip(chunk, answered, strict=True))
+                del facts
+                for index in order:
+                    self._answer(index, answers)
+        with stage("merging: every partition's secrets masked in the others"):
+            for index in order:
+                for name, model in (("runs", RunVerdict), ("findings", Finding)):
+                    self._guard(self._file(name, index), model, known)
+        whole = merge_reports([self._heads[i] for i in order])
+        head = known.guard_model(whole.model_copy(update={name: [] for name in STREAMED}))
+        return MergedReport(
+            head=head,
+            counts={"runs": whole.summary.runs, "findings": whole.summary.findings},
+            files={name: [self._file(name, i) for i in order] for name in STREAMED},
+        )
+
+    def _answer(self, index: int, answers: dict[tuple[int, int], Finding]) -> None:
+        """Partition `index`'s findings with their capacity foresight (and the root cause it
+        may name), written out again; what the summary reads of them kept."""
+        head = self._heads[index]
+        changed = {
+            k: answers[index, k]
+            for k in self._wanted[index]
+            if answers[index, k] is not head.findings[k]
+        }
+        if not changed:
+            return
+        path = self._file("findings", index)
+        lines = _read(path)
+        slim = list(head.findings)
+        for k, answer in changed.items():
+            update = {"capacity_foresight": answer.capacity_foresight}
+            update["root_cause"] = answer.root_cause
+            finding = Finding.model_validate_json(lines[k][1]).model_copy(update=update)
+            lines[k] = (lines[k][0], _text(finding))
+            slim[k] = _slim_finding(answer)
+        self._heads[index] = head.model_copy(update={"findings": slim})
+        _write(path, lines)
+
+    def _guard(self, path: Path, model: type[BaseModel], known: Redactor) -> None:
+        """The items of one file as the merged report's secret guard leaves them
+        (Redactor.guard_model), rewritten only when a text holds a known value or a hidden
+        character (a value one partition's runs hold, repeated in another's): one look at
+        the texts first, the items read only then."""
+        if not known.holds_known_or_hidden(path.read_text()):
+            return
+        lines = _read(path)
+        items = [model.model_validate_json(text) for _, text in lines]
+        guarded = known.guard_model(_Items(items=items)).items
+        _write(path, [(key, _text(item)) for (key, _), item in zip(lines, guarded, strict=True)])
+
+
+def _chunks(order: list[int], wanted: dict[int, list[int]]) -> Iterator[list[tuple[int, int]]]:
+    """The findings that ask for the foresight, FORESIGHT_CHUNK or so at a time in whole
+    partitions: a run's findings are answered together (the holders of the room named for a
+    run are those of each of its findings, foresight._capacity_holders)."""
+    chunk: list[tuple[int, int]] = []
+    for index in order:
+        chunk += [(index, k) for k in wanted[index]]
+        if len(chunk) >= FORESIGHT_CHUNK:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+class _Items(BaseModel):
+    """Items of one list of a report, guarded together."""
+
+    items: list[SerializeAsAny[BaseModel]]
+
+
+class _Stop(NamedTuple):
+    """What the summary reads of a victim (impact._day)."""
+
+    terminated_at: datetime | None
+
+
+class _Loss(NamedTuple):
+    """What the summary reads of a victim's impact (impact.totals)."""
+
+    lost_seconds: float | None
+    lost_cost: float | None
+    lost_is_lower_bound: bool
+
+
+def _slim_finding(finding: Finding) -> Finding:
+    """What the merge reads of a finding: its order (impact_rank), the summary's figures
+    (impact.summarise: each victim's stop and loss, as plain tuples), its limitations, and
+    what the capacity foresight reads (its culprits and root cause); the rest of it (its
+    evidence chain, what-ifs, the victims' details) waits on disk. Only read, never
+    validated or written out."""
+    impact = finding.impact
+    if impact is not None:
+        losses = [
+            _Loss(v.lost_seconds, v.lost_cost, v.lost_is_lower_bound) for v in impact.per_victim
+        ]
+        impact = impact.model_copy(update={"per_victim": losses, "lower_bound_reasons": []})
+    return finding.model_copy(
+        update={
+            "victims": [_Stop(v.terminated_at) for v in finding.victims],
+            "impact": impact,
+            "evidence": [],
+            "counterfactuals": [],
+            "also_stopped": [],
+            "notes": [],
+            "capacity_foresight": None,
+        }
     )
-    # one process masks every text with the secret values of all the inputs: a value one
-    # partition's (or server's) runs hold and another's free text repeats is masked there too
-    known = Redactor(values=set().union(*(p.secrets for p in pieces)))
-    return known.guard_model(merged)
+
+
+def _text(item: BaseModel) -> str:
+    return item.model_dump_json(indent=2)
+
+
+# A spill file is records of an item's place in the report (its sort key as one line of
+# JSON) and its JSON text (`indent=2`, which never holds an empty line: a string's newlines
+# are escaped), each record ended by an empty line. The texts lie in the file as they are, so
+# the secret guard looks at the file's text itself, and only the keys are parsed to merge.
+_END = "\n\n"
+
+
+def _write(path: Path, records: list[tuple]) -> None:
+    with path.open("w") as handle:
+        for key, text in records:
+            handle.write(json.dumps(key) + "\n" + text + _END)
+
+
+def _read(path: Path) -> list[tuple]:
+    return list(_records(path))
+
+
+def _records(path: Path) -> Iterator[tuple[list, str]]:
+    """The records of a spill file in order, read a block at a time."""
+    with path.open() as handle:
+        rest = ""
+        while block := handle.read(1 << 20):
+            *whole, rest = (rest + block).split(_END)
+            for record in whole:
+                key, text = record.split("\n", 1)
+                yield json.loads(key), text
+
+
+@dataclass
+class MergedReport:
+    """The merged report of partitions: every field but the runs and findings (`head`, with
+    the summary of them all), and the runs and findings as their JSON texts, read from the
+    partitions' files in the report's order (`texts`) or into a whole Report (`report`)."""
+
+    head: Report
+    counts: dict[str, int]
+    files: dict[str, list[Path]] = field(repr=False)
+
+    def texts(self, name: str) -> Iterator[str]:
+        """Each item of the list `name` as `model_dump_json(indent=2)` gives it, in order."""
+        return (text for _, text in heapq.merge(*map(_records, self.files[name]), key=_key))
+
+    def report(self) -> Report:
+        """The whole report, every item read back."""
+        lists = {
+            "runs": [RunVerdict.model_validate_json(t) for t in self.texts("runs")],
+            "findings": [Finding.model_validate_json(t) for t in self.texts("findings")],
+        }
+        return self.head.model_copy(update=lists)
+
+
+def _key(item: tuple[list, str]) -> list:
+    return item[0]

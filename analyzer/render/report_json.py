@@ -15,12 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
 from analyzer.cluster import FleetTasks
 from analyzer.contract import Report
+
+if TYPE_CHECKING:
+    from analyzer.pipeline.partitions import MergedReport
 
 STREAMED = ("runs", "findings")  # Report's last fields, in order: its lists of many items
 _ITEM_INDENT = "    "  # a top-level field's list items, at `indent=2`
@@ -28,26 +31,45 @@ _ITEM_END = ",\n"  # an item's piece ends so; the last of its list with "\n" alo
 
 
 def json_pieces(
-    report: Report, rendered: Callable[[BaseModel], str] | None = None
+    report: Report | MergedReport, rendered: Callable[[BaseModel], str] | None = None
 ) -> Iterator[str]:
     """`report.model_dump_json(indent=2) + "\\n"`, as consecutive whole lines (`rendered`:
-    each run's and finding's piece, rendered already, as `item_piece` renders it)."""
+    each run's and finding's piece, rendered already, as `item_piece` renders it; a merge of
+    partitions: its runs and findings read from the partitions' files as they are written)."""
+    if not isinstance(report, Report):
+        merged = report
+
+        def spilled(name: str) -> Iterator[str]:
+            return (_as_piece(text) for text in merged.texts(name))
+
+        yield from _pieces(merged.head, merged.counts, spilled)
+        return
     if tuple(type(report).model_fields)[-len(STREAMED) :] != STREAMED:
         yield report.model_dump_json(indent=2) + "\n"  # a contract that moved them: whole
         return
     piece = rendered or item_piece
+
+    def held(name: str) -> Iterator[str]:
+        items: list[BaseModel] = getattr(report, name)
+        return (piece(item) for item in items)
+
+    counts = {name: len(getattr(report, name)) for name in STREAMED}
+    yield from _pieces(report, counts, held)
+
+
+def _pieces(
+    report: Report, counts: dict[str, int], pieces: Callable[[str], Iterator[str]]
+) -> Iterator[str]:
     head = report.model_dump_json(indent=2, exclude=set(STREAMED))
     yield head.removesuffix("\n}") + ",\n"
     for number, name in enumerate(STREAMED):
         closing = "\n" if number == len(STREAMED) - 1 else ",\n"
-        items: list[BaseModel] = getattr(report, name)
-        if not items:
+        if not counts[name]:
             yield f'  "{name}": []{closing}'
             continue
         yield f'  "{name}": [\n'
-        last = len(items) - 1
-        for index, item in enumerate(items):
-            text = piece(item)
+        last = counts[name] - 1
+        for index, text in enumerate(pieces(name)):
             yield text if index < last else text.removesuffix(_ITEM_END) + "\n"
         yield f"  ]{closing}"
     yield "}\n"
@@ -55,9 +77,12 @@ def json_pieces(
 
 def item_piece(item: BaseModel) -> str:
     """One run verdict or finding as the report's JSON lists it (followed by another)."""
-    return (
-        _ITEM_INDENT + item.model_dump_json(indent=2).replace("\n", "\n" + _ITEM_INDENT) + _ITEM_END
-    )
+    return _as_piece(item.model_dump_json(indent=2))
+
+
+def _as_piece(text: str) -> str:
+    """An item's `indent=2` JSON text as the report's list holds it (followed by another)."""
+    return _ITEM_INDENT + text.replace("\n", "\n" + _ITEM_INDENT) + _ITEM_END
 
 
 # What the fleet's merge reads of a run verdict and a finding (analyzer.pipeline.assemble: the

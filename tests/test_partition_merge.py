@@ -1,0 +1,133 @@
+"""An audit in partitions holds one partition at a time: each partition's runs and findings go
+to the merge's private folder as it finishes (analyzer.pipeline.partitions.ReportSpill), so
+the peak memory of the whole process does not grow with the number of partitions when each
+holds as many runs; the report streamed from there is the one-process report, byte for byte.
+Whole processes, as a user runs them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from analyzer.sources.partition import service_bucket
+from analyzer.synth import synthesize
+from tests.conftest import execute
+
+# stories that end in findings (collateral terminations with their evidence chains): the
+# reports the merge used to hold for every partition are large, so holding them shows
+MIX = {"seed": 1, "multi-replica-crash": 1, "two-updates": 1, "rollout-partial-fails": 1}
+RUNS_PER_BUCKET = 150
+TOLERANCE_MB = 60
+"""How much more the peak may be with 8 buckets than with 2 (4x the runs): what grows with the
+input by design (the fleets and instances every partition reads whole, each run's verdict and
+each finding's summary figures for the merge) and the allocator's slack. Measured on this
+machine: +22 to +36 MB; the merge that held every partition's report (8becd73): +92 to +99 MB."""
+
+
+# the audit as `dstack-audit` runs it, saying its own peak at the end: the high-water mark of
+# its memory since exec (VmHWM), not the child's ru_maxrss, which counts the pages it shared
+# with this (larger) process when it was forked
+_RUN_AND_SAY_PEAK = """
+import runpy, sys
+sys.argv = ["dstack-audit", *sys.argv[1:]]
+try:
+    runpy.run_module("analyzer", run_name="__main__")
+finally:
+    peak = [line for line in open("/proc/self/status") if line.startswith("VmHWM:")]
+    sys.stderr.write("peak " + peak[0].split()[1] + "\\n")
+"""
+
+
+def _audit(args: list[str]) -> int:
+    """Run `dstack-audit audit ARGS -q` to its end; its peak RSS in MB."""
+    done = subprocess.run(
+        [sys.executable, "-c", _RUN_AND_SAY_PEAK, "audit", *args, "-q"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        check=False,
+    )
+    said = done.stderr.splitlines()
+    assert done.returncode == 0 and said[-1].startswith("peak "), done.stderr
+    return int(said[-1].split()[1]) // 1024  # VmHWM is in kB
+
+
+def _server(folder: Path, buckets: int) -> Path:
+    synthesize(folder, buckets * RUNS_PER_BUCKET, seed=7, log_formats=(), mix=MIX)
+    return folder / "server.db"
+
+
+def test_peak_memory_does_not_grow_with_the_number_of_buckets(tmp_path):
+    peaks = {}
+    for buckets in (2, 8):
+        db = _server(tmp_path / f"server-{buckets}", buckets)
+        out = tmp_path / f"partitions-{buckets}.json"
+        peaks[buckets] = _audit([str(db), "--partitions", str(buckets), "-o", str(out)])
+    assert peaks[8] - peaks[2] < TOLERANCE_MB, peaks
+    # and the streamed report is the one-process report, byte for byte
+    whole = tmp_path / "whole.json"
+    _audit([str(tmp_path / "server-8" / "server.db"), "-o", str(whole)])
+    assert out.read_bytes() == whole.read_bytes()
+
+
+def test_a_secret_one_partition_knows_is_masked_in_the_others(tmp_path):
+    """A token in the job specs of one partition's runs, repeated in the failure messages of
+    another partition's: one process masks it in both, and so does the merge."""
+    secret = "hf_PlantedAcrossPartitions_4242"
+    synthesize(tmp_path / "server", 60, seed=7, log_formats=(), mix=MIX)
+    db = tmp_path / "server" / "server.db"
+    with sqlite3.connect(db) as connection:
+        runs = connection.execute("SELECT id, project_id, run_name FROM runs").fetchall()
+    buckets = {run: service_bucket(project, name, 2) for run, project, name in runs}
+    ids = {bucket: [run for run, b in buckets.items() if b == bucket] for bucket in (0, 1)}
+    assert ids[0] and ids[1]
+    marks = ", ".join("?" * len(ids[0]))
+    execute(
+        db,
+        "UPDATE jobs SET job_spec_data = json_set(job_spec_data, '$.env', json(?)) "
+        f"WHERE run_id IN ({marks})",
+        params=(f'{{"HF_TOKEN": "{secret}"}}', *ids[0]),
+    )
+    marks = ", ".join("?" * len(ids[1]))
+    execute(
+        db,
+        "UPDATE jobs SET termination_reason_message = ? "
+        f"WHERE status = 'FAILED' AND run_id IN ({marks})",
+        params=(f"exited: token {secret} rejected", *ids[1]),
+    )
+    whole, merged = tmp_path / "whole.json", tmp_path / "merged.json"
+    _audit([str(db), "-o", str(whole)])
+    _audit([str(db), "--partitions", "2", "-o", str(merged)])
+    text = whole.read_text()
+    assert secret not in text and "token *** rejected" in text
+    assert merged.read_bytes() == whole.read_bytes()
+
+
+def test_ctrl_c_during_the_partitions_leaves_no_spill_folder(tmp_path):
+    """Interrupted once the merge's folder holds a partition's report: exit 130, and the
+    folder (in TMPDIR, never beside the evidence) is gone with everything in it."""
+    synthesize(tmp_path / "server", 600, seed=7, log_formats=(), mix=MIX)
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    db, out = tmp_path / "server" / "server.db", tmp_path / "report.json"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "analyzer", "audit", str(db), "--partitions", "6", "-o", str(out)],
+        env={**os.environ, "TMPDIR": str(temporary)},
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 120
+    while not list(temporary.glob("dstack-audit-merge-*/*")) and time.monotonic() < deadline:
+        assert process.poll() is None, "the audit ended before its first partition was written"
+        time.sleep(0.05)
+    assert list(temporary.glob("dstack-audit-merge-*/*")), "no spill folder in TMPDIR"
+    process.send_signal(signal.SIGINT)
+    _, errors = process.communicate(timeout=60)
+    assert process.returncode == 130, errors
+    assert not list(temporary.iterdir())
+    assert not out.exists()
+    assert {p.name for p in db.parent.iterdir()} == {"server.db", "truth.json", "logs"}
