@@ -9,6 +9,7 @@ import shutil
 import sqlite3
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -96,23 +97,32 @@ def execute(db: Path, *statements: str, params: tuple = ()) -> None:
             connection.execute(statement, params)
 
 
-def plant_env_secret(db: Path, secret: str) -> None:
-    """Every job's spec carries `secret` as its `HF_TOKEN` env value (what dstack's CLI fills
-    from the user's shell)."""
+def plant_env_secret(db: Path, secret: str, runs: Sequence[str] | None = None) -> None:
+    """Every job's spec (of `runs` only, if given) carries `secret` as its `HF_TOKEN` env
+    value (what dstack's CLI fills from the user's shell)."""
+    among, ids = _among(runs)
     execute(
         db,
-        "UPDATE jobs SET job_spec_data = json_set(job_spec_data, '$.env', json(?))",
-        params=(f'{{"HF_TOKEN": "{secret}"}}',),
+        f"UPDATE jobs SET job_spec_data = json_set(job_spec_data, '$.env', json(?)) WHERE {among}",
+        params=(f'{{"HF_TOKEN": "{secret}"}}', *ids),
     )
 
 
-def plant_failure_message(db: Path, message: str) -> None:
-    """The failed jobs' termination message is `message`."""
+def plant_failure_message(db: Path, message: str, runs: Sequence[str] | None = None) -> None:
+    """The failed jobs' termination message (of `runs` only, if given) is `message`."""
+    among, ids = _among(runs)
     execute(
         db,
-        "UPDATE jobs SET termination_reason_message = ? WHERE status = 'FAILED'",
-        params=(message,),
+        f"UPDATE jobs SET termination_reason_message = ? WHERE status = 'FAILED' AND {among}",
+        params=(message, *ids),
     )
+
+
+def _among(runs: Sequence[str] | None) -> tuple[str, tuple[str, ...]]:
+    """The SQL condition that a job belongs to one of `runs` (every job: None), its values."""
+    if runs is None:
+        return "TRUE", ()
+    return f"run_id IN ({', '.join('?' * len(runs))})", tuple(runs)
 
 
 def without_update(db: Path) -> Path:

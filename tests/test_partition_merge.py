@@ -16,7 +16,7 @@ from pathlib import Path
 
 from analyzer.sources.partition import service_bucket
 from analyzer.synth import synthesize
-from tests.conftest import execute
+from tests.conftest import plant_env_secret, plant_failure_message
 
 # stories that end in findings (collateral terminations with their evidence chains): the
 # reports the merge used to hold for every partition are large, so holding them shows
@@ -86,20 +86,8 @@ def test_a_secret_one_partition_knows_is_masked_in_the_others(tmp_path):
     buckets = {run: service_bucket(project, name, 2) for run, project, name in runs}
     ids = {bucket: [run for run, b in buckets.items() if b == bucket] for bucket in (0, 1)}
     assert ids[0] and ids[1]
-    marks = ", ".join("?" * len(ids[0]))
-    execute(
-        db,
-        "UPDATE jobs SET job_spec_data = json_set(job_spec_data, '$.env', json(?)) "
-        f"WHERE run_id IN ({marks})",
-        params=(f'{{"HF_TOKEN": "{secret}"}}', *ids[0]),
-    )
-    marks = ", ".join("?" * len(ids[1]))
-    execute(
-        db,
-        "UPDATE jobs SET termination_reason_message = ? "
-        f"WHERE status = 'FAILED' AND run_id IN ({marks})",
-        params=(f"exited: token {secret} rejected", *ids[1]),
-    )
+    plant_env_secret(db, secret, runs=ids[0])
+    plant_failure_message(db, f"exited: token {secret} rejected", runs=ids[1])
     whole, merged = tmp_path / "whole.json", tmp_path / "merged.json"
     _audit([str(db), "-o", str(whole)])
     _audit([str(db), "--partitions", "2", "-o", str(merged)])
