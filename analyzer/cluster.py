@@ -332,9 +332,10 @@ def _no_collection() -> Iterator[None]:
 
 @contextmanager
 def _deaf_to_ctrl_c() -> Iterator[None]:
-    """SIGINT ignored while the workers are started: an ignored signal stays ignored across
-    exec and Python keeps it so, so a Ctrl-C to the whole foreground group while a worker is
-    still importing cannot print its traceback (the client stops the workers itself)."""
+    """SIGINT ignored while the workers are started (a few milliseconds): an ignored signal
+    stays ignored across exec and Python keeps it so, so a Ctrl-C to the whole foreground
+    group while a worker is still importing cannot print its traceback (the client stops the
+    workers itself). A blocked signal would not do: the spawn clears the mask."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
