@@ -249,7 +249,7 @@ class ReportSpill:
         self._wanted[index] = [i for i, f in enumerate(report.findings) if id(f) in wanted]
         # a verdict is small: held whole, for the summary and the order of the runs
         self._heads[index] = report.model_copy(
-            update={"findings": [_slim_finding(f) for f in report.findings]}
+            update={"findings": [slim_finding(f) for f in report.findings]}
         )
         self._pieces.append(result.foresight)
 
@@ -307,7 +307,7 @@ class ReportSpill:
             update["root_cause"] = answer.root_cause
             finding = Finding.model_validate_json(lines[k][1]).model_copy(update=update)
             lines[k] = (lines[k][0], _text(finding))
-            slim[k] = _slim_finding(answer)
+            slim[k] = slim_finding(answer)
         self._heads[index] = head.model_copy(update={"findings": slim})
         _write(path, lines)
 
@@ -358,12 +358,12 @@ class _Loss(NamedTuple):
     lost_is_lower_bound: bool
 
 
-def _slim_finding(finding: Finding) -> Finding:
-    """What the merge reads of a finding: its order (impact_rank), the summary's figures
-    (impact.summarise: each victim's stop and loss, as plain tuples), its limitations, and
-    what the capacity foresight reads (its culprits and root cause); the rest of it (its
-    evidence chain, what-ifs, the victims' details) waits on disk. Only read, never
-    validated or written out."""
+def slim_finding(finding: Finding) -> Finding:
+    """What the merge (merge_reports) reads of a finding: its order (impact_rank), the
+    summary's figures (impact.summarise: each victim's stop and loss, as plain tuples), its
+    limitations, and what the capacity foresight reads (its culprits and root cause); the
+    rest of it (its evidence chain, what-ifs, the victims' details) waits on disk, or in a
+    fleet's server's rendered pieces. Only read, never validated or written out."""
     impact = finding.impact
     if impact is not None:
         losses = [

@@ -15,15 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel
 
 from analyzer.cluster import FleetTasks
 from analyzer.contract import Report
-
-if TYPE_CHECKING:
-    from analyzer.pipeline.partitions import MergedReport
+from analyzer.pipeline.partitions import MergedReport, slim_finding
 
 STREAMED = ("runs", "findings")  # Report's last fields, in order: its lists of many items
 _ITEM_INDENT = "    "  # a top-level field's list items, at `indent=2`
@@ -85,16 +83,10 @@ def _as_piece(text: str) -> str:
     return _ITEM_INDENT + text.replace("\n", "\n" + _ITEM_INDENT) + _ITEM_END
 
 
-# What the fleet's merge reads of a run verdict and a finding (analyzer.pipeline.assemble: the
-# order, the limitations and the summary): the rest stays in the rendered pieces.
+# What the fleet's merge reads of a run verdict (analyzer.pipeline.assemble: the order, the
+# limitations and the summary; a finding: partitions.slim_finding): the rest stays in the
+# rendered pieces.
 _UNMERGED_RUN = {"why": "", "gaps": []}
-_UNMERGED_FINDING = {
-    "evidence": [],
-    "notes": [],
-    "also_stopped": [],
-    "counterfactuals": [],
-    "capacity_foresight": None,
-}
 
 
 @dataclass
@@ -115,7 +107,7 @@ def server_json(report: Report) -> ServerJson:
         report.model_copy(
             update={
                 "runs": [v.model_copy(update=_UNMERGED_RUN) for v in report.runs],
-                "findings": [f.model_copy(update=_UNMERGED_FINDING) for f in report.findings],
+                "findings": [slim_finding(f) for f in report.findings],
             }
         ),
         _redacted([item_piece(v) for v in report.runs]),
