@@ -150,7 +150,8 @@ class SqliteReader:
                 with self._arrow.cursor() as cursor:
                     self._keep_selection(cursor.execute)
                 return
-            except Exception:  # a driver without parameters or temp tables: sqlite3 reads all
+            except Exception as error:  # a driver without parameters or temp tables: sqlite3
+                _interrupted_if_cancelled(error)
                 self._arrow.close()
                 self._arrow = None
         self._select_on_db()
@@ -299,7 +300,8 @@ class SqliteReader:
                         else pl.from_arrow(cursor.fetch_arrow_table())
                     )
                 return frame.rename(dict(zip(frame.columns, columns, strict=True)))
-            except Exception:  # e.g. a column NULL in its first batch, then text: sqlite3 below
+            except Exception as error:  # e.g. a column NULL in its first batch, then text
+                _interrupted_if_cancelled(error)
                 self._arrow.close()
                 self._arrow = None
         if self._kept_runs is not None and not self._selected_on_db:
@@ -334,6 +336,16 @@ def _blob_length(column: str) -> str:
 
 def _lenient_text(raw: bytes) -> str:
     return raw.decode("utf-8", "replace")
+
+
+def _interrupted_if_cancelled(error: Exception) -> None:
+    """ADBC answers Ctrl-C during a read with a SIGINT handler of its own that cancels the
+    read: the error it raises then is the user's interrupt, not a driver that cannot do the
+    read (falling back to sqlite3 would swallow the Ctrl-C and carry on)."""
+    import adbc_driver_manager
+
+    if getattr(error, "status_code", None) == adbc_driver_manager.AdbcStatusCode.CANCELLED:
+        raise KeyboardInterrupt from None
 
 
 def _arrow_connection(uri: str):
