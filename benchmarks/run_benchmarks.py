@@ -125,15 +125,17 @@ print(lines.filter(pl.col("line").str.contains_any(keywords)).select(pl.len()).c
 # The floor of a database audit: every table and column the audit reads, through ADBC.
 DB_TABLES = r"""
 import sys, polars as pl
-import adbc_driver_sqlite.dbapi as adbc
+import adbc_driver_manager, adbc_driver_sqlite
 sys.path.insert(0, sys.argv[2])
 from analyzer.sources.dstack_tables import TABLE_COLUMNS
 rows = 0
-with adbc.connect(f"file:{sys.argv[1]}?mode=ro") as connection, connection.cursor() as cursor:
-    for table, columns in TABLE_COLUMNS.items():
-        cursor.execute(f"SELECT {', '.join(columns)} FROM {table}")
-        # fetch_arrow: the Arrow C stream polars takes without pyarrow (as sources/sqlite.py)
-        rows += pl.DataFrame(cursor.fetch_arrow()).height
+database = adbc_driver_sqlite.connect(f"file:{sys.argv[1]}?mode=ro")
+connection = adbc_driver_manager.AdbcConnection(database)
+statement = adbc_driver_manager.AdbcStatement(connection)
+for table, columns in TABLE_COLUMNS.items():
+    statement.set_sql_query(f"SELECT {', '.join(columns)} FROM {table}")
+    # the Arrow C stream polars takes without pyarrow (as sources/sqlite.py)
+    rows += pl.DataFrame(statement.execute_query()[0]).height
 print(rows)
 """
 

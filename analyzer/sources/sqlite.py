@@ -8,6 +8,7 @@ temporary folder and the copy is read, so nothing is ever written beside the evi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -147,11 +148,9 @@ class SqliteReader:
             self._filters["event_targets"] = "event_id IN (SELECT id FROM audit_events)"
         if self._arrow is not None:
             try:
-                with self._arrow.cursor() as cursor:
-                    self._keep_selection(cursor.execute)
+                self._keep_selection(self._arrow.execute)
                 return
-            except Exception as error:  # a driver without parameters or temp tables: sqlite3
-                _interrupted_if_cancelled(error)
+            except Exception:  # a driver without temp tables or json_each: sqlite3
                 self._arrow.close()
                 self._arrow = None
         self._select_on_db()
@@ -179,7 +178,7 @@ class SqliteReader:
         `+entity_type` keeps SQLite off the entity_type index (a few values, each matching
         most targets) and on the entity_id one: a partition's targets are a small share."""
         execute("CREATE TEMP TABLE audit_runs (id TEXT PRIMARY KEY)")
-        execute("INSERT INTO audit_runs SELECT value FROM json_each(?)", (self._kept_runs,))
+        execute(f"INSERT INTO audit_runs SELECT value FROM json_each({_literal(self._kept_runs)})")
         execute("CREATE TEMP TABLE audit_jobs (id TEXT PRIMARY KEY)")
         execute(
             "INSERT INTO audit_jobs SELECT id FROM jobs WHERE run_id IN (SELECT id FROM audit_runs)"
@@ -289,19 +288,9 @@ class SqliteReader:
         given how its SQLite spells a value's length in bytes."""
         if self._arrow is not None:
             try:
-                with self._arrow.cursor() as cursor:
-                    cursor.execute(query(_octet_length))
-                    # fetch_arrow: the Arrow C stream polars takes as is (no pyarrow needed);
-                    # older drivers only offer fetch_arrow_table, which needs pyarrow.
-                    stream = getattr(cursor, "fetch_arrow", None)
-                    frame = (
-                        pl.DataFrame(stream())
-                        if stream
-                        else pl.from_arrow(cursor.fetch_arrow_table())
-                    )
+                frame = self._arrow.query(query(_octet_length))
                 return frame.rename(dict(zip(frame.columns, columns, strict=True)))
-            except Exception as error:  # e.g. a column NULL in its first batch, then text
-                _interrupted_if_cancelled(error)
+            except Exception:  # e.g. a column NULL in its first batch, then text
                 self._arrow.close()
                 self._arrow = None
         if self._kept_runs is not None and not self._selected_on_db:
@@ -338,25 +327,54 @@ def _lenient_text(raw: bytes) -> str:
     return raw.decode("utf-8", "replace")
 
 
-def _interrupted_if_cancelled(error: Exception) -> None:
-    """ADBC answers Ctrl-C during a read with a SIGINT handler of its own that cancels the
-    read: the error it raises then is the user's interrupt, not a driver that cannot do the
-    read (falling back to sqlite3 would swallow the Ctrl-C and carry on)."""
-    import adbc_driver_manager
-
-    if getattr(error, "status_code", None) == adbc_driver_manager.AdbcStatusCode.CANCELLED:
-        raise KeyboardInterrupt from None
+def _literal(text: str) -> str:
+    """A string as an SQL literal (the kept run ids as JSON: inlined, as ADBC's low-level
+    statement binds parameters only from Arrow arrays)."""
+    return "'" + text.replace("'", "''") + "'"
 
 
-def _arrow_connection(uri: str):
-    """A second read-only connection through ADBC (Arrow out), when the driver is installed."""
+class _ArrowSqlite:
+    """A second read-only connection through ADBC's low-level API (Arrow out; no Python object
+    per value), when the driver is installed. Not the DB-API wrapper: that one puts a SIGINT
+    handler of its own around each call on the main thread (apache/arrow-adbc#1522), and a
+    Ctrl-C landing in a call that then completes is consumed by it and lost. Here Python's own
+    handler stays: the interrupt is raised as soon as the call returns."""
+
+    def __init__(self, uri: str) -> None:
+        import adbc_driver_manager
+        import adbc_driver_sqlite
+
+        self._handles: list = []  # database, connection, statement: closed in reverse
+        try:
+            database = adbc_driver_sqlite.connect(uri)
+            self._handles.append(database)
+            connection = adbc_driver_manager.AdbcConnection(database)
+            self._handles.append(connection)
+            self._statement = adbc_driver_manager.AdbcStatement(connection)
+            self._handles.append(self._statement)
+        except BaseException:
+            self.close()
+            raise
+
+    def execute(self, sql: str) -> None:
+        self._statement.set_sql_query(sql)
+        self._statement.execute_update()
+
+    def query(self, sql: str) -> pl.DataFrame:
+        self._statement.set_sql_query(sql)
+        stream, _ = self._statement.execute_query()
+        return pl.DataFrame(stream)
+
+    def close(self) -> None:
+        while self._handles:
+            with contextlib.suppress(Exception):
+                self._handles.pop().close()
+
+
+def _arrow_connection(uri: str) -> _ArrowSqlite | None:
     try:
-        import adbc_driver_sqlite.dbapi as adbc
-    except ImportError:
-        return None
-    try:
-        return adbc.connect(uri)
-    except Exception:
+        return _ArrowSqlite(uri)
+    except Exception:  # the driver is not installed, or cannot open the file
         return None
 
 
