@@ -24,6 +24,7 @@ from __future__ import annotations
 import gc
 import logging
 import multiprocessing
+import os
 import pickle
 import signal
 import threading
@@ -34,12 +35,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
+from queue import SimpleQueue
 from typing import TYPE_CHECKING, Any
 
 from analyzer._version import __version__
 from analyzer.errors import AuditInputError
 from analyzer.pipeline.partitions import MergedReport, PartitionResult, ReportSpill
-from analyzer.progress import stage
+from analyzer.progress import stage, unheard
 from analyzer.sources.base import WholeInputFacts
 
 if TYPE_CHECKING:
@@ -299,10 +301,11 @@ def _merged(fleet: FleetTasks, heads: dict[int, Any], finished: dict[int, Any]) 
 
 
 def audit_servers_locally(workers: int, servers: Servers, fleet: FleetTasks, **options: Any) -> Any:
-    """`audit_servers` on `workers` local processes of our own (`--workers N`), with none of
-    a local Dask cluster's start: no scheduler, no nanny, no Dask imported anywhere; each
-    process starts a fresh interpreter (a fork would copy the threads polars runs from its
-    import on, and a lock one of them held) and imports only the pipeline. Each keeps the
+    """`audit_servers` on `workers` local processes (`--workers N`), with none of a local Dask
+    cluster's start: no scheduler, no nanny, no Dask imported anywhere. This process is one of
+    them (it has the pipeline imported already, and what it audits is never pickled); the
+    others start a fresh interpreter each (a fork would copy the threads polars runs from its
+    import on, and a lock one of them held) and import only the pipeline. Each keeps the
     servers it audited until they are finished there; each head is read here while the
     other servers are still audited."""
     with _no_collection(), _Local(min(workers, len(servers)), fleet) as pool:
@@ -347,15 +350,21 @@ def _deaf_to_ctrl_c() -> Iterator[None]:
 
 
 class _Local:
-    """Local worker processes, each sent one server at a time."""
+    """This process and `count - 1` local worker processes, each given one server at a time:
+    a thread of this process hands the servers to the workers and reads their heads while
+    this process audits servers of its own."""
 
     def __init__(self, count: int, fleet: FleetTasks) -> None:
         context = multiprocessing.get_context("spawn")
+        self._fleet = fleet
         self._connections: list[Connection] = []
         self._processes = []
-        self._held: dict[int, Connection] = {}  # which process audited each server
-        with _deaf_to_ctrl_c():
-            for _ in range(count):
+        self._held: dict[int, Connection] = {}  # which worker audited each of its servers
+        self._kept: dict[int, Any] = {}  # the servers this process audited
+        self._stop = threading.Event()
+        self._dispatcher: threading.Thread | None = None
+        with _deaf_to_ctrl_c(), _polars_threads(count):
+            for _ in range(count - 1):
                 ours, theirs = context.Pipe()
                 process = context.Process(target=_serve, args=(theirs, fleet), daemon=True)
                 process.start()
@@ -367,17 +376,21 @@ class _Local:
         return self
 
     def __exit__(self, kind: type | None, *_: object) -> None:
+        self._stop.set()
         if kind is None:
             self.release()
-        for connection, process in zip(self._connections, self._processes, strict=True):
+        for process in self._processes:
             if kind is not None:
-                process.terminate()
+                process.terminate()  # its end of the pipe closes: the dispatcher stops
+        if self._dispatcher is not None:
+            self._dispatcher.join()
+        for connection in self._connections:
             connection.close()
         for process in self._processes:
             process.join()
 
     def release(self) -> None:
-        """Tell every process it is done: they exit while this one merges."""
+        """Tell every worker it is done: they exit while this process merges."""
         for connection in self._connections:
             if not connection.closed:
                 connection.send(None)
@@ -386,32 +399,109 @@ class _Local:
     def audit(
         self, servers: Servers, order: list[int], options: dict[str, Any], step: Callable
     ) -> dict[int, Any]:
-        """Each server's head, the servers sent in `order` to whichever process is free
-        (`step`: a server done)."""
+        """Each server's head, the servers taken in `order` by whichever process is free,
+        this one included (`step`: a server done)."""
         pending = deque(order)
+        arrived: SimpleQueue[tuple[int | None, Any]] = SimpleQueue()
+        heads: dict[int, Any] = {}
+        self._dispatcher = threading.Thread(
+            target=self._dispatch, args=(servers, pending, options, arrived), daemon=True
+        )
+        self._dispatcher.start()
+        try:
+            while True:
+                self._take(arrived, heads, servers, step)
+                try:
+                    index = pending.popleft()
+                except IndexError:
+                    break
+                with unheard():  # its own stages are not shown: one step a server
+                    self._kept[index] = self._fleet.audit(*servers[index], options)
+                heads[index] = self._kept[index].head
+                step(note=f"audited {servers[index][1]}")
+            while self._dispatcher.is_alive():  # woken often: Ctrl-C is raised here
+                self._dispatcher.join(SIGNAL_SECONDS)
+            self._take(arrived, heads, servers, step)
+        except BaseException:
+            self._stop.set()  # no more servers to the workers
+            raise
+        return heads
+
+    def _dispatch(
+        self,
+        servers: Servers,
+        pending: deque[int],
+        options: dict[str, Any],
+        arrived: SimpleQueue[tuple[int | None, Any]],
+    ) -> None:
+        """The dispatcher thread: each worker sent the next server when it is free, each
+        head put in `arrived` as it comes (an error as `(None, error)`, and no more sent)."""
         idle = list(self._connections)
         busy: dict[Connection, int] = {}
-        heads: dict[int, Any] = {}
-        while pending or busy:
-            while pending and idle:
-                connection, index = idle.pop(), pending.popleft()
-                paths, label = servers[index]
-                connection.send((index, (paths, label, options)))
-                busy[connection], self._held[index] = index, connection
-            for connection in _ready(list(busy)):
-                index = busy.pop(connection)
-                heads[index] = _received(connection)
-                idle.append(connection)
-                step(note=f"audited {servers[index][1]}")
-        return heads
+        try:
+            while True:
+                while idle and pending and not self._stop.is_set():
+                    try:
+                        index = pending.popleft()
+                    except IndexError:  # this process took the last one
+                        break
+                    connection = idle.pop()
+                    paths, label = servers[index]
+                    connection.send((index, (paths, label, options)))
+                    busy[connection], self._held[index] = index, connection
+                if not busy:
+                    return
+                for connection in _ready(list(busy)):
+                    index = busy.pop(connection)
+                    arrived.put((index, _received(connection)))
+                    idle.append(connection)
+        except BaseException as error:
+            self._stop.set()
+            arrived.put((None, error))
+
+    @staticmethod
+    def _take(
+        arrived: SimpleQueue[tuple[int | None, Any]],
+        heads: dict[int, Any],
+        servers: Servers,
+        step: Callable,
+    ) -> None:
+        """The workers' heads that arrived, into `heads`; the error one raised, raised."""
+        while not arrived.empty():
+            index, answer = arrived.get()
+            if index is None:
+                raise answer
+            heads[index] = answer
+            step(note=f"audited {servers[index][1]}")
 
     def finish(self, secrets: frozenset[str]) -> dict[int, Any]:
         """Each server finished where it was audited, given every server's secret values
-        (one message to each process, its servers' answers in one reply)."""
+        (one message to each worker, its servers' answers in one reply; this process's own
+        meanwhile)."""
         for connection in self._connections:
             mine = [index for index, held in self._held.items() if held is connection]
             connection.send((mine, secrets))
-        return {index: part for c in self._connections for index, part in _received(c).items()}
+        finished = {
+            index: self._fleet.finish(self._kept.pop(index), secrets) for index in [*self._kept]
+        }
+        for connection in self._connections:
+            finished.update(_received(connection))
+        return finished
+
+
+@contextmanager
+def _polars_threads(processes: int) -> Iterator[None]:
+    """The workers started with polars' thread pool sized so that the `processes` share the
+    cores instead of each running as many threads as there are cores (threads that wait
+    for each other's core cost CPU time); a POLARS_MAX_THREADS the user set is kept."""
+    if "POLARS_MAX_THREADS" in os.environ or processes < 2:
+        yield
+        return
+    os.environ["POLARS_MAX_THREADS"] = str(max(1, (os.cpu_count() or 1) // processes))
+    try:
+        yield
+    finally:
+        del os.environ["POLARS_MAX_THREADS"]
 
 
 def _ready(connections: list[Connection]) -> list[Connection]:

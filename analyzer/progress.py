@@ -53,3 +53,14 @@ def stage(
         yield listener.step
     finally:
         listener.end(description)
+
+
+@contextmanager
+def unheard() -> Iterator[None]:
+    """The stages of the work inside not shown (a whole task's, counted as one step of the
+    stage around it)."""
+    token = LISTENER.set(None)
+    try:
+        yield
+    finally:
+        LISTENER.reset(token)
