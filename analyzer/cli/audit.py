@@ -15,6 +15,7 @@ from analyzer.cli.options import (
     clean_errors,
     format_option,
     log_options,
+    one_thread_for_small_inputs,
     open_audit,
     output_format,
     output_option,
@@ -184,6 +185,8 @@ def audit(
     (or runs not decided, unless --allow-undecided), 2 unusable input or wrong
     usage.
     """
+    if not (workers or cluster):  # before polars is imported
+        one_thread_for_small_inputs(sources)
     from analyzer.api import partitions_merged
     from analyzer.contract import Report
     from analyzer.outputs import plan

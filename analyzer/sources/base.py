@@ -138,11 +138,22 @@ class SourceData:
     damage_notes: dict[str, list[str]] = field(default_factory=dict)
 
     def conformed(self) -> SourceData:
-        self.runs = conform(self.runs, RUNS_SCHEMA).collect()
-        self.jobs = conform(self.jobs, JOBS_SCHEMA).collect()
-        self.events = conform(self.events, EVENTS_SCHEMA).collect()
-        self.fleets = conform(self.fleets, FLEETS_SCHEMA).collect()
-        self.instances = conform(self.instances, INSTANCES_SCHEMA).collect()
+        """Every table in its canonical schema, in one collect (most of a small input's
+        tables are the shared empty ones, conformed already)."""
+        schemas = {
+            "runs": RUNS_SCHEMA,
+            "jobs": JOBS_SCHEMA,
+            "events": EVENTS_SCHEMA,
+            "fleets": FLEETS_SCHEMA,
+            "instances": INSTANCES_SCHEMA,
+        }
+        pending = {
+            name: conform(frame, schema)
+            for name, schema in schemas.items()
+            if (frame := getattr(self, name)) is not _EMPTY.get(name)
+        }
+        for name, frame in zip(pending, pl.collect_all(pending.values()), strict=True):
+            setattr(self, name, frame)
         return self
 
 

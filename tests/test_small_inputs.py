@@ -1,0 +1,82 @@
+"""A small input is audited on one polars thread (issue 38 §6): its audit is a couple of thousand
+queries of a few rows each, and waking the pool's threads for each cost CPU. The pool is sized
+before polars is imported, so each case runs in a fresh interpreter."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from conftest import ROOT
+
+from analyzer.cli.options import SMALL_INPUT_BYTES
+
+SEED = ROOT / "samples" / "v0.22.5" / "seed"
+SIZED = (
+    "import sys; from analyzer.cli.options import one_thread_for_small_inputs as size; "
+    "size(tuple(sys.argv[1:])); import polars; print(polars.thread_pool_size())"
+)
+
+
+def _run(argv: list[str], **env: str) -> subprocess.CompletedProcess:
+    environment = {k: v for k, v in os.environ.items() if k != "POLARS_MAX_THREADS"}
+    return subprocess.run(
+        [sys.executable, *argv],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**environment, **env},
+        timeout=120,
+    )
+
+
+def _threads(*sources: str, **env: str) -> int:
+    result = _run(["-c", SIZED, *sources], **env)
+    assert result.returncode == 0, result.stderr
+    return int(result.stdout)
+
+
+def test_the_seed_sample_s_audit_runs_on_one_thread(tmp_path):
+    """The README's first command, as a whole process: one polars thread, the same report."""
+    code = (
+        "import atexit, sys; "
+        "atexit.register(lambda: print(sys.modules['polars'].thread_pool_size(), "
+        "file=sys.stderr)); "
+        "from analyzer.cli import main; main()"
+    )
+    out = tmp_path / "report.json"
+    result = _run(["-c", code, "audit", str(SEED), "--format", "json", "-o", str(out), "-q"])
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip() == "1"
+    assert '"findings": 1' in out.read_text()
+
+
+def test_a_larger_input_keeps_every_core(tmp_path):
+    default = _threads()  # nothing given: polars' own default
+    big = tmp_path / "server.db"
+    with big.open("wb") as handle:  # sparse: as large as it says, without writing it
+        handle.truncate(SMALL_INPUT_BYTES)
+    assert _threads(str(big)) == default
+    assert _threads(str(SEED), str(big)) == default  # the inputs together count
+    assert _threads(str(SEED)) == 1
+
+
+def test_what_cannot_be_sized_keeps_every_core(tmp_path):
+    default = _threads()
+    many = tmp_path / "many"
+    many.mkdir()
+    for number in range(1_001):  # more files than are looked through first
+        (many / f"{number}.log").touch()
+    assert _threads(str(many)) == default
+    assert _threads("postgresql://dstack@127.0.0.1/dstack") == default
+    assert _threads("-") == default
+    assert _threads(str(tmp_path / "missing.db")) == default
+    link = tmp_path / "linked"
+    link.mkdir()
+    (link / "seed").symlink_to(SEED)
+    assert _threads(str(link)) == default
+
+
+def test_a_pool_the_user_sized_is_kept():
+    assert _threads(str(SEED), POLARS_MAX_THREADS="2") == 2
