@@ -323,7 +323,9 @@ def audit_servers_locally(workers: int, servers: Servers, fleet: FleetTasks, **o
 def _no_collection() -> Iterator[None]:
     """Python's cycle collector paused: the heads read here are kept to the end and the merge
     makes no cycles, yet each pass would walk every object of them again (a third of the
-    client's CPU on a fleet of 8 servers of 2k runs)."""
+    client's CPU on a fleet of 8 servers of 2k runs). The servers this process audits leave
+    next to nothing in cycles (31 objects a server of 2k runs, the same peak RSS: measured
+    over 6 of them)."""
     paused = gc.isenabled()
     gc.disable()
     try:
@@ -366,7 +368,9 @@ class _Local:
         with _deaf_to_ctrl_c(), _polars_threads(count):
             for _ in range(count - 1):
                 ours, theirs = context.Pipe()
-                process = context.Process(target=_serve, args=(theirs, fleet), daemon=True)
+                process = context.Process(
+                    target=_serve, args=(theirs, fleet, gc.get_threshold()), daemon=True
+                )
                 process.start()
                 theirs.close()
                 self._connections.append(ours)
@@ -529,11 +533,13 @@ def _received(connection: Connection) -> Any:
     return answer
 
 
-def _serve(connection: Connection, fleet: FleetTasks) -> None:
+def _serve(connection: Connection, fleet: FleetTasks, collection: tuple[int, ...]) -> None:
     """A local worker process: audit each server it is sent, keep it, finish them when sent
-    every server's secret values."""
+    every server's secret values; its cycle collector as the client's (the command's: 4% of
+    a server's CPU time against Python's default)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the client stops us
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    gc.set_threshold(*collection)
     kept: dict[int, Any] = {}
     while (message := connection.recv()) is not None:
         try:
