@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from analyzer._version import __version__
 from analyzer.errors import AuditInputError
 from analyzer.pipeline.partitions import MergedReport, PartitionResult, ReportSpill
-from analyzer.progress import stage, unheard
+from analyzer.progress import quiet_stages, stage
 from analyzer.sources.base import WholeInputFacts
 
 if TYPE_CHECKING:
@@ -419,7 +419,7 @@ class _Local:
                     index = pending.popleft()
                 except IndexError:
                     break
-                with unheard():  # its own stages are not shown: one step a server
+                with quiet_stages():  # its own stages are not shown: one step a server
                     self._kept[index] = self._fleet.audit(*servers[index], options)
                 heads[index] = self._kept[index].head
                 step(note=f"audited {servers[index][1]}")

@@ -56,7 +56,7 @@ def stage(
 
 
 @contextmanager
-def unheard() -> Iterator[None]:
+def quiet_stages() -> Iterator[None]:
     """The stages of the work inside not shown (a whole task's, counted as one step of the
     stage around it)."""
     token = LISTENER.set(None)
