@@ -40,6 +40,18 @@ _STD_VALID_HEAD_RE = (
     r"T(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{3} \S+(?: |$)"
 )
 
+# Where no line holds whitespace other than the space, the logger's first character is proof
+# enough: its ``\S+`` then ends at a space or at the line's end, and the rest of it is not
+# scanned (a third of the match).
+_STD_VALID_HEAD_SHORT_RE = _STD_VALID_HEAD_RE.removesuffix(r"\S+(?: |$)") + r"\S"
+
+# The UTF-8 of every whitespace character but the space and the line break (Unicode's
+# White_Space, regex's ``[^\S ]``: U+0009 to U+000D, U+0085, U+00A0, U+1680, U+2000 to U+200A,
+# U+2028, U+2029, U+202F, U+205F, U+3000) begins with one of these bytes, each found in a
+# chunk's bytes at memory speed. (So do others, "—" among them, "é" not: a chunk holding one
+# is proven the longer way.)
+OTHER_SPACES = (b"\t", b"\x0b", b"\x0c", b"\r", b"\xc2", b"\xe1", b"\xe2", b"\xe3")
+
 _STD_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S%.3f"
 
 # rich: 10-char time column (or 10 spaces when the time repeats), space, 8-char level, space.
@@ -267,7 +279,7 @@ def _groups(pattern: str, names: tuple[str, ...], match: bool) -> pl.Expr:
 
 
 def quiet_standard_records(
-    frame: pl.DataFrame, words: tuple[str, ...], *, escapes: bool = True
+    frame: pl.DataFrame, words: tuple[str, ...], *, escapes: bool = True, spaces: bool = True
 ) -> tuple[pl.DataFrame, SetAside]:
     """Split off the lines of unwrapped lines (``unwrap``'s columns) that are each a whole
     standard record holding none of ``words``: a standard record start followed by another
@@ -283,27 +295,25 @@ def quiet_standard_records(
     record starts is anything more done. A start is proven by one match of
     ``_STD_VALID_HEAD_RE`` (its time a real one, so no line's time is parsed); a start it
     leaves to ``classify_lines`` (a 29 February, a leap second) only keeps its neighbours.
-    ``escapes=False`` says no line holds an escape byte (the caller saw none in the bytes).
-    Returns the lines kept, in order, and what was set aside."""
-    content = pl.col("content")
-    escape = content.str.contains("\x1b", literal=True) if escapes else pl.lit(False)
-    marked = frame.with_columns(_escape=escape)
-    words_found = content.str.contains("|".join(map(re.escape, words)))
-    marked = marked.with_columns(_quiet=~words_found & ~pl.col("_escape"))
-    if marked["_quiet"].sum() * QUIET_SHARE < frame.height:
+    ``escapes=False`` says no line holds an escape byte (the caller saw none in the bytes),
+    ``spaces=False`` that none holds whitespace but the space (none of ``OTHER_SPACES``): a
+    start is then proven by ``_STD_VALID_HEAD_SHORT_RE``. Returns the lines kept, in order,
+    and what was set aside."""
+    content = frame["content"]
+    quiet = ~content.str.contains("|".join(map(re.escape, words)))
+    if escapes:
+        plain = ~content.str.contains("\x1b", literal=True)
+        quiet &= plain
+    if quiet.sum() * QUIET_SHARE < frame.height:
         return frame, SetAside.none()
-    marked = marked.with_columns(
-        _start=content.str.contains(_STD_VALID_HEAD_RE) & ~pl.col("_escape")
-    )
-    if (marked["_start"] & marked["_quiet"]).sum() * QUIET_SHARE < frame.height:  # rich, json
+    start = content.str.contains(_STD_VALID_HEAD_RE if spaces else _STD_VALID_HEAD_SHORT_RE)
+    if escapes:
+        start &= plain
+    if (start & quiet).sum() * QUIET_SHARE < frame.height:  # rich, json
         return frame, SetAside.none()
-    start = pl.col("_start")
-    lone = start & start.shift(-1).fill_null(False) & pl.col("flag").is_null() & pl.col("_quiet")
-    marked = marked.with_columns(lone.alias("_lone"))
-    aside = marked.filter(pl.col("_lone"))
-    return marked.filter(~pl.col("_lone")).select(frame.columns), SetAside(
-        aside["line"], _levels(aside)
-    )
+    lone = start & start.shift(-1, fill_value=False) & quiet & frame["flag"].is_null()
+    aside = frame.select("line", "content", "wrapper_time").filter(lone)
+    return frame.filter(~lone), SetAside(aside["line"], _levels(aside))
 
 
 def _levels(aside: pl.DataFrame) -> pl.DataFrame:
