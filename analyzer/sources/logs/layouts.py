@@ -289,10 +289,13 @@ def quiet_standard_records(
     in (their notes and cleaning are made in ``classify_lines``), and so are the lines before
     one; the last line never goes (its record may go on in the next chunk).
 
-    The words are looked for first, in the whole line (one search for literals, no field
-    parsed): only when a good share of the chunk holds none of them (a busy server's access
-    log) are the record starts matched, and only when a good share of those are standard
-    record starts is anything more done. A start is proven by one match of
+    A sample of the lines (``SAMPLE_LINES``, spread over the chunk) is matched first: a
+    chunk of few standard record starts (a rich or a json log) is not looked at further. Then
+    the words are looked for, in the whole line (one search for literals, no field parsed):
+    only when a good share of the chunk holds none of them (a busy server's access log) are
+    the record starts matched, and only when a good share of those are standard record
+    starts is anything more done. (Which chunks are looked at changes no result, only its
+    cost.) A start is proven by one match of
     ``_STD_VALID_HEAD_RE`` (its time a real one, so no line's time is parsed); a start it
     leaves to ``classify_lines`` (a 29 February, a leap second) only keeps its neighbours.
     ``escapes=False`` says no line holds an escape byte (the caller saw none in the bytes),
@@ -300,13 +303,17 @@ def quiet_standard_records(
     start is then proven by ``_STD_VALID_HEAD_SHORT_RE``. Returns the lines kept, in order,
     and what was set aside."""
     content = frame["content"]
+    head = _STD_VALID_HEAD_RE if spaces else _STD_VALID_HEAD_SHORT_RE
+    sample = content.gather_every(max(1, frame.height // SAMPLE_LINES))
+    if sample.str.contains(head).sum() * QUIET_SHARE < sample.len():
+        return frame, SetAside.none()
     quiet = ~content.str.contains("|".join(map(re.escape, words)))
     if escapes:
         plain = ~content.str.contains("\x1b", literal=True)
         quiet &= plain
     if quiet.sum() * QUIET_SHARE < frame.height:
         return frame, SetAside.none()
-    start = content.str.contains(_STD_VALID_HEAD_RE if spaces else _STD_VALID_HEAD_SHORT_RE)
+    start = content.str.contains(head)
     if escapes:
         start &= plain
     if (start & quiet).sum() * QUIET_SHARE < frame.height:  # rich, json
@@ -350,9 +357,12 @@ def _levels(aside: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-# Lines are set aside in a chunk only when at least one in QUIET_SHARE holds none of the words
-# (a chunk of dstack's own lines, nearly all kept, would only be looked at twice).
+# Lines are set aside in a chunk only when at least one in QUIET_SHARE of about SAMPLE_LINES of
+# its lines is a standard record start (a rich or json chunk costs a thousand matches, not a
+# search and a match of each line), and one in QUIET_SHARE holds none of the words (a chunk of
+# dstack's own lines, nearly all kept, would only be looked at twice).
 QUIET_SHARE = 4
+SAMPLE_LINES = 1024
 
 
 SET_ASIDE_LEVELS = {"level": pl.String(), "lines": pl.Int64(), "latest": UTC_TIME}
