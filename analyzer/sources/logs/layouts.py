@@ -316,7 +316,7 @@ def quiet_standard_records(
     start = content.str.contains(head)
     if escapes:
         start &= plain
-    if (start & quiet).sum() * QUIET_SHARE < frame.height:  # rich, json
+    if (start & quiet).sum() * QUIET_SHARE < frame.height:  # few lines to set aside
         return frame, SetAside.none()
     lone = start & start.shift(-1, fill_value=False) & quiet & frame["flag"].is_null()
     aside = frame.select("line", "content", "wrapper_time").filter(lone)
