@@ -773,6 +773,9 @@ _KEPT_NEIGHBOURS = (
     "INFO {t} uvicorn.access \x1b[31mcoloured\x1b[0m",  # cleaned in classification
     "INFO {t} \x1b[0m no logger once cleaned",  # a start only before cleaning
     "INFO {t} uvicorn.access GET /api/Service/list 200",  # a word: the full path, irrelevant
+    "INFO {t} uvicorn.access\tGET /health 200",  # a tab ends the logger: no record's start
+    "INFO {t} uvicorn.access\u00a0GET /health 200",  # so does a no-break space
+    "INFO {t} uvicorn.access GET /health\u2003200",  # a start, an em space in its message
     "WARNING {t} dstack.web run(abc123)web: something new",  # dstack's: counted unrecognised
     "    continuation of the record above",
     "",
@@ -874,6 +877,7 @@ def _stamp(when: datetime) -> str:
         max_size=30,
     ),
     docker=st.booleans(),
+    spaces=st.booleans(),
 )
 @example(
     lines=[
@@ -885,20 +889,26 @@ def _stamp(when: datetime) -> str:
         ("WARNING", datetime(9999, 12, 31, 23, 59, 59)),
     ],
     docker=False,
+    spaces=False,
 )
 @example(
-    lines=[("ERROR", datetime(2026, 12, 31, 12)), ("ERROR", datetime(2026, 4, 30))], docker=True
+    lines=[("ERROR", datetime(2026, 12, 31, 12)), ("ERROR", datetime(2026, 4, 30))],
+    docker=True,
+    spaces=True,
 )
-def test_set_aside_lines_are_counted_and_timed_as_if_each_were_parsed(lines, docker) -> None:
+def test_set_aside_lines_are_counted_and_timed_as_if_each_were_parsed(
+    lines, docker, spaces
+) -> None:
     """The pre-filter never parses a set-aside line's time: per level, its count and latest
     time (the docker timestamp where written, else the local time) are those of parsing every
-    line; a 29 February (left to the classification) and the line before it stay."""
+    line; a 29 February (left to the classification) and the line before it stay. The same
+    when the lines are known to hold no whitespace but the space (the shorter proof)."""
     raw = [f"{level} {_stamp(when)} uvicorn.access GET /health 200" for level, when in lines]
     raw.append("INFO 2026-01-01T00:00:00.000 uvicorn.access the last line stays")
     if docker:  # written at other times than the local ones
         raw = [f"2026-01-01T00:00:{n % 60:02d}.000000000Z {line}" for n, line in enumerate(raw)]
     frame = unwrap(pl.Series("raw", raw), "docker" if docker else None, 1)
-    kept, aside = layouts.quiet_standard_records(frame, MATTER_WORDS)
+    kept, aside = layouts.quiet_standard_records(frame, MATTER_WORDS, spaces=spaces)
     assert frame["wrapper_time"].is_not_null().all() == docker
 
     valid = [(when.month, when.day) != (2, 29) for _, when in lines] + [True]
@@ -925,6 +935,19 @@ def test_set_aside_lines_are_counted_and_timed_as_if_each_were_parsed(lines, doc
     assert {level: (count, latest) for level, count, latest in aside.levels.iter_rows()} == (
         expected
     )
+
+
+def test_every_other_space_is_seen_in_the_bytes() -> None:
+    """The shorter proof of a start is used only where a chunk's bytes hold none of
+    OTHER_SPACES: every character the regex engine takes for whitespace (as ``\\S`` in the
+    longer proof sees it), but the space and the line break, is encoded with one of them."""
+    points = [c for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]
+    text = pl.Series("c", [chr(c) for c in points])
+    spaces = text.filter(text.str.contains(r"[^\S ]")).to_list()
+    assert " " not in spaces and "\u3000" in spaces and len(spaces) > 20
+    for space in spaces:
+        if space != "\n":
+            assert any(byte in space.encode() for byte in layouts.OTHER_SPACES), hex(ord(space))
 
 
 @settings(max_examples=40, deadline=None)

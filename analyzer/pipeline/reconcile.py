@@ -261,7 +261,8 @@ def align_times(evidence: Evidence, options: TimeOptions) -> None:
     db_events = events.filter(pl.col("time_basis") == "db_utc")
     anchors = _anchors(evidence, db_events)
     rich = log_events.filter(pl.col("time_basis") == "time_of_day_only")["source"].unique()
-    pairs = _pairs(log_events, anchors)
+    # without a database moment (a log-only audit) no log line is keyed to be matched
+    pairs = _pairs(log_events, anchors) if anchors.height else pl.DataFrame()
     offsets = infer_offsets(log_events, pairs, rich) if pairs.height else pl.DataFrame()
     if offsets.height == 0:
         evidence.events = _apply_options(events, options, evidence)

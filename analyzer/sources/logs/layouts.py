@@ -40,6 +40,18 @@ _STD_VALID_HEAD_RE = (
     r"T(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{3} \S+(?: |$)"
 )
 
+# Where no line holds whitespace other than the space, the logger's first character is proof
+# enough: its ``\S+`` then ends at a space or at the line's end, and the rest of it is not
+# scanned (a third of the match).
+_STD_VALID_HEAD_SHORT_RE = _STD_VALID_HEAD_RE.removesuffix(r"\S+(?: |$)") + r"\S"
+
+# The UTF-8 of every whitespace character but the space and the line break (Unicode's
+# White_Space, regex's ``[^\S ]``: U+0009 to U+000D, U+0085, U+00A0, U+1680, U+2000 to U+200A,
+# U+2028, U+2029, U+202F, U+205F, U+3000) begins with one of these bytes, each found in a
+# chunk's bytes at memory speed. (So do others, "—" among them, "é" not: a chunk holding one
+# is proven the longer way.)
+OTHER_SPACES = (b"\t", b"\x0b", b"\x0c", b"\r", b"\xc2", b"\xe1", b"\xe2", b"\xe3")
+
 _STD_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S%.3f"
 
 # rich: 10-char time column (or 10 spaces when the time repeats), space, 8-char level, space.
@@ -267,7 +279,7 @@ def _groups(pattern: str, names: tuple[str, ...], match: bool) -> pl.Expr:
 
 
 def quiet_standard_records(
-    frame: pl.DataFrame, words: tuple[str, ...], *, escapes: bool = True
+    frame: pl.DataFrame, words: tuple[str, ...], *, escapes: bool = True, spaces: bool = True
 ) -> tuple[pl.DataFrame, SetAside]:
     """Split off the lines of unwrapped lines (``unwrap``'s columns) that are each a whole
     standard record holding none of ``words``: a standard record start followed by another
@@ -277,33 +289,38 @@ def quiet_standard_records(
     in (their notes and cleaning are made in ``classify_lines``), and so are the lines before
     one; the last line never goes (its record may go on in the next chunk).
 
-    The words are looked for first, in the whole line (one search for literals, no field
-    parsed): only when a good share of the chunk holds none of them (a busy server's access
-    log) are the record starts matched, and only when a good share of those are standard
-    record starts is anything more done. A start is proven by one match of
+    A sample of the lines (``SAMPLE_LINES``, spread over the chunk) is matched first: a
+    chunk of few standard record starts (a rich or a json log) is not looked at further. Then
+    the words are looked for, in the whole line (one search for literals, no field parsed):
+    only when a good share of the chunk holds none of them (a busy server's access log) are
+    the record starts matched, and only when a good share of those are standard record
+    starts is anything more done. (Which chunks are looked at changes no result, only its
+    cost.) A start is proven by one match of
     ``_STD_VALID_HEAD_RE`` (its time a real one, so no line's time is parsed); a start it
     leaves to ``classify_lines`` (a 29 February, a leap second) only keeps its neighbours.
-    ``escapes=False`` says no line holds an escape byte (the caller saw none in the bytes).
-    Returns the lines kept, in order, and what was set aside."""
-    content = pl.col("content")
-    escape = content.str.contains("\x1b", literal=True) if escapes else pl.lit(False)
-    marked = frame.with_columns(_escape=escape)
-    words_found = content.str.contains("|".join(map(re.escape, words)))
-    marked = marked.with_columns(_quiet=~words_found & ~pl.col("_escape"))
-    if marked["_quiet"].sum() * QUIET_SHARE < frame.height:
+    ``escapes=False`` says no line holds an escape byte (the caller saw none in the bytes),
+    ``spaces=False`` that none holds whitespace but the space (none of ``OTHER_SPACES``): a
+    start is then proven by ``_STD_VALID_HEAD_SHORT_RE``. Returns the lines kept, in order,
+    and what was set aside."""
+    content = frame["content"]
+    head = _STD_VALID_HEAD_RE if spaces else _STD_VALID_HEAD_SHORT_RE
+    sample = content.gather_every(max(1, frame.height // SAMPLE_LINES))
+    if sample.str.contains(head).sum() * QUIET_SHARE < sample.len():
         return frame, SetAside.none()
-    marked = marked.with_columns(
-        _start=content.str.contains(_STD_VALID_HEAD_RE) & ~pl.col("_escape")
-    )
-    if (marked["_start"] & marked["_quiet"]).sum() * QUIET_SHARE < frame.height:  # rich, json
+    quiet = ~content.str.contains("|".join(map(re.escape, words)))
+    if escapes:
+        plain = ~content.str.contains("\x1b", literal=True)
+        quiet &= plain
+    if quiet.sum() * QUIET_SHARE < frame.height:
         return frame, SetAside.none()
-    start = pl.col("_start")
-    lone = start & start.shift(-1).fill_null(False) & pl.col("flag").is_null() & pl.col("_quiet")
-    marked = marked.with_columns(lone.alias("_lone"))
-    aside = marked.filter(pl.col("_lone"))
-    return marked.filter(~pl.col("_lone")).select(frame.columns), SetAside(
-        aside["line"], _levels(aside)
-    )
+    start = content.str.contains(head)
+    if escapes:
+        start &= plain
+    if (start & quiet).sum() * QUIET_SHARE < frame.height:  # few lines to set aside
+        return frame, SetAside.none()
+    lone = start & start.shift(-1, fill_value=False) & quiet & frame["flag"].is_null()
+    aside = frame.select("line", "content", "wrapper_time").filter(lone)
+    return frame.filter(~lone), SetAside(aside["line"], _levels(aside))
 
 
 def _levels(aside: pl.DataFrame) -> pl.DataFrame:
@@ -340,9 +357,12 @@ def _levels(aside: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-# Lines are set aside in a chunk only when at least one in QUIET_SHARE holds none of the words
-# (a chunk of dstack's own lines, nearly all kept, would only be looked at twice).
+# Lines are set aside in a chunk only when at least one in QUIET_SHARE of about SAMPLE_LINES of
+# its lines is a standard record start (a rich or json chunk costs a thousand matches, not a
+# search and a match of each line), and one in QUIET_SHARE holds none of the words (a chunk of
+# dstack's own lines, nearly all kept, would only be looked at twice).
 QUIET_SHARE = 4
+SAMPLE_LINES = 1024
 
 
 SET_ASIDE_LEVELS = {"level": pl.String(), "lines": pl.Int64(), "latest": UTC_TIME}

@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
@@ -40,6 +40,7 @@ from analyzer.sources.logs.layouts import (
     ANSI_RE,
     LEVELS,
     LOGO_LINES,
+    OTHER_SPACES,
     STARTUP_RE,
     RichClock,
     SetAside,
@@ -190,12 +191,32 @@ def _read_all(blocks: Iterable[bytes], display_path: str) -> LogRead:
     return stream.result(records)
 
 
-def _few(frames: Iterable[pl.DataFrame]) -> bool:
-    """Whether kept lines may wait for more: under GATHERED_ROWS and a chunk's bytes."""
-    frames = list(frames)
-    rows = sum(frame.height for frame in frames)
-    size = sum(int(frame["raw"].str.len_bytes().sum() or 0) for frame in frames)
-    return rows < GATHERED_ROWS and size < lines.CHUNK_BYTES
+@dataclass
+class _Gathered:
+    """Kept lines of chunks that wait for more, with what was set aside of those chunks; their
+    rows and bytes counted as they come."""
+
+    parts: list[tuple[pl.DataFrame, SetAside]] = field(default_factory=list)
+    rows: int = 0
+    size: int = 0
+
+    def add(self, kept: pl.DataFrame, aside: SetAside) -> None:
+        if aside.height:  # the kept lines may wait: owning their text, measured
+            kept = detached(kept)
+            self.rows += kept.height
+            self.size += int(kept["raw"].str.len_bytes().sum() or 0)
+        self.parts.append((kept, aside))
+
+    def few(self) -> bool:
+        """Whether they may wait for more: under GATHERED_ROWS and a chunk's bytes."""
+        return self.rows < GATHERED_ROWS and self.size < lines.CHUNK_BYTES
+
+    def taken(self) -> tuple[pl.DataFrame, SetAside]:
+        """Every part's lines as one, and what was set aside of them; none are left."""
+        frame = pl.concat([part for part, _ in self.parts])
+        aside = SetAside.joined([part for _, part in self.parts])
+        self.parts, self.rows, self.size = [], 0, 0
+        return frame, aside
 
 
 def detached(frame: pl.DataFrame) -> pl.DataFrame:
@@ -273,7 +294,7 @@ class LogStream:
         first = True
         # accounted, not yet folded (width not yet known), with their set-aside records
         pending: list[tuple[pl.DataFrame, SetAside]] = []
-        gathered: list[tuple[pl.DataFrame, SetAside]] = []  # kept lines waiting for more
+        gathered = _Gathered()  # kept lines waiting for more
         while chunk is not None:
             following = next(chunks, None)
             raw, invalid = split_lines(chunk, first)
@@ -283,6 +304,7 @@ class LogStream:
             next_line += raw.len()
             self.lines_total += raw.len()
             escapes = b"\x1b" in chunk or bool(carry.str.contains("\x1b", literal=True).any())
+            carry_spaces = carry.str.contains(r"[^\S ]").any()
             raw = pl.concat([carry, raw]) if carry.len() else raw
             carry = pl.Series("raw", [], dtype=pl.String)
             if not self._wrapper_known and bool((raw.str.strip_chars() != "").any()):
@@ -290,14 +312,18 @@ class LogStream:
                 self._wrapper_known = True
             # a journal entry's message is JSON, where an escape is written as "\u001b"
             escapes = escapes or self.wrapper == "journald"
-            kept, aside = self._set_aside(unwrap(raw, self.wrapper, start_line), escapes)
-            gathered.append((detached(kept) if aside.height else kept, aside))
-            if following is not None and aside.height and _few(part for part, _ in gathered):
+            spaces = (
+                self.wrapper == "journald"
+                or any(space in chunk for space in OTHER_SPACES)
+                or bool(carry_spaces)
+            )
+            kept, aside = self._set_aside(unwrap(raw, self.wrapper, start_line), escapes, spaces)
+            gathered.add(kept, aside)
+            if following is not None and aside.height and gathered.few():
                 chunk = following
                 continue
-            frame = classify_lines(pl.concat([part for part, _ in gathered]))
-            aside = SetAside.joined([part for _, part in gathered])
-            gathered.clear()
+            frame, aside = gathered.taken()
+            frame = classify_lines(frame)
             if following is not None:
                 frame, carry = self._hold_open_record(frame)
             pending.append((self._account(frame), aside))
@@ -311,12 +337,17 @@ class LogStream:
             chunk = following
         self.ends_with_newline = not ends or ends[-1]
 
-    def _set_aside(self, frame: pl.DataFrame, escapes: bool) -> tuple[pl.DataFrame, SetAside]:
+    def _set_aside(
+        self, frame: pl.DataFrame, escapes: bool, spaces: bool
+    ) -> tuple[pl.DataFrame, SetAside]:
         """Split off the lone standard records that hold none of ``matter_words``
-        (``escapes``: whether any line may hold an escape byte)."""
+        (``escapes``, ``spaces``: whether any line may hold an escape byte, whitespace but
+        the space)."""
         if not self.matter_words:
             return frame, SetAside.none()
-        kept, aside = quiet_standard_records(frame, self.matter_words, escapes=escapes)
+        kept, aside = quiet_standard_records(
+            frame, self.matter_words, escapes=escapes, spaces=spaces
+        )
         if aside.height:
             self.record_count += aside.height
             self.non_blank_lines += aside.height
