@@ -109,6 +109,26 @@ EVENT_COLUMNS = (
     "message",
     "provenance",
 )
+# The columns the rules read in the frame (rules.judge_jobs) and no judgement reads from a job's
+# row: not turned into rows (a time is the dearest value to turn into a Python object).
+RULES_ONLY_COLUMNS = (
+    "ready_at",
+    "running_event_at",
+    "as_of",
+    "health",
+    "has_provisioning_data",
+    "probe_count",
+    "probe_failed_then",
+    "healthy_then",
+    "served_later",
+    "triggering",
+    "failure_basis",
+    "stop_at",
+    "stopped_during_cascade",
+    "run_failed_at",
+    "in_flight",
+    "run_terminating_at",
+)
 # The event kinds the rules and the evidence chain read.
 DETECTION_KINDS = (
     "run_status",
@@ -153,6 +173,9 @@ class _Context:
     dateless: bool  # only times of day are known (a rich log alone): report no datetimes
     # own failures of submissions whose rows dstack deleted, from their events (moments)
     deleted: list[Row] = field(default_factory=list)
+    # _earlier_failures per culprit id, worked out once: the evidence chain and the culprit's
+    # record both list them
+    earlier_failures: dict[str, list[Row]] = field(default_factory=dict)
 
     @cached_property
     def events_by_job(self) -> dict[str, list[Row]]:
@@ -169,6 +192,12 @@ class _Context:
         for event in self.events:
             by_kind[event["kind"]].append(event)
         return by_kind
+
+    @cached_property
+    def own_failures(self) -> list[Row]:
+        """The submissions that failed by themselves: the only ones a culprit's earlier
+        failures are looked for among (a run holds many more jobs than failures)."""
+        return [job for job in self.jobs if job["own_failure"]]
 
     def when(self, value: datetime | None) -> datetime | None:
         return None if self.dateless else value
@@ -631,11 +660,17 @@ def _earlier_failures(ctx: _Context, culprit: Row) -> list[Row]:
     in `retry.on_events` (services/runs/replicas.py; reference 6.7), so the first failure is
     the root cause and the last the trigger; a slot refilled by a later deployment is another
     story (its deployment differs)."""
+    known = ctx.earlier_failures.get(culprit["job_id"])
+    if known is None:
+        known = ctx.earlier_failures[culprit["job_id"]] = _earlier_failures_of(ctx, culprit)
+    return known
+
+
+def _earlier_failures_of(ctx: _Context, culprit: Row) -> list[Row]:
     rows = [
         j
-        for j in ctx.jobs
+        for j in ctx.own_failures
         if j["job_id"] != culprit["job_id"]
-        and j["own_failure"]
         and (j["replica_num"], j["job_num"]) == (culprit["replica_num"], culprit["job_num"])
         and j["deployment_num"] == culprit["deployment_num"]
         and (j["submission_num"] or 0) < (culprit["submission_num"] or 0)
@@ -886,7 +921,7 @@ def _detect(
         )
         .join(run_columns, on=["server", "run_id"], maintain_order="left")
     )
-    jobs_by_run = judged_jobs.rows_by_key(["server", "run_id"], named=True)
+    jobs_by_run = judged_jobs.drop(RULES_ONLY_COLUMNS).rows_by_key(["server", "run_id"], named=True)
     dateless = set(
         read.filter(pl.col("time_basis") == "time_of_day_only")
         .select("server", "run_id")
