@@ -217,7 +217,7 @@ def _evidence_from_event(event: Row) -> EvidenceItem:
         prefix = f"[{event['time_text']} local, date unknown] {prefix}"
     return EvidenceItem(
         time=None if dateless else event["time"],
-        source="; ".join(event["provenance"] or []),
+        source=event["provenance"] or "",
         text=f"{prefix}{event['message']}{actor}",
     )
 
@@ -931,6 +931,8 @@ def _detect(
     events_by_run = (
         read.filter(_read_events())
         .select(EVENT_COLUMNS)
+        # one text per event, as the evidence chain cites it: not a Python list per row
+        .with_columns(pl.col("provenance").list.join("; "))
         .rows_by_key(["server", "run_id"], named=True)
     )
 
