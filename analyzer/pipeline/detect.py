@@ -878,9 +878,7 @@ def _detect(
     at_moment = probe_state_at(
         subs.join(failure_moments, on=["server", "run_id"], maintain_order="left")
     )
-    read = events.filter(pl.col("kind").is_in(DETECTION_KINDS)).join(
-        keys, on=["server", "run_id"], maintain_order="left"
-    )
+    read = _of_runs(events.filter(pl.col("kind").is_in(DETECTION_KINDS)), keys)
     # the run's first TERMINATING as the evidence chain reads it (its first such event)
     went_terminating = (
         read.filter((pl.col("kind") == "run_status") & (pl.col("new_status") == "terminating"))
@@ -936,7 +934,7 @@ def _detect(
         .rows_by_key(["server", "run_id"], named=True)
     )
 
-    deleted_by_run = deleted_failures(events.join(keys, on=["server", "run_id"]), subs).rows_by_key(
+    deleted_by_run = deleted_failures(_of_runs(events, keys), subs).rows_by_key(
         ["server", "run_id"], named=True
     )
     for run in candidates:
@@ -953,6 +951,14 @@ def _detect(
         verdicts.append(_verdict(run, judgement.verdict, judgement.why))
         findings.extend(judgement.findings)
     return verdicts, findings
+
+
+def _of_runs(frame: pl.DataFrame, keys: pl.DataFrame) -> pl.DataFrame:
+    """`frame`'s rows of the runs `keys` names (unique), in their order: what an inner join on
+    (server, run_id) keeps, by a lookup (the join cost six times as much over the events)."""
+    wanted = keys.select(pl.struct("server", "run_id")).to_series().implode()
+    known = pl.col("server").is_not_null() & pl.col("run_id").is_not_null()
+    return frame.filter(known & pl.struct("server", "run_id").is_in(wanted))
 
 
 VERDICT_COLUMNS = (
