@@ -109,6 +109,26 @@ EVENT_COLUMNS = (
     "message",
     "provenance",
 )
+# The columns the rules read in the frame (rules.judge_jobs) and no judgement reads from a job's
+# row: not turned into rows (a time is the dearest value to turn into a Python object).
+RULES_ONLY_COLUMNS = (
+    "ready_at",
+    "running_event_at",
+    "as_of",
+    "health",
+    "has_provisioning_data",
+    "probe_count",
+    "probe_failed_then",
+    "healthy_then",
+    "served_later",
+    "triggering",
+    "failure_basis",
+    "stop_at",
+    "stopped_during_cascade",
+    "run_failed_at",
+    "in_flight",
+    "run_terminating_at",
+)
 # The event kinds the rules and the evidence chain read.
 DETECTION_KINDS = (
     "run_status",
@@ -153,6 +173,9 @@ class _Context:
     dateless: bool  # only times of day are known (a rich log alone): report no datetimes
     # own failures of submissions whose rows dstack deleted, from their events (moments)
     deleted: list[Row] = field(default_factory=list)
+    # _earlier_failures per culprit id, worked out once: the evidence chain and the culprit's
+    # record both list them
+    earlier_failures: dict[str, list[Row]] = field(default_factory=dict)
 
     @cached_property
     def events_by_job(self) -> dict[str, list[Row]]:
@@ -169,6 +192,12 @@ class _Context:
         for event in self.events:
             by_kind[event["kind"]].append(event)
         return by_kind
+
+    @cached_property
+    def own_failures(self) -> list[Row]:
+        """The submissions that failed by themselves: the only ones a culprit's earlier
+        failures are looked for among (a run holds many more jobs than failures)."""
+        return [job for job in self.jobs if job["own_failure"]]
 
     def when(self, value: datetime | None) -> datetime | None:
         return None if self.dateless else value
@@ -188,7 +217,7 @@ def _evidence_from_event(event: Row) -> EvidenceItem:
         prefix = f"[{event['time_text']} local, date unknown] {prefix}"
     return EvidenceItem(
         time=None if dateless else event["time"],
-        source="; ".join(event["provenance"] or []),
+        source=event["provenance"] or "",
         text=f"{prefix}{event['message']}{actor}",
     )
 
@@ -631,11 +660,17 @@ def _earlier_failures(ctx: _Context, culprit: Row) -> list[Row]:
     in `retry.on_events` (services/runs/replicas.py; reference 6.7), so the first failure is
     the root cause and the last the trigger; a slot refilled by a later deployment is another
     story (its deployment differs)."""
+    known = ctx.earlier_failures.get(culprit["job_id"])
+    if known is None:
+        known = ctx.earlier_failures[culprit["job_id"]] = _earlier_failures_of(ctx, culprit)
+    return known
+
+
+def _earlier_failures_of(ctx: _Context, culprit: Row) -> list[Row]:
     rows = [
         j
-        for j in ctx.jobs
+        for j in ctx.own_failures
         if j["job_id"] != culprit["job_id"]
-        and j["own_failure"]
         and (j["replica_num"], j["job_num"]) == (culprit["replica_num"], culprit["job_num"])
         and j["deployment_num"] == culprit["deployment_num"]
         and (j["submission_num"] or 0) < (culprit["submission_num"] or 0)
@@ -843,9 +878,7 @@ def _detect(
     at_moment = probe_state_at(
         subs.join(failure_moments, on=["server", "run_id"], maintain_order="left")
     )
-    read = events.filter(pl.col("kind").is_in(DETECTION_KINDS)).join(
-        keys, on=["server", "run_id"], maintain_order="left"
-    )
+    read = _of_runs(events.filter(pl.col("kind").is_in(DETECTION_KINDS)), keys)
     # the run's first TERMINATING as the evidence chain reads it (its first such event)
     went_terminating = (
         read.filter((pl.col("kind") == "run_status") & (pl.col("new_status") == "terminating"))
@@ -886,7 +919,7 @@ def _detect(
         )
         .join(run_columns, on=["server", "run_id"], maintain_order="left")
     )
-    jobs_by_run = judged_jobs.rows_by_key(["server", "run_id"], named=True)
+    jobs_by_run = judged_jobs.drop(RULES_ONLY_COLUMNS).rows_by_key(["server", "run_id"], named=True)
     dateless = set(
         read.filter(pl.col("time_basis") == "time_of_day_only")
         .select("server", "run_id")
@@ -896,10 +929,12 @@ def _detect(
     events_by_run = (
         read.filter(_read_events())
         .select(EVENT_COLUMNS)
+        # one text per event, as the evidence chain cites it: not a Python list per row
+        .with_columns(pl.col("provenance").list.join("; "))
         .rows_by_key(["server", "run_id"], named=True)
     )
 
-    deleted_by_run = deleted_failures(events.join(keys, on=["server", "run_id"]), subs).rows_by_key(
+    deleted_by_run = deleted_failures(_of_runs(events, keys), subs).rows_by_key(
         ["server", "run_id"], named=True
     )
     for run in candidates:
@@ -916,6 +951,14 @@ def _detect(
         verdicts.append(_verdict(run, judgement.verdict, judgement.why))
         findings.extend(judgement.findings)
     return verdicts, findings
+
+
+def _of_runs(frame: pl.DataFrame, keys: pl.DataFrame) -> pl.DataFrame:
+    """`frame`'s rows of the runs `keys` names (unique), in their order: what an inner join on
+    (server, run_id) keeps, by a lookup (the join cost six times as much over the events)."""
+    wanted = keys.select(pl.struct("server", "run_id")).to_series().implode()
+    known = pl.col("server").is_not_null() & pl.col("run_id").is_not_null()
+    return frame.filter(known & pl.struct("server", "run_id").is_in(wanted))
 
 
 VERDICT_COLUMNS = (

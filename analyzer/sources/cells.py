@@ -367,20 +367,59 @@ def _time_ok(name: str) -> pl.Expr:
     return ~text.str.contains(YEARS) & parse_db_time(text).dt.year().is_between(1, 9999)
 
 
-def _checks(columns: Columns, present: set[str]) -> dict[str, tuple[pl.Expr, str]]:
-    """column -> (is the value acceptable, what it is not when it is not)."""
-    checks: dict[str, tuple[pl.Expr, str]] = {}
+# Values these accept certainly (what a dstack server writes), found by one cheap match: the
+# full check (a parse) runs over the others only. A time: year 0001-9999, a day
+# its month has in every year (February 29th is parsed), no leap second, up to 6 fraction
+# digits, nothing %Y would misread (YEARS) and nothing `parse_db_time` strips; an integer:
+# digits the Int64 cast takes as they are. [0-9], not \d: the regex's \d takes every script's.
+CERTAIN_TIME = (
+    r"^(?:[1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])-"
+    r"(?:(?:0[1-9]|1[0-2])-(?:0[1-9]|1[0-9]|2[0-8])|(?:0[13-9]|1[0-2])-(?:29|30)|"
+    r"(?:0[13578]|1[02])-31) (?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,6})?$"
+)
+CERTAIN_INTEGER = r"^-?[0-9]{1,18}$"
+
+
+@dataclass(frozen=True)
+class _Check:
+    ok: pl.Expr  # whether a present value is acceptable
+    not_: str  # what it is not when it is not
+    certain: str | None = None  # a regex of values certainly acceptable (not checked again)
+
+
+def _checks(columns: Columns, present: set[str]) -> dict[str, _Check]:
+    """column -> its check."""
+    checks: dict[str, _Check] = {}
     for name in columns.times:
-        checks[name] = (_time_ok(name), "not a time between years 1 and 9999")
+        checks[name] = _Check(_time_ok(name), "not a time between years 1 and 9999", CERTAIN_TIME)
     for name in columns.integers:
-        checks[name] = (integer(pl.col(name)).is_not_null(), "not an integer")
+        checks[name] = _Check(
+            integer(pl.col(name)).is_not_null(), "not an integer", CERTAIN_INTEGER
+        )
     for name in columns.booleans:
         text = pl.col(name).cast(pl.String).str.strip_chars().str.to_lowercase()
-        checks[name] = (text.is_in(BOOLEAN_TEXTS), "not a boolean")
+        checks[name] = _Check(text.is_in(BOOLEAN_TEXTS), "not a boolean")
     for name in columns.numbers:
         number = pl.col(name).cast(pl.String).str.strip_chars().cast(pl.Float64, strict=False)
-        checks[name] = (number.is_finite(), "not a finite number")
+        checks[name] = _Check(number.is_finite(), "not a finite number")
     return {name: check for name, check in checks.items() if name in present}
+
+
+def _bad(frame: pl.DataFrame, name: str, check: _Check) -> pl.Series:
+    """Whether each value of a column is present and not acceptable: the full check over the
+    values its `certain` regex does not vouch for (a null is never bad: not present)."""
+    bad = _present(name) & ~check.ok.fill_null(False)
+    if check.certain is None:
+        return frame.select(bad.alias(name)).to_series()
+    doubt = frame.select(
+        (~pl.col(name).cast(pl.String).str.contains(check.certain)).fill_null(False)
+    ).to_series()
+    verdicts = pl.repeat(False, frame.height, dtype=pl.Boolean, eager=True).alias(name)
+    if not doubt.any():
+        return verdicts
+    rows = doubt.arg_true()
+    doubted = frame.select(pl.col(name).gather(rows)).select(bad.alias(name)).to_series()
+    return verdicts.scatter(rows, doubted)
 
 
 def _typed(frame: pl.DataFrame, columns: Columns) -> tuple[pl.DataFrame, list[pl.DataFrame]]:
@@ -388,16 +427,14 @@ def _typed(frame: pl.DataFrame, columns: Columns) -> tuple[pl.DataFrame, list[pl
     checks = _checks(columns, set(frame.columns))
     if not checks or frame.height == 0:
         return frame, []
-    bad = frame.select(
-        (_present(name) & ~ok.fill_null(False)).alias(name) for name, (ok, _) in checks.items()
-    )
+    bad = pl.DataFrame([_bad(frame, name, check) for name, check in checks.items()])
     damaged = [name for name in bad.columns if bad[name].any()]
     found = []
     for name in damaged:
         rows = bad[name].arg_true()
         values = frame[name].cast(pl.String).gather(rows)
         problem = pl.select(
-            pl.lit("") + _quoted(values) + pl.lit(f" is {checks[name][1]}: read as unknown")
+            pl.lit("") + _quoted(values) + pl.lit(f" is {checks[name].not_}: read as unknown")
         ).to_series()
         found.append(damage(rows, name, problem, "damaged"))
     if damaged:

@@ -976,15 +976,21 @@ def _with_ids(frame: pl.LazyFrame, columns: dict[str, str]) -> pl.LazyFrame:
 
 
 def _in_order(frame: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
-    """`frame.sort(keys, nulls_last=True)`, by its first key (a time) and, among the few rows
-    that share one, by all the keys: sorting every row by its text keys costs twice as much."""
+    """`frame.sort(keys, nulls_last=True, maintain_order=True)`: by its first key (a time)
+    and, among the few rows that share one, by all the keys. Sorting every row by its text keys
+    costs twice as much, by the time and a tie rank as much again: the rows sharing a time are
+    rearranged among the places the sort by time gave them (their times are the same, in the
+    same order), and most often are in order already."""
     first = keys[0]
-    shared = frame.select(pl.col(first).is_duplicated()).to_series()
+    ordered = frame.sort(first, nulls_last=True, maintain_order=True)
+    shared = ordered.select(pl.col(first).is_duplicated()).to_series()
     if not shared.any():
-        return frame.sort(first, nulls_last=True)
-    tied = frame.select(pl.int_range(pl.len(), dtype=pl.UInt32).alias("_row"), *keys)
-    tied = tied.filter(shared).sort(keys, nulls_last=True)["_row"]
-    rank = pl.Series("_tie", [0] * frame.height, dtype=pl.UInt32).scatter(
-        tied, pl.int_range(len(tied), dtype=pl.UInt32, eager=True)
-    )
-    return frame.with_columns(rank).sort([first, "_tie"], nulls_last=True).drop("_tie")
+        return ordered
+    places = shared.arg_true()
+    tied = ordered.select(pl.int_range(pl.len(), dtype=places.dtype).alias("_row"), *keys)
+    tied = tied.filter(shared).sort(keys, nulls_last=True, maintain_order=True)["_row"]
+    if tied.equals(places, check_names=False):  # in order already (the one gather spared)
+        return ordered
+    return ordered[
+        pl.int_range(ordered.height, dtype=places.dtype, eager=True).scatter(places, tied)
+    ]
