@@ -600,11 +600,7 @@ class Redactor:
     def add_frame_values(self, frame: pl.DataFrame) -> None:
         """Every string in every column of `frame` (lists of strings included) is a secret."""
         texts = [
-            frame.lazy().select(
-                (pl.col(name).explode() if dtype == pl.List(pl.String) else pl.col(name)).alias(
-                    "text"
-                )
-            )
+            _unshaped(frame.lazy(), name, dtype == pl.List(pl.String), None)
             for name, dtype in frame.schema.items()
             if dtype in (pl.String, pl.List(pl.String))
         ]
