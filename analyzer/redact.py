@@ -494,8 +494,8 @@ def _run_rules(texts: pl.Series, only: frozenset[int] | None) -> pl.Series:
     Only the texts some rule runs over travel into Python."""
     keywords, triggered, always = _keywords_of(only)
     wanted = (lambda i: i in only) if only is not None else (lambda i: True)
-    found = (
-        pl.DataFrame({"text": texts if keywords else pl.Series([], dtype=pl.String)})
+    found = (  # one query: the rows of each keyword found
+        pl.LazyFrame({"text": texts if keywords else pl.Series([], dtype=pl.String)})
         .with_row_index("row")
         .select(
             "row",
@@ -507,13 +507,16 @@ def _run_rules(texts: pl.Series, only: frozenset[int] | None) -> pl.Series:
         .explode("keyword")
         .drop_nulls("keyword")
         .unique()
+        .group_by("keyword")
+        .agg("row")
+        .collect()
     )
     rows_of_rule: dict[int, set[int]] = {}
     every = set(range(texts.len()))
     for index in always:
         if wanted(index):
             rows_of_rule[index] = every
-    for keyword, rows in found.group_by("keyword").agg("row").iter_rows():
+    for keyword, rows in found.iter_rows():
         for index in triggered[keyword.lower()]:
             if wanted(index):
                 rows_of_rule.setdefault(index, set()).update(rows)
@@ -597,13 +600,13 @@ class Redactor:
     def add_frame_values(self, frame: pl.DataFrame) -> None:
         """Every string in every column of `frame` (lists of strings included) is a secret."""
         texts = [
-            (series.explode() if series.dtype == pl.List(pl.String) else series).alias("text")
-            for series in frame.iter_columns()
-            if series.dtype in (pl.String, pl.List(pl.String))
+            _unshaped(frame.lazy(), name, dtype == pl.List(pl.String), None)
+            for name, dtype in frame.schema.items()
+            if dtype in (pl.String, pl.List(pl.String))
         ]
         if not texts:
             return
-        for value in pl.concat(texts).drop_nulls().unique().to_list():
+        for value in pl.concat(texts).drop_nulls().unique().collect()["text"].to_list():
             self.add([_unescape_json(value)])
             self.add([value])
 
@@ -672,20 +675,27 @@ class Redactor:
         if not columns:
             return frames
         texts = [
-            _unshaped(frames[index][name], is_list, closed.get(name))
+            _unshaped(frames[index].lazy(), name, is_list, closed.get(name))
             for index, name, is_list in columns
         ]
-        distinct = pl.concat(texts).drop_nulls().unique()
+        distinct = pl.concat(texts).drop_nulls().unique().collect()["text"]
         redacted = self.apply_series(distinct, dedupe=False)
         changed = distinct != redacted
         if not changed.any():
             return frames
         old, new = distinct.filter(changed), redacted.filter(changed)
+        # a closed column's own changed values: those without its shape (replacing a value
+        # the column does not hold changes nothing in it)
+        shapes = {name: closed[name] for _, name, _ in columns if name in closed}
+        unshaped = pl.DataFrame({"old": old}).select(
+            (~pl.col("old").str.contains(f"^(?:{shape})$")).alias(name)
+            for name, shape in shapes.items()
+        )
         updates: list[list[pl.Expr]] = [[] for _ in frames]
-        for (index, name, is_list), own in zip(columns, texts, strict=True):
+        for index, name, is_list in columns:
             olds, news = old, new
-            if name in closed:  # only its values without the shape, if any of them changed
-                mine = old.is_in(own.implode())
+            if name in closed:  # only its values without the shape
+                mine = unshaped[name]
                 if not mine.any():
                     continue
                 olds, news = old.filter(mine), new.filter(mine)
@@ -777,12 +787,13 @@ class Redactor:
         return self._forms[1]
 
 
-def _unshaped(column: pl.Series, is_list: bool, shape: str | None) -> pl.Series:
-    """The texts of a column that do not have its closed `shape` (all of them without one)."""
-    texts = column.explode() if is_list else column
+def _unshaped(frame: pl.LazyFrame, name: str, is_list: bool, shape: str | None) -> pl.LazyFrame:
+    """The texts (`text`) of a column that do not have its closed `shape` (all of them
+    without one)."""
+    texts = frame.select((pl.col(name).explode() if is_list else pl.col(name)).alias("text"))
     if shape is None:
-        return texts.alias("text")
-    return texts.filter(~texts.str.contains(f"^(?:{shape})$").fill_null(False)).alias("text")
+        return texts
+    return texts.filter(~pl.col("text").str.contains(f"^(?:{shape})$").fill_null(False))
 
 
 def ordinary_word(value: str) -> bool:

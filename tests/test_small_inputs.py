@@ -1,6 +1,7 @@
-"""A small input is audited on one polars thread (issue 38 §6): its audit is a couple of thousand
-queries of a few rows each, and waking the pool's threads for each cost CPU. The pool is sized
-before polars is imported, so each case runs in a fresh interpreter."""
+"""A small input is audited on one polars thread and polars' in-memory engine (issue 38 §6): its
+audit is a couple of thousand queries of a few rows each, and waking the pool's threads, or
+setting up a streaming pipeline, for each cost CPU. Both are chosen before polars is imported,
+so each case runs in a fresh interpreter."""
 
 from __future__ import annotations
 
@@ -14,13 +15,15 @@ from analyzer.cli.options import SMALL_INPUT_BYTES
 
 SEED = ROOT / "samples" / "v0.22.5" / "seed"
 SIZED = (
-    "import sys; from analyzer.cli.options import one_thread_for_small_inputs as size; "
-    "size(tuple(sys.argv[1:])); import polars; print(polars.thread_pool_size())"
+    "import sys; from analyzer.cli.options import polars_for_small_inputs as size; "
+    "size(tuple(sys.argv[1:])); import polars; print(polars.thread_pool_size(), "
+    "polars.Config.state(if_set=True).get('POLARS_ENGINE_AFFINITY'))"
 )
+SETTINGS = ("POLARS_MAX_THREADS", "POLARS_ENGINE_AFFINITY")
 
 
 def _run(argv: list[str], **env: str) -> subprocess.CompletedProcess:
-    environment = {k: v for k, v in os.environ.items() if k != "POLARS_MAX_THREADS"}
+    environment = {k: v for k, v in os.environ.items() if k not in SETTINGS}
     return subprocess.run(
         [sys.executable, *argv],
         capture_output=True,
@@ -31,24 +34,32 @@ def _run(argv: list[str], **env: str) -> subprocess.CompletedProcess:
     )
 
 
-def _threads(*sources: str, **env: str) -> int:
+def _polars(*sources: str, **env: str) -> tuple[int, str]:
+    """The thread pool's size and the engine polars runs a query on (`None`: its own choice)."""
     result = _run(["-c", SIZED, *sources], **env)
     assert result.returncode == 0, result.stderr
-    return int(result.stdout)
+    threads, engine = result.stdout.split()
+    return int(threads), engine
 
 
-def test_the_seed_sample_s_audit_runs_on_one_thread(tmp_path):
-    """The README's first command, as a whole process: one polars thread, the same report."""
+def _threads(*sources: str, **env: str) -> int:
+    return _polars(*sources, **env)[0]
+
+
+def test_the_seed_sample_s_audit_runs_on_one_thread_in_memory(tmp_path):
+    """The README's first command, as a whole process: one polars thread, the in-memory engine,
+    the same report."""
     code = (
         "import atexit, sys; "
         "atexit.register(lambda: print(sys.modules['polars'].thread_pool_size(), "
+        "sys.modules['polars'].Config.state(if_set=True).get('POLARS_ENGINE_AFFINITY'), "
         "file=sys.stderr)); "
         "from analyzer.cli import main; main()"
     )
     out = tmp_path / "report.json"
     result = _run(["-c", code, "audit", str(SEED), "--format", "json", "-o", str(out), "-q"])
     assert result.returncode == 0, result.stderr
-    assert result.stderr.strip() == "1"
+    assert result.stderr.strip() == "1 in-memory"
     assert '"findings": 1' in out.read_text()
 
 
@@ -59,7 +70,8 @@ def test_a_larger_input_keeps_every_core(tmp_path):
         handle.truncate(SMALL_INPUT_BYTES)
     assert _threads(str(big)) == default
     assert _threads(str(SEED), str(big)) == default  # the inputs together count
-    assert _threads(str(SEED)) == 1
+    assert _polars(str(SEED)) == (1, "in-memory")
+    assert _polars(str(big)) == (default, "None")  # polars' own choice
 
 
 def test_what_cannot_be_sized_keeps_every_core(tmp_path):
@@ -78,5 +90,8 @@ def test_what_cannot_be_sized_keeps_every_core(tmp_path):
     assert _threads(str(link)) == default
 
 
-def test_a_pool_the_user_sized_is_kept():
-    assert _threads(str(SEED), POLARS_MAX_THREADS="2") == 2
+def test_a_pool_or_an_engine_the_user_chose_is_kept():
+    assert _polars(str(SEED), POLARS_MAX_THREADS="2") == (2, "in-memory")
+    assert _polars(str(SEED), POLARS_ENGINE_AFFINITY="streaming") == (1, "streaming")
+    both = {"POLARS_MAX_THREADS": "2", "POLARS_ENGINE_AFFINITY": "auto"}
+    assert _polars(str(SEED), **both) == (2, "auto")

@@ -15,12 +15,12 @@ from analyzer.cli.options import (
     clean_errors,
     format_option,
     log_options,
-    one_thread_for_small_inputs,
     open_audit,
     output_format,
     output_option,
     parse_partition,
     parse_server_labels,
+    polars_for_small_inputs,
     run_selection_options,
     screen_width,
     time_zone,
@@ -186,7 +186,7 @@ def audit(
     usage.
     """
     if not (workers or cluster):  # before polars is imported
-        one_thread_for_small_inputs(sources)
+        polars_for_small_inputs(sources)
     from analyzer.api import partitions_merged
     from analyzer.contract import Report
     from analyzer.outputs import plan

@@ -346,23 +346,29 @@ def parse_partition(text: str | None) -> tuple[int, int] | None:
 
 
 SMALL_INPUT_BYTES = 4 << 20
-"""Inputs smaller than this in all (a capture, a sample) are audited on one polars thread: their
-audit is a couple of thousand queries of a few rows each, which the pool's threads cannot share
-out, and waking them for each query cost the seed sample 8% of its CPU time (0.70 s against
-0.76 s, best of 7). Larger inputs keep every core."""
+"""Inputs smaller than this in all (a capture, a sample) are audited on one polars thread and on
+polars' in-memory engine: their audit is a couple of thousand queries of a few rows each, which
+the pool's threads cannot share out (waking them for each query cost the seed sample 8% of its
+CPU time: 0.70 s against 0.76 s, best of 7), and polars' own choice of engine (`auto`) runs
+each as the streaming engine does, at several times the cost of the in-memory one (a query of
+10 rows, measured: 50-275 us in memory, 130-600 us on `auto`; the seed sample's audit, warm:
+0.31 s against 0.35 s). Larger inputs keep every core and polars' own choice of engine."""
 _SMALL_INPUT_ENTRIES = 1_000  # a folder of more files than this is not looked through first
+_SMALL_INPUT_POLARS = {"POLARS_MAX_THREADS": "1", "POLARS_ENGINE_AFFINITY": "in-memory"}
 
 
-def one_thread_for_small_inputs(sources: tuple[str, ...]) -> None:
-    """Size polars' thread pool to `sources` before polars is imported (it reads
-    POLARS_MAX_THREADS then, once): one thread when every source is a local file or folder
-    and they hold fewer than SMALL_INPUT_BYTES; a pool the user sized, and a URL or standard
-    input (whose size is not known), leave it as it is."""
-    if "POLARS_MAX_THREADS" in os.environ or "polars" in sys.modules or not sources:
+def polars_for_small_inputs(sources: tuple[str, ...]) -> None:
+    """Size polars' thread pool and choose its engine for `sources` before polars is imported
+    (it reads POLARS_MAX_THREADS then, once): one thread and the in-memory engine when every
+    source is a local file or folder and they hold fewer than SMALL_INPUT_BYTES; a pool or an
+    engine the user chose, and a URL or standard input (whose size is not known), leave them
+    as they are."""
+    if "polars" in sys.modules or not sources or _SMALL_INPUT_POLARS.keys() <= os.environ.keys():
         return
     budget = [SMALL_INPUT_BYTES, _SMALL_INPUT_ENTRIES]
     if all(_fits(Path(source), budget) for source in sources):
-        os.environ["POLARS_MAX_THREADS"] = "1"
+        for name, value in _SMALL_INPUT_POLARS.items():
+            os.environ.setdefault(name, value)
 
 
 def _fits(path: Path, budget: list[int]) -> bool:

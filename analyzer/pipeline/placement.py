@@ -152,33 +152,50 @@ def spans_at(
     or not ended. One inequality join (polars' IEJoin) on keys that order by group, then by
     time, so its rows are only those alive then, not every span of the group per moment.
     Rows (`_moment` and the spans' columns but `by`) in no order."""
-    groups = moments.select(by).unique().with_row_index("_group")
-    moments = (
-        moments.select(*by, "as_of")
+    groups = moments.lazy().select(by).unique(maintain_order=True).with_row_index("_group")
+    moments_of, spans_of = (
+        moments.lazy()
+        .select(*by, "as_of")
         .with_row_index("_moment")
         .join(groups, on=list(by))
-        .select("_moment", "_group", "as_of")
+        .select("_moment", "_group", "as_of"),
+        spans.lazy().filter(pl.col(start).is_not_null()).join(groups, on=list(by)).drop(by),
     )
-    spans = spans.filter(pl.col(start).is_not_null()).join(groups, on=list(by)).drop(by)
     # times ranked: comparing ranks is comparing times, and each group's ranks lie in a block
     # of their own above the previous group's (an open end is the top of its block)
-    times = pl.concat([moments["as_of"], spans[start], spans[end]]).drop_nulls().unique().sort()
+    times = (
+        pl.concat(
+            [
+                moments_of.select(pl.col("as_of").alias("t")),
+                spans_of.select(pl.col(start).alias("t")),
+                spans_of.select(pl.col(end).alias("t")),
+            ]
+        )
+        .drop_nulls()
+        .unique()
+        .sort("t")
+        .collect()["t"]
+    )
     width = times.len() + 1
 
-    def key(frame: pl.DataFrame, column: str) -> pl.Series:
-        rank = times.search_sorted(frame[column]).cast(pl.Int64)
-        return frame.select(
-            pl.col("_group").cast(pl.Int64) * width
-            + pl.when(pl.col(column).is_null()).then(times.len()).otherwise(rank)
-        ).to_series()
+    def key(column: str) -> pl.Expr:
+        rank = pl.lit(times).search_sorted(pl.col(column)).cast(pl.Int64)
+        return pl.col("_group").cast(pl.Int64) * width + pl.when(pl.col(column).is_null()).then(
+            times.len()
+        ).otherwise(rank)
 
-    moments = moments.select("_moment", key(moments, "as_of").alias("_at"))
-    spans = spans.with_columns(
-        key(spans, start).alias("_from"), key(spans, end).alias("_until")
-    ).drop("_group")
-    return moments.join_where(
-        spans, pl.col("_from") <= pl.col("_at"), pl.col("_until") > pl.col("_at")
-    ).drop("_at", "_from", "_until")
+    return (
+        moments_of.select("_moment", key("as_of").alias("_at"))
+        .join_where(
+            spans_of.with_columns(key(start).alias("_from"), key(end).alias("_until")).drop(
+                "_group"
+            ),
+            pl.col("_from") <= pl.col("_at"),
+            pl.col("_until") > pl.col("_at"),
+        )
+        .drop("_at", "_from", "_until")
+        .collect()
+    )
 
 
 def queued_at(

@@ -769,19 +769,10 @@ def _derive_jobs(events: pl.DataFrame) -> pl.DataFrame:
     # spec from then on: dstack bumps a job only when the JobSpec rebuilt from the new run spec
     # equals its own (reference 6.2), so a later in-place update leaves it at its deployment,
     # provably (the log says which fields each update changed).
-    in_place_only = pl.col("changed_fields").map_elements(
-        lambda fields: {f.strip() for f in fields.split(",")} <= IN_PLACE_CHANGES,
-        return_dtype=pl.Boolean,
-    )
-    in_place = updates.filter(in_place_only)
+    in_place = updates.filter(_changed_only(IN_PLACE_CHANGES))
     # a rolling update for sure: it changed a field neither applied in place nor a replica
     # count or the groups (a `groups` change may or may not roll a group out)
-    rolling = ~pl.col("changed_fields").map_elements(
-        lambda fields: (
-            {f.strip() for f in fields.split(",")} <= IN_PLACE_CHANGES | REPLICA_COUNT_CHANGES
-        ),
-        return_dtype=pl.Boolean,
-    )
+    rolling = ~_changed_only(IN_PLACE_CHANGES | REPLICA_COUNT_CHANGES)
     stale = (
         per_job.select("server", "run_id", "entity_id", "_first")
         .join(
@@ -816,12 +807,9 @@ def _derive_jobs(events: pl.DataFrame) -> pl.DataFrame:
     ambiguous = (
         per_job.select("server", "run_id", "entity_id", "_first", "_ended", "_stale_from")
         .join(
-            updates.filter(
-                pl.col("changed_fields").map_elements(
-                    lambda fields: {f.strip() for f in fields.split(",")} <= REPLICA_COUNT_CHANGES,
-                    return_dtype=pl.Boolean,
-                )
-            ).select("server", "run_id", "_u_order"),
+            updates.filter(_changed_only(REPLICA_COUNT_CHANGES)).select(
+                "server", "run_id", "_u_order"
+            ),
             on=["server", "run_id"],
         )
         .filter(
@@ -857,6 +845,17 @@ def _derive_jobs(events: pl.DataFrame) -> pl.DataFrame:
         .then(pl.lit("scaling_lines"))
         .otherwise(pl.lit("events"))
         .alias("deployment_basis"),
+    )
+
+
+def _changed_only(fields: frozenset[str]) -> pl.Expr:
+    """Whether an update changed only `fields` (`changed_fields`: the comma-separated names
+    dstack's "Run updated" line lists); null without the list."""
+    return (
+        pl.col("changed_fields")
+        .str.split(",")
+        .list.eval(pl.element().str.strip_chars().is_in(list(fields)))
+        .list.all()
     )
 
 

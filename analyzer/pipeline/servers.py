@@ -21,22 +21,25 @@ from analyzer.sources.base import Limitation, SourceData
 def _identities(part: SourceData) -> set[tuple[str, str, str]]:
     """(entity type, 6-hex id prefix, name) of every run and job the input names."""
     short = pl.col("id").str.replace_all("-", "").str.slice(0, 6)
-    frames = [
-        part.runs.select(
-            pl.lit("run").alias("type"), pl.col("run_id").alias("id"), pl.col("run_name")
+    frames = [  # one query
+        part.runs.lazy().select(
+            pl.lit("run").alias("type"),
+            pl.col("run_id").alias("id"),
+            pl.col("run_name").alias("name"),
         ),
-        part.jobs.select(
-            pl.lit("job").alias("type"), pl.col("job_id").alias("id"), pl.col("job_name")
+        part.jobs.lazy().select(
+            pl.lit("job").alias("type"),
+            pl.col("job_id").alias("id"),
+            pl.col("job_name").alias("name"),
         ),
-        part.events.select(
+        part.events.lazy().select(
             pl.col("entity_type").alias("type"),
             pl.col("entity_id").alias("id"),
-            pl.col("entity_name"),
+            pl.col("entity_name").alias("name"),
         ),
     ]
-    named = [f.rename({f.columns[2]: "name"}) for f in frames]
-    keys = pl.concat(named).drop_nulls().select("type", short.alias("id"), "name").unique()
-    return set(keys.iter_rows())
+    keys = pl.concat(frames).drop_nulls().select("type", short.alias("id"), "name").unique()
+    return set(keys.collect().iter_rows())
 
 
 def _run_ids(part: SourceData) -> set[str]:

@@ -308,15 +308,21 @@ def _capped(
     strings = [n for n, t in frame.schema.items() if t == pl.String and (only is None or n in only)]
     if not strings:
         return frame, found
-    sizes = frame.select(pl.col(n).str.len_bytes().max() for n in strings).row(0)
-    for name, size in zip(strings, sizes, strict=True):
+    # one query for every column: its longest value, and whether a JSON column has one over
+    # the limit (most tables have none: their columns are not looked at again)
+    documents = [n for n in strings if n in json]
+    sizes = frame.select(
+        *(pl.col(n).str.len_bytes().max() for n in strings),
+        *(_json_over(pl.col(n)).any().alias(f"_over_{n}") for n in documents),
+    ).row(0)
+    any_over = dict(zip(documents, sizes[len(strings) :], strict=True))
+    for name, size in zip(strings, sizes[: len(strings)], strict=True):
         if size is None:
             continue
         column = frame[name]
         if name in json:
-            over = column.str.starts_with(JSON_OVER_LIMIT) | (column.str.len_bytes() > JSON_LIMIT)
-            over = over.fill_null(False)
-            if over.any():
+            if any_over[name]:
+                over = frame.select(_json_over(pl.col(name))).to_series()
                 lengths = column.filter(over).str.len_bytes()
                 claimed = column.filter(over).str.strip_prefix(JSON_OVER_LIMIT)
                 length = pl.select(
@@ -341,6 +347,13 @@ def _capped(
     if replaced:
         frame = frame.with_columns(replaced)
     return frame, found
+
+
+def _json_over(column: pl.Expr) -> pl.Expr:
+    """A JSON cell dstack's export marked as over its limit, or longer than the limit."""
+    return (
+        column.str.starts_with(JSON_OVER_LIMIT) | (column.str.len_bytes() > JSON_LIMIT)
+    ).fill_null(False)
 
 
 # --- typed columns ---------------------------------------------------------------------------
