@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 import polars as pl
-from conftest import ROOT, execute
+from conftest import ROOT, execute, plant_env_secret
 
 from analyzer.api import audit_in_partitions, open_sources, whole_input_facts
 from analyzer.sources import buckets
@@ -115,3 +115,29 @@ def test_damaged_run_tables_give_the_one_process_verdicts(tmp_path):
     merged = audit_in_partitions([db], COUNT)
     assert merged.inputs[0].unparsed > 0
     assert (merged.runs, merged.findings) == (whole.runs, whole.findings)
+
+
+def test_fleets_and_instances_are_masked_once_with_every_secret(tmp_path, monkeypatch):
+    """A token in the job specs of one bucket's runs, in every instance's name: one process
+    masks it everywhere; in partitions the instances are masked once for the audit with all
+    of the database's secrets (no partition masks them again), and the report is the same."""
+    from analyzer.pipeline import evidence
+
+    secret = "hf_PlantedInInstanceNames_4242"
+    db = _fleet(tmp_path)
+    runs = [run for run, bucket in _bucket_of_runs(db).items() if bucket == 1]
+    plant_env_secret(db, secret, runs=runs)
+    execute(db, "UPDATE instances SET name = name || '-' || ?", params=(secret,))
+    whole = open_sources([db]).report
+    said = []
+    redact = evidence._redact
+
+    def _redact(found, *, masked):
+        said.append(masked)
+        redact(found, masked=masked)
+
+    monkeypatch.setattr(evidence, "_redact", _redact)
+    merged = audit_in_partitions([db], COUNT)
+    assert said == [True] * COUNT
+    assert secret not in whole.model_dump_json()
+    assert merged.model_dump_json() == whole.model_dump_json()

@@ -149,6 +149,10 @@ class SourceData:
     # per input path: values read as unknown (analyzer.sources.cells), and where the first is
     unparsed_values: dict[str, int] = field(default_factory=dict)
     damage_notes: dict[str, list[str]] = field(default_factory=dict)
+    # the secret values (as a Redactor holds them) its fleets and instances are masked with
+    # already: a partition's share of a database split by bucket holds them masked once per
+    # audit with all of the database's; None: not masked yet
+    masked_with: frozenset[str] | None = None
 
     def conformed(self) -> SourceData:
         self.runs = conform(self.runs, RUNS_SCHEMA).collect()

@@ -38,6 +38,7 @@ class BucketFiles:
     columns: dict[str, list[str]]
     json_paths: dict[str, dict[str, tuple[str, ...]]]
     files: dict[str, dict[int, list[Path]]] = field(default_factory=dict)
+    secrets: frozenset[str] = frozenset()  # every secret value of the database (its reader's)
 
     def holds(self, table: str, columns: list[str], json_paths: dict) -> bool:
         """Whether the files hold `table` as it is asked for (and are still there: a worker

@@ -23,7 +23,8 @@ from urllib.parse import quote
 import polars as pl
 
 from analyzer.errors import AuditInputError
-from analyzer.model import parse_db_time
+from analyzer.model import CLOSED_TEXT, parse_db_time
+from analyzer.redact import Redactor
 from analyzer.sources import cells
 from analyzer.sources.base import (
     InputKind,
@@ -44,6 +45,7 @@ from analyzer.sources.dstack_tables import (
     learn_projects,
     load_tables,
     looks_like_dstack,
+    raw_secrets,
 )
 from analyzer.sources.partition import service_hashes
 
@@ -337,14 +339,25 @@ class SqliteReader:
 
     def split(self, count: int, folder: Path) -> BucketFiles:
         """The run tables written by bucket among `count` into a new folder in `folder`
-        (analyzer.sources.buckets), as the partitions read them."""
+        (analyzer.sources.buckets), as the partitions read them; with every secret value the
+        database holds (load_tables collects them per partition), read on the way."""
         columns = {t: TABLE_COLUMNS[t] for t in RUN_TABLES if t in self._tables}
         json_paths = {t: JSON_PATHS.get(t, {}) for t in columns}
         by_run_id = "event_targets" in self._tables and (
             "entity_run_id" in self.columns("event_targets")
         )
-        return split_by_bucket(
-            self.batches,
+        secrets: set[str] = set()
+        if "users" in self._tables:
+            secrets |= raw_secrets("users", self.read("users", TABLE_COLUMNS["users"]))
+
+        def batches(table: str, names: list[str]) -> Iterator[pl.DataFrame]:
+            for batch in self.batches(table, names):
+                if table in ("runs", "jobs") and names == TABLE_COLUMNS[table]:
+                    secrets.update(raw_secrets(table, batch))
+                yield batch
+
+        store = split_by_bucket(
+            batches,
             columns,
             json_paths,
             remembered(self._shared, "runs by service", self._path, self._runs_by_service),
@@ -352,6 +365,24 @@ class SqliteReader:
             Path(tempfile.mkdtemp(dir=folder)),
             by_run_id=by_run_id,
         )
+        store.secrets = frozenset(secrets)
+        return store
+
+    def mask_fleet_tables(self, data: SourceData, server: str) -> None:
+        """A partition's fleets and instances (every partition holds them whole) masked once
+        per audit, with all of the database's secret values (combine masks them no more): as
+        one process masks them."""
+        if self._buckets is None:
+            return
+        redactor = Redactor()
+        redactor.add(self._buckets.secrets)
+        tables = [data.fleets, data.instances]
+        fleets, instances = self.remember(
+            f"fleets and instances of {server}, masked",
+            lambda: tuple(redactor.apply_frames(tables, CLOSED_TEXT)),
+        )
+        data.fleets, data.instances = fleets, instances
+        data.masked_with = frozenset(redactor.values)
 
     def _fetch(self, query: Callable[[Callable[[str], str]], str], columns: list[str]):
         """Through ADBC straight into Arrow when it can (no Python object per value), else
@@ -489,6 +520,7 @@ def _read_database(path: Path, shown: Path, ctx: LoadContext, info) -> SourceDat
                 "point at the dstack server's data/sqlite.db",
             )
         data = load_tables(reader, server)
+        reader.mask_fleet_tables(data, server)
         if reader.narrowed:
             shared = options.shared if path == shown else None  # a WAL copy: read each time
             whole = remembered(shared, "latest", path, reader.latest)
