@@ -20,6 +20,7 @@ from pathlib import Path
 import polars as pl
 
 BUCKET = "_bucket"
+ROW = "_row"
 RUN_TABLES = ("runs", "jobs", "probes", "events", "event_targets")
 """The tables a partition reads only its share of; every other table it reads whole."""
 
@@ -55,12 +56,13 @@ class BucketFiles:
             return pl.DataFrame(schema=dict.fromkeys(self.columns[table], pl.Binary))
         return pl.concat(parts, rechunk=True) if len(parts) > 1 else parts[0]
 
-    def _write(self, table: str, batch: pl.DataFrame, number: int) -> None:
-        """One batch's rows, each to the file of its bucket (a row without one is dropped)."""
-        kept = batch.filter(pl.col(BUCKET).is_not_null())
-        for (bucket,), rows in kept.partition_by(BUCKET, as_dict=True).items():
+    def _write(self, table: str, batch: pl.DataFrame, rows: pl.DataFrame, number: int) -> None:
+        """One batch's rows, each to the file of its bucket: `rows` (ROW, BUCKET) says which
+        row goes where, in the batch's order; a row is taken out of the batch one bucket at a
+        time, so no second copy of the whole batch is made."""
+        for (bucket,), where in rows.partition_by(BUCKET, as_dict=True).items():
             path = self.folder / f"{table}-{bucket}-{number}.arrow"
-            rows.drop(BUCKET).write_ipc(path, compression="uncompressed")
+            batch[where[ROW]].write_ipc(path, compression="uncompressed")
             self.files.setdefault(table, {}).setdefault(bucket, []).append(path)
 
 
@@ -111,14 +113,17 @@ def _split(
     the buckets of what points at them."""
     kept = []
     for number, batch in enumerate(batches(table, store.columns[table])):
-        with_bucket = batch.join(
-            buckets.rename({"id": key}), on=key, how="left", maintain_order="left"
+        rows = (
+            batch.select(key)
+            .with_row_index(ROW)
+            .join(buckets.rename({"id": key}), on=key, maintain_order="left")
+            .select(ROW, BUCKET)
         )
-        store._write(table, with_bucket, number)
+        store._write(table, batch, rows, number)
         if keep is not None:
             kept.append(
-                with_bucket.select(keep, BUCKET).filter(
-                    pl.col(BUCKET).is_not_null() & pl.col(keep).is_not_null()
+                rows.select(batch[keep].gather(rows[ROW]), BUCKET).filter(
+                    pl.col(keep).is_not_null()
                 )
             )
     if keep is None:
