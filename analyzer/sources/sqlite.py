@@ -116,6 +116,7 @@ class SqliteReader:
         # this partition's share of the run tables, written once by the audit's client
         self._buckets = self._bucket_files(options) if self.narrowed else None
         self._unselected: ReadOptions | None = None  # the selection, not made yet
+        self._bucket = options.partition[0] if options.partition else 0
         if self._buckets is not None:
             self._filters = self._run_filters()
             self._unselected = options
@@ -287,8 +288,7 @@ class SqliteReader:
         in its place. `where`: only the rows it keeps."""
         if self._buckets is not None and table in self._filters:
             if self._buckets.holds(table, columns, json_paths):
-                assert self._unselected is not None and self._unselected.partition is not None
-                return self._buckets.read(table, self._unselected.partition[0])
+                return self._buckets.read(table, self._bucket)
             self._select_unselected()
         have = self.columns(table)
 
