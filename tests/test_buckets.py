@@ -5,9 +5,14 @@ gone when the audit ends."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import sqlite3
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import polars as pl
@@ -20,6 +25,7 @@ from analyzer.sources.buckets import RUN_TABLES
 from analyzer.sources.dstack_tables import JSON_PATHS, TABLE_COLUMNS
 from analyzer.sources.partition import service_bucket
 from analyzer.sources.sqlite import SqliteReader
+from analyzer.synth import synthesize
 
 FLEET = ROOT / "samples" / "fleet" / "server.db"  # 150 runs of many services
 COUNT = 3
@@ -141,3 +147,27 @@ def test_fleets_and_instances_are_masked_once_with_every_secret(tmp_path, monkey
     assert said == [True] * COUNT
     assert secret not in whole.model_dump_json()
     assert merged.model_dump_json() == whole.model_dump_json()
+
+
+def test_ctrl_c_while_the_tables_are_split_leaves_no_folder(tmp_path):
+    """Interrupted as soon as the first bucket file is written: exit 130, and the folder (in
+    TMPDIR) is gone with every file in it; nothing is written beside the evidence."""
+    synthesize(tmp_path / "server", 600, seed=7, log_formats=())
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    db, out = tmp_path / "server" / "server.db", tmp_path / "report.json"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "analyzer", "audit", str(db), "--partitions", "8", "-o", str(out)],
+        env={**os.environ, "TMPDIR": str(temporary)},
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 120
+    while not list(temporary.glob("dstack-audit-buckets-*/*/*")) and time.monotonic() < deadline:
+        assert process.poll() is None, "the audit ended before it split the tables"
+        time.sleep(0.01)
+    process.send_signal(signal.SIGINT)
+    _, errors = process.communicate(timeout=60)
+    assert process.returncode == 130, errors
+    assert not list(temporary.iterdir())
+    assert not out.exists()
+    assert {p.name for p in db.parent.iterdir()} == {"server.db", "truth.json", "logs"}
