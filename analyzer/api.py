@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -503,8 +504,9 @@ def partitions_merged(
     the report is written (`MergedReport.texts`: what the JSON output streams), so that no
     list of every run and finding is held; the folder is removed on leaving."""
     given = as_paths(paths)
-    shared = whole_input_facts(given)
-    with ReportSpill() as spill:
+    with ReportSpill() as spill, _bucket_folder() as folder:
+        # a remote cluster's workers cannot read this machine's bucket files
+        shared = whole_input_facts(given, count if client is None else None, folder)
         if client is not None:
             from analyzer.cluster import audit_partitions
 
@@ -516,10 +518,23 @@ def partitions_merged(
         yield spill.merged()
 
 
-def whole_input_facts(paths: Sequence[str | Path]) -> WholeInputFacts:
+@contextmanager
+def _bucket_folder() -> Iterator[Path]:
+    """A private folder for the run tables split by bucket (analyzer.sources.buckets), made by
+    `tempfile` (never in or beside the evidence) and removed on leaving, also on an error or
+    Ctrl-C."""
+    with tempfile.TemporaryDirectory(prefix="dstack-audit-buckets-") as folder:
+        yield Path(folder)
+
+
+def whole_input_facts(
+    paths: Sequence[str | Path], count: int | None = None, folder: Path | None = None
+) -> WholeInputFacts:
     """What every partition would read of the whole inputs (hashes, the runs' services,
-    latest times, the tables read whole), learnt once for any number of partitions."""
-    shared = WholeInputFacts()
+    latest times, the tables read whole), learnt once for any number of partitions; given
+    the `count` of partitions and a private `folder`, each database's run tables are also
+    read once and written there by bucket, for each partition to read its own."""
+    shared = WholeInputFacts(split=(count, folder) if count and folder else None)
     with stage("learning the whole inputs"):
         for path in paths:
             learn_whole_inputs(path, shared)
@@ -547,11 +562,11 @@ def cluster_merged(
 
     given = as_paths(paths)
     servers = None if partitions or options.get("server_labels") else one_server_each(given)
-    with ReportSpill() as spill:
+    with ReportSpill() as spill, _bucket_folder() as folder:
         yield run_on_cluster(
             given,
             audit_partition,
-            whole_input_facts,
+            partial(whole_input_facts, folder=folder),
             spill,
             servers=servers,
             fleet=fleet or REPORT_FLEET,

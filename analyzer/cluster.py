@@ -139,8 +139,10 @@ PartitionTask = Callable[
 ]
 """(paths, index, count, options, shared) -> the report of partition `index` of `count` and its
 share of the capacity foresight: a module-level function, so a worker imports it by name."""
-LearnWholeInputs = Callable[[Sequence[str]], WholeInputFacts]
-"""paths -> what every partition would read of the whole inputs, learnt once."""
+LearnWholeInputs = Callable[[Sequence[str], int | None], WholeInputFacts]
+"""(paths, count) -> what every partition would read of the whole inputs, learnt once (given
+the `count` of partitions, each database's run tables also written by bucket for them to read
+here: local workers only)."""
 
 
 def audit_partitions(
@@ -595,11 +597,13 @@ def run_on_cluster(
             if merged is not None:
                 return merged
             count = partitions or default_partitions(client)
-            shared = learn(given)
+            shared = learn(given, count if local else None)
             audit_partitions(client, given, count, task, spill, shared=shared, **options)
             return spill.merged()
+    # a local cluster has one thread per worker: the count is known before it starts
+    local_count = partitions or PARTITIONS_PER_WORKER * (workers or 1)
     with ThreadPoolExecutor(1) as pool:
-        learning = pool.submit(learn, given)
+        learning = pool.submit(learn, given, local_count if address is None else None)
         with connect(workers=workers, address=address) as client:
             count = partitions or default_partitions(client)
             shared = learning.result()

@@ -173,6 +173,10 @@ def _stacked(frames: list[pl.DataFrame], schema: dict) -> pl.LazyFrame:
 def _first_per_key(frames: list[pl.DataFrame], schema: dict, key: list[str]) -> pl.LazyFrame:
     if not frames:
         return pl.LazyFrame(schema=schema)
+    if len(frames) == 1 and _once_per_key(frames[0], key):
+        # what the grouping gives a key of one row: the row itself (one database's fleets
+        # and instances, which every partition of an audit holds whole, are grouped no more)
+        return conform(frames[0], schema)
     with_prov = (
         _stacked(frames, schema)
         .group_by(key, maintain_order=True)
@@ -182,6 +186,20 @@ def _first_per_key(frames: list[pl.DataFrame], schema: dict, key: list[str]) -> 
         )
     )
     return conform(with_prov, schema)
+
+
+def _once_per_key(frame: pl.DataFrame, key: list[str]) -> bool:
+    """Whether each key is on one row, none of them null, and every row has a provenance."""
+    if not frame.height:
+        return True
+    if not {*key, "provenance"} <= set(frame.columns):
+        return False
+    checked = frame.select(
+        pl.struct(key).n_unique().alias("keys"),
+        pl.any_horizontal(pl.col(key).is_null()).any().alias("null_key"),
+        pl.col("provenance").null_count().alias("no_provenance"),
+    ).row(0)
+    return checked == (frame.height, False, 0)
 
 
 def _disputed_keys(
@@ -348,8 +366,17 @@ def combine(parts: list[SourceData]) -> Evidence:
             lim for lim in evidence.limitations if not lim.code.startswith(API_ONLY_PREFIXES)
         ]
     evidence.events = _in_order(evidence.events, ["server", "time", "seq"])
-    _redact(evidence)
+    _redact(evidence, masked=_fleet_tables_masked(loaded, evidence.redactor.values))
     return evidence
+
+
+def _fleet_tables_masked(parts: list[SourceData], values: set[str]) -> bool:
+    """Whether every input's fleets and instances are masked with every secret value the
+    audit knows already (SourceData.masked_with: once per audit in partitions)."""
+    holding = [part for part in parts if part.fleets.height or part.instances.height]
+    return bool(holding) and all(
+        part.masked_with is not None and values <= part.masked_with for part in holding
+    )
 
 
 def _in_order(frame: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
@@ -361,11 +388,12 @@ def _in_order(frame: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
     return frame[order]
 
 
-def _redact(evidence: Evidence) -> None:
+def _redact(evidence: Evidence, *, masked: bool) -> None:
     """Every text of the evidence masked once, raw, before any stage templates, cuts or hashes
-    it: the report, the notebook tables, the dataset and every picture start from here."""
+    it: the report, the notebook tables, the dataset and every picture start from here
+    (`masked`: the fleets and instances are already)."""
     redactor = evidence.redactor
-    tables = ("runs", "jobs", "events", "unparsed", "fleets", "instances")
+    tables = ("runs", "jobs", "events", "unparsed") + (() if masked else ("fleets", "instances"))
     redacted = redactor.apply_frames([getattr(evidence, table) for table in tables], CLOSED_TEXT)
     for table, frame in zip(tables, redacted, strict=True):
         setattr(evidence, table, frame)

@@ -48,16 +48,29 @@ class WholeInputFacts:
     changed since, or that a worker on another machine sees as another file, is read again
     rather than trusted."""
 
-    def __init__(self) -> None:
+    def __init__(self, split: tuple[int, Path] | None = None) -> None:
         self._facts: dict[tuple, object] = {}
+        # (count, folder): the audit's partitions, and a private folder where a database's
+        # run tables are written once by bucket (analyzer.sources.buckets), for each partition
+        # to read its share from there; None: the partitions each read the database
+        self.split = split
 
     def get(self, name: str, path: Path, compute: Callable[[], object]) -> object:
-        stat = path.stat()
-        key = (name, str(path.resolve()), stat.st_dev, stat.st_ino, stat.st_size)
-        key += (stat.st_mtime_ns, stat.st_ctime_ns)
+        key = self._key(name, path)
         if key not in self._facts:
             self._facts[key] = compute()
         return self._facts[key]
+
+    def known(self, name: str, path: Path) -> object | None:
+        """The fact learnt of this version of `path`, or None: never computed here (a
+        partition does not split a database its client did not)."""
+        return self._facts.get(self._key(name, path))
+
+    @staticmethod
+    def _key(name: str, path: Path) -> tuple:
+        stat = path.stat()
+        identity = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+        return (name, str(path.resolve()), *identity)
 
 
 def remembered(
@@ -136,6 +149,10 @@ class SourceData:
     # per input path: values read as unknown (analyzer.sources.cells), and where the first is
     unparsed_values: dict[str, int] = field(default_factory=dict)
     damage_notes: dict[str, list[str]] = field(default_factory=dict)
+    # the secret values (as a Redactor holds them) its fleets and instances are masked with
+    # already: a partition's share of a database split by bucket holds them masked once per
+    # audit with all of the database's; None: not masked yet
+    masked_with: frozenset[str] | None = None
 
     def conformed(self) -> SourceData:
         """Every table in its canonical schema, in one collect (most of a small input's

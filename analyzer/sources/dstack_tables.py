@@ -727,7 +727,9 @@ def _latest_alive(
     return pl.concat(frames, how="vertical_relaxed")["t"].max()
 
 
-def _secrets(runs: pl.DataFrame, jobs: pl.DataFrame | None, users: pl.DataFrame | None) -> set[str]:
+def _secrets(
+    runs: pl.DataFrame | None, jobs: pl.DataFrame | None, users: pl.DataFrame | None
+) -> set[str]:
     """Secret values the database holds, collected only so that no output can show them."""
     redactor = Redactor()
     for frame, column in ((runs, "run_spec"), (jobs, "job_spec_data")):
@@ -737,6 +739,14 @@ def _secrets(runs: pl.DataFrame, jobs: pl.DataFrame | None, users: pl.DataFrame 
     if users is not None:
         redactor.add(users["token"].to_list())
     return redactor.values
+
+
+def raw_secrets(table: str, raw: pl.DataFrame) -> set[str]:
+    """The secret values in rows of runs, jobs or users as a reader reads them (bytes): as
+    load_tables collects them, a batch at a time (a value that is not UTF-8 is none)."""
+    text = cells.decode(raw)[0]
+    frames = {name: text if name == table else None for name in ("runs", "jobs", "users")}
+    return _secrets(frames["runs"], frames["jobs"], frames["users"])
 
 
 def _jobs(

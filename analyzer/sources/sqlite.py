@@ -14,7 +14,7 @@ import os
 import shutil
 import sqlite3
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from functools import partial
 from pathlib import Path
@@ -23,7 +23,8 @@ from urllib.parse import quote
 import polars as pl
 
 from analyzer.errors import AuditInputError
-from analyzer.model import parse_db_time
+from analyzer.model import CLOSED_TEXT, parse_db_time
+from analyzer.redact import Redactor
 from analyzer.sources import cells
 from analyzer.sources.base import (
     InputKind,
@@ -35,6 +36,7 @@ from analyzer.sources.base import (
     file_head,
     remembered,
 )
+from analyzer.sources.buckets import RUN_TABLES, BucketFiles, split_by_bucket
 from analyzer.sources.dstack_tables import (
     ALIVE_COLUMNS,
     JSON_PATHS,
@@ -43,14 +45,14 @@ from analyzer.sources.dstack_tables import (
     learn_projects,
     load_tables,
     looks_like_dstack,
+    raw_secrets,
 )
 from analyzer.sources.partition import service_hashes
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 FETCH_ROWS = 50_000
-# the tables a partition reads only its share of (_select_runs); every other table it reads
-# whole, the same in every partition: read once per audit when the partitions share facts
-RUN_TABLES = ("runs", "jobs", "probes", "events", "event_targets")
+BATCH_ROWS = 250_000
+"""Rows of a table read at a time when it is split by bucket (SqliteReader.batches)."""
 
 
 def _slim_json(column: str, paths: tuple[str, ...]) -> str:
@@ -111,8 +113,35 @@ class SqliteReader:
         self.narrowed = narrowed and {"runs", "jobs"} <= self._tables
         self._kept_runs: str | None = None  # the kept run ids (JSON) once selected
         self._selected_on_db = False  # are their temporary tables on the sqlite3 connection?
-        if self.narrowed:
+        # this partition's share of the run tables, written once by the audit's client
+        self._buckets = self._bucket_files(options) if self.narrowed else None
+        self._unselected: ReadOptions | None = None  # the selection, not made yet
+        self._bucket = options.partition[0] if options.partition else 0
+        if self._buckets is not None:
+            self._filters = self._run_filters()
+            self._unselected = options
+        elif self.narrowed:
             self._select_runs(options)
+
+    def _bucket_files(self, options: ReadOptions) -> BucketFiles | None:
+        """The run tables split by bucket for this audit's partitions, when its client split
+        them (analyzer.sources.buckets) and the partition is all the narrowing."""
+        if options.partition is None or options.since or options.project or not self._shared:
+            return None
+        files = self._shared.known(f"buckets of {options.partition[1]}", self._path)
+        return files if isinstance(files, BucketFiles) else None
+
+    def _run_filters(self) -> dict[str, str]:
+        """What keeps a run table's rows to the selected runs (_keep_selection)."""
+        filters = {
+            "runs": "id IN (SELECT id FROM audit_runs)",
+            "jobs": "run_id IN (SELECT id FROM audit_runs)",
+            "probes": "job_id IN (SELECT id FROM audit_jobs)",
+        }
+        if {"events", "event_targets"} <= self._tables:
+            filters["events"] = "id IN (SELECT id FROM audit_events)"
+            filters["event_targets"] = "event_id IN (SELECT id FROM audit_events)"
+        return filters
 
     def _select_runs(self, options: ReadOptions) -> None:
         """Read only the runs the audit keeps (--project, --since, a partition of whole
@@ -138,14 +167,7 @@ class SqliteReader:
             )["id"]
             keep = keep & pl.col("project_id").is_in(wanted.implode())
         self._kept_runs = json.dumps(runs.filter(keep)["id"].to_list())
-        self._filters = {
-            "runs": "id IN (SELECT id FROM audit_runs)",
-            "jobs": "run_id IN (SELECT id FROM audit_runs)",
-            "probes": "job_id IN (SELECT id FROM audit_jobs)",
-        }
-        if {"events", "event_targets"} <= self._tables:
-            self._filters["events"] = "id IN (SELECT id FROM audit_events)"
-            self._filters["event_targets"] = "event_id IN (SELECT id FROM audit_events)"
+        self._filters = self._run_filters()
         if self._arrow is not None:
             try:
                 self._keep_selection(self._arrow.execute)
@@ -251,7 +273,11 @@ class SqliteReader:
         return self._read_slim(table, columns, json_paths)
 
     def _read_slim(
-        self, table: str, columns: list[str], json_paths: dict[str, tuple[str, ...]]
+        self,
+        table: str,
+        columns: list[str],
+        json_paths: dict[str, tuple[str, ...]],
+        where: str | None = None,
     ) -> pl.DataFrame:
         """Every column as bytes, JSON documents in `json_paths` reduced to those paths in SQL.
 
@@ -259,7 +285,11 @@ class SqliteReader:
         would hand bytes that are not UTF-8 to polars as a string (undefined behaviour: the
         audit died of signal 11 with nothing said). analyzer.sources.cells decodes and checks
         every value. A JSON document over cells.JSON_LIMIT is never parsed: its length comes
-        in its place."""
+        in its place. `where`: only the rows it keeps."""
+        if self._buckets is not None and table in self._filters:
+            if self._buckets.holds(table, columns, json_paths):
+                return self._buckets.read(table, self._bucket)
+            self._select_unselected()
         have = self.columns(table)
 
         def query(size: Callable[[str], str]) -> str:
@@ -275,12 +305,84 @@ class SqliteReader:
                 return f'CAST("{name}" AS BLOB) AS "{name}"'
 
             text = f'SELECT {", ".join(column(c) for c in columns)} FROM "{table}"'
-            return text + (f" WHERE {self._filters[table]}" if table in self._filters else "")
+            kept = [self._filters[table]] if table in self._filters else []
+            kept += [where] if where else []
+            return text + (f" WHERE {' AND '.join(kept)}" if kept else "")
 
         try:
             return self._fetch(query, columns)
         except sqlite3.Error as error:
             raise AuditInputError(self.label, f"cannot read table {table} ({error})") from None
+
+    def _select_unselected(self) -> None:
+        """The selection of the runs in temporary tables, made when a run table is asked for
+        otherwise than the bucket files hold it."""
+        if self._unselected is not None:
+            options, self._unselected, self._buckets = self._unselected, None, None
+            self._select_runs(options)
+
+    def batches(self, table: str, columns: list[str]) -> Iterator[pl.DataFrame]:
+        """Every row of `table` as `read_slim` reads it (its JSON documents reduced to the
+        paths the mapping reads), about BATCH_ROWS at a time in rowid ranges (a lookup each),
+        every column as bytes; in the table's order."""
+        rows, low, high = self._db.execute(
+            f'SELECT count(*), min(rowid), max(rowid) FROM "{table}"'
+        ).fetchone()
+        if not rows:
+            return
+        step = -(-(high - low + 1) // -(-rows // BATCH_ROWS))
+        paths = {c: p for c, p in JSON_PATHS.get(table, {}).items() if c in columns}
+        for start in range(low, high + 1, step):
+            where = f"rowid >= {start} AND rowid < {start + step}"
+            frame = self._read_slim(table, columns, paths, where)
+            yield frame.cast(dict.fromkeys(columns, pl.Binary))
+
+    def split(self, count: int, folder: Path) -> BucketFiles:
+        """The run tables written by bucket among `count` into a new folder in `folder`
+        (analyzer.sources.buckets), as the partitions read them; with every secret value the
+        database holds (load_tables collects them per partition), read on the way."""
+        columns = {t: TABLE_COLUMNS[t] for t in RUN_TABLES if t in self._tables}
+        json_paths = {t: JSON_PATHS.get(t, {}) for t in columns}
+        by_run_id = "event_targets" in self._tables and (
+            "entity_run_id" in self.columns("event_targets")
+        )
+        secrets: set[str] = set()
+        if "users" in self._tables:
+            secrets |= raw_secrets("users", self.read("users", TABLE_COLUMNS["users"]))
+
+        def batches(table: str, names: list[str]) -> Iterator[pl.DataFrame]:
+            for batch in self.batches(table, names):
+                if table in ("runs", "jobs") and names == TABLE_COLUMNS[table]:
+                    secrets.update(raw_secrets(table, batch))
+                yield batch
+
+        store = split_by_bucket(
+            batches,
+            columns,
+            json_paths,
+            remembered(self._shared, "runs by service", self._path, self._runs_by_service),
+            count,
+            Path(tempfile.mkdtemp(dir=folder)),
+            by_run_id=by_run_id,
+        )
+        store.secrets = frozenset(secrets)
+        return store
+
+    def mask_fleet_tables(self, data: SourceData, server: str) -> None:
+        """A partition's fleets and instances (every partition holds them whole) masked once
+        per audit, with all of the database's secret values (combine masks them no more): as
+        one process masks them."""
+        if self._buckets is None:
+            return
+        redactor = Redactor()
+        redactor.add(self._buckets.secrets)
+        tables = [data.fleets, data.instances]
+        fleets, instances = self.remember(
+            f"fleets and instances of {server}, masked",
+            lambda: tuple(redactor.apply_frames(tables, CLOSED_TEXT)),
+        )
+        data.fleets, data.instances = fleets, instances
+        data.masked_with = frozenset(redactor.values)
 
     def _fetch(self, query: Callable[[Callable[[str], str]], str], columns: list[str]):
         """Through ADBC straight into Arrow when it can (no Python object per value), else
@@ -418,6 +520,7 @@ def _read_database(path: Path, shown: Path, ctx: LoadContext, info) -> SourceDat
                 "point at the dstack server's data/sqlite.db",
             )
         data = load_tables(reader, server)
+        reader.mask_fleet_tables(data, server)
         if reader.narrowed:
             shared = options.shared if path == shown else None  # a WAL copy: read each time
             whole = remembered(shared, "latest", path, reader.latest)
@@ -449,6 +552,9 @@ def _learn(path: Path, shared: WholeInputFacts) -> None:
             return
         remembered(shared, "runs by service", path, reader._runs_by_service)
         remembered(shared, "latest", path, reader.latest)
+        if shared.split is not None:
+            count, folder = shared.split
+            remembered(shared, f"buckets of {count}", path, partial(reader.split, count, folder))
         for table in sorted((TABLE_COLUMNS.keys() & tables) - set(RUN_TABLES)):
             reader.read_slim(table, TABLE_COLUMNS[table], JSON_PATHS.get(table, {}))
         learn_fleet_tables(reader, learn_projects(reader))

@@ -1,0 +1,158 @@
+"""A database's run tables read once and split by service bucket, for an audit in partitions.
+
+Every partition of an audit reads whole services (analyzer.sources.partition): its runs, their
+jobs and probes, and the events that target them (with all of those events' targets). Asked of
+the database one partition at a time, each partition selected its runs into temporary tables
+and scanned the events tables again (at 100k runs, 64 partitions: most of the audit's time).
+Here each of those tables is read once, a batch of rows at a time, and each row written to the
+Arrow IPC files of its bucket (an event to the bucket of every service it targets) in a private
+folder; a partition then reads its own files, rows in the table's order as the database gave
+them. The rows are the reader's raw bytes: every partition checks and maps its share as it
+would have read it from the database.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+BUCKET = "_bucket"
+ROW = "_row"
+RUN_TABLES = ("runs", "jobs", "probes", "events", "event_targets")
+"""The tables a partition reads only its share of; every other table it reads whole."""
+
+Batches = Callable[[str, list[str]], Iterator[pl.DataFrame]]
+"""(table, columns) -> the table's rows of those columns as raw bytes, a batch at a time, in
+the table's order (JSON documents reduced to the paths the mapping reads)."""
+
+
+@dataclass
+class BucketFiles:
+    """The files of each bucket of `count`, per table, and the columns they hold (with the
+    JSON paths their documents were reduced to)."""
+
+    folder: Path
+    count: int
+    columns: dict[str, list[str]]
+    json_paths: dict[str, dict[str, tuple[str, ...]]]
+    files: dict[str, dict[int, list[Path]]] = field(default_factory=dict)
+    secrets: frozenset[str] = frozenset()  # every secret value of the database (its reader's)
+
+    def holds(self, table: str, columns: list[str], json_paths: dict) -> bool:
+        """Whether the files hold `table` as it is asked for (and are still there: a worker
+        on another machine does not see this machine's folder)."""
+        asked = (columns, json_paths)
+        return asked == (self.columns.get(table), self.json_paths.get(table)) and (
+            self.folder.is_dir()
+        )
+
+    def read(self, table: str, index: int) -> pl.DataFrame:
+        """Bucket `index`'s rows of `table`, in the table's order."""
+        parts = [pl.read_ipc(path) for path in self.files.get(table, {}).get(index, [])]
+        if not parts:
+            return pl.DataFrame(schema=dict.fromkeys(self.columns[table], pl.Binary))
+        return pl.concat(parts, rechunk=True) if len(parts) > 1 else parts[0]
+
+    def _write(self, table: str, batch: pl.DataFrame, rows: pl.DataFrame, number: int) -> None:
+        """One batch's rows, each to the file of its bucket: `rows` (ROW, BUCKET) says which
+        row goes where, in the batch's order; a row is taken out of the batch one bucket at a
+        time, so no second copy of the whole batch is made."""
+        for (bucket,), where in rows.partition_by(BUCKET, as_dict=True).items():
+            path = self.folder / f"{table}-{bucket}-{number}.arrow"
+            batch[where[ROW]].write_ipc(path, compression="uncompressed")
+            self.files.setdefault(table, {}).setdefault(bucket, []).append(path)
+
+
+def split_by_bucket(
+    batches: Batches,
+    columns: dict[str, list[str]],
+    json_paths: dict[str, dict[str, tuple[str, ...]]],
+    runs_by_service: pl.DataFrame,
+    count: int,
+    folder: Path,
+    *,
+    by_run_id: bool,
+) -> BucketFiles:
+    """Write the run tables `columns` names (runs and jobs at least) into `folder` by the
+    bucket among `count` of each row's service: a run's by `runs_by_service` (its id and
+    service hash), a job's by its run, a probe's by its job, an event's by every run and job
+    it targets (and, `by_run_id`, every run its targets name as `entity_run_id`), as
+    dstack's targets point at them: entity_type RUN or JOB (the database's enum names)."""
+    kept = {table: names for table, names in columns.items() if table in RUN_TABLES}
+    store = BucketFiles(folder, count, kept, {table: json_paths[table] for table in kept})
+    runs = runs_by_service.select(
+        pl.col("id").cast(pl.Binary), (pl.col("service_hash") % count).alias(BUCKET)
+    ).filter(pl.col("id").is_not_null())
+    _split(store, batches, "runs", runs, "id")
+    jobs = _split(store, batches, "jobs", runs, "run_id", keep="id")
+    if "probes" in store.columns:
+        _split(store, batches, "probes", jobs, "job_id")
+    if {"events", "event_targets"} <= store.columns.keys():
+        events = _events_by_bucket(batches, runs, jobs, by_run_id=by_run_id)
+        _split(store, batches, "event_targets", events, "event_id")
+        _split(store, batches, "events", events, "id")
+    else:
+        store.columns.pop("events", None)
+        store.columns.pop("event_targets", None)
+    return store
+
+
+def _split(
+    store: BucketFiles,
+    batches: Batches,
+    table: str,
+    buckets: pl.DataFrame,
+    key: str,
+    keep: str | None = None,
+) -> pl.DataFrame:
+    """`table` written by the bucket its `key` has in `buckets` (id, bucket); a row whose
+    key has several buckets is written to each. Returns (`keep`, bucket) of the rows written:
+    the buckets of what points at them."""
+    kept = []
+    for number, batch in enumerate(batches(table, store.columns[table])):
+        rows = (
+            batch.select(key)
+            .with_row_index(ROW)
+            .join(buckets.rename({"id": key}), on=key, maintain_order="left")
+            .select(ROW, BUCKET)
+        )
+        store._write(table, batch, rows, number)
+        if keep is not None:
+            kept.append(
+                rows.select(batch[keep].gather(rows[ROW]), BUCKET).filter(
+                    pl.col(keep).is_not_null()
+                )
+            )
+    if keep is None:
+        return buckets.clear()
+    return pl.concat(kept).rename({keep: "id"}) if kept else buckets.clear()
+
+
+def _events_by_bucket(
+    batches: Batches, runs: pl.DataFrame, jobs: pl.DataFrame, *, by_run_id: bool
+) -> pl.DataFrame:
+    """(event id, bucket) of every event that targets a run or a job of a bucket, once per
+    bucket."""
+    columns = ["event_id", "entity_type", "entity_id"] + (["entity_run_id"] if by_run_id else [])
+    found = []
+    for batch in batches("event_targets", columns):
+        kind = pl.col("entity_type")
+        hits = [
+            batch.filter(kind == pl.lit(b"RUN"))
+            .join(runs, left_on="entity_id", right_on="id")
+            .select("event_id", BUCKET),
+            batch.filter(kind == pl.lit(b"JOB"))
+            .join(jobs, left_on="entity_id", right_on="id")
+            .select("event_id", BUCKET),
+        ]
+        if by_run_id:
+            hits.append(
+                batch.join(runs, left_on="entity_run_id", right_on="id").select("event_id", BUCKET)
+            )
+        found.append(pl.concat(hits).unique())
+    if not found:
+        return runs.clear()
+    return pl.concat(found).unique(maintain_order=True).rename({"event_id": "id"})

@@ -1,0 +1,173 @@
+"""The run tables of a database read once and split by service bucket (analyzer.sources.buckets):
+each partition reads from the bucket files exactly the rows its own selection in the database
+gives, never going back to the database for them; the files live in a private folder that is
+gone when the audit ends."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import polars as pl
+from conftest import ROOT, execute, plant_env_secret
+
+from analyzer.api import audit_in_partitions, open_sources, whole_input_facts
+from analyzer.sources import buckets
+from analyzer.sources.base import ReadOptions
+from analyzer.sources.buckets import RUN_TABLES
+from analyzer.sources.dstack_tables import JSON_PATHS, TABLE_COLUMNS
+from analyzer.sources.partition import service_bucket
+from analyzer.sources.sqlite import SqliteReader
+from analyzer.synth import synthesize
+
+FLEET = ROOT / "samples" / "fleet" / "server.db"  # 150 runs of many services
+COUNT = 3
+
+
+def _fleet(tmp_path: Path) -> Path:
+    db = tmp_path / "server.db"
+    shutil.copyfile(FLEET, db)
+    return db
+
+
+def _bucket_of_runs(db: Path) -> dict[str, int]:
+    with sqlite3.connect(db) as connection:
+        runs = connection.execute("SELECT id, project_id, run_name FROM runs").fetchall()
+    return {run: service_bucket(project, name, COUNT) for run, project, name in runs}
+
+
+def _rows(reader: SqliteReader, table: str) -> pl.DataFrame:
+    """The rows of `table` the reader reads, in one order (SQLite's selection walks an index
+    of its own choosing; the mapping sorts what it needs sorted)."""
+    frame = reader.read_slim(table, TABLE_COLUMNS[table], JSON_PATHS.get(table, {}))
+    return frame.cast(pl.Binary).sort(pl.all(), nulls_last=True)
+
+
+def test_each_partition_reads_from_its_files_the_rows_it_selects_in_the_database(tmp_path):
+    """Every run table, every partition: the same rows as the partition's own selection in
+    SQLite; an event that targets runs of two buckets is in both."""
+    db = _fleet(tmp_path)
+    by_bucket: dict[int, list[str]] = {}
+    for run, bucket in _bucket_of_runs(db).items():
+        by_bucket.setdefault(bucket, []).append(run)
+    with sqlite3.connect(db) as connection:
+        event = connection.execute(
+            "SELECT event_id FROM event_targets WHERE entity_type = 'RUN' AND entity_id = ?",
+            (by_bucket[0][0],),
+        ).fetchone()[0]
+    execute(
+        db,
+        "INSERT INTO event_targets (id, event_id, entity_project_id, entity_type, entity_id, "
+        "entity_name) SELECT 'planted-target', ?, project_id, 'RUN', id, run_name FROM runs "
+        "WHERE id = ?",
+        params=(event, by_bucket[1][0]),
+    )
+    with tempfile.TemporaryDirectory(dir=tmp_path) as folder:
+        shared = whole_input_facts([db], COUNT, Path(folder))
+        for index in range(COUNT):
+            split = SqliteReader(db, options=ReadOptions(partition=(index, COUNT), shared=shared))
+            selected = SqliteReader(db, options=ReadOptions(partition=(index, COUNT)))
+            for table in RUN_TABLES:
+                assert _rows(split, table).equals(_rows(selected, table)), (index, table)
+            assert split._kept_runs is None  # no temporary tables: nothing asked of SQLite
+            events = _rows(split, "events")["id"].to_list()
+            assert (event.encode() in events) == (index in (0, 1))
+            split.close()
+            selected.close()
+
+
+def test_partitions_read_the_files_and_leave_no_folder(tmp_path, monkeypatch):
+    """The audit in partitions reads every partition's run tables from the files, gives the
+    one-process report, and removes the folder (made in TMPDIR, never beside the evidence)."""
+    db = _fleet(tmp_path)
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    read = []
+    original = buckets.BucketFiles.read
+    monkeypatch.setattr(
+        buckets.BucketFiles, "read", lambda self, t, i: read.append((t, i)) or original(self, t, i)
+    )
+    merged = audit_in_partitions([db], COUNT)
+    assert {index for _, index in read} == set(range(COUNT))
+    assert {table for table, _ in read} == set(RUN_TABLES)
+    assert not list(temporary.iterdir())
+    assert sorted(p.name for p in db.parent.iterdir()) == ["server.db", "tmp"]
+    whole = open_sources([db]).report
+    assert merged.model_dump(exclude={"inputs"}) == whole.model_dump(exclude={"inputs"})
+
+
+def test_damaged_run_tables_give_the_one_process_verdicts(tmp_path):
+    """Bytes that are not UTF-8 and a number that is not one, in rows of every bucket: each
+    partition checks its own rows from the files (as it checked its selection), and the
+    merged runs and findings are those of one process. (Not the damage's count and first
+    place in the inputs and limitations: partitions read only the events of runs, and number
+    rows within their own share, as they did reading SQLite.)"""
+    db = _fleet(tmp_path)
+    execute(
+        db,
+        "UPDATE jobs SET termination_reason_message = X'ff00fe' WHERE rowid % 7 = 0",
+        "UPDATE runs SET deployment_num = 'NaN' WHERE rowid % 5 = 0",
+        "UPDATE events SET message = X'c328' WHERE rowid % 11 = 0",
+    )
+    whole = open_sources([db]).report
+    merged = audit_in_partitions([db], COUNT)
+    assert merged.inputs[0].unparsed > 0
+    assert (merged.runs, merged.findings) == (whole.runs, whole.findings)
+
+
+def test_fleets_and_instances_are_masked_once_with_every_secret(tmp_path, monkeypatch):
+    """A token in the job specs of one bucket's runs, in every instance's name: one process
+    masks it everywhere; in partitions the instances are masked once for the audit with all
+    of the database's secrets (no partition masks them again), and the report is the same."""
+    from analyzer.pipeline import evidence
+
+    secret = "hf_PlantedInInstanceNames_4242"
+    db = _fleet(tmp_path)
+    runs = [run for run, bucket in _bucket_of_runs(db).items() if bucket == 1]
+    plant_env_secret(db, secret, runs=runs)
+    execute(db, "UPDATE instances SET name = name || '-' || ?", params=(secret,))
+    whole = open_sources([db]).report
+    said = []
+    redact = evidence._redact
+
+    def _redact(found, *, masked):
+        said.append(masked)
+        redact(found, masked=masked)
+
+    monkeypatch.setattr(evidence, "_redact", _redact)
+    merged = audit_in_partitions([db], COUNT)
+    assert said == [True] * COUNT
+    assert secret not in whole.model_dump_json()
+    assert merged.model_dump_json() == whole.model_dump_json()
+
+
+def test_ctrl_c_while_the_tables_are_split_leaves_no_folder(tmp_path):
+    """Interrupted as soon as the first bucket file is written: exit 130, and the folder (in
+    TMPDIR) is gone with every file in it; nothing is written beside the evidence."""
+    synthesize(tmp_path / "server", 600, seed=7, log_formats=())
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    db, out = tmp_path / "server" / "server.db", tmp_path / "report.json"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "analyzer", "audit", str(db), "--partitions", "8", "-o", str(out)],
+        env={**os.environ, "TMPDIR": str(temporary)},
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 120
+    while not list(temporary.glob("dstack-audit-buckets-*/*/*")) and time.monotonic() < deadline:
+        assert process.poll() is None, "the audit ended before it split the tables"
+        time.sleep(0.01)
+    process.send_signal(signal.SIGINT)
+    _, errors = process.communicate(timeout=60)
+    assert process.returncode == 130, errors
+    assert not list(temporary.iterdir())
+    assert not out.exists()
+    assert {p.name for p in db.parent.iterdir()} == {"server.db", "truth.json", "logs"}
