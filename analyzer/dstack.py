@@ -193,3 +193,30 @@ def blocks_fit(
         if req.matches(*(part * blocks for part in share), gpu_name, gpu_memory_mib, disk_mib):
             return blocks <= idle
     return False
+
+
+# Alembic head -> the release that last migrated the database (reference section 0).
+ALEMBIC_RELEASES = {
+    "35e90e1b0d3e": "0.19.14",
+    "728b1488b1b4": "0.19.22",
+    "74a1f55209bd": "0.19.24",
+    "e2d08cd1b8d9": "0.19.25",
+    "006512f572b4": "0.19.40",
+    "22d74df9897e": "0.20.0",
+    "706e0acc3a7d": "0.20.7-0.20.9",
+    "a8ed24fd7f90": "0.20.10",
+    "8b6d5d8c1b9a": "0.20.13",
+    "c1c2ecaee45c": "0.20.14-0.20.15",
+    "ad8c50120507": "0.20.16",
+    "94fcd7e38b7e": "0.20.17",
+    "05c351d08f6b": "0.20.19",
+    "e9c5e7e26c78": "0.20.28",
+    "4d3cbb932bb2": "0.20.29",
+    "ecc9e8a0bfac": "0.21.0",
+    "3d4f69210528": "0.21.1",
+    "04126c7ea0c8": "0.21.2",
+    "dbbe9f32ec66": "0.21.2+ (HEAD 2026-08)",
+    "620892d149b5": "0.21.3-0.21.5",
+    "652af7a3c9c9": "0.22.0",
+    "40f19bea9d2a": "0.22.1-0.22.5",
+}
