@@ -104,23 +104,27 @@ def test_partitions_read_the_files_and_leave_no_folder(tmp_path, monkeypatch):
     assert merged.model_dump(exclude={"inputs"}) == whole.model_dump(exclude={"inputs"})
 
 
-def test_damaged_run_tables_give_the_one_process_verdicts(tmp_path):
-    """Bytes that are not UTF-8 and a number that is not one, in rows of every bucket: each
-    partition checks its own rows from the files (as it checked its selection), and the
-    merged runs and findings are those of one process. (Not the damage's count and first
-    place in the inputs and limitations: partitions read only the events of runs, and number
-    rows within their own share, as they did reading SQLite.)"""
+def test_damaged_run_tables_give_the_one_process_report(tmp_path):
+    """Bytes that are not UTF-8 and a number that is not one, in rows of every bucket, and an
+    event that targets no run (in no bucket): each input row's damage is found once, as the
+    tables are split, and said with its place in the whole table; the merged report, its
+    inputs' unparsed counts and notes and its damaged_values limitations included, is the one
+    process's, byte for byte."""
     db = _fleet(tmp_path)
     execute(
         db,
         "UPDATE jobs SET termination_reason_message = X'ff00fe' WHERE rowid % 7 = 0",
         "UPDATE runs SET deployment_num = 'NaN' WHERE rowid % 5 = 0",
         "UPDATE events SET message = X'c328' WHERE rowid % 11 = 0",
+        "INSERT INTO events (id, message, recorded_at, actor_user_id) SELECT 'orphan-event', "
+        "X'ff', recorded_at, actor_user_id FROM events LIMIT 1",
     )
     whole = open_sources([db]).report
     merged = audit_in_partitions([db], COUNT)
-    assert merged.inputs[0].unparsed > 0
-    assert (merged.runs, merged.findings) == (whole.runs, whole.findings)
+    notes = whole.inputs[0].notes
+    assert whole.inputs[0].unparsed == 579
+    assert any(n.startswith("495 damaged value(s) in table events") for n in notes), notes
+    assert merged.model_dump_json() == whole.model_dump_json()
 
 
 def test_fleets_and_instances_are_masked_once_with_every_secret(tmp_path, monkeypatch):

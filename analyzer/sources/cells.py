@@ -137,11 +137,13 @@ def checked(
     found: pl.DataFrame | None = None,
     *,
     counted: bool = True,
+    first_row: int = 0,
 ) -> pl.DataFrame:
     """`frame` (a table as read, text or bytes) as text the mapping can trust: damaged values
     null, huge ones cut, rows without an id left out; what was found goes to `ledger`. `found`:
     damage the reader itself found (at positions of `frame`); `counted`: whether it counts as
-    unparsed here (a table each partition reads whole is counted once)."""
+    unparsed here (a table each partition reads whole is counted once); `first_row`: how many
+    rows of the table were read before `frame` (a table checked a batch at a time)."""
     parts = [found] if found is not None and found.height else []
     frame, decoded = decode(frame)
     parts += decoded
@@ -159,7 +161,7 @@ def checked(
             keep = None
     if parts:
         rows = pl.concat([p.select(DAMAGE_SCHEMA.keys()).cast(DAMAGE_SCHEMA) for p in parts])
-        placed = _placed(_one_per_key(rows, columns.key), frame, columns.key)
+        placed = _placed(_one_per_key(rows, columns.key), frame, columns.key, first_row)
         ledger.add(where, table, placed, counted)
     return frame if keep is None else frame.filter(keep)
 
@@ -173,13 +175,17 @@ def _one_per_key(rows: pl.DataFrame, key: str | None) -> pl.DataFrame:
     return pl.concat([rows.filter(~on_key), ids.with_columns(pl.lit("no_id").alias("kind"))])
 
 
-def _placed(rows: pl.DataFrame, frame: pl.DataFrame, key: str | None) -> pl.DataFrame:
-    """`rows` with each place named: `row N (id X)`, N counted from 1 in the order read."""
+def _placed(
+    rows: pl.DataFrame, frame: pl.DataFrame, key: str | None, first_row: int
+) -> pl.DataFrame:
+    """`rows` with each place named: `row N (id X)`, N counted from 1 in the order read (the
+    table's, `first_row` rows before `frame`)."""
     number = pl.lit("row ") + (pl.col("row") + 1).cast(pl.String)
+    shifted = rows.with_columns(pl.col("row") + first_row)
     if key is None or key not in frame.columns:
-        return rows.with_columns(number.alias("place"))
+        return shifted.with_columns(number.alias("place"))
     ids = frame[key].cast(pl.String).gather(rows["row"].cast(pl.UInt32))
-    return rows.with_columns(
+    return shifted.with_columns(
         pl.when(ids.is_null() | (ids.str.strip_chars() == ""))
         .then(number)
         .otherwise(number + pl.lit(" (id ") + ids.str.slice(0, 64) + pl.lit(")"))

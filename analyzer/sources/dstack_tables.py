@@ -294,7 +294,12 @@ def _read(reader: TableReader, table: str, ledger: cells.Ledger) -> pl.DataFrame
     where = getattr(reader, "source_of", lambda _table: reader.label)(table)
     found = getattr(reader, "found", {}).pop(table, None)
     counted = getattr(reader, "counts_damage", lambda _table: True)(table)
-    return cells.checked(frame, table, where, CELLS[table], ledger, found, counted=counted)
+    whole = getattr(reader, "whole_damage", lambda _table: None)(table)
+    if whole is None:
+        return cells.checked(frame, table, where, CELLS[table], ledger, found, counted=counted)
+    for rows in whole:  # the whole table's damage, found when it was split by bucket
+        ledger.add(where, table, rows)
+    return cells.checked(frame, table, where, CELLS[table], cells.Ledger(), found)
 
 
 def _names(frame: pl.DataFrame | None, alias: str) -> pl.DataFrame:
