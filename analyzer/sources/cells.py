@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from analyzer.model import parse_db_time
-from analyzer.sources.base import InputInfo, Limitation, SourceData
+from analyzer.sources.base import InputInfo, Limitation, ReadOptions, SourceData
 
 TEXT_LIMIT = 16 * 1024
 HEAD_BYTES = 1024
@@ -79,6 +79,9 @@ class Ledger:
 
     found: dict[tuple[str, str], list[pl.DataFrame]] = field(default_factory=dict)
     uncounted: set[tuple[str, str]] = field(default_factory=set)  # said, counted elsewhere
+    # (where, table) -> the selection in SQL a table was read through (`selected_by`): its
+    # damage is counted, and its rows numbered, among the rows it selected
+    selections: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def add(self, where: str, table: str, rows: pl.DataFrame, counted: bool = True) -> None:
         if rows.height:
@@ -92,21 +95,33 @@ class Ledger:
             rows = pl.concat(parts).sort("row", "column")
             damaged = rows.filter(pl.col("kind").is_in(["damaged", "no_id"]))
             huge = rows.filter(pl.col("kind").is_in(["huge", "json"]))
+            selection = self.selections.get((where, table))
+            named = f"table {table}" + (f" ({selection})" if selection else "")
             if damaged.height:
                 data.limitations.append(
-                    Limitation("damaged_values", f"table {table}: {_said(damaged)}", where)
+                    Limitation("damaged_values", f"{named}: {_said(damaged)}", where)
                 )
             if huge.height:
-                data.limitations.append(
-                    Limitation("huge_values", f"table {table}: {_said(huge)}", where)
-                )
+                data.limitations.append(Limitation("huge_values", f"{named}: {_said(huge)}", where))
             unparsed = rows.filter(pl.col("kind").is_in(UNPARSED_KINDS))
             if unparsed.height and (where, table) not in self.uncounted:
                 data.unparsed_values[where] = data.unparsed_values.get(where, 0) + unparsed.height
                 data.damage_notes.setdefault(where, []).append(
-                    f"{unparsed.height} damaged value(s) in table {table}, first: "
+                    f"{unparsed.height} damaged value(s) in {named}, first: "
                     + _said(unparsed.head(1))
                 )
+
+
+def selected_by(options: ReadOptions) -> str | None:
+    """What a read of the run tables narrowed by a selection in SQL says of its damage: it is
+    counted, and its rows numbered, among the rows that selection keeps (what --since and
+    --project leave out is left out on purpose; a partition's other rows are its siblings'
+    share, and an event of runs of several partitions is in each one's share). None: the read
+    is not narrowed."""
+    said = [f"partition {options.partition[0]}/{options.partition[1]}"] if options.partition else []
+    said += ["--since"] if options.since else []
+    said += ["--project"] if options.project else []
+    return f"rows selected by {' and '.join(said)}, numbered among them" if said else None
 
 
 def apply_to(info: InputInfo, data: SourceData) -> None:

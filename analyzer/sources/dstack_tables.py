@@ -296,6 +296,8 @@ def _read(reader: TableReader, table: str, ledger: cells.Ledger) -> pl.DataFrame
     counted = getattr(reader, "counts_damage", lambda _table: True)(table)
     whole = getattr(reader, "whole_damage", lambda _table: None)(table)
     if whole is None:
+        if selection := getattr(reader, "selection", lambda _table: None)(table):
+            ledger.selections[where, table] = selection
         return cells.checked(frame, table, where, CELLS[table], ledger, found, counted=counted)
     for rows in whole:  # the whole table's damage, found when it was split by bucket
         ledger.add(where, table, rows)

@@ -418,6 +418,7 @@ class PostgresReader:
         self.snapshot_at, self.postgres_version = facts.row(0)
         self._filters = self._pushdown(options)
         self._later_partition = bool(options.partition and options.partition[0])
+        self._selected_by = cells.selected_by(options) if self._filters else None
 
     def _pushdown(self, options: ReadOptions) -> dict[str, str]:
         """WHERE clauses that read only the runs the audit keeps (--project, --since, a
@@ -513,6 +514,11 @@ class PostgresReader:
 
     def tables(self) -> set[str]:
         return set(self._columns)
+
+    def selection(self, table: str) -> str | None:
+        """The selection in SQL this read of `table` went through (cells.selected_by), or
+        None: read whole."""
+        return self._selected_by if table in self._filters else None
 
     def counts_damage(self, table: str) -> bool:
         """A table every partition reads whole is counted by the first partition only."""

@@ -118,6 +118,7 @@ class SqliteReader:
         self._buckets = self._bucket_files(options) if self.narrowed else None
         self._unselected: ReadOptions | None = None  # the selection, not made yet
         self._bucket = options.partition[0] if options.partition else 0
+        self._selected_by = cells.selected_by(options)
         if self._buckets is not None:
             self._filters = self._run_filters()
             self._unselected = options
@@ -375,6 +376,11 @@ class SqliteReader:
         store.secrets = frozenset(secrets)
         store.damage = {table: parts for (_, table), parts in damage.found.items()}
         return store
+
+    def selection(self, table: str) -> str | None:
+        """The selection in SQL this read of `table` went through (cells.selected_by), or
+        None: read whole, or from the bucket files (whose damage was found in every row)."""
+        return self._selected_by if table in self._filters and self._buckets is None else None
 
     def whole_damage(self, table: str) -> list[pl.DataFrame] | None:
         """The damage of the whole `table`, when this partition reads its share of the table
