@@ -561,7 +561,9 @@ class PostgresReader:
 
     @property
     def rows_read(self) -> int:
-        return sum(self._rows.values())
+        """The rows read, as the merge of partitions adds them up: a table every partition
+        reads whole counted by the first partition only (counts_damage)."""
+        return sum(rows for table, rows in self._rows.items() if self.counts_damage(table))
 
     def close(self) -> None:
         if self._engine is not None:
@@ -609,6 +611,10 @@ def load_url(
         f"REPEATABLE READ, READ ONLY transaction (PostgreSQL {reader.postgres_version}, "
         f"reader {reader.engine_name})"
     )
+    if options.partition:  # its records and damage are its share: the merge adds them up
+        info.notes.append(
+            f"partition {options.partition[0]}/{options.partition[1]} (whole services)"
+        )
     cells.apply_to(info, data)
     data.inputs.append(info)
     data.secrets.update(target.secrets)  # the password is a known value: masked wherever it shows
