@@ -181,6 +181,27 @@ def checked(
     return frame if keep is None else frame.filter(keep)
 
 
+def checked_as_read(
+    reader: object, frame: pl.DataFrame, table: str, columns: Columns, ledger: Ledger
+) -> pl.DataFrame:
+    """`checked`, its damage said as `reader` read `table` (each optional): the file it came
+    from (`source_of`), damage it found itself (`found`), whether it counts it
+    (`counts_damage`), the selection in SQL it read it through (`selection`), or the damage
+    of the whole table, found once when the table was split by bucket (`whole_damage`: then
+    this share's own is not said again)."""
+    where = getattr(reader, "source_of", lambda _table: reader.label)(table)
+    found = getattr(reader, "found", {}).pop(table, None)
+    whole = getattr(reader, "whole_damage", lambda _table: None)(table)
+    if whole is not None:
+        for rows in whole:
+            ledger.add(where, table, rows)
+        return checked(frame, table, where, columns, Ledger(), found)
+    if selection := getattr(reader, "selection", lambda _table: None)(table):
+        ledger.selections[where, table] = selection
+    counted = getattr(reader, "counts_damage", lambda _table: True)(table)
+    return checked(frame, table, where, columns, ledger, found, counted=counted)
+
+
 def _one_per_key(rows: pl.DataFrame, key: str | None) -> pl.DataFrame:
     """A damaged id is the row left out, said once: `row 3 has no id (invalid UTF-8)`."""
     if key is None:
