@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import polars as pl
+import pytest
 from conftest import ROOT, execute, plant_env_secret
 
 from analyzer.api import audit_in_partitions, open_sources, whole_input_facts
@@ -104,12 +105,27 @@ def test_partitions_read_the_files_and_leave_no_folder(tmp_path, monkeypatch):
     assert merged.model_dump(exclude={"inputs"}) == whole.model_dump(exclude={"inputs"})
 
 
-def test_damaged_run_tables_give_the_one_process_verdicts(tmp_path):
-    """Bytes that are not UTF-8 and a number that is not one, in rows of every bucket: each
-    partition checks its own rows from the files (as it checked its selection), and the
-    merged runs and findings are those of one process. (Not the damage's count and first
-    place in the inputs and limitations: partitions read only the events of runs, and number
-    rows within their own share, as they did reading SQLite.)"""
+def test_damaged_run_tables_give_the_one_process_report(tmp_path):
+    """Bytes that are not UTF-8 and a number that is not one, in rows of every bucket, and an
+    event that targets no run (in no bucket): each input row's damage is found once, as the
+    tables are split, and said with its place in the whole table; the merged report, its
+    inputs' unparsed counts and notes and its damaged_values limitations included, is the one
+    process's, byte for byte."""
+    db = _damaged_fleet(tmp_path)
+    execute(
+        db,
+        "INSERT INTO events (id, message, recorded_at, actor_user_id) SELECT 'orphan-event', "
+        "X'ff', recorded_at, actor_user_id FROM events LIMIT 1",
+    )
+    whole = open_sources([db]).report
+    merged = audit_in_partitions([db], COUNT)
+    notes = whole.inputs[0].notes
+    assert whole.inputs[0].unparsed == 579
+    assert any(n.startswith("495 damaged value(s) in table events") for n in notes), notes
+    assert merged.model_dump_json() == whole.model_dump_json()
+
+
+def _damaged_fleet(tmp_path: Path) -> Path:
     db = _fleet(tmp_path)
     execute(
         db,
@@ -117,10 +133,44 @@ def test_damaged_run_tables_give_the_one_process_verdicts(tmp_path):
         "UPDATE runs SET deployment_num = 'NaN' WHERE rowid % 5 = 0",
         "UPDATE events SET message = X'c328' WHERE rowid % 11 = 0",
     )
-    whole = open_sources([db]).report
-    merged = audit_in_partitions([db], COUNT)
-    assert merged.inputs[0].unparsed > 0
-    assert (merged.runs, merged.findings) == (whole.runs, whole.findings)
+    return db
+
+
+def test_local_workers_give_the_one_process_report_of_a_damaged_database(tmp_path):
+    """`--workers 2` (the same split, partitions on two local processes): the JSON report,
+    damage accounting included, is the one process's, byte for byte."""
+    pytest.importorskip("distributed", reason="Dask distributed is not installed")
+    (tmp_path / "evidence").mkdir()
+    db = _damaged_fleet(tmp_path / "evidence")
+    texts = []
+    for given in ([], ["--workers", "2"]):
+        out = tmp_path / f"report{len(given)}.json"
+        command = [sys.executable, "-m", "analyzer", "audit", str(db), "-q", "--format", "json"]
+        done = subprocess.run([*command, "-o", str(out), *given], capture_output=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        texts.append(out.read_text())
+    assert '"unparsed": 578' in texts[0]
+    assert texts[1] == texts[0]
+
+
+def test_a_selection_in_sql_says_where_its_damage_was_counted(tmp_path):
+    """--since narrows the audit on purpose, and each partition of it is selected in SQL (not
+    split): each partition's damage is said as counted and numbered among the rows its
+    selection keeps, every partition's note is kept, and the notes add up to the count."""
+    db = _damaged_fleet(tmp_path)
+    since = "2026-10-22"
+    alone = open_sources([db], since=since).report.inputs[0]
+    assert alone.notes[0].startswith(
+        "21 damaged value(s) in table runs (rows selected by --since, numbered among them), "
+    )
+    merged = audit_in_partitions([db], COUNT, since=since)
+    (source,) = [i for i in merged.inputs if i.kind == "sqlite"]
+    counted = [int(note.split(" ", 1)[0]) for note in source.notes]
+    assert len(counted) == 3 * COUNT and sum(counted) == source.unparsed > 0
+    for index in range(COUNT):
+        said = f"(rows selected by partition {index}/{COUNT} and --since, numbered among them)"
+        assert sum(said in note for note in source.notes) == 3
+        assert sum(said in lim.message for lim in merged.limitations) == 3
 
 
 def test_fleets_and_instances_are_masked_once_with_every_secret(tmp_path, monkeypatch):

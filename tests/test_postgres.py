@@ -697,3 +697,26 @@ def test_an_infinite_time_is_a_damaged_value(pg):
     (limitation,) = [lim for lim in report.limitations if lim.code == "damaged_values"]
     assert "table jobs" in limitation.message and "remove_at: 'infinity'" in limitation.message
     assert report.inputs[0].unparsed == limitation.message.count("remove_at")
+
+
+def test_damage_in_partitions_selected_in_sql_is_said_per_partition(pg):
+    """PostgreSQL's partitions are selected in SQL (its tables are not split by bucket): a
+    damaged value is said as counted, and its row numbered, among the rows of the partition
+    that read it; a job is of one run, so it is counted once, as in one process. Every
+    partition's share is added up (before, only the first partition's input was kept), and the
+    rows of no partition (the seed's events of instances and fleets) are read by the first:
+    the records are the one process's."""
+    from analyzer.api import audit_in_partitions
+
+    database = pg.load_dump(CAPTURES / "postgres" / "seed.sql", "infinite-time-partitions")
+    pg.sql(database, "UPDATE jobs SET remove_at = 'infinity'")
+    whole = open_sources([pg.url(database)]).report
+    merged = audit_in_partitions([pg.url(database)], 3)
+    assert merged.inputs[0].unparsed == whole.inputs[0].unparsed > 0
+    assert merged.inputs[0].records == whole.inputs[0].records
+    shares = [n for n in merged.inputs[0].notes if n.startswith("snapshot of ")]
+    assert len(shares) == 3  # each partition read a snapshot of its own
+    (limitation,) = [lim for lim in merged.limitations if lim.code == "damaged_values"]
+    selected = r"table jobs \(rows selected by partition [0-2]/3, numbered among them\): row 1 "
+    assert re.match(selected, limitation.message), limitation.message
+    assert merged.findings == whole.findings

@@ -166,8 +166,9 @@ def _refuse_overlap(reports: list[Report]) -> None:
 
 def _merge_inputs(reports: list[Report]) -> list[InputRecord]:
     """Each input once, as the whole audit lists it: an input read one partition at a time (a
-    database, a dataset) counts the records of every partition and no longer names one; an
-    input every partition reads whole is listed as the first partition read it."""
+    database, a dataset) counts the records of every partition, keeps each note a partition
+    adds (the damage each found in its own selection) and no longer names one; an input every
+    partition reads whole is listed as the first partition read it."""
     merged: dict[tuple[str, str], InputRecord] = {}
     for item in (i for r in reports for i in r.inputs):
         kind = _PARTITION_KIND.sub("", item.kind)
@@ -181,6 +182,7 @@ def _merge_inputs(reports: list[Report]) -> list[InputRecord]:
                 update={
                     "records": seen.records + item.records,
                     "unparsed": seen.unparsed + item.unparsed,
+                    "notes": seen.notes + [note for note in notes if note not in seen.notes],
                 }
             )
     return list(merged.values())

@@ -40,6 +40,9 @@ class BucketFiles:
     json_paths: dict[str, dict[str, tuple[str, ...]]]
     files: dict[str, dict[int, list[Path]]] = field(default_factory=dict)
     secrets: frozenset[str] = frozenset()  # every secret value of the database (its reader's)
+    # per table: the damage of every row of the whole table, found once as it was split (rows
+    # of no bucket too), placed as one process places it (analyzer.sources.cells.checked)
+    damage: dict[str, list[pl.DataFrame]] = field(default_factory=dict)
 
     def holds(self, table: str, columns: list[str], json_paths: dict) -> bool:
         """Whether the files hold `table` as it is asked for (and are still there: a worker

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from analyzer.model import parse_db_time
-from analyzer.sources.base import InputInfo, Limitation, SourceData
+from analyzer.sources.base import InputInfo, Limitation, ReadOptions, SourceData
 
 TEXT_LIMIT = 16 * 1024
 HEAD_BYTES = 1024
@@ -79,6 +79,9 @@ class Ledger:
 
     found: dict[tuple[str, str], list[pl.DataFrame]] = field(default_factory=dict)
     uncounted: set[tuple[str, str]] = field(default_factory=set)  # said, counted elsewhere
+    # (where, table) -> the selection in SQL a table was read through (`selected_by`): its
+    # damage is counted, and its rows numbered, among the rows it selected
+    selections: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def add(self, where: str, table: str, rows: pl.DataFrame, counted: bool = True) -> None:
         if rows.height:
@@ -92,21 +95,33 @@ class Ledger:
             rows = pl.concat(parts).sort("row", "column")
             damaged = rows.filter(pl.col("kind").is_in(["damaged", "no_id"]))
             huge = rows.filter(pl.col("kind").is_in(["huge", "json"]))
+            selection = self.selections.get((where, table))
+            named = f"table {table}" + (f" ({selection})" if selection else "")
             if damaged.height:
                 data.limitations.append(
-                    Limitation("damaged_values", f"table {table}: {_said(damaged)}", where)
+                    Limitation("damaged_values", f"{named}: {_said(damaged)}", where)
                 )
             if huge.height:
-                data.limitations.append(
-                    Limitation("huge_values", f"table {table}: {_said(huge)}", where)
-                )
+                data.limitations.append(Limitation("huge_values", f"{named}: {_said(huge)}", where))
             unparsed = rows.filter(pl.col("kind").is_in(UNPARSED_KINDS))
             if unparsed.height and (where, table) not in self.uncounted:
                 data.unparsed_values[where] = data.unparsed_values.get(where, 0) + unparsed.height
                 data.damage_notes.setdefault(where, []).append(
-                    f"{unparsed.height} damaged value(s) in table {table}, first: "
+                    f"{unparsed.height} damaged value(s) in {named}, first: "
                     + _said(unparsed.head(1))
                 )
+
+
+def selected_by(options: ReadOptions) -> str | None:
+    """What a read of the run tables narrowed by a selection in SQL says of its damage: it is
+    counted, and its rows numbered, among the rows that selection keeps (what --since and
+    --project leave out is left out on purpose; a partition's other rows are its siblings'
+    share, and an event of runs of several partitions is in each one's share). None: the read
+    is not narrowed."""
+    said = [f"partition {options.partition[0]}/{options.partition[1]}"] if options.partition else []
+    said += ["--since"] if options.since else []
+    said += ["--project"] if options.project else []
+    return f"rows selected by {' and '.join(said)}, numbered among them" if said else None
 
 
 def apply_to(info: InputInfo, data: SourceData) -> None:
@@ -137,11 +152,13 @@ def checked(
     found: pl.DataFrame | None = None,
     *,
     counted: bool = True,
+    first_row: int = 0,
 ) -> pl.DataFrame:
     """`frame` (a table as read, text or bytes) as text the mapping can trust: damaged values
     null, huge ones cut, rows without an id left out; what was found goes to `ledger`. `found`:
     damage the reader itself found (at positions of `frame`); `counted`: whether it counts as
-    unparsed here (a table each partition reads whole is counted once)."""
+    unparsed here (a table each partition reads whole is counted once); `first_row`: how many
+    rows of the table were read before `frame` (a table checked a batch at a time)."""
     parts = [found] if found is not None and found.height else []
     frame, decoded = decode(frame)
     parts += decoded
@@ -159,9 +176,30 @@ def checked(
             keep = None
     if parts:
         rows = pl.concat([p.select(DAMAGE_SCHEMA.keys()).cast(DAMAGE_SCHEMA) for p in parts])
-        placed = _placed(_one_per_key(rows, columns.key), frame, columns.key)
+        placed = _placed(_one_per_key(rows, columns.key), frame, columns.key, first_row)
         ledger.add(where, table, placed, counted)
     return frame if keep is None else frame.filter(keep)
+
+
+def checked_as_read(
+    reader: object, frame: pl.DataFrame, table: str, columns: Columns, ledger: Ledger
+) -> pl.DataFrame:
+    """`checked`, its damage said as `reader` read `table` (each optional): the file it came
+    from (`source_of`), damage it found itself (`found`), whether it counts it
+    (`counts_damage`), the selection in SQL it read it through (`selection`), or the damage
+    of the whole table, found once when the table was split by bucket (`whole_damage`: then
+    this share's own is not said again)."""
+    where = getattr(reader, "source_of", lambda _table: reader.label)(table)
+    found = getattr(reader, "found", {}).pop(table, None)
+    whole = getattr(reader, "whole_damage", lambda _table: None)(table)
+    if whole is not None:
+        for rows in whole:
+            ledger.add(where, table, rows)
+        return checked(frame, table, where, columns, Ledger(), found)
+    if selection := getattr(reader, "selection", lambda _table: None)(table):
+        ledger.selections[where, table] = selection
+    counted = getattr(reader, "counts_damage", lambda _table: True)(table)
+    return checked(frame, table, where, columns, ledger, found, counted=counted)
 
 
 def _one_per_key(rows: pl.DataFrame, key: str | None) -> pl.DataFrame:
@@ -173,13 +211,17 @@ def _one_per_key(rows: pl.DataFrame, key: str | None) -> pl.DataFrame:
     return pl.concat([rows.filter(~on_key), ids.with_columns(pl.lit("no_id").alias("kind"))])
 
 
-def _placed(rows: pl.DataFrame, frame: pl.DataFrame, key: str | None) -> pl.DataFrame:
-    """`rows` with each place named: `row N (id X)`, N counted from 1 in the order read."""
+def _placed(
+    rows: pl.DataFrame, frame: pl.DataFrame, key: str | None, first_row: int
+) -> pl.DataFrame:
+    """`rows` with each place named: `row N (id X)`, N counted from 1 in the order read (the
+    table's, `first_row` rows before `frame`)."""
     number = pl.lit("row ") + (pl.col("row") + 1).cast(pl.String)
+    shifted = rows.with_columns(pl.col("row") + first_row)
     if key is None or key not in frame.columns:
-        return rows.with_columns(number.alias("place"))
+        return shifted.with_columns(number.alias("place"))
     ids = frame[key].cast(pl.String).gather(rows["row"].cast(pl.UInt32))
-    return rows.with_columns(
+    return shifted.with_columns(
         pl.when(ids.is_null() | (ids.str.strip_chars() == ""))
         .then(number)
         .otherwise(number + pl.lit(" (id ") + ids.str.slice(0, 64) + pl.lit(")"))

@@ -34,6 +34,7 @@ from analyzer.redact import Redactor, json_secret_values
 from analyzer.sources import cells
 from analyzer.sources.attach import attach_job_runs
 from analyzer.sources.base import Limitation, SourceData
+from analyzer.sources.cells import integer
 
 # Times at which the server was seen processing something (reference 3.5, 3.6: instances and
 # fleets keep being processed minutes after a run ends). Future times (remove_at, due,
@@ -213,10 +214,6 @@ def _bool(expr: pl.Expr) -> pl.Expr:
     )
 
 
-def _int(expr: pl.Expr) -> pl.Expr:
-    return cells.integer(expr)
-
-
 def _finite(expr: pl.Expr) -> pl.Expr:
     """A number, or null (never NaN or infinity, which no price or total can carry)."""
     number = expr.cast(pl.String).str.strip_chars().cast(pl.Float64, strict=False)
@@ -270,10 +267,7 @@ def _read(reader: TableReader, table: str, ledger: cells.Ledger) -> pl.DataFrame
         frame = slim(table, TABLE_COLUMNS[table], JSON_PATHS[table])
     else:
         frame = reader.read(table, TABLE_COLUMNS[table])
-    where = getattr(reader, "source_of", lambda _table: reader.label)(table)
-    found = getattr(reader, "found", {}).pop(table, None)
-    counted = getattr(reader, "counts_damage", lambda _table: True)(table)
-    return cells.checked(frame, table, where, CELLS[table], ledger, found, counted=counted)
+    return cells.checked_as_read(reader, frame, table, CELLS[table], ledger)
 
 
 def _names(frame: pl.DataFrame | None, alias: str) -> pl.DataFrame:
@@ -367,13 +361,13 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
             ).alias("run_type"),
             normalise_enum(pl.col("status")).alias("status"),
             normalise_enum(pl.col("termination_reason")).alias("termination_reason"),
-            _int(pl.col("deployment_num")).alias("deployment_num"),
+            integer(pl.col("deployment_num")).alias("deployment_num"),
             parse_db_time(pl.col("submitted_at")).alias("submitted_at"),
             parse_db_time(pl.col("last_processed_at")).alias("last_processed_at"),
             _bool(pl.col("deleted")).alias("deleted"),
             pl.col("user"),
             normalise_id(pl.col("fleet_id")).alias("fleet_id"),
-            _int(pl.col("desired_replica_count")).alias("desired_replica_count"),
+            integer(pl.col("desired_replica_count")).alias("desired_replica_count"),
             "placement_spec",
             pl.concat_str([pl.lit("runs:"), pl.col("id")]).alias("provenance"),
         )
@@ -518,7 +512,7 @@ def _fleets(
     if fleets is not None:
         spec = pl.col("spec")
         nodes = spec.str.json_path_match("$.configuration.nodes")
-        fixed = _int(nodes)  # `nodes: 2` stored as a number
+        fixed = integer(nodes)  # `nodes: 2` stored as a number
         ssh_fields = [
             spec.str.json_path_match(f"$.configuration.ssh_config.{name}").is_not_null()
             for name in ("user", "port", "identity_file")
@@ -541,8 +535,8 @@ def _fleets(
                     )
                 )
                 .alias("deleted_at"),
-                pl.coalesce(fixed, _int(nodes.str.json_path_match("$.min"))).alias("nodes_min"),
-                pl.coalesce(fixed, _int(nodes.str.json_path_match("$.max"))).alias("nodes_max"),
+                pl.coalesce(fixed, integer(nodes.str.json_path_match("$.min"))).alias("nodes_min"),
+                pl.coalesce(fixed, integer(nodes.str.json_path_match("$.max"))).alias("nodes_max"),
                 pl.any_horizontal(ssh_fields).alias("ssh"),
                 spec.str.json_path_match("$.configuration.placement").alias("placement"),
                 pl.concat_str([pl.lit("fleets:"), pl.col("id")]).alias("provenance"),
@@ -563,12 +557,12 @@ def _fleets(
             _per_distinct(
                 instances.lazy(),
                 ["offer", "job_provisioning_data"],
-                _int(resources.str.json_path_match("$.cpus")).alias("cpus"),
-                _int(resources.str.json_path_match("$.memory_mib")).alias("memory_mib"),
+                integer(resources.str.json_path_match("$.cpus")).alias("cpus"),
+                integer(resources.str.json_path_match("$.memory_mib")).alias("memory_mib"),
                 gpus.list.len().cast(pl.Int64).alias("gpus"),
                 gpus.list.first().struct.field("name").alias("gpu_name"),
                 gpus.list.first().struct.field("memory_mib").alias("gpu_memory_mib"),
-                _int(resources.str.json_path_match("$.disk.size_mib")).alias("disk_mib"),
+                integer(resources.str.json_path_match("$.disk.size_mib")).alias("disk_mib"),
             )
             .pipe(_with_project, projects)
             .select(
@@ -587,7 +581,7 @@ def _fleets(
                     pl.when(finished).then(parse_db_time(pl.col("last_processed_at"))),
                 ).alias("ended_at"),
                 normalise_enum(pl.col("termination_reason")).alias("termination_reason"),
-                _int(pl.col("total_blocks")).fill_null(1).alias("total_blocks"),
+                integer(pl.col("total_blocks")).fill_null(1).alias("total_blocks"),
                 "cpus",
                 "memory_mib",
                 "gpus",
@@ -758,7 +752,7 @@ def _jobs(
     jobs = _per_distinct(
         jobs,
         ["job_runtime_data"],
-        _int(pl.col("job_runtime_data").str.json_path_match("$.offer.blocks")).alias("blocks"),
+        integer(pl.col("job_runtime_data").str.json_path_match("$.offer.blocks")).alias("blocks"),
     ).with_columns(
         normalise_id(pl.col("id")).alias("job_id"),
         normalise_id(pl.col("run_id")).alias("run_id"),
@@ -785,8 +779,8 @@ def _jobs(
             probes.lazy()
             .select(
                 normalise_id(pl.col("job_id")).alias("job_id"),
-                _int(pl.col("probe_num")).alias("probe_num"),
-                _int(pl.col("success_streak")).alias("streak"),
+                integer(pl.col("probe_num")).alias("probe_num"),
+                integer(pl.col("success_streak")).alias("streak"),
             )
             .join(specs, on=["job_id", "probe_num"], how="left", maintain_order="left")
             .group_by("job_id")
@@ -832,6 +826,7 @@ def _jobs(
         fleet_names.lazy(), left_on="fleet_id", right_on="fid", how="left", maintain_order="left"
     )
 
+    numbers = [integer(pl.col("job_num")), integer(pl.col("replica_num"))]
     return jobs.select(
         pl.lit(server).alias("server"),
         "run_id",
@@ -839,22 +834,20 @@ def _jobs(
         pl.coalesce(
             "job_name",
             # a damaged name: dstack's own (JobConfigurator._job_spec, configurators/base.py)
-            pl.concat_str(
-                ["run_name", _int(pl.col("job_num")), _int(pl.col("replica_num"))], separator="-"
-            ),
+            pl.concat_str(["run_name", *numbers], separator="-"),
             pl.lit(UNKNOWN_NAME),
         ).alias("job_name"),
-        _int(pl.col("replica_num")).alias("replica_num"),
-        _int(pl.col("job_num")).alias("job_num"),
-        _int(pl.col("submission_num")).alias("submission_num"),
-        _int(pl.col("deployment_num")).alias("deployment_num"),
+        integer(pl.col("replica_num")).alias("replica_num"),
+        integer(pl.col("job_num")).alias("job_num"),
+        integer(pl.col("submission_num")).alias("submission_num"),
+        integer(pl.col("deployment_num")).alias("deployment_num"),
         normalise_enum(pl.col("status")).alias("status"),
         normalise_enum(pl.col("termination_reason")).alias("termination_reason"),
         pl.when(pl.col("termination_reason_message").fill_null("") == "")
         .then(pl.lit(None, pl.String))
         .otherwise(pl.col("termination_reason_message"))
         .alias("termination_reason_message"),
-        _int(pl.col("exit_status")).alias("exit_status"),
+        integer(pl.col("exit_status")).alias("exit_status"),
         parse_db_time(pl.col("submitted_at")).alias("submitted_at"),
         parse_db_time(pl.col("last_processed_at")).alias("last_processed_at"),
         (pl.col("job_provisioning_data").fill_null("").str.strip_chars().is_in(["", "null"]))
@@ -868,7 +861,7 @@ def _jobs(
         "fleet_name",
         "replica_group",
         (_bool(pl.col("ready")) if has_ready else pl.lit(None, pl.Boolean)).alias("ready"),
-        _int(pl.col("graceful_termination_attempts")).alias("graceful_termination_attempts"),
+        integer(pl.col("graceful_termination_attempts")).alias("graceful_termination_attempts"),
         parse_db_time(pl.col("remove_at")).alias("remove_at"),
         parse_db_time(pl.col("running_at")).alias("running_at"),
         pl.col("_probe_specs").list.len().fill_null(0).cast(pl.Int64).alias("probe_count"),

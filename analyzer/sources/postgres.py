@@ -418,6 +418,7 @@ class PostgresReader:
         self.snapshot_at, self.postgres_version = facts.row(0)
         self._filters = self._pushdown(options)
         self._later_partition = bool(options.partition and options.partition[0])
+        self._selected_by = cells.selected_by(options) if self._filters else None
 
     def _pushdown(self, options: ReadOptions) -> dict[str, str]:
         """WHERE clauses that read only the runs the audit keeps (--project, --since, a
@@ -439,25 +440,34 @@ class PostgresReader:
         if not conditions:
             return {}
         runs = f"SELECT id FROM runs WHERE {' AND '.join(conditions)}"
-        jobs = f"SELECT id FROM jobs WHERE run_id IN ({runs})"
-        filters = {
-            "runs": " AND ".join(conditions),
-            "jobs": f"run_id IN ({runs})",
-            "probes": f"job_id IN ({jobs})",
-        }
+        filters = {"runs": " AND ".join(conditions), "jobs": f"run_id IN ({runs})"}
+        # a row of no partition (a job of no run, a probe of no job, an event of neither) is
+        # read by the first partition, so that every row is read, and checked, once
+        first = bool(options.partition) and options.partition[0] == 0 and len(conditions) == 1
+        if first:
+            filters["jobs"] += " OR run_id IS NULL OR run_id NOT IN (SELECT id FROM runs)"
+        jobs = f"SELECT id FROM jobs WHERE {filters['jobs']}"
+        filters["probes"] = f"job_id IN ({jobs})"
+        if first:
+            filters["probes"] += " OR job_id IS NULL OR job_id NOT IN (SELECT id FROM jobs)"
         if {"events", "event_targets"} <= set(self._columns):
-            by_run = (
-                f" OR entity_run_id IN ({runs})"
-                if "entity_run_id" in self._columns["event_targets"]
-                else ""
-            )
-            events = (
-                "SELECT event_id FROM event_targets WHERE "
-                f"(entity_type = 'RUN' AND entity_id IN ({runs})) OR "
-                f"(entity_type = 'JOB' AND entity_id IN ({jobs})){by_run}"
-            )
+
+            def targeting(runs: str, jobs: str) -> str:
+                by_run = f" OR entity_run_id IN ({runs})" if run_ids else ""
+                return (
+                    "SELECT event_id FROM event_targets WHERE event_id IS NOT NULL AND ("
+                    f"(entity_type = 'RUN' AND entity_id IN ({runs})) OR "
+                    f"(entity_type = 'JOB' AND entity_id IN ({jobs})){by_run})"
+                )
+
+            run_ids = "entity_run_id" in self._columns["event_targets"]
+            events = targeting(runs, jobs)
             filters["events"] = f"id IN ({events})"
             filters["event_targets"] = f"event_id IN ({events})"
+            if first:  # an event of no run and no job: an instance's, a fleet's
+                anyone = targeting("SELECT id FROM runs", "SELECT id FROM jobs")
+                filters["events"] += f" OR id NOT IN ({anyone})"
+                filters["event_targets"] += f" OR event_id NOT IN ({anyone})"
         return filters
 
     def _run(self, action: Callable[[_Engine], object], what: str, table: str | None = None):
@@ -514,6 +524,11 @@ class PostgresReader:
     def tables(self) -> set[str]:
         return set(self._columns)
 
+    def selection(self, table: str) -> str | None:
+        """The selection in SQL this read of `table` went through (cells.selected_by), or
+        None: read whole."""
+        return self._selected_by if table in self._filters else None
+
     def counts_damage(self, table: str) -> bool:
         """A table every partition reads whole is counted by the first partition only."""
         return table in self._filters or not self._later_partition
@@ -555,7 +570,9 @@ class PostgresReader:
 
     @property
     def rows_read(self) -> int:
-        return sum(self._rows.values())
+        """The rows read, as the merge of partitions adds them up: a table every partition
+        reads whole counted by the first partition only (counts_damage)."""
+        return sum(rows for table, rows in self._rows.items() if self.counts_damage(table))
 
     def close(self) -> None:
         if self._engine is not None:
@@ -603,6 +620,10 @@ def load_url(
         f"REPEATABLE READ, READ ONLY transaction (PostgreSQL {reader.postgres_version}, "
         f"reader {reader.engine_name})"
     )
+    if options.partition:  # its records and damage are its share: the merge adds them up
+        info.notes.append(
+            f"partition {options.partition[0]}/{options.partition[1]} (whole services)"
+        )
     cells.apply_to(info, data)
     data.inputs.append(info)
     data.secrets.update(target.secrets)  # the password is a known value: masked wherever it shows

@@ -39,6 +39,7 @@ from analyzer.sources.base import (
 from analyzer.sources.buckets import RUN_TABLES, BucketFiles, split_by_bucket
 from analyzer.sources.dstack_tables import (
     ALIVE_COLUMNS,
+    CELLS,
     JSON_PATHS,
     TABLE_COLUMNS,
     learn_fleet_tables,
@@ -117,6 +118,7 @@ class SqliteReader:
         self._buckets = self._bucket_files(options) if self.narrowed else None
         self._unselected: ReadOptions | None = None  # the selection, not made yet
         self._bucket = options.partition[0] if options.partition else 0
+        self._selected_by = cells.selected_by(options)
         if self._buckets is not None:
             self._filters = self._run_filters()
             self._unselected = options
@@ -349,11 +351,17 @@ class SqliteReader:
         secrets: set[str] = set()
         if "users" in self._tables:
             secrets |= raw_secrets("users", self.read("users", TABLE_COLUMNS["users"]))
+        damage = cells.Ledger()
 
         def batches(table: str, names: list[str]) -> Iterator[pl.DataFrame]:
+            read = 0
             for batch in self.batches(table, names):
-                if table in ("runs", "jobs") and names == TABLE_COLUMNS[table]:
-                    secrets.update(raw_secrets(table, batch))
+                if names == TABLE_COLUMNS[table]:
+                    if table in ("runs", "jobs"):
+                        secrets.update(raw_secrets(table, batch))
+                    # every row's damage once, as one process finds it reading the table
+                    cells.checked(batch, table, "", CELLS[table], damage, first_row=read)
+                read += batch.height
                 yield batch
 
         store = split_by_bucket(
@@ -366,7 +374,22 @@ class SqliteReader:
             by_run_id=by_run_id,
         )
         store.secrets = frozenset(secrets)
+        store.damage = {table: parts for (_, table), parts in damage.found.items()}
         return store
+
+    def selection(self, table: str) -> str | None:
+        """The selection in SQL this read of `table` went through (cells.selected_by), or
+        None: read whole, or from the bucket files (whose damage was found in every row)."""
+        return self._selected_by if table in self._filters and self._buckets is None else None
+
+    def whole_damage(self, table: str) -> list[pl.DataFrame] | None:
+        """The damage of the whole `table`, when this partition reads its share of the table
+        from the bucket files: every row's, found once when the table was split, said and
+        counted by the first partition alone (an empty list for the others), as one process
+        says and counts it; None when this read finds and counts its own."""
+        if self._buckets is None or table not in self._filters:
+            return None
+        return self._buckets.damage.get(table, []) if not self._later_partition else []
 
     def mask_fleet_tables(self, data: SourceData, server: str) -> None:
         """A partition's fleets and instances (every partition holds them whole) masked once
