@@ -204,8 +204,8 @@ class PartitionResult:
 
 STREAMED = ("runs", "findings")  # the lists of a report that wait on disk for the merge
 FORESIGHT_CHUNK = 512
-"""Findings whose capacity foresight is worked out in one call (whole partitions: a run's
-findings together): each call's memory grows with the moments it asks about and the holders
+"""Findings whose capacity foresight is worked out in one call (a project's together, a run's
+never split: `_chunks`): each call's memory grows with the moments it asks about and the holders
 of the room then. 16k runs, 2,192 findings: all at once 1.6 s CPU and 400 MB over the merge's
 own, 512 at a time 2.5 s and 120 MB (the audit in 16 partitions: 542 MB peak; 1,024 at a time:
 676 MB); at 100k runs the merge's foresight is the audit's peak (docs/benchmarks.md)."""
