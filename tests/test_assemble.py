@@ -178,3 +178,35 @@ def test_the_guard_leaves_a_report_masked_at_the_source_as_it_is(seed_report):
     redactor = Redactor()
     redactor.add([SECRET, "debug"])
     assert redactor.guard_model(seed_report) is seed_report
+
+
+def test_each_chunk_of_the_merges_foresight_reads_only_its_projects_facts(tmp_path, monkeypatch):
+    """The merge works the foresight out a chunk of findings at a time, each over the facts
+    that can change its answer (foresight.facts_of): a project's findings read fewer jobs,
+    instances and fleets than the whole and get the same answers; with chunks of one
+    finding the merged report is still the one process's, byte for byte."""
+    from analyzer.pipeline import partitions
+    from analyzer.pipeline.exposure import frames_of
+    from analyzer.pipeline.foresight import facts_of, foresight, wanted_findings
+    from analyzer.synth import synthesize
+
+    synthesize(tmp_path / "fleet", 200, seed=3)
+    db = tmp_path / "fleet" / "server.db"
+    audit = open_sources([db])
+    whole = audit.report
+    frames = frames_of(audit)
+    projects: dict[str | None, list] = {}
+    for finding in wanted_findings(whole.findings):
+        projects.setdefault(finding.project, []).append(finding)
+    assert len(projects) > 1
+    for findings in projects.values():
+        facts = facts_of(frames, findings)
+        assert facts.submissions.height < frames.submissions.height
+        assert facts.instances.height < frames.instances.height
+        assert facts.fleets.height < frames.fleets.height
+        alone = foresight(facts, findings, audit.deployments)
+        assert alone == foresight(frames, findings, audit.deployments)
+        assert any(f.capacity_foresight for f in alone)
+    monkeypatch.setattr(partitions, "FORESIGHT_CHUNK", 1)
+    merged = audit_in_partitions([db], 3)
+    assert merged.model_dump_json() == whole.model_dump_json()

@@ -7,6 +7,7 @@ analyzer.pipeline.specs)."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import polars as pl
 
@@ -105,6 +106,83 @@ def foresight(
             update["root_cause"] = root
         updated.append(finding.model_copy(update=update))
     return updated
+
+
+def facts_of(frames: Frames, findings: list[Finding]) -> Frames:
+    """The rows of `frames` that can change the foresight of `findings` (whole runs'
+    findings), every other row left out: a merge asks it a chunk of findings at a time, and
+    each chunk read every job of every partition. Kept, by what `assess_states`,
+    `_capacity_holders` and the specs read (a superset: a row that matches nothing is never
+    seen): the fleets of the findings' runs' projects (candidate fleets are the project's:
+    plan.py) and their instances; the runs of those projects, of no project, or placed in
+    one of those fleets or their own (promised surges: specs.promised_surges), and their
+    updates; their jobs, the jobs of runs the tables do not hold (a refusal of no known
+    project), and the jobs on those instances (blocks held), in those fleets (refused
+    'Fleet is at capacity': specs.nodes_contradicted) or in a fleet named where the room was
+    held (placement.holders_at), with their runs (named as holders)."""
+    wanted = wanted_findings(findings)
+    if not wanted:
+        return frames
+    asked = pl.DataFrame(
+        [(f.server, f.run_id) for f in wanted],
+        schema={"server": pl.String, "run_id": pl.String},
+        orient="row",
+    )
+    runs, subs = frames.runs, frames.submissions
+    own = runs.join(asked, on=["server", "run_id"], how="semi")
+    projects = own.select("server", "project").drop_nulls().unique()
+    fleets = frames.fleets.join(projects, on=["server", "project"], how="semi")
+    fleet_ids = pl.concat(
+        [fleets.select("server", "fleet_id"), own.select("server", "fleet_id")]
+    ).drop_nulls()
+    instances = frames.instances.join(fleet_ids, on=["server", "fleet_id"], how="semi")
+    named = pl.DataFrame(
+        [(f.server, name) for f in wanted if f.root_cause for name in f.root_cause.fleets],
+        schema={"server": pl.String, "fleet_name": pl.String},
+        orient="row",
+    )
+    kept = _rows_of(
+        runs,
+        (("project",), pl.DataFrame({"project": [None]}, schema={"project": pl.String})),
+        (("server", "project"), projects),
+        (("server", "fleet_id"), fleet_ids),
+    ).select("server", "run_id")
+    # a job of a run the tables do not hold stays: its refusal is one of no known project
+    unheld = subs.join(runs, on=["server", "run_id"], how="anti").select("server", "run_id")
+    subs = _rows_of(
+        subs,
+        (("server", "run_id"), pl.concat([kept, unheld])),
+        (("server", "instance_id"), instances.select("server", "instance_id")),
+        (("server", "fleet_name"), named),
+        *([(("server", "fleet_id"), fleet_ids)] if "fleet_id" in subs.columns else []),
+    )
+    runs = _rows_of(
+        runs, (("server", "run_id"), pl.concat([kept, subs.select("server", "run_id")]))
+    )
+    updates = frames.updates
+    if updates is not None:
+        updates = _rows_of(updates, (("server", "run_id"), pl.concat([kept, asked])))
+    return replace(
+        frames, runs=runs, submissions=subs, fleets=fleets, instances=instances, updates=updates
+    )
+
+
+def _rows_of(frame: pl.DataFrame, *matches: tuple) -> pl.DataFrame:
+    """The rows of `frame` whose columns match a row of any of `matches` ((columns, rows)
+    pairs; a null key matches a null, as `is_in` of nulls would not), in `frame`'s order."""
+    numbered = frame.with_row_index("_kept")
+    rows = pl.concat(
+        [
+            numbered.join(
+                keys.rename(dict(zip(keys.columns, on, strict=True))).unique(),
+                on=list(on),
+                how="semi",
+                nulls_equal=True,
+            ).select("_kept")
+            for on, keys in matches
+        ]
+    )
+    return frame[rows["_kept"].unique().sort()]
 
 
 HOLDERS_NAMED = 3  # per finding: the jobs that held the room, the rest counted

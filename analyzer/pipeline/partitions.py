@@ -25,7 +25,7 @@ from pydantic import BaseModel, SerializeAsAny
 from analyzer.contract import Finding, Report, RunVerdict
 from analyzer.pipeline.assemble import merge_reports, run_order
 from analyzer.pipeline.exposure import Frames
-from analyzer.pipeline.foresight import foresight, wanted_findings
+from analyzer.pipeline.foresight import facts_of, foresight, wanted_findings
 from analyzer.pipeline.impact import impact_rank
 from analyzer.progress import stage
 from analyzer.redact import Redactor
@@ -180,7 +180,7 @@ def foresight_answered(
     partition's piece (each finding's answer depends on its own run and the shared facts
     alone), each new answer masked with every partition's known secrets, as the partitions
     masked the rest of their findings."""
-    answered = list(foresight(facts[0], findings, facts[1], facts[2]))
+    answered = list(foresight(facts_of(facts[0], findings), findings, facts[1], facts[2]))
     worked = [
         i
         for i, (old, new) in enumerate(zip(findings, answered, strict=True))
@@ -204,8 +204,8 @@ class PartitionResult:
 
 STREAMED = ("runs", "findings")  # the lists of a report that wait on disk for the merge
 FORESIGHT_CHUNK = 512
-"""Findings whose capacity foresight is worked out in one call (whole partitions: a run's
-findings together): each call's memory grows with the moments it asks about and the holders
+"""Findings whose capacity foresight is worked out in one call (a project's together, a run's
+never split: `_chunks`): each call's memory grows with the moments it asks about and the holders
 of the room then. 16k runs, 2,192 findings: all at once 1.6 s CPU and 400 MB over the merge's
 own, 512 at a time 2.5 s and 120 MB (the audit in 16 partitions: 542 MB peak; 1,024 at a time:
 676 MB); at 100k runs the merge's foresight is the audit's peak (docs/benchmarks.md)."""
@@ -267,7 +267,7 @@ class ReportSpill:
                 facts = foresight_frames(pieces)
                 del pieces
                 answers: dict[tuple[int, int], Finding] = {}
-                for chunk in _chunks(order, self._wanted):
+                for chunk in _chunks(order, self._heads, self._wanted):
                     # the foresight reads what the slim findings keep (culprits, root cause):
                     # its answer is copied into the whole finding
                     slim = [self._heads[i].findings[k] for i, k in chunk]
@@ -324,13 +324,20 @@ class ReportSpill:
         _write(path, [(key, _text(item)) for (key, _), item in zip(lines, guarded, strict=True)])
 
 
-def _chunks(order: list[int], wanted: dict[int, list[int]]) -> Iterator[list[tuple[int, int]]]:
-    """The findings that ask for the foresight, FORESIGHT_CHUNK or so at a time in whole
-    partitions: a run's findings are answered together (the holders of the room named for a
-    run are those of each of its findings, foresight._capacity_holders)."""
-    chunk: list[tuple[int, int]] = []
+def _chunks(order: list[int], heads: dict[int, Report], wanted: dict[int, list[int]]):
+    """The findings that ask for the foresight, FORESIGHT_CHUNK or so at a time, a project's
+    together (each chunk reads only its projects' facts: foresight.facts_of) and a run's
+    together (the holders of the room named for a run are those of each of its findings,
+    foresight._capacity_holders; a run is in one partition and one project)."""
+    runs: dict[tuple, list[tuple[int, int]]] = {}
     for index in order:
-        chunk += [(index, k) for k in wanted[index]]
+        for k in wanted[index]:
+            finding = heads[index].findings[k]
+            place = (finding.server, finding.project or "", finding.project is None)
+            runs.setdefault((*place, finding.run_id), []).append((index, k))
+    chunk: list[tuple[int, int]] = []
+    for run in sorted(runs):
+        chunk += runs[run]
         if len(chunk) >= FORESIGHT_CHUNK:
             yield chunk
             chunk = []
