@@ -6,8 +6,10 @@ import json
 import os
 import select
 import shutil
+import signal
 import sqlite3
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -123,6 +125,28 @@ def _among(runs: Sequence[str] | None) -> tuple[str, tuple[str, ...]]:
     if runs is None:
         return "TRUE", ()
     return f"run_id IN ({', '.join('?' * len(runs))})", tuple(runs)
+
+
+def interrupt_partitioned_audit(
+    db: Path, partitions: int, out: Path, temporary: Path, ready: str, poll: float = 0.05
+) -> tuple[int, bytes]:
+    """Audit `db` in `partitions` in a child process whose TMPDIR is `temporary`, and press
+    Ctrl-C (SIGINT) as soon as a path under `temporary` matches the glob `ready`: the child's
+    exit status and standard error."""
+    audit = ["audit", str(db), "--partitions", str(partitions), "-o", str(out)]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "analyzer", *audit],
+        env={**os.environ, "TMPDIR": str(temporary)},
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 120
+    while not list(temporary.glob(ready)) and time.monotonic() < deadline:
+        assert process.poll() is None, f"the audit ended before {ready} was in TMPDIR"
+        time.sleep(poll)
+    assert list(temporary.glob(ready)), f"no {ready} in TMPDIR"
+    process.send_signal(signal.SIGINT)
+    _, errors = process.communicate(timeout=60)
+    return process.returncode, errors
 
 
 def without_update(db: Path) -> Path:

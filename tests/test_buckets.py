@@ -5,19 +5,16 @@ gone when the audit ends."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import sqlite3
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import ROOT, execute, plant_env_secret
+from conftest import ROOT, execute, interrupt_partitioned_audit, plant_env_secret
 
 from analyzer.api import audit_in_partitions, open_sources, whole_input_facts
 from analyzer.sources import buckets
@@ -206,18 +203,10 @@ def test_ctrl_c_while_the_tables_are_split_leaves_no_folder(tmp_path):
     temporary = tmp_path / "tmp"
     temporary.mkdir()
     db, out = tmp_path / "server" / "server.db", tmp_path / "report.json"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "analyzer", "audit", str(db), "--partitions", "8", "-o", str(out)],
-        env={**os.environ, "TMPDIR": str(temporary)},
-        stderr=subprocess.PIPE,
+    status, errors = interrupt_partitioned_audit(
+        db, 8, out, temporary, "dstack-audit-buckets-*/*/*", poll=0.01
     )
-    deadline = time.monotonic() + 120
-    while not list(temporary.glob("dstack-audit-buckets-*/*/*")) and time.monotonic() < deadline:
-        assert process.poll() is None, "the audit ended before it split the tables"
-        time.sleep(0.01)
-    process.send_signal(signal.SIGINT)
-    _, errors = process.communicate(timeout=60)
-    assert process.returncode == 130, errors
+    assert status == 130, errors
     assert not list(temporary.iterdir())
     assert not out.exists()
     assert {p.name for p in db.parent.iterdir()} == {"server.db", "truth.json", "logs"}

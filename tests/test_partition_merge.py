@@ -6,17 +6,18 @@ Whole processes, as a user runs them."""
 
 from __future__ import annotations
 
-import os
-import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from analyzer.sources.partition import service_bucket
 from analyzer.synth import synthesize
-from tests.conftest import plant_env_secret, plant_failure_message
+from tests.conftest import (
+    interrupt_partitioned_audit,
+    plant_env_secret,
+    plant_failure_message,
+)
 
 # stories that end in findings (collateral terminations with their evidence chains): the
 # reports the merge used to hold for every partition are large, so holding them shows
@@ -103,19 +104,8 @@ def test_ctrl_c_during_the_partitions_leaves_no_spill_folder(tmp_path):
     temporary = tmp_path / "tmp"
     temporary.mkdir()
     db, out = tmp_path / "server" / "server.db", tmp_path / "report.json"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "analyzer", "audit", str(db), "--partitions", "6", "-o", str(out)],
-        env={**os.environ, "TMPDIR": str(temporary)},
-        stderr=subprocess.PIPE,
-    )
-    deadline = time.monotonic() + 120
-    while not list(temporary.glob("dstack-audit-merge-*/*")) and time.monotonic() < deadline:
-        assert process.poll() is None, "the audit ended before its first partition was written"
-        time.sleep(0.05)
-    assert list(temporary.glob("dstack-audit-merge-*/*")), "no spill folder in TMPDIR"
-    process.send_signal(signal.SIGINT)
-    _, errors = process.communicate(timeout=60)
-    assert process.returncode == 130, errors
+    status, errors = interrupt_partitioned_audit(db, 6, out, temporary, "dstack-audit-merge-*/*")
+    assert status == 130, errors
     assert not list(temporary.iterdir())
     assert not out.exists()
     assert {p.name for p in db.parent.iterdir()} == {"server.db", "truth.json", "logs"}
