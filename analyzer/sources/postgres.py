@@ -42,6 +42,7 @@ import polars as pl
 
 from analyzer.errors import AuditInputError
 from analyzer.sources import cells
+from analyzer.sources.adbc import AdbcStatement
 from analyzer.sources.base import (
     NO_OPTIONS,
     InputInfo,
@@ -231,36 +232,16 @@ class _Adbc(_Engine):
         import adbc_driver_postgresql
 
         self.errors = (adbc_driver_manager.Error,)
-        self._handles: list = []  # database, connection, statement: closed in reverse
-        try:
-            database = adbc_driver_postgresql.connect(conninfo)
-            self._handles.append(database)
-            connection = adbc_driver_manager.AdbcConnection(database)
-            self._handles.append(connection)
-            connection.set_autocommit(False)
-            self._statement = adbc_driver_manager.AdbcStatement(connection)
-            self._handles.append(self._statement)
-        except BaseException:
-            self.close()
-            raise
+        self._statement = AdbcStatement(adbc_driver_postgresql.connect(conninfo), autocommit=False)
 
     def execute(self, sql: str) -> None:
-        self._statement.set_sql_query(sql)
-        self._statement.execute_update()
+        self._statement.execute(sql)
 
     def query(self, sql: str) -> pl.DataFrame:
-        self._statement.set_sql_query(sql)
-        stream, _ = self._statement.execute_query()
-        return pl.DataFrame(stream)
+        return self._statement.query(sql)
 
     def close(self) -> None:
-        while self._handles:
-            handle = self._handles.pop()
-            with contextlib.suppress(Exception):
-                if hasattr(handle, "rollback"):
-                    handle.rollback()  # nothing was written; end the snapshot cleanly
-            with contextlib.suppress(Exception):
-                handle.close()
+        self._statement.close()
 
 
 class _Psycopg(_Engine):

@@ -8,7 +8,6 @@ temporary folder and the copy is read, so nothing is ever written beside the evi
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -26,6 +25,7 @@ from analyzer.errors import AuditInputError
 from analyzer.model import CLOSED_TEXT, parse_db_time
 from analyzer.redact import Redactor
 from analyzer.sources import cells
+from analyzer.sources.adbc import AdbcStatement
 from analyzer.sources.base import (
     InputKind,
     LoadContext,
@@ -458,47 +458,13 @@ def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-class _ArrowSqlite:
-    """A second read-only connection through ADBC's low-level API (Arrow out; no Python object
-    per value), when the driver is installed. Not the DB-API wrapper: that one puts a SIGINT
-    handler of its own around each call on the main thread (apache/arrow-adbc#1522), and a
-    Ctrl-C landing in a call that then completes is consumed by it and lost. Here Python's own
-    handler stays: the interrupt is raised as soon as the call returns."""
-
-    def __init__(self, uri: str) -> None:
-        import adbc_driver_manager
+def _arrow_connection(uri: str) -> AdbcStatement | None:
+    """A second read-only connection through ADBC (Arrow out), when the driver is installed:
+    its low-level statement (analyzer.sources.adbc says why not the DB-API wrapper)."""
+    try:
         import adbc_driver_sqlite
 
-        self._handles: list = []  # database, connection, statement: closed in reverse
-        try:
-            database = adbc_driver_sqlite.connect(uri)
-            self._handles.append(database)
-            connection = adbc_driver_manager.AdbcConnection(database)
-            self._handles.append(connection)
-            self._statement = adbc_driver_manager.AdbcStatement(connection)
-            self._handles.append(self._statement)
-        except BaseException:
-            self.close()
-            raise
-
-    def execute(self, sql: str) -> None:
-        self._statement.set_sql_query(sql)
-        self._statement.execute_update()
-
-    def query(self, sql: str) -> pl.DataFrame:
-        self._statement.set_sql_query(sql)
-        stream, _ = self._statement.execute_query()
-        return pl.DataFrame(stream)
-
-    def close(self) -> None:
-        while self._handles:
-            with contextlib.suppress(Exception):
-                self._handles.pop().close()
-
-
-def _arrow_connection(uri: str) -> _ArrowSqlite | None:
-    try:
-        return _ArrowSqlite(uri)
+        return AdbcStatement(adbc_driver_sqlite.connect(uri))
     except Exception:  # the driver is not installed, or cannot open the file
         return None
 

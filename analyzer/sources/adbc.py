@@ -1,0 +1,53 @@
+"""One statement of ADBC's low-level API over a driver's database handle: SQL in, a polars frame
+out through the Arrow C stream (no pyarrow, no Python object per value). The SQLite and the
+PostgreSQL readers share it. Not ADBC's DB-API wrapper: on the main thread that wrapper puts a
+SIGINT handler of its own around each call (apache/arrow-adbc#1522), and a Ctrl-C landing in a
+call that then completes is consumed by it and lost. Here Python's own handler stays: the
+interrupt is raised as soon as the call in hand returns."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import polars as pl
+
+
+class AdbcStatement:
+    """A connection to `database` (a driver's `connect(...)`, closed with the rest) and one
+    statement on it. `autocommit=False`: the driver opens one transaction that every statement
+    runs in, rolled back on close (nothing is ever written)."""
+
+    def __init__(self, database: Any, *, autocommit: bool = True) -> None:
+        import adbc_driver_manager
+
+        self._handles: list = [database]  # database, connection, statement: closed in reverse
+        self._transaction = not autocommit
+        try:
+            connection = adbc_driver_manager.AdbcConnection(database)
+            self._handles.append(connection)
+            if self._transaction:
+                connection.set_autocommit(False)
+            self._statement = adbc_driver_manager.AdbcStatement(connection)
+            self._handles.append(self._statement)
+        except BaseException:
+            self.close()
+            raise
+
+    def execute(self, sql: str) -> None:
+        self._statement.set_sql_query(sql)
+        self._statement.execute_update()
+
+    def query(self, sql: str) -> pl.DataFrame:
+        self._statement.set_sql_query(sql)
+        stream, _ = self._statement.execute_query()
+        return pl.DataFrame(stream)
+
+    def close(self) -> None:
+        while self._handles:
+            handle = self._handles.pop()
+            if self._transaction and hasattr(handle, "rollback"):
+                with contextlib.suppress(Exception):
+                    handle.rollback()  # nothing was written; end the snapshot cleanly
+            with contextlib.suppress(Exception):
+                handle.close()
