@@ -1004,3 +1004,98 @@ def test_a_busy_log_gives_the_same_source_whatever_its_chunks_and_batches(
     assert whole.events.height > 0 and len(classified) >= 5
     assert gathered * 3 <= len(classified)  # kept lines of several chunks classified at once
     assert sum(classified) * 4 < len(padded)  # the lifecycle lines, few access lines
+
+
+CAPTURE_LOGS = sorted(CAPTURES.glob("*/*/logs/*.log")) if CAPTURES.is_dir() else []
+
+
+@needs_captures
+@pytest.mark.parametrize("path", CAPTURE_LOGS, ids=lambda p: "/".join(p.parts[-4:]))
+def test_recognising_with_the_matter_words_answers_as_sniff_log(path: Path) -> None:
+    """The load's reading (its matter words set lone standard records aside) recognises what
+    sniff_log recognises: whole, cut short, and of documents that are no log."""
+    from analyzer.sources.logs.messages import MATTER_WORDS
+
+    head = path.read_bytes()
+    for piece in (head, head[:3000], head[:400], b"# notes\n" * 30 + head[:300]):
+        found = reader.recognise_log(piece, str(path), MATTER_WORDS)
+        assert (found is not None) == sniff_log(piece), piece[:80]
+        if found is not None:
+            assert piece.startswith(found.head)
+
+
+def _loaded(path: Path, *, reuse: bool = True):
+    """Recognised and loaded as the audit does; without `reuse`, its parse is not kept."""
+    from analyzer.sources.base import LoadContext
+    from analyzer.sources.logs import source
+
+    source._sniff_file.cache_clear()
+    assert source.SOURCE.sniff(path)
+    if not reuse:
+        source._PARSED.clear()
+    return source.SOURCE.load(str(path), LoadContext("default"))
+
+
+def _same_load(one, other) -> None:
+    assert_frame_equal(one.events, other.events)
+    assert one.inputs == other.inputs
+    assert one.limitations == other.limitations
+    assert one.secrets == other.secrets
+    assert [(r.lines_total, r.record_count, r.damage) for r, _ in one.log_reads] == [
+        (r.lines_total, r.record_count, r.damage) for r, _ in other.log_reads
+    ]
+
+
+@needs_captures
+@pytest.mark.parametrize(
+    "path", [p for p in CAPTURE_LOGS if p.stat().st_size][:4], ids=lambda p: p.name
+)
+def test_a_log_recognised_whole_is_loaded_from_that_parse(path: Path) -> None:
+    """A log no longer than its head is parsed once: the load takes the recognition's parse,
+    and gives what parsing it again gives."""
+    from analyzer.sources.logs import source
+
+    source._sniff_file.cache_clear()
+    assert source.SOURCE.sniff(path)
+    assert len(source._PARSED) == 1
+    reused = _loaded(path)
+    assert not source._PARSED  # taken by the load
+    _same_load(reused, _loaded(path, reuse=False))
+
+
+@needs_captures
+def test_a_log_longer_than_its_head_is_read_again_whole(tmp_path: Path) -> None:
+    """Only the head was parsed to recognise it: nothing of that parse is kept."""
+    from analyzer.sources.logs import source
+
+    text = (CAPTURES / "v0.22.5" / "seed" / "logs" / "server-info.standard.log").read_bytes()
+    path = tmp_path / "server.log"
+    path.write_bytes(text * (log_lines.SNIFF_BYTES // len(text) + 2))
+    source._sniff_file.cache_clear()
+    assert source.SOURCE.sniff(path)
+    assert not source._PARSED
+
+
+@needs_captures
+def test_a_log_changed_after_it_was_recognised_is_parsed_again(tmp_path: Path) -> None:
+    """Bytes that changed between the recognition and the load (same size and time) are the
+    ones parsed and hashed: the kept parse is of other bytes."""
+    import os
+
+    from analyzer.sources.logs import source
+
+    original = CAPTURES / "v0.22.5" / "seed" / "logs" / "server-info.standard.log"
+    text = original.read_bytes()
+    changed = text.replace(b"web", b"wEb")
+    assert changed != text and len(changed) == len(text)
+    path = tmp_path / "server.log"
+    path.write_bytes(text)
+    source._sniff_file.cache_clear()
+    assert source.SOURCE.sniff(path)
+    times = os.stat(path)
+    path.write_bytes(changed)
+    os.utime(path, ns=(times.st_atime_ns, times.st_mtime_ns))
+    loaded = source.SOURCE.load(str(path), source.LoadContext("default"))
+    assert not source._PARSED
+    _same_load(loaded, _loaded(path, reuse=False))
+    assert loaded.events["entity_name"].str.contains("wEb").any()

@@ -142,6 +142,26 @@ def sniff_log(head: bytes) -> bool:
     rich record with dstack's ``logger:lineno`` prefix, a start-up line or the logo) and at least
     half of the non-blank lines recognised, so a document quoting one log line is not a log.
     """
+    return recognise_log(head) is not None
+
+
+@dataclass
+class RecognisedLog:
+    """A head recognised as a log (``sniff_log``) with its parse: the bytes parsed (the head
+    without a partial last line) and the ``LogStream`` that read them with its chunks, so a
+    file that is all head is loaded from this parse instead of being parsed again."""
+
+    head: bytes
+    stream: LogStream
+    chunks: list[tuple[pl.DataFrame, SetAside]]
+
+
+def recognise_log(
+    head: bytes, display_path: str = "-", matter_words: tuple[str, ...] = ()
+) -> RecognisedLog | None:
+    """``sniff_log``, parsed as a ``LogStream(display_path, matter_words=...)`` reads it: the
+    records it sets aside are one-line standard records (dstack's own format), each a
+    recognised line, so the answer is the same with or without ``matter_words``."""
     head = head[:SNIFF_BYTES]
     if head.startswith(b"\x1f\x8b"):
         head = gunzip_prefix(head)
@@ -149,21 +169,28 @@ def sniff_log(head: bytes) -> bool:
     if 0 <= cut < len(head) - 1:
         head = head[: cut + 1]  # drop a partial last line
     if not head.strip() or not _may_be_log(head):
-        return False
-    stream = LogStream("-")
-    chunks = list(stream.records([head]))
-    rec = pl.concat(chunks) if chunks else pl.DataFrame(schema=LOG_RECORDS_SCHEMA)
-    if rec.height == 0 and not stream.logo_lines:
-        return False
-    recognised = int(rec["line_count"].sum() or 0) + stream.logo_lines
+        return None
+    stream = LogStream(display_path, matter_words=matter_words)
+    chunks = list(stream.chunks([head]))
+    aside = sum(part.height for _, part in chunks)
+    rec = (
+        pl.concat([records for records, _ in chunks])
+        if chunks
+        else pl.DataFrame(schema=LOG_RECORDS_SCHEMA)
+    )
+    if rec.height == 0 and not aside and not stream.logo_lines:
+        return None
+    recognised = int(rec["line_count"].sum() or 0) + aside + stream.logo_lines
     if recognised * 2 < stream.non_blank_lines:
-        return False
+        return None
     dstack_like = (
         rec["format"].is_in(["standard", "json"])
         | rec["logger"].is_not_null()
         | rec["message"].str.contains(STARTUP_RE)
     ).fill_null(False)
-    return bool(dstack_like.any()) or stream.logo_lines > 0
+    if bool(dstack_like.any()) or aside or stream.logo_lines:
+        return RecognisedLog(head, stream, chunks)
+    return None
 
 
 def read_log(path: str | Path, *, display_path: str | None = None) -> LogRead:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import itertools
 import os
 import sys
 from collections.abc import Iterable, Iterator
@@ -25,9 +26,20 @@ from analyzer.sources.base import (
 )
 from analyzer.sources.logs.layouts import SetAside
 from analyzer.sources.logs.messages import ADMIN_TOKEN, MATTER_WORDS, EventCollector
-from analyzer.sources.logs.reader import SNIFF_BYTES, LogStream, file_blocks, sniff_log
+from analyzer.sources.logs.reader import (
+    SNIFF_BYTES,
+    LogStream,
+    RecognisedLog,
+    file_blocks,
+    recognise_log,
+)
 
 STDIN = "-"
+
+# Logs recognised whole from their head (file, size, mtime): their parse, for the load that
+# follows the recognition; a few at a time (a folder's logs are each loaded after sniffing).
+_PARSED: dict[tuple[Path, int, int], RecognisedLog] = {}
+_PARSED_KEPT = 8
 
 
 def _sniff(path: Path) -> bool:
@@ -51,7 +63,12 @@ def _sniff_file(path: Path, size: int, mtime_ns: int) -> bool:
             pass
     if not head.strip():
         return _empty_log_name(path)
-    return sniff_log(head)
+    recognised = recognise_log(head, str(path), MATTER_WORDS)
+    if recognised is not None and len(recognised.head) == size:
+        while len(_PARSED) >= _PARSED_KEPT:
+            del _PARSED[next(iter(_PARSED))]
+        _PARSED[path, size, mtime_ns] = recognised
+    return recognised is not None
 
 
 def _empty_log_name(path: Path) -> bool:
@@ -74,7 +91,13 @@ def _load_file(path: Path, server: str) -> SourceData:
         before = os.fstat(handle.fileno())
         info = InputInfo(path=str(path), kind="log", sha256=None, size=0, mtime=before.st_mtime)
         digest = hashlib.sha256()
-        data = _stream(info, _hashed(file_blocks(handle), digest, info), server)
+        blocks = _hashed(file_blocks(handle), digest, info)
+        parsed = _PARSED.pop((path, before.st_size, before.st_mtime_ns), None)
+        if parsed is not None and parsed.stream.display_path == info.path:
+            parsed, blocks = _still_head(parsed, blocks)
+        else:
+            parsed = None
+        data = _stream(info, blocks, server, parsed)
         after = os.fstat(handle.fileno())
     info.sha256 = digest.hexdigest()
     change = _changed(path, before, after, info.size or 0)
@@ -89,6 +112,23 @@ def _load_file(path: Path, server: str) -> SourceData:
             )
         )
     return data
+
+
+def _still_head(
+    parsed: RecognisedLog, blocks: Iterator[bytes]
+) -> tuple[RecognisedLog | None, Iterator[bytes]]:
+    """The recognition's parse when the file read is still exactly the bytes it parsed
+    (read here, hashed); else None and the bytes to parse, those read first again."""
+    taken: list[bytes] = []
+    size = 0
+    for block in blocks:
+        taken.append(block)
+        size += len(block)
+        if size > len(parsed.head):
+            break
+    if size == len(parsed.head) and b"".join(taken) == parsed.head:
+        return parsed, iter(())
+    return None, itertools.chain(taken, blocks)
 
 
 def _hashed(blocks: Iterable[bytes], digest, info: InputInfo) -> Iterator[bytes]:
@@ -126,16 +166,23 @@ def load_stdin(server: str) -> SourceData:
     return data
 
 
-def _stream(info: InputInfo, blocks: Iterable[bytes], server: str) -> SourceData:
+def _stream(
+    info: InputInfo, blocks: Iterable[bytes], server: str, parsed: RecognisedLog | None = None
+) -> SourceData:
     """Each chunk of records straight into the event collector: only the kept events, the
     counts and the unparsed lines' places outlive their chunk. Lines that cannot matter (no
-    ``MATTER_WORDS``) are set aside before they are classified: only counted."""
+    ``MATTER_WORDS``) are set aside before they are classified: only counted. A log whose
+    recognition parsed it whole (``parsed``, the same reading) is not parsed again."""
     path = info.path
-    stream = LogStream(path, matter_words=MATTER_WORDS)
+    if parsed is not None:
+        stream, chunks = parsed.stream, iter(parsed.chunks)
+    else:
+        stream = LogStream(path, matter_words=MATTER_WORDS)
+        chunks = stream.chunks(blocks)
     collector = EventCollector(path, server)
     secrets: set[str] = set()
     launches: list[pl.DataFrame] = []
-    for records, aside in _batches(stream.chunks(blocks)):
+    for records, aside in _batches(chunks):
         collector.add(records, aside)
         secrets.update(records["message"].str.extract(ADMIN_TOKEN, 1).drop_nulls().to_list())
         launches.append(_hinted_jobs(records))
