@@ -190,6 +190,10 @@ class KnownMessages:
             schema={"text": pl.String(), **{name: pl.String() for name in EVENT_COLUMNS}}
         ).with_columns(pl.col("deployment_num").cast(pl.Int64))
 
+    def __len__(self) -> int:
+        """How many distinct texts are known."""
+        return self._known.height
+
     def classify(self, frame: pl.DataFrame, column: str) -> pl.DataFrame:
         """``classify_unique(frame, column, ...)``, collected."""
         distinct = frame.select(pl.col(column).alias("text")).unique()

@@ -520,3 +520,29 @@ def test_a_log_written_twice_keeps_each_event_once_with_both_places(tmp_path, mo
     notes = reports["twice"].inputs[0].notes
     assert any("repeat an identical earlier one" in note for note in notes)
     assert not any("repeat" in note for note in reports["once"].inputs[0].notes)
+
+
+def test_logs_read_one_after_another_share_the_known_messages(monkeypatch):
+    """The logs one thread reads share the catalogue's answers (a text is classified once per
+    audit, not once per log), and each log reads as it reads alone; a log of many texts does
+    not leave them held after it."""
+    from analyzer.sources.logs import messages
+    from analyzer.sources.logs.source import _load_file
+
+    logs = [SEED / "logs" / f"server-info.{fmt}.log" for fmt in FORMATS]
+    alone = []
+    for log in logs:
+        monkeypatch.setattr(messages._shared, "known", None, raising=False)
+        alone.append(_load_file(log, "default"))
+    monkeypatch.setattr(messages._shared, "known", None, raising=False)
+    first = _load_file(logs[0], "default")
+    shared = messages._shared.known
+    assert shared is not None and len(shared[0]) > 10
+    together = [first] + [_load_file(log, "default") for log in logs[1:]]
+    assert messages._shared.known is shared
+    for one, other in zip(alone, together, strict=True):
+        assert_frame_equal(one.events, other.events)
+        assert one.inputs == other.inputs
+    monkeypatch.setattr(messages, "_SHARED_KNOWN_TEXTS", 10)
+    _load_file(logs[0], "default")
+    assert messages._shared.known is None

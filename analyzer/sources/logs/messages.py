@@ -8,6 +8,7 @@ counted as unrecognised by its template shape, so a new dstack release shows up 
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -159,6 +160,28 @@ def records_to_events(
 SERVICE_REGISTERED = "service is registered as "
 
 
+# The catalogue's answer for each distinct text, shared by the logs one thread reads (a text is
+# classified alike in every log): the next log of an audit (another format, a rotated file)
+# pays for none of the texts classified already. Not kept past this many texts.
+_SHARED_KNOWN_TEXTS = 20_000
+_shared = threading.local()
+
+
+def _known_messages() -> tuple[catalogue.KnownMessages, catalogue.KnownMessages]:
+    """The event lines' and the run and job lines' known messages of this thread."""
+    known = getattr(_shared, "known", None)
+    if known is None:
+        known = _shared.known = (
+            catalogue.KnownMessages(
+                catalogue.EVENT_TEMPLATES, catalogue.KNOWN_IRRELEVANT, fold_tolerant=True
+            ),
+            catalogue.KnownMessages(
+                catalogue.LOG_LINE_TEMPLATES, catalogue.LOG_LINE_IRRELEVANT, fold_tolerant=True
+            ),
+        )
+    return known
+
+
 class EventCollector:
     """A log's records, chunk after chunk, reduced to what the audit keeps: the event and
     status lines (with their places), counts of every other kind, the unrecognised lines'
@@ -176,12 +199,7 @@ class EventCollector:
         self._explicit_version: str | None = None
         self._markers: set[int] = set()
         self._record_run = RecordRun()  # a secret left open by one chunk for the next
-        self._events = catalogue.KnownMessages(
-            catalogue.EVENT_TEMPLATES, catalogue.KNOWN_IRRELEVANT, fold_tolerant=True
-        )
-        self._lines = catalogue.KnownMessages(
-            catalogue.LOG_LINE_TEMPLATES, catalogue.LOG_LINE_IRRELEVANT, fold_tolerant=True
-        )
+        self._events, self._lines = _known_messages()
 
     def add(self, records: pl.DataFrame, aside: SetAside | None = None) -> None:
         """One chunk's records, and the irrelevant one-line records set aside from it
@@ -339,6 +357,8 @@ class EventCollector:
 
     def finish(self) -> tuple[pl.DataFrame, LogFacts]:
         facts = self.facts
+        if max(len(self._events), len(self._lines)) > _SHARED_KNOWN_TEXTS:
+            _shared.known = None  # a busy log's many texts are not held after it
         ordered = sorted(self._shapes.items(), key=lambda item: -item[1][0])
         facts.unrecognised_shapes = {shape: count for shape, (count, _) in ordered}
         facts.unrecognised_first = {shape: place for shape, (_, place) in ordered}
