@@ -8,7 +8,6 @@ never served again is "not recovered as of the end of the evidence".
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -500,56 +499,129 @@ def impact_rank(finding: Finding) -> tuple:
     )
 
 
-def _run_outages(findings: Iterable[Finding]) -> dict[tuple[str, str], tuple[float | None, bool]]:
-    """Each run's outage once, however many findings (categories) the run has: its seconds
-    and whether they are a lower bound."""
-    outages: dict[tuple[str, str], tuple[float | None, bool]] = {}
-    for finding in findings:
-        impact = finding.impact
-        seconds = impact.outage_seconds if impact else None
-        key = (finding.server, finding.run_id)
-        if outages.get(key, (None, False))[0] is None:
-            outages[key] = (seconds, bool(impact and impact.outage_is_lower_bound))
-    return outages
+# The Totals fields summed over a group of findings, in columns: each run's outage once (the
+# first of its findings that knows it), each victim's loss and cost; a sum adds its known parts
+# one after another in the findings' order (cum_sum), as a Python sum would, to the last bit.
+_TOTALS_SCHEMA = {
+    "i": pl.Int64,
+    "server": pl.String,
+    "run_id": pl.String,
+    "victims": pl.Int64,
+    "outage": pl.Float64,
+    "outage_bound": pl.Boolean,
+}
+_PARTS_SCHEMA = {"i": pl.Int64, "lost": pl.Float64, "cost": pl.Float64, "bound": pl.Boolean}
 
 
-def totals(findings: list[Finding]) -> dict[str, object]:
-    """The Totals fields of `findings`: each figure the sum of its known parts (None when no
-    part is known), a lower bound when a known part is, with its unknown parts counted."""
-    outages = list(_run_outages(findings).values())
-    known_outages = [seconds for seconds, _ in outages if seconds is not None]
-    # (lost seconds, lost cost, lower bound) per victim; a finding with no impact: unknown
+def _sequential_sum(column: str) -> pl.Expr:
+    """The sum of a group's known values in order (a Python `sum`, bit for bit); null when
+    none is known."""
+    return pl.col(column).drop_nulls().cum_sum().last()
+
+
+def _summary_frames(findings: list[Finding]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """One row per finding (what totals read of it) and one per victim's loss (a finding
+    with no impact: each victim's loss unknown)."""
+    found = pl.DataFrame(
+        {
+            "i": range(len(findings)),
+            "server": [f.server for f in findings],
+            "run_id": [f.run_id for f in findings],
+            "victims": [len(f.victims) for f in findings],
+            "outage": [f.impact.outage_seconds if f.impact else None for f in findings],
+            "outage_bound": [bool(f.impact and f.impact.outage_is_lower_bound) for f in findings],
+        },
+        schema=_TOTALS_SCHEMA,
+    )
     parts = [
-        (v.lost_seconds, v.lost_cost, v.lost_is_lower_bound)
-        for f in findings
-        for v in (f.impact.per_victim if f.impact else [])
-    ] + [(None, None, False) for f in findings if not f.impact for _ in f.victims]
-    lost = [seconds for seconds, _, _ in parts]
-    costs = [cost for _, cost, _ in parts]
-    return {
-        "incidents": len({(f.server, f.run_id) for f in findings}),
-        "findings": len(findings),
-        "victims": sum(len(f.victims) for f in findings),
-        "outage_seconds": sum(known_outages) if known_outages or not outages else None,
-        "outage_is_lower_bound": any(bound for seconds, bound in outages if seconds is not None),
-        "outage_unknown_runs": len(outages) - len(known_outages),
-        "healthy_replica_seconds_lost": _known_total(lost),
-        "healthy_replica_seconds_lost_is_lower_bound": any(
-            bound for seconds, _, bound in parts if seconds is not None
-        ),
-        "replica_time_unknown_victims": sum(seconds is None for seconds in lost),
-        "lost_cost": _known_total(costs),
-        "lost_cost_is_lower_bound": any(bound for _, cost, bound in parts if cost is not None),
-        "cost_unknown_victims": sum(cost is None for cost in costs),
-    }
+        (i, v.lost_seconds, v.lost_cost, v.lost_is_lower_bound)
+        if f.impact
+        else (i, None, None, False)
+        for i, f in enumerate(findings)
+        for v in (f.impact.per_victim if f.impact else f.victims)
+    ]
+    return found, pl.DataFrame(parts, schema=_PARTS_SCHEMA, orient="row")
 
 
-def _group(findings: Iterable[Finding], key: Callable[[Finding], list[str]]) -> list[GroupSummary]:
-    groups: dict[str, list[Finding]] = defaultdict(list)
-    for finding in findings:
-        for name in key(finding) or ["(unknown)"]:
-            groups[name].append(finding)
-    summaries = [GroupSummary(key=name, **totals(members)) for name, members in groups.items()]
+def _totals_by(found: pl.DataFrame, parts: pl.DataFrame) -> pl.DataFrame:
+    """The Totals fields per `key` of `found` (rows of findings, in order, one per key a
+    finding is counted under), over each group's findings and their victims."""
+    known = pl.col("outage").is_not_null()
+    runs = (
+        found.group_by("key", "server", "run_id", maintain_order=True)
+        .agg(
+            pl.col("outage").drop_nulls().first(),
+            pl.col("outage_bound").filter(known).first(),
+        )
+        .group_by("key", maintain_order=True)
+        .agg(
+            pl.len().alias("incidents"),
+            _sequential_sum("outage").alias("outage_seconds"),
+            pl.col("outage_bound").filter(known).any().alias("outage_is_lower_bound"),
+            pl.col("outage").null_count().alias("outage_unknown_runs"),
+        )
+    )
+    counts = found.group_by("key", maintain_order=True).agg(
+        pl.len().alias("findings"), pl.col("victims").sum()
+    )
+    lost, cost = pl.col("lost").is_not_null(), pl.col("cost").is_not_null()
+    losses = (
+        found.select("key", "i")
+        .join(parts, on="i", maintain_order="left")
+        .group_by("key", maintain_order=True)
+        .agg(
+            pl.len().alias("_parts"),
+            _sequential_sum("lost").alias("healthy_replica_seconds_lost"),
+            pl.col("bound").filter(lost).any().alias("healthy_replica_seconds_lost_is_lower_bound"),
+            pl.col("lost").null_count().alias("replica_time_unknown_victims"),
+            _sequential_sum("cost").alias("lost_cost"),
+            pl.col("bound").filter(cost).any().alias("lost_cost_is_lower_bound"),
+            pl.col("cost").null_count().alias("cost_unknown_victims"),
+        )
+    )
+    # a group of no parts sums to 0.0, one of parts none of which is known to null
+    none = pl.col("_parts").fill_null(0) == 0
+    return (
+        runs.join(counts, on="key", maintain_order="left")
+        .join(losses, on="key", how="left", maintain_order="left")
+        .with_columns(
+            pl.when(none).then(0.0).otherwise(pl.col(name)).alias(name)
+            for name in ("healthy_replica_seconds_lost", "lost_cost")
+        )
+        .with_columns(
+            pl.col(name).fill_null(False)
+            for name in ("healthy_replica_seconds_lost_is_lower_bound", "lost_cost_is_lower_bound")
+        )
+        .with_columns(
+            pl.col(name).fill_null(0)
+            for name in ("replica_time_unknown_victims", "cost_unknown_victims")
+        )
+        .drop("_parts")
+    )
+
+
+_NO_TOTALS = {
+    "incidents": 0,
+    "findings": 0,
+    "victims": 0,
+    "outage_seconds": 0.0,
+    "outage_is_lower_bound": False,
+    "outage_unknown_runs": 0,
+    "healthy_replica_seconds_lost": 0.0,
+    "healthy_replica_seconds_lost_is_lower_bound": False,
+    "replica_time_unknown_victims": 0,
+    "lost_cost": 0.0,
+    "lost_cost_is_lower_bound": False,
+    "cost_unknown_victims": 0,
+}
+
+
+def _groups(found: pl.DataFrame, parts: pl.DataFrame, keys: list[list[str]]) -> list[GroupSummary]:
+    """The summary of each name `keys` gives the findings (a finding with none: "(unknown)")."""
+    named = found.with_columns(
+        pl.Series("key", [names or ["(unknown)"] for names in keys], dtype=pl.List(pl.String))
+    ).explode("key")
+    summaries = [GroupSummary(**row) for row in _totals_by(named, parts).iter_rows(named=True)]
     return sorted(
         summaries,
         key=lambda g: (-(g.healthy_replica_seconds_lost or 0.0), -g.incidents, -g.findings, g.key),
@@ -568,17 +640,29 @@ def _day(finding: Finding) -> list[str]:
 
 
 def summarise(findings: list[Finding], verdicts: list[RunVerdict], base: Summary) -> Summary:
+    """The summary's totals and its groupings, each a group_by of the findings' frames."""
+    in_progress = sum(v.in_progress for v in verdicts)
+    if not findings:
+        return base.model_copy(update={"runs_in_progress": in_progress, **_NO_TOTALS})
+    found, parts = _summary_frames(findings)
+    whole = _totals_by(found.with_columns(key=pl.lit("")), parts).drop("key").row(0, named=True)
     return base.model_copy(
         update={
-            "runs_in_progress": sum(v.in_progress for v in verdicts),
-            **totals(findings),
-            "by_server": _group(findings, lambda f: [f.server]),
-            "by_project": _group(findings, lambda f: [f.project or "(unknown)"]),
-            "by_fleet": _group(findings, lambda f: f.root_cause.fleets if f.root_cause else []),
-            "by_user": _group(findings, lambda f: [f.updated_by or "(unknown)"]),
-            "by_day": sorted(_group(findings, _day), key=lambda g: g.key),
-            "by_failure_class": _group(
-                findings, lambda f: [f.root_cause.failure_class] if f.root_cause else []
+            "runs_in_progress": in_progress,
+            **whole,
+            "by_server": _groups(found, parts, [[f.server] for f in findings]),
+            "by_project": _groups(found, parts, [[f.project or "(unknown)"] for f in findings]),
+            "by_fleet": _groups(
+                found, parts, [f.root_cause.fleets if f.root_cause else [] for f in findings]
+            ),
+            "by_user": _groups(found, parts, [[f.updated_by or "(unknown)"] for f in findings]),
+            "by_day": sorted(
+                _groups(found, parts, [_day(f) for f in findings]), key=lambda g: g.key
+            ),
+            "by_failure_class": _groups(
+                found,
+                parts,
+                [[f.root_cause.failure_class] if f.root_cause else [] for f in findings],
             ),
         }
     )
