@@ -95,20 +95,18 @@ EVENT_COLUMNS = (
     "server",
     "run_id",
     "time",
-    "time_text",
-    "time_basis",
     "kind",
     "entity_type",
     "entity_id",
-    "entity_name",
     "old_status",
     "new_status",
     "deployment_num",
     "changed_fields",
     "actor",
-    "message",
-    "provenance",
 )
+# Each quoted event's evidence item, worked out in columns (_quoted): its time (none when the
+# log gives a time of day only), its source and its text.
+EVIDENCE_COLUMNS = ("evidence_time", "evidence_source", "evidence_text")
 # The columns the rules read in the frame (rules.judge_jobs) and no judgement reads from a job's
 # row: not turned into rows (a time is the dearest value to turn into a Python object).
 RULES_ONLY_COLUMNS = (
@@ -140,18 +138,60 @@ DETECTION_KINDS = (
 )
 
 
-def _read_events() -> pl.Expr:
-    """The events the evidence chain quotes: updates, creations, readiness, and the status
-    changes into or out of the termination (the rest only count, in columns)."""
+def _read_events(failed: pl.Expr, victim: pl.Expr) -> pl.Expr:
+    """The events the evidence chain quotes (the rest only count, in columns): the run's
+    updates and its status changes into or out of the termination; a failed submission's
+    creation and termination (`failed`: a culprit's or its earlier failures', _culprit_evidence);
+    a victim's readiness and its stop (`victim`, _victim_evidence)."""
     kind, new = pl.col("kind"), pl.col("new_status")
+    terminating = (kind == "job_status") & (new == "terminating")
     return (
-        kind.is_in(["run_updated", "job_created", "job_ready", "job_registered"])
+        (kind == "run_updated")
         | (
             (kind == "run_status")
             & ((new == "terminating") | (pl.col("old_status") == "terminating"))
         )
-        | ((kind == "job_status") & new.is_in(["terminating", "terminated"]))
+        | (failed & ((kind == "job_created") | terminating))
+        | (
+            victim
+            & (
+                kind.is_in(["job_ready", "job_registered"])
+                | ((kind == "job_status") & new.is_in(["terminating", "terminated"]))
+            )
+        )
     )
+
+
+def _quoted() -> list[pl.Expr]:
+    """An event as the evidence chain quotes it: "entity name: message (actor: who)", a
+    dateless log's time of day before it (and no datetime); its sources, joined."""
+    name, actor = pl.col("entity_name"), pl.col("actor")
+    dateless = (pl.col("time_basis") == "time_of_day_only").fill_null(False)
+    named = (
+        pl.when(_known(name))
+        .then(pl.format("{} {}: ", _shown("entity_type"), name))
+        .otherwise(pl.lit(""))
+    )
+    prefix = (
+        pl.when(dateless)
+        .then(pl.format("[{} local, date unknown] {}", _shown("time_text"), named))
+        .otherwise(named)
+    )
+    by = (
+        pl.when(_known(actor) & (actor != "system"))
+        .then(pl.format(" (actor: {})", actor))
+        .otherwise(pl.lit(""))
+    )
+    return [
+        pl.when(dateless).then(None).otherwise(pl.col("time")).alias("evidence_time"),
+        pl.col("provenance").list.join("; ").fill_null("").alias("evidence_source"),
+        pl.concat_str(prefix, _shown("message"), by).alias("evidence_text"),
+    ]
+
+
+def _shown(column: str) -> pl.Expr:
+    """A text as an f-string shows it: a missing one as "None"."""
+    return pl.col(column).fill_null("None")
 
 
 def _failed_at(job: Row) -> datetime | None:
@@ -210,15 +250,8 @@ class _Context:
 
 
 def _evidence_from_event(event: Row) -> EvidenceItem:
-    prefix = f"{event['entity_type']} {event['entity_name']}: " if event["entity_name"] else ""
-    actor = f" (actor: {event['actor']})" if event["actor"] and event["actor"] != "system" else ""
-    dateless = event["time_basis"] == "time_of_day_only"
-    if dateless:
-        prefix = f"[{event['time_text']} local, date unknown] {prefix}"
     return EvidenceItem(
-        time=None if dateless else event["time"],
-        source=event["provenance"] or "",
-        text=f"{prefix}{event['message']}{actor}",
+        time=event["evidence_time"], source=event["evidence_source"], text=event["evidence_text"]
     )
 
 
@@ -926,17 +959,24 @@ def _detect(
         .unique()
         .iter_rows()
     )
+    deleted = deleted_failures(_of_runs(events, keys), subs)
+    deleted_by_run = deleted.rows_by_key(["server", "run_id"], named=True)
+    # only the events the evidence chain quotes become rows, each with its item's columns
+    failed = pl.concat(
+        [
+            judged_jobs.filter("own_failure").select("server", "job_id"),
+            deleted.select("server", "job_id"),
+        ]
+    )
+    victims = judged_jobs.filter(pl.col("rule").is_in(list(CATEGORY_ORDER))).select(
+        "server", "job_id"
+    )
     events_by_run = (
-        read.filter(_read_events())
-        .select(EVENT_COLUMNS)
-        # one text per event, as the evidence chain cites it: not a Python list per row
-        .with_columns(pl.col("provenance").list.join("; "))
+        read.filter(_read_events(_of_jobs(failed), _of_jobs(victims)))
+        .select(*EVENT_COLUMNS, *_quoted())
         .rows_by_key(["server", "run_id"], named=True)
     )
 
-    deleted_by_run = deleted_failures(_of_runs(events, keys), subs).rows_by_key(
-        ["server", "run_id"], named=True
-    )
     for run in candidates:
         key = (run["server"], run["run_id"])
         judgement = _judge_candidate(
@@ -951,6 +991,13 @@ def _detect(
         verdicts.append(_verdict(run, judgement.verdict, judgement.why))
         findings.extend(judgement.findings)
     return verdicts, findings
+
+
+def _of_jobs(jobs: pl.DataFrame) -> pl.Expr:
+    """An event of one of `jobs` (server, job_id): a lookup, as _of_runs."""
+    wanted = jobs.select(pl.struct("server", "job_id")).to_series().implode()
+    key = pl.struct("server", pl.col("entity_id").alias("job_id"))
+    return (pl.col("entity_type") == "job") & key.is_in(wanted).fill_null(False)
 
 
 def _of_runs(frame: pl.DataFrame, keys: pl.DataFrame) -> pl.DataFrame:
