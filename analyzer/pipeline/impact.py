@@ -27,7 +27,7 @@ from analyzer.contract import (
 from analyzer.model import UTC_TIME
 from analyzer.pipeline.counterfactual import FailedReplica, RolloutFacts, evaluate_all
 from analyzer.pipeline.states import served_by, serving_spans, stopped_by
-from analyzer.pipeline.story import is_pseudo_date
+from analyzer.pipeline.story import PSEUDO_DATE_LIMIT
 
 # A replica with unknown start of health (table-only evidence) counts from its submission.
 CAPACITY_COLUMNS = ["server", "run_id", "time", "healthy_replicas"]
@@ -543,17 +543,20 @@ def _summary_frames(findings: list[Finding]) -> tuple[pl.DataFrame, pl.DataFrame
     return found, pl.DataFrame(parts, schema=_PARTS_SCHEMA, orient="row")
 
 
+_GROUP = ["grouping", "key"]
+
+
 def _totals_by(found: pl.DataFrame, parts: pl.DataFrame) -> pl.DataFrame:
-    """The Totals fields per `key` of `found` (rows of findings, in order, one per key a
-    finding is counted under), over each group's findings and their victims."""
+    """The Totals fields per `grouping` and `key` of `found` (rows of findings, in order, one
+    per key a finding is counted under), over each group's findings and their victims."""
     known = pl.col("outage").is_not_null()
     runs = (
-        found.group_by("key", "server", "run_id", maintain_order=True)
+        found.group_by(*_GROUP, "server", "run_id", maintain_order=True)
         .agg(
             pl.col("outage").drop_nulls().first(),
             pl.col("outage_bound").filter(known).first(),
         )
-        .group_by("key", maintain_order=True)
+        .group_by(_GROUP, maintain_order=True)
         .agg(
             pl.len().alias("incidents"),
             _sequential_sum("outage").alias("outage_seconds"),
@@ -561,14 +564,14 @@ def _totals_by(found: pl.DataFrame, parts: pl.DataFrame) -> pl.DataFrame:
             pl.col("outage").null_count().alias("outage_unknown_runs"),
         )
     )
-    counts = found.group_by("key", maintain_order=True).agg(
+    counts = found.group_by(_GROUP, maintain_order=True).agg(
         pl.len().alias("findings"), pl.col("victims").sum()
     )
     lost, cost = pl.col("lost").is_not_null(), pl.col("cost").is_not_null()
     losses = (
-        found.select("key", "i")
+        found.select(*_GROUP, "i")
         .join(parts, on="i", maintain_order="left")
-        .group_by("key", maintain_order=True)
+        .group_by(_GROUP, maintain_order=True)
         .agg(
             pl.len().alias("_parts"),
             _sequential_sum("lost").alias("healthy_replica_seconds_lost"),
@@ -582,8 +585,8 @@ def _totals_by(found: pl.DataFrame, parts: pl.DataFrame) -> pl.DataFrame:
     # a group of no parts sums to 0.0, one of parts none of which is known to null
     none = pl.col("_parts").fill_null(0) == 0
     return (
-        runs.join(counts, on="key", maintain_order="left")
-        .join(losses, on="key", how="left", maintain_order="left")
+        runs.join(counts, on=_GROUP, maintain_order="left")
+        .join(losses, on=_GROUP, how="left", maintain_order="left")
         .with_columns(
             pl.when(none).then(0.0).otherwise(pl.col(name)).alias(name)
             for name in ("healthy_replica_seconds_lost", "lost_cost")
@@ -616,53 +619,98 @@ _NO_TOTALS = {
 }
 
 
-def _groups(found: pl.DataFrame, parts: pl.DataFrame, keys: list[list[str]]) -> list[GroupSummary]:
-    """The summary of each name `keys` gives the findings (a finding with none: "(unknown)")."""
-    named = found.with_columns(
-        pl.Series("key", [names or ["(unknown)"] for names in keys], dtype=pl.List(pl.String))
-    ).explode("key")
-    summaries = [GroupSummary(**row) for row in _totals_by(named, parts).iter_rows(named=True)]
-    return sorted(
-        summaries,
-        key=lambda g: (-(g.healthy_replica_seconds_lost or 0.0), -g.incidents, -g.findings, g.key),
+def _groups(
+    found: pl.DataFrame, parts: pl.DataFrame, groupings: dict[str, list[list[str]]]
+) -> dict[str, list[GroupSummary]]:
+    """Per grouping, the summary of each name it gives the findings (a finding with none:
+    "(unknown)"), worst first; all groupings in one pass."""
+    named = pl.DataFrame(
+        [
+            (grouping, i, name)
+            for grouping, keys in groupings.items()
+            for i, names in enumerate(keys)
+            for name in names or ["(unknown)"]
+        ],
+        schema={"grouping": pl.String, "i": pl.Int64, "key": pl.String},
+        orient="row",
+    ).join(found, on="i", maintain_order="left")
+    summaries: dict[str, list[GroupSummary]] = {grouping: [] for grouping in groupings}
+    for row in _totals_by(named, parts).iter_rows(named=True):
+        summaries[row.pop("grouping")].append(GroupSummary(**row))
+    return {
+        grouping: sorted(
+            listed,
+            key=lambda g: (
+                -(g.healthy_replica_seconds_lost or 0.0),
+                -g.incidents,
+                -g.findings,
+                g.key,
+            ),
+        )
+        for grouping, listed in summaries.items()
+    }
+
+
+def _days(findings: list[Finding]) -> list[str]:
+    """Each finding's UTC day the incident began: its outage's start, else the earliest dated
+    moment it records (a culprit's failure, a victim's stop); unknown only when none is dated
+    (a rich log alone gives times of day, on a pseudo date)."""
+    moments = pl.DataFrame(
+        [
+            (i, moment)
+            for i, f in enumerate(findings)
+            for moment in (
+                *(c.failed_at for c in f.culprits),
+                *(v.terminated_at for v in f.victims),
+            )
+            if moment is not None
+        ],
+        schema={"i": pl.Int64, "moment": UTC_TIME},
+        orient="row",
+    )
+    starts = pl.DataFrame(
+        {
+            "i": range(len(findings)),
+            "start": [f.impact.outage_start if f.impact else None for f in findings],
+        },
+        schema={"i": pl.Int64, "start": UTC_TIME},
+    )
+    dated = [
+        pl.when(pl.col(name) >= PSEUDO_DATE_LIMIT).then(pl.col(name))
+        for name in ("start", "moment")
+    ]
+    return (
+        starts.join(moments.group_by("i").agg(pl.col("moment").min()), on="i", how="left")
+        .sort("i")
+        .select(pl.coalesce(dated).dt.strftime("%Y-%m-%d").fill_null("(date unknown)"))
+        .to_series()
+        .to_list()
     )
 
 
-def _day(finding: Finding) -> list[str]:
-    """The UTC day the incident began: its outage's start, else the earliest dated moment the
-    finding records (a culprit's failure, a victim's stop); unknown only when none is dated
-    (a rich log alone gives times of day)."""
-    start = finding.impact.outage_start if finding.impact else None
-    moments = [c.failed_at for c in finding.culprits] + [v.terminated_at for v in finding.victims]
-    dated = [m for m in (start, min(filter(None, moments), default=None)) if m]
-    dated = [m for m in dated if not is_pseudo_date(m)]
-    return [dated[0].strftime("%Y-%m-%d")] if dated else ["(date unknown)"]
-
-
 def summarise(findings: list[Finding], verdicts: list[RunVerdict], base: Summary) -> Summary:
-    """The summary's totals and its groupings, each a group_by of the findings' frames."""
+    """The summary's totals and its groupings: one group_by of the findings' frames."""
     in_progress = sum(v.in_progress for v in verdicts)
     if not findings:
         return base.model_copy(update={"runs_in_progress": in_progress, **_NO_TOTALS})
     found, parts = _summary_frames(findings)
-    whole = _totals_by(found.with_columns(key=pl.lit("")), parts).drop("key").row(0, named=True)
+    groups = _groups(
+        found,
+        parts,
+        {
+            "whole": [[""]] * len(findings),
+            "by_server": [[f.server] for f in findings],
+            "by_project": [[f.project or "(unknown)"] for f in findings],
+            "by_fleet": [f.root_cause.fleets if f.root_cause else [] for f in findings],
+            "by_user": [[f.updated_by or "(unknown)"] for f in findings],
+            "by_day": [[day] for day in _days(findings)],
+            "by_failure_class": [
+                [f.root_cause.failure_class] if f.root_cause else [] for f in findings
+            ],
+        },
+    )
+    [whole] = groups.pop("whole")
+    groups["by_day"].sort(key=lambda g: g.key)
     return base.model_copy(
-        update={
-            "runs_in_progress": in_progress,
-            **whole,
-            "by_server": _groups(found, parts, [[f.server] for f in findings]),
-            "by_project": _groups(found, parts, [[f.project or "(unknown)"] for f in findings]),
-            "by_fleet": _groups(
-                found, parts, [f.root_cause.fleets if f.root_cause else [] for f in findings]
-            ),
-            "by_user": _groups(found, parts, [[f.updated_by or "(unknown)"] for f in findings]),
-            "by_day": sorted(
-                _groups(found, parts, [_day(f) for f in findings]), key=lambda g: g.key
-            ),
-            "by_failure_class": _groups(
-                found,
-                parts,
-                [[f.root_cause.failure_class] if f.root_cause else [] for f in findings],
-            ),
-        }
+        update={"runs_in_progress": in_progress, **whole.model_dump(exclude={"key"}), **groups}
     )
