@@ -33,10 +33,17 @@ from analyzer.dstack import (
     ACTIVE_RUN_STATUSES,
     FINISHED_RUN_STATUSES,
     IN_PLACE_CHANGES,
-    RUN_FAILURE_REASONS,
-    USER_STOP_JOB_REASONS,
     cascade_stop,
     own_failure,
+)
+from analyzer.pipeline.chain import (
+    culprit_evidence,
+    expected_stop_reason,
+    from_event,
+    known,
+    quoted_columns,
+    quoted_events,
+    victim_evidence,
 )
 from analyzer.pipeline.moments import (
     deleted_failures,
@@ -104,9 +111,6 @@ EVENT_COLUMNS = (
     "changed_fields",
     "actor",
 )
-# Each quoted event's evidence item, worked out in columns (_quoted): its time (none when the
-# log gives a time of day only), its source and its text.
-EVIDENCE_COLUMNS = ("evidence_time", "evidence_source", "evidence_text")
 # The columns the rules read in the frame (rules.judge_jobs) and no judgement reads from a job's
 # row: not turned into rows (a time is the dearest value to turn into a Python object).
 RULES_ONLY_COLUMNS = (
@@ -138,62 +142,6 @@ DETECTION_KINDS = (
 )
 
 
-def _read_events(failed: pl.Expr, victim: pl.Expr) -> pl.Expr:
-    """The events the evidence chain quotes (the rest only count, in columns): the run's
-    updates and its status changes into or out of the termination; a failed submission's
-    creation and termination (`failed`: a culprit's or its earlier failures', _culprit_evidence);
-    a victim's readiness and its stop (`victim`, _victim_evidence)."""
-    kind, new = pl.col("kind"), pl.col("new_status")
-    terminating = (kind == "job_status") & (new == "terminating")
-    return (
-        (kind == "run_updated")
-        | (
-            (kind == "run_status")
-            & ((new == "terminating") | (pl.col("old_status") == "terminating"))
-        )
-        | (failed & ((kind == "job_created") | terminating))
-        | (
-            victim
-            & (
-                kind.is_in(["job_ready", "job_registered"])
-                | ((kind == "job_status") & new.is_in(["terminating", "terminated"]))
-            )
-        )
-    )
-
-
-def _quoted() -> list[pl.Expr]:
-    """An event as the evidence chain quotes it: "entity name: message (actor: who)", a
-    dateless log's time of day before it (and no datetime); its sources, joined."""
-    name, actor = pl.col("entity_name"), pl.col("actor")
-    dateless = (pl.col("time_basis") == "time_of_day_only").fill_null(False)
-    named = (
-        pl.when(_known(name))
-        .then(pl.format("{} {}: ", _shown("entity_type"), name))
-        .otherwise(pl.lit(""))
-    )
-    prefix = (
-        pl.when(dateless)
-        .then(pl.format("[{} local, date unknown] {}", _shown("time_text"), named))
-        .otherwise(named)
-    )
-    by = (
-        pl.when(_known(actor) & (actor != "system"))
-        .then(pl.format(" (actor: {})", actor))
-        .otherwise(pl.lit(""))
-    )
-    return [
-        pl.when(dateless).then(None).otherwise(pl.col("time")).alias("evidence_time"),
-        pl.col("provenance").list.join("; ").fill_null("").alias("evidence_source"),
-        pl.concat_str(prefix, _shown("message"), by).alias("evidence_text"),
-    ]
-
-
-def _shown(column: str) -> pl.Expr:
-    """A text as an f-string shows it: a missing one as "None"."""
-    return pl.col(column).fill_null("None")
-
-
 def _failed_at(job: Row) -> datetime | None:
     return job["terminating_at"] or job["finished_at"] or job["last_processed_at"]
 
@@ -216,6 +164,8 @@ class _Context:
     # _earlier_failures per culprit id, worked out once: the evidence chain and the culprit's
     # record both list them
     earlier_failures: dict[str, list[Row]] = field(default_factory=dict)
+    # run_event's index: (kind, field) -> the first event of that kind by the field's value
+    first_events: dict[tuple[str, str], dict[Any, Row]] = field(default_factory=dict)
 
     @cached_property
     def events_by_job(self) -> dict[str, list[Row]]:
@@ -242,25 +192,19 @@ class _Context:
     def when(self, value: datetime | None) -> datetime | None:
         return None if self.dateless else value
 
+    def events_of(self, job: Row) -> list[Row]:
+        """The job's quoted events, in order."""
+        return self.events_by_job.get(job["job_id"], [])
+
     def run_event(self, kind: str, **match: Any) -> Row | None:
-        for event in self.events_by_kind.get(kind, ()):
-            if all(event[k] == v for k, v in match.items()):
-                return event
-        return None
-
-
-def _evidence_from_event(event: Row) -> EvidenceItem:
-    return EvidenceItem(
-        time=event["evidence_time"], source=event["evidence_source"], text=event["evidence_text"]
-    )
-
-
-def _evidence_from_job(job: Row, text: str, time: datetime | None) -> EvidenceItem:
-    return EvidenceItem(time=time, source=job["provenance"], text=text)
-
-
-def _job_events(ctx: _Context, job_id: str) -> list[Row]:
-    return ctx.events_by_job.get(job_id, [])
+        """The first event of `kind` whose one field `match` names has that value."""
+        [(name, value)] = match.items()
+        first = self.first_events.get((kind, name))
+        if first is None:
+            first = self.first_events[(kind, name)] = {}
+            for event in self.events_by_kind.get(kind, ()):
+                first.setdefault(event[name], event)
+        return first.get(value)
 
 
 def _culprit_created_in_its_deployment(ctx: _Context, culprit: Row) -> tuple[bool, str]:
@@ -552,7 +496,7 @@ def _finding(
             limit(code, message)
     pending = [v for v in victim_rows if not v["cascade_stop"]]
     if pending:
-        expected = _expected_stop_reason(run)
+        expected = expected_stop_reason(run)
         limit(
             "copy_taken_mid_cascade",
             f"run {run['run_name']}: the copy was taken mid-cascade: the run is TERMINATING "
@@ -565,7 +509,7 @@ def _finding(
 
     evidence: list[EvidenceItem] = []
     if update:
-        evidence.append(_evidence_from_event(update))
+        evidence.append(from_event(update))
     else:
         evidence.append(
             EvidenceItem(
@@ -580,18 +524,18 @@ def _finding(
         )
     for culprit in culprits:
         for earlier in _earlier_failures(ctx, culprit):
-            evidence.extend(_culprit_evidence(ctx, earlier))
-        evidence.extend(_culprit_evidence(ctx, culprit))
+            evidence.extend(culprit_evidence(ctx.events_of(earlier), earlier))
+        evidence.extend(culprit_evidence(ctx.events_of(culprit), culprit))
     if terminating_event:
-        evidence.append(_evidence_from_event(terminating_event))
+        evidence.append(from_event(terminating_event))
     for victim in victim_rows:
-        evidence.extend(_victim_evidence(ctx, victim))
+        evidence.extend(victim_evidence(ctx.events_of(victim), victim, run))
     for accepted in _accepted_during_cascade(ctx, terminating_event):
-        evidence.append(_evidence_from_event(accepted))
+        evidence.append(from_event(accepted))
         notes.append(_never_ran(ctx, accepted, terminating_event))
     final = ctx.run_event("run_status", old_status="terminating")
     if final:
-        evidence.append(_evidence_from_event(final))
+        evidence.append(from_event(final))
     elif run["status"] == "terminating":
         notes.append("snapshot taken mid-cascade: the run is still TERMINATING")
     if not ctx.dateless:
@@ -633,7 +577,7 @@ def _finding(
                 stopped=v["cascade_stop"],
                 expected_termination_reason=None
                 if v["cascade_stop"]
-                else _expected_stop_reason(run),
+                else expected_stop_reason(run),
             )
             for v in victim_rows
         ],
@@ -672,18 +616,6 @@ def _finding(
         evidence=evidence,
         notes=notes,
         limitations=limitations,
-    )
-
-
-def _expected_stop_reason(run: Row) -> str:
-    """RunTerminationReason.to_job_termination_reason (dstack core/models/runs.py): the run
-    failure reasons map to TERMINATED_BY_SERVER, a user's stop to TERMINATED_BY_USER and an
-    abort to ABORTED_BY_USER (the run's reason now, which a stop may have overwritten)."""
-    reason = run["termination_reason"]
-    if reason in RUN_FAILURE_REASONS:
-        return "terminated_by_server"
-    return {"stopped_by_user": "terminated_by_user", "aborted_by_user": "aborted_by_user"}.get(
-        reason, "?"
     )
 
 
@@ -737,79 +669,6 @@ def _at(ctx: _Context, moment: datetime | None) -> str:
     return moment.isoformat()
 
 
-def _culprit_evidence(ctx: _Context, culprit: Row) -> list[EvidenceItem]:
-    events = _job_events(ctx, culprit["job_id"])
-    items = [
-        _evidence_from_event(e)
-        for e in events
-        if e["kind"] == "job_created"
-        or (e["kind"] == "job_status" and e["new_status"] == "terminating")
-    ]
-    if not any(e["kind"] == "job_status" and e["new_status"] == "terminating" for e in events):
-        message = culprit["termination_reason_message"]
-        items.append(
-            _evidence_from_job(
-                culprit,
-                f"job {culprit['job_name']} (deployment {culprit['deployment_num']}, submission "
-                f"{culprit['submission_num']}): {culprit['status']}, "
-                f"{culprit['termination_reason']}"
-                + (f" ({message})" if message else "")
-                + (
-                    f", exit status {culprit['exit_status']}"
-                    if culprit["exit_status"] is not None
-                    else ""
-                )
-                + " (time: last processed; the failure happened at or before it)",
-                culprit["last_processed_at"],
-            )
-        )
-    return items
-
-
-def _victim_evidence(ctx: _Context, victim: Row) -> list[EvidenceItem]:
-    events = _job_events(ctx, victim["job_id"])
-    items = [
-        _evidence_from_event(e)
-        for e in events
-        if e["kind"] in ("job_ready", "job_registered")
-        or (e["kind"] == "job_status" and e["new_status"] in ("terminating", "terminated"))
-    ]
-    if victim["probe_passed_then"] and victim["probe_line"]:
-        items.append(
-            EvidenceItem(
-                time=victim["probe_line_at"],
-                source=victim["probe_line"],
-                text=f"job {victim['job_name']}: its probes' last results logged before the "
-                "run's failure passed, the streak at or above ready_after (DEBUG probe lines)",
-            )
-        )
-    proof = HEALTH_PROOFS.get(victim["health_proof"], victim["health_proof"])
-    by_user = (
-        " (the user's stop reached it after the run had failed)"
-        if victim["termination_reason"] in USER_STOP_JOB_REASONS
-        else ""
-    )
-    state = (
-        f"{victim['status']}, {victim['termination_reason']} with no message{by_user}"
-        if victim["cascade_stop"]
-        else f"still {victim['status']} when the evidence ends, not yet stopped (the run's "
-        f"terminating pass stops it with {_expected_stop_reason(ctx.run)})"
-    )
-    items.append(
-        _evidence_from_job(
-            victim,
-            f"job {victim['job_name']} (deployment {victim['deployment_num']}, submission "
-            f"{victim['submission_num']}): {state}; healthy: {proof}",
-            None if victim["has_status_event"] else victim["last_processed_at"],
-        )
-    )
-    return items
-
-
-def _known(column: pl.Expr) -> pl.Expr:
-    return column.is_not_null() & (column != "")
-
-
 def _plain_verdicts(runs: pl.DataFrame) -> pl.DataFrame:
     """Verdicts that need no look inside the run, in columns: `why` is null for candidate
     runs (a service a job failure failed or is failing: moments.run_failures, whatever a later
@@ -822,12 +681,12 @@ def _plain_verdicts(runs: pl.DataFrame) -> pl.DataFrame:
         .then(pl.lit(None, pl.String))
         .when(status.is_in(ACTIVE_RUN_STATUSES))
         .then(pl.format("run still {} at the end of the evidence", status))
-        .when(_known(reason))
+        .when(known(reason))
         .then(pl.format("run ended with {}, not a job failure", reason))
         .otherwise(
             pl.format(
                 "run {} without a job failure",
-                pl.when(_known(status)).then(status).otherwise(pl.lit("in an unknown state")),
+                pl.when(known(status)).then(status).otherwise(pl.lit("in an unknown state")),
             )
         )
     )
@@ -840,11 +699,13 @@ def detect(
     events: pl.DataFrame,
     disputed: dict[tuple[str, str], str] | None = None,
     ends: dict[str, datetime] | None = None,
+    gaps: dict[tuple[str, str], list[str]] | None = None,
 ) -> tuple[list[RunVerdict], list[Finding]]:
     """Every run's verdict and the findings. ``disputed`` names runs whose rows disagree
     (evidence.disputed_runs): they are inconclusive whatever the rules say. ``ends``: per
-    server, the end of its evidence (Evidence.ends_by_server), when the final rows speak."""
-    verdicts, findings = _detect(runs, subs, events, ends or {})
+    server, the end of its evidence (Evidence.ends_by_server), when the final rows speak.
+    ``gaps``: per run, what its evidence is missing (timeline.evidence_gaps), on its verdict."""
+    verdicts, findings = _detect(runs, subs, events, ends or {}, gaps or {})
     if not disputed:
         return verdicts, findings
     return _undecided_where_disputed(verdicts, findings, disputed)
@@ -871,7 +732,11 @@ def _undecided_where_disputed(
 
 
 def _detect(
-    runs: pl.DataFrame, subs: pl.DataFrame, events: pl.DataFrame, ends: dict[str, datetime]
+    runs: pl.DataFrame,
+    subs: pl.DataFrame,
+    events: pl.DataFrame,
+    ends: dict[str, datetime],
+    gaps: dict[tuple[str, str], list[str]],
 ) -> tuple[list[RunVerdict], list[Finding]]:
     subs = subs.with_columns(
         own_failure().alias("own_failure"), cascade_stop().alias("cascade_stop")
@@ -882,7 +747,7 @@ def _detect(
     judged = _plain_verdicts(runs)
     plain = judged.filter(pl.col("_why").is_not_null())
     verdicts = [
-        _verdict(run, "no_incident", run["_why"])
+        _verdict(run, "no_incident", run["_why"], gaps)
         for run in plain.select(*VERDICT_COLUMNS, "_why").iter_rows(named=True)
     ]
     findings: list[Finding] = []
@@ -972,8 +837,8 @@ def _detect(
         "server", "job_id"
     )
     events_by_run = (
-        read.filter(_read_events(_of_jobs(failed), _of_jobs(victims)))
-        .select(*EVENT_COLUMNS, *_quoted())
+        read.filter(quoted_events(_of_jobs(failed), _of_jobs(victims)))
+        .select(*EVENT_COLUMNS, *quoted_columns())
         .rows_by_key(["server", "run_id"], named=True)
     )
 
@@ -988,7 +853,7 @@ def _detect(
                 deleted_by_run.get(key, []),
             )
         )
-        verdicts.append(_verdict(run, judgement.verdict, judgement.why))
+        verdicts.append(_verdict(run, judgement.verdict, judgement.why, gaps))
         findings.extend(judgement.findings)
     return verdicts, findings
 
@@ -1020,7 +885,9 @@ VERDICT_COLUMNS = (
 )
 
 
-def _verdict(run: Row, verdict: Verdict, why: str) -> RunVerdict:
+def _verdict(
+    run: Row, verdict: Verdict, why: str, gaps: dict[tuple[str, str], list[str]]
+) -> RunVerdict:
     return RunVerdict(
         server=run["server"],
         run_id=run["run_id"],
@@ -1033,4 +900,5 @@ def _verdict(run: Row, verdict: Verdict, why: str) -> RunVerdict:
         verdict=verdict,
         why=why,
         in_progress=run["status"] not in (*FINISHED_RUN_STATUSES, None),
+        gaps=gaps.get((run["server"], run["run_id"]), []),
     )
