@@ -15,6 +15,8 @@ from analyzer.dstack import RUN_FAILURE_REASONS, USER_STOP_JOB_REASONS
 from analyzer.pipeline.timeline import HEALTH_PROOFS
 
 Row = dict[str, Any]
+# an event's evidence item in columns (quoted_columns)
+EVIDENCE_COLUMNS = ("evidence_time", "evidence_source", "evidence_text")
 
 
 def quoted_events(failed: pl.Expr, victim: pl.Expr) -> pl.Expr:

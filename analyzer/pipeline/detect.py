@@ -37,6 +37,7 @@ from analyzer.dstack import (
     own_failure,
 )
 from analyzer.pipeline.chain import (
+    EVIDENCE_COLUMNS,
     culprit_evidence,
     expected_stop_reason,
     from_event,
@@ -98,19 +99,20 @@ JOB_COLUMNS = (
     "event_message",
     "as_of",
 )
-EVENT_COLUMNS = (
+RUN_EVENT_COLUMNS = (
     "server",
     "run_id",
     "time",
     "kind",
-    "entity_type",
-    "entity_id",
     "old_status",
     "new_status",
     "deployment_num",
     "changed_fields",
     "actor",
 )
+# a job's quoted events are read by kind and status only (chain.culprit_evidence,
+# chain.victim_evidence), beside their evidence items' columns
+JOB_EVENT_COLUMNS = ("server", "run_id", "entity_id", "kind", "new_status")
 # The columns the rules read in the frame (rules.judge_jobs) and no judgement reads from a job's
 # row: not turned into rows (a time is the dearest value to turn into a Python object).
 RULES_ONLY_COLUMNS = (
@@ -157,7 +159,9 @@ class RunJudgement:
 class _Context:
     run: Row
     jobs: list[Row]
-    events: list[Row]
+    events: list[Row]  # the run's own quoted events (its updates and status changes)
+    # every candidate run's jobs' quoted events, by (server, run_id, job_id)
+    job_events: dict[tuple[str, str, str], list[Row]]
     dateless: bool  # only times of day are known (a rich log alone): report no datetimes
     # own failures of submissions whose rows dstack deleted, from their events (moments)
     deleted: list[Row] = field(default_factory=list)
@@ -166,14 +170,6 @@ class _Context:
     earlier_failures: dict[str, list[Row]] = field(default_factory=dict)
     # run_event's index: (kind, field) -> the first event of that kind by the field's value
     first_events: dict[tuple[str, str], dict[Any, Row]] = field(default_factory=dict)
-
-    @cached_property
-    def events_by_job(self) -> dict[str, list[Row]]:
-        by_job: dict[str, list[Row]] = defaultdict(list)
-        for event in self.events:
-            if event["entity_type"] == "job":
-                by_job[event["entity_id"]].append(event)
-        return by_job
 
     @cached_property
     def events_by_kind(self) -> dict[str, list[Row]]:
@@ -194,7 +190,7 @@ class _Context:
 
     def events_of(self, job: Row) -> list[Row]:
         """The job's quoted events, in order."""
-        return self.events_by_job.get(job["job_id"], [])
+        return self.job_events.get((self.run["server"], self.run["run_id"], job["job_id"]), [])
 
     def run_event(self, kind: str, **match: Any) -> Row | None:
         """The first event of `kind` whose one field `match` names has that value."""
@@ -836,10 +832,18 @@ def _detect(
     victims = judged_jobs.filter(pl.col("rule").is_in(list(CATEGORY_ORDER))).select(
         "server", "job_id"
     )
+    quoted = read.filter(quoted_events(_of_jobs(failed), _of_jobs(victims))).with_columns(
+        quoted_columns()
+    )
     events_by_run = (
-        read.filter(quoted_events(_of_jobs(failed), _of_jobs(victims)))
-        .select(*EVENT_COLUMNS, *quoted_columns())
+        quoted.filter(pl.col("kind").is_in(["run_status", "run_updated"]))
+        .select(*RUN_EVENT_COLUMNS, *EVIDENCE_COLUMNS)
         .rows_by_key(["server", "run_id"], named=True)
+    )
+    job_events = (
+        quoted.filter(pl.col("entity_type") == "job")
+        .select(*JOB_EVENT_COLUMNS, *EVIDENCE_COLUMNS)
+        .rows_by_key(["server", "run_id", "entity_id"], named=True)
     )
 
     for run in candidates:
@@ -849,6 +853,7 @@ def _detect(
                 run,
                 jobs_by_run.get(key, []),
                 events_by_run.get(key, []),
+                job_events,
                 key in dateless,
                 deleted_by_run.get(key, []),
             )
