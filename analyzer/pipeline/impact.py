@@ -165,12 +165,13 @@ def _stop_precisions(findings: list[Finding], events: pl.DataFrame) -> dict[tupl
     precise sighting of that moment among the job's events (none: a table time, exact)."""
     stops = pl.DataFrame(
         [
-            {"i": i, "server": f.server, "job_id": v.job_id, "stop": v.terminated_at}
+            (i, f.server, v.job_id, v.terminated_at)
             for i, f in enumerate(findings)
             for v in f.victims
             if v.terminated_at is not None
         ],
         schema={"i": pl.Int64, "server": pl.String, "job_id": pl.String, "stop": UTC_TIME},
+        orient="row",
     )
     if stops.height == 0 or "time_text" not in events.columns:
         return {}
@@ -241,17 +242,16 @@ def _lookups(
     update's deployment did (bumped in place; replicas available before the first failure)."""
     keys = pl.DataFrame(
         [
-            {
-                "i": i,
-                "server": f.server,
-                "run_id": f.run_id,
-                "run_name": f.run_name,
-                "project": f.project,
-                "start": starts[(f.server, f.run_id)].at,
-                "dep": f.update_deployment_num,
-                "failed": min((c.failed_at for c in f.culprits if c.failed_at), default=None),
-                "jobs": [v.job_id for v in f.victims] + [c.job_id for c in f.culprits],
-            }
+            (
+                i,
+                f.server,
+                f.run_id,
+                f.run_name,
+                f.project,
+                starts[(f.server, f.run_id)].at,
+                f.update_deployment_num,
+                min((c.failed_at for c in f.culprits if c.failed_at), default=None),
+            )
             for i, f in enumerate(findings)
         ],
         schema={
@@ -263,8 +263,18 @@ def _lookups(
             "start": UTC_TIME,
             "dep": pl.Int64,
             "failed": UTC_TIME,
-            "jobs": pl.List(pl.String),
         },
+        orient="row",
+    )
+    # each finding's victims and culprits, one row each (a list per finding costs a Series each)
+    jobs = pl.DataFrame(
+        [
+            (i, f.server, job.job_id)
+            for i, f in enumerate(findings)
+            for job in (*f.victims, *f.culprits)
+        ],
+        schema={"i": pl.Int64, "server": pl.String, "job_id": pl.String},
+        orient="row",
     )
     healthy = (
         subs.filter(pl.col("health") == "healthy")
@@ -294,9 +304,7 @@ def _lookups(
         right_on=["server", "run_id", "deployment_num"],
     )
     fleets = (
-        keys.select("i", "server", pl.col("jobs").alias("job_id"))
-        .explode("job_id")
-        .join(subs.select("server", "job_id", "fleet_name"), on=["server", "job_id"])
+        jobs.join(subs.select("server", "job_id", "fleet_name"), on=["server", "job_id"])
         .drop_nulls("fleet_name")
         .group_by("i")
         .agg(pl.col("fleet_name").unique().sort())
