@@ -163,22 +163,17 @@ class Audit:
             return self._detect()
 
     def _detect(self) -> tuple[list[RunVerdict], list[Finding]]:
+        gaps = evidence_gaps(
+            self.runs, self.evidence.jobs, self.events, self.evidence.events_table_servers
+        )
         verdicts, findings = detect(
             self.runs,
             self.submissions,
             self.events,
             self.evidence.disputed_runs,
             self._ends,
+            gaps,
         )
-        gaps = evidence_gaps(
-            self.runs, self.evidence.jobs, self.events, self.evidence.events_table_servers
-        )
-        verdicts = [
-            v.model_copy(update={"gaps": gaps[(v.server, v.run_id)]})
-            if (v.server, v.run_id) in gaps
-            else v
-            for v in verdicts
-        ]
         findings = assess(
             findings,
             self.submissions,

@@ -3,7 +3,9 @@ straight from the capture tables with sqlite3 (independently of the analyzer).""
 
 from __future__ import annotations
 
+import functools
 import json
+import operator
 import sqlite3
 from datetime import UTC, datetime, timedelta
 
@@ -12,6 +14,8 @@ from conftest import CAPTURES, execute
 from test_own_cases import merge
 
 from analyzer import open_sources
+from analyzer.contract import Summary, VictimImpact
+from analyzer.pipeline.impact import summarise
 
 
 def _t(text: str) -> datetime:
@@ -233,3 +237,49 @@ def test_an_outage_not_recovered_prints_as_a_lower_bound_in_every_format():
     assert f"outage {outage}" in table and f"for {outage}" in markdown
     assert f"cost {fmt_cost(impact.lost_cost, lower_bound=True)}" in table
     assert "cost ≥ $" in markdown
+
+
+def test_summary_adds_losses_in_the_reports_order_and_counts_each_outage_once():
+    """The summary's sums add their known parts one after another, findings first first (as
+    every report before it did, bit for bit); a run's outage is counted once, from the first of
+    its findings that knows it; an unknown part is counted, never summed."""
+    finding = open_sources([CAPTURES / "v0.22.5" / "seed" / "server.db"]).report.findings[0]
+    losses = [1e16, 1.0, 1.0, -1e16, None]  # exactly 2.0; added in order: 0.0
+    outages = [None, 30.0, 40.0, None, 50.0]
+    findings = [
+        finding.model_copy(
+            update={
+                "run_id": "run-b" if i == 4 else "run-a",
+                "impact": finding.impact.model_copy(
+                    update={
+                        "outage_seconds": outage,
+                        "per_victim": [
+                            VictimImpact(
+                                job_id=f"job-{i}",
+                                price_per_hour=None,
+                                lost_seconds=lost,
+                                lost_cost=None,
+                                lost_is_lower_bound=i == 4,
+                            )
+                        ],
+                    }
+                ),
+            }
+        )
+        for i, (lost, outage) in enumerate(zip(losses, outages, strict=True))
+    ]
+    base = Summary(runs=2, findings=5, victims=5, by_verdict={})
+    summary = summarise(findings, [], base)
+    in_order = functools.reduce(operator.add, [x for x in losses if x is not None])
+    assert summary.healthy_replica_seconds_lost == in_order == 0.0
+    assert summary.replica_time_unknown_victims == 1
+    assert not summary.healthy_replica_seconds_lost_is_lower_bound  # the bound part is unknown
+    assert summary.lost_cost is None and summary.cost_unknown_victims == 5
+    assert (summary.incidents, summary.outage_seconds, summary.outage_unknown_runs) == (2, 80.0, 0)
+    [group] = summary.by_server
+    assert (group.key, group.findings, group.healthy_replica_seconds_lost) == (
+        finding.server,
+        5,
+        0.0,
+    )
+    assert summarise([], [], base).outage_seconds == 0.0

@@ -33,10 +33,18 @@ from analyzer.dstack import (
     ACTIVE_RUN_STATUSES,
     FINISHED_RUN_STATUSES,
     IN_PLACE_CHANGES,
-    RUN_FAILURE_REASONS,
-    USER_STOP_JOB_REASONS,
     cascade_stop,
     own_failure,
+)
+from analyzer.pipeline.chain import (
+    EVIDENCE_COLUMNS,
+    culprit_evidence,
+    expected_stop_reason,
+    from_event,
+    known,
+    quoted_columns,
+    quoted_events,
+    victim_evidence,
 )
 from analyzer.pipeline.moments import (
     deleted_failures,
@@ -91,24 +99,20 @@ JOB_COLUMNS = (
     "event_message",
     "as_of",
 )
-EVENT_COLUMNS = (
+RUN_EVENT_COLUMNS = (
     "server",
     "run_id",
     "time",
-    "time_text",
-    "time_basis",
     "kind",
-    "entity_type",
-    "entity_id",
-    "entity_name",
     "old_status",
     "new_status",
     "deployment_num",
     "changed_fields",
     "actor",
-    "message",
-    "provenance",
 )
+# a job's quoted events are read by kind and status only (chain.culprit_evidence,
+# chain.victim_evidence), beside their evidence items' columns
+JOB_EVENT_COLUMNS = ("server", "run_id", "entity_id", "kind", "new_status")
 # The columns the rules read in the frame (rules.judge_jobs) and no judgement reads from a job's
 # row: not turned into rows (a time is the dearest value to turn into a Python object).
 RULES_ONLY_COLUMNS = (
@@ -140,20 +144,6 @@ DETECTION_KINDS = (
 )
 
 
-def _read_events() -> pl.Expr:
-    """The events the evidence chain quotes: updates, creations, readiness, and the status
-    changes into or out of the termination (the rest only count, in columns)."""
-    kind, new = pl.col("kind"), pl.col("new_status")
-    return (
-        kind.is_in(["run_updated", "job_created", "job_ready", "job_registered"])
-        | (
-            (kind == "run_status")
-            & ((new == "terminating") | (pl.col("old_status") == "terminating"))
-        )
-        | ((kind == "job_status") & new.is_in(["terminating", "terminated"]))
-    )
-
-
 def _failed_at(job: Row) -> datetime | None:
     return job["terminating_at"] or job["finished_at"] or job["last_processed_at"]
 
@@ -169,21 +159,17 @@ class RunJudgement:
 class _Context:
     run: Row
     jobs: list[Row]
-    events: list[Row]
+    events: list[Row]  # the run's own quoted events (its updates and status changes)
+    # every candidate run's jobs' quoted events, by (server, run_id, job_id)
+    job_events: dict[tuple[str, str, str], list[Row]]
     dateless: bool  # only times of day are known (a rich log alone): report no datetimes
     # own failures of submissions whose rows dstack deleted, from their events (moments)
     deleted: list[Row] = field(default_factory=list)
     # _earlier_failures per culprit id, worked out once: the evidence chain and the culprit's
     # record both list them
     earlier_failures: dict[str, list[Row]] = field(default_factory=dict)
-
-    @cached_property
-    def events_by_job(self) -> dict[str, list[Row]]:
-        by_job: dict[str, list[Row]] = defaultdict(list)
-        for event in self.events:
-            if event["entity_type"] == "job":
-                by_job[event["entity_id"]].append(event)
-        return by_job
+    # run_event's index: (kind, field) -> the first event of that kind by the field's value
+    first_events: dict[tuple[str, str], dict[Any, Row]] = field(default_factory=dict)
 
     @cached_property
     def events_by_kind(self) -> dict[str, list[Row]]:
@@ -202,32 +188,19 @@ class _Context:
     def when(self, value: datetime | None) -> datetime | None:
         return None if self.dateless else value
 
+    def events_of(self, job: Row) -> list[Row]:
+        """The job's quoted events, in order."""
+        return self.job_events.get((self.run["server"], self.run["run_id"], job["job_id"]), [])
+
     def run_event(self, kind: str, **match: Any) -> Row | None:
-        for event in self.events_by_kind.get(kind, ()):
-            if all(event[k] == v for k, v in match.items()):
-                return event
-        return None
-
-
-def _evidence_from_event(event: Row) -> EvidenceItem:
-    prefix = f"{event['entity_type']} {event['entity_name']}: " if event["entity_name"] else ""
-    actor = f" (actor: {event['actor']})" if event["actor"] and event["actor"] != "system" else ""
-    dateless = event["time_basis"] == "time_of_day_only"
-    if dateless:
-        prefix = f"[{event['time_text']} local, date unknown] {prefix}"
-    return EvidenceItem(
-        time=None if dateless else event["time"],
-        source=event["provenance"] or "",
-        text=f"{prefix}{event['message']}{actor}",
-    )
-
-
-def _evidence_from_job(job: Row, text: str, time: datetime | None) -> EvidenceItem:
-    return EvidenceItem(time=time, source=job["provenance"], text=text)
-
-
-def _job_events(ctx: _Context, job_id: str) -> list[Row]:
-    return ctx.events_by_job.get(job_id, [])
+        """The first event of `kind` whose one field `match` names has that value."""
+        [(name, value)] = match.items()
+        first = self.first_events.get((kind, name))
+        if first is None:
+            first = self.first_events[(kind, name)] = {}
+            for event in self.events_by_kind.get(kind, ()):
+                first.setdefault(event[name], event)
+        return first.get(value)
 
 
 def _culprit_created_in_its_deployment(ctx: _Context, culprit: Row) -> tuple[bool, str]:
@@ -519,7 +492,7 @@ def _finding(
             limit(code, message)
     pending = [v for v in victim_rows if not v["cascade_stop"]]
     if pending:
-        expected = _expected_stop_reason(run)
+        expected = expected_stop_reason(run)
         limit(
             "copy_taken_mid_cascade",
             f"run {run['run_name']}: the copy was taken mid-cascade: the run is TERMINATING "
@@ -532,7 +505,7 @@ def _finding(
 
     evidence: list[EvidenceItem] = []
     if update:
-        evidence.append(_evidence_from_event(update))
+        evidence.append(from_event(update))
     else:
         evidence.append(
             EvidenceItem(
@@ -547,18 +520,18 @@ def _finding(
         )
     for culprit in culprits:
         for earlier in _earlier_failures(ctx, culprit):
-            evidence.extend(_culprit_evidence(ctx, earlier))
-        evidence.extend(_culprit_evidence(ctx, culprit))
+            evidence.extend(culprit_evidence(ctx.events_of(earlier), earlier))
+        evidence.extend(culprit_evidence(ctx.events_of(culprit), culprit))
     if terminating_event:
-        evidence.append(_evidence_from_event(terminating_event))
+        evidence.append(from_event(terminating_event))
     for victim in victim_rows:
-        evidence.extend(_victim_evidence(ctx, victim))
+        evidence.extend(victim_evidence(ctx.events_of(victim), victim, run))
     for accepted in _accepted_during_cascade(ctx, terminating_event):
-        evidence.append(_evidence_from_event(accepted))
+        evidence.append(from_event(accepted))
         notes.append(_never_ran(ctx, accepted, terminating_event))
     final = ctx.run_event("run_status", old_status="terminating")
     if final:
-        evidence.append(_evidence_from_event(final))
+        evidence.append(from_event(final))
     elif run["status"] == "terminating":
         notes.append("snapshot taken mid-cascade: the run is still TERMINATING")
     if not ctx.dateless:
@@ -600,7 +573,7 @@ def _finding(
                 stopped=v["cascade_stop"],
                 expected_termination_reason=None
                 if v["cascade_stop"]
-                else _expected_stop_reason(run),
+                else expected_stop_reason(run),
             )
             for v in victim_rows
         ],
@@ -639,18 +612,6 @@ def _finding(
         evidence=evidence,
         notes=notes,
         limitations=limitations,
-    )
-
-
-def _expected_stop_reason(run: Row) -> str:
-    """RunTerminationReason.to_job_termination_reason (dstack core/models/runs.py): the run
-    failure reasons map to TERMINATED_BY_SERVER, a user's stop to TERMINATED_BY_USER and an
-    abort to ABORTED_BY_USER (the run's reason now, which a stop may have overwritten)."""
-    reason = run["termination_reason"]
-    if reason in RUN_FAILURE_REASONS:
-        return "terminated_by_server"
-    return {"stopped_by_user": "terminated_by_user", "aborted_by_user": "aborted_by_user"}.get(
-        reason, "?"
     )
 
 
@@ -704,79 +665,6 @@ def _at(ctx: _Context, moment: datetime | None) -> str:
     return moment.isoformat()
 
 
-def _culprit_evidence(ctx: _Context, culprit: Row) -> list[EvidenceItem]:
-    events = _job_events(ctx, culprit["job_id"])
-    items = [
-        _evidence_from_event(e)
-        for e in events
-        if e["kind"] == "job_created"
-        or (e["kind"] == "job_status" and e["new_status"] == "terminating")
-    ]
-    if not any(e["kind"] == "job_status" and e["new_status"] == "terminating" for e in events):
-        message = culprit["termination_reason_message"]
-        items.append(
-            _evidence_from_job(
-                culprit,
-                f"job {culprit['job_name']} (deployment {culprit['deployment_num']}, submission "
-                f"{culprit['submission_num']}): {culprit['status']}, "
-                f"{culprit['termination_reason']}"
-                + (f" ({message})" if message else "")
-                + (
-                    f", exit status {culprit['exit_status']}"
-                    if culprit["exit_status"] is not None
-                    else ""
-                )
-                + " (time: last processed; the failure happened at or before it)",
-                culprit["last_processed_at"],
-            )
-        )
-    return items
-
-
-def _victim_evidence(ctx: _Context, victim: Row) -> list[EvidenceItem]:
-    events = _job_events(ctx, victim["job_id"])
-    items = [
-        _evidence_from_event(e)
-        for e in events
-        if e["kind"] in ("job_ready", "job_registered")
-        or (e["kind"] == "job_status" and e["new_status"] in ("terminating", "terminated"))
-    ]
-    if victim["probe_passed_then"] and victim["probe_line"]:
-        items.append(
-            EvidenceItem(
-                time=victim["probe_line_at"],
-                source=victim["probe_line"],
-                text=f"job {victim['job_name']}: its probes' last results logged before the "
-                "run's failure passed, the streak at or above ready_after (DEBUG probe lines)",
-            )
-        )
-    proof = HEALTH_PROOFS.get(victim["health_proof"], victim["health_proof"])
-    by_user = (
-        " (the user's stop reached it after the run had failed)"
-        if victim["termination_reason"] in USER_STOP_JOB_REASONS
-        else ""
-    )
-    state = (
-        f"{victim['status']}, {victim['termination_reason']} with no message{by_user}"
-        if victim["cascade_stop"]
-        else f"still {victim['status']} when the evidence ends, not yet stopped (the run's "
-        f"terminating pass stops it with {_expected_stop_reason(ctx.run)})"
-    )
-    items.append(
-        _evidence_from_job(
-            victim,
-            f"job {victim['job_name']} (deployment {victim['deployment_num']}, submission "
-            f"{victim['submission_num']}): {state}; healthy: {proof}",
-            None if victim["has_status_event"] else victim["last_processed_at"],
-        )
-    )
-    return items
-
-
-def _known(column: pl.Expr) -> pl.Expr:
-    return column.is_not_null() & (column != "")
-
-
 def _plain_verdicts(runs: pl.DataFrame) -> pl.DataFrame:
     """Verdicts that need no look inside the run, in columns: `why` is null for candidate
     runs (a service a job failure failed or is failing: moments.run_failures, whatever a later
@@ -789,12 +677,12 @@ def _plain_verdicts(runs: pl.DataFrame) -> pl.DataFrame:
         .then(pl.lit(None, pl.String))
         .when(status.is_in(ACTIVE_RUN_STATUSES))
         .then(pl.format("run still {} at the end of the evidence", status))
-        .when(_known(reason))
+        .when(known(reason))
         .then(pl.format("run ended with {}, not a job failure", reason))
         .otherwise(
             pl.format(
                 "run {} without a job failure",
-                pl.when(_known(status)).then(status).otherwise(pl.lit("in an unknown state")),
+                pl.when(known(status)).then(status).otherwise(pl.lit("in an unknown state")),
             )
         )
     )
@@ -807,11 +695,13 @@ def detect(
     events: pl.DataFrame,
     disputed: dict[tuple[str, str], str] | None = None,
     ends: dict[str, datetime] | None = None,
+    gaps: dict[tuple[str, str], list[str]] | None = None,
 ) -> tuple[list[RunVerdict], list[Finding]]:
     """Every run's verdict and the findings. ``disputed`` names runs whose rows disagree
     (evidence.disputed_runs): they are inconclusive whatever the rules say. ``ends``: per
-    server, the end of its evidence (Evidence.ends_by_server), when the final rows speak."""
-    verdicts, findings = _detect(runs, subs, events, ends or {})
+    server, the end of its evidence (Evidence.ends_by_server), when the final rows speak.
+    ``gaps``: per run, what its evidence is missing (timeline.evidence_gaps), on its verdict."""
+    verdicts, findings = _detect(runs, subs, events, ends or {}, gaps or {})
     if not disputed:
         return verdicts, findings
     return _undecided_where_disputed(verdicts, findings, disputed)
@@ -838,7 +728,11 @@ def _undecided_where_disputed(
 
 
 def _detect(
-    runs: pl.DataFrame, subs: pl.DataFrame, events: pl.DataFrame, ends: dict[str, datetime]
+    runs: pl.DataFrame,
+    subs: pl.DataFrame,
+    events: pl.DataFrame,
+    ends: dict[str, datetime],
+    gaps: dict[tuple[str, str], list[str]],
 ) -> tuple[list[RunVerdict], list[Finding]]:
     subs = subs.with_columns(
         own_failure().alias("own_failure"), cascade_stop().alias("cascade_stop")
@@ -849,7 +743,7 @@ def _detect(
     judged = _plain_verdicts(runs)
     plain = judged.filter(pl.col("_why").is_not_null())
     verdicts = [
-        _verdict(run, "no_incident", run["_why"])
+        _verdict(run, "no_incident", run["_why"], gaps)
         for run in plain.select(*VERDICT_COLUMNS, "_why").iter_rows(named=True)
     ]
     findings: list[Finding] = []
@@ -926,17 +820,32 @@ def _detect(
         .unique()
         .iter_rows()
     )
+    deleted = deleted_failures(_of_runs(events, keys), subs)
+    deleted_by_run = deleted.rows_by_key(["server", "run_id"], named=True)
+    # only the events the evidence chain quotes become rows, each with its item's columns
+    failed = pl.concat(
+        [
+            judged_jobs.filter("own_failure").select("server", "job_id"),
+            deleted.select("server", "job_id"),
+        ]
+    )
+    victims = judged_jobs.filter(pl.col("rule").is_in(list(CATEGORY_ORDER))).select(
+        "server", "job_id"
+    )
+    quoted = read.filter(quoted_events(_of_jobs(failed), _of_jobs(victims))).with_columns(
+        quoted_columns()
+    )
     events_by_run = (
-        read.filter(_read_events())
-        .select(EVENT_COLUMNS)
-        # one text per event, as the evidence chain cites it: not a Python list per row
-        .with_columns(pl.col("provenance").list.join("; "))
+        quoted.filter(pl.col("kind").is_in(["run_status", "run_updated"]))
+        .select(*RUN_EVENT_COLUMNS, *EVIDENCE_COLUMNS)
         .rows_by_key(["server", "run_id"], named=True)
     )
-
-    deleted_by_run = deleted_failures(_of_runs(events, keys), subs).rows_by_key(
-        ["server", "run_id"], named=True
+    job_events = (
+        quoted.filter(pl.col("entity_type") == "job")
+        .select(*JOB_EVENT_COLUMNS, *EVIDENCE_COLUMNS)
+        .rows_by_key(["server", "run_id", "entity_id"], named=True)
     )
+
     for run in candidates:
         key = (run["server"], run["run_id"])
         judgement = _judge_candidate(
@@ -944,13 +853,21 @@ def _detect(
                 run,
                 jobs_by_run.get(key, []),
                 events_by_run.get(key, []),
+                job_events,
                 key in dateless,
                 deleted_by_run.get(key, []),
             )
         )
-        verdicts.append(_verdict(run, judgement.verdict, judgement.why))
+        verdicts.append(_verdict(run, judgement.verdict, judgement.why, gaps))
         findings.extend(judgement.findings)
     return verdicts, findings
+
+
+def _of_jobs(jobs: pl.DataFrame) -> pl.Expr:
+    """An event of one of `jobs` (server, job_id): a lookup, as _of_runs."""
+    wanted = jobs.select(pl.struct("server", "job_id")).to_series().implode()
+    key = pl.struct("server", pl.col("entity_id").alias("job_id"))
+    return (pl.col("entity_type") == "job") & key.is_in(wanted).fill_null(False)
 
 
 def _of_runs(frame: pl.DataFrame, keys: pl.DataFrame) -> pl.DataFrame:
@@ -973,7 +890,9 @@ VERDICT_COLUMNS = (
 )
 
 
-def _verdict(run: Row, verdict: Verdict, why: str) -> RunVerdict:
+def _verdict(
+    run: Row, verdict: Verdict, why: str, gaps: dict[tuple[str, str], list[str]]
+) -> RunVerdict:
     return RunVerdict(
         server=run["server"],
         run_id=run["run_id"],
@@ -986,4 +905,5 @@ def _verdict(run: Row, verdict: Verdict, why: str) -> RunVerdict:
         verdict=verdict,
         why=why,
         in_progress=run["status"] not in (*FINISHED_RUN_STATUSES, None),
+        gaps=gaps.get((run["server"], run["run_id"]), []),
     )

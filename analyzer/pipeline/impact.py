@@ -8,7 +8,6 @@ never served again is "not recovered as of the end of the evidence".
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -28,7 +27,7 @@ from analyzer.contract import (
 from analyzer.model import UTC_TIME
 from analyzer.pipeline.counterfactual import FailedReplica, RolloutFacts, evaluate_all
 from analyzer.pipeline.states import served_by, serving_spans, stopped_by
-from analyzer.pipeline.story import is_pseudo_date
+from analyzer.pipeline.story import PSEUDO_DATE_LIMIT
 
 # A replica with unknown start of health (table-only evidence) counts from its submission.
 CAPACITY_COLUMNS = ["server", "run_id", "time", "healthy_replicas"]
@@ -166,12 +165,13 @@ def _stop_precisions(findings: list[Finding], events: pl.DataFrame) -> dict[tupl
     precise sighting of that moment among the job's events (none: a table time, exact)."""
     stops = pl.DataFrame(
         [
-            {"i": i, "server": f.server, "job_id": v.job_id, "stop": v.terminated_at}
+            (i, f.server, v.job_id, v.terminated_at)
             for i, f in enumerate(findings)
             for v in f.victims
             if v.terminated_at is not None
         ],
         schema={"i": pl.Int64, "server": pl.String, "job_id": pl.String, "stop": UTC_TIME},
+        orient="row",
     )
     if stops.height == 0 or "time_text" not in events.columns:
         return {}
@@ -242,17 +242,16 @@ def _lookups(
     update's deployment did (bumped in place; replicas available before the first failure)."""
     keys = pl.DataFrame(
         [
-            {
-                "i": i,
-                "server": f.server,
-                "run_id": f.run_id,
-                "run_name": f.run_name,
-                "project": f.project,
-                "start": starts[(f.server, f.run_id)].at,
-                "dep": f.update_deployment_num,
-                "failed": min((c.failed_at for c in f.culprits if c.failed_at), default=None),
-                "jobs": [v.job_id for v in f.victims] + [c.job_id for c in f.culprits],
-            }
+            (
+                i,
+                f.server,
+                f.run_id,
+                f.run_name,
+                f.project,
+                starts[(f.server, f.run_id)].at,
+                f.update_deployment_num,
+                min((c.failed_at for c in f.culprits if c.failed_at), default=None),
+            )
             for i, f in enumerate(findings)
         ],
         schema={
@@ -264,8 +263,18 @@ def _lookups(
             "start": UTC_TIME,
             "dep": pl.Int64,
             "failed": UTC_TIME,
-            "jobs": pl.List(pl.String),
         },
+        orient="row",
+    )
+    # each finding's victims and culprits, one row each (a list per finding costs a Series each)
+    jobs = pl.DataFrame(
+        [
+            (i, f.server, job.job_id)
+            for i, f in enumerate(findings)
+            for job in (*f.victims, *f.culprits)
+        ],
+        schema={"i": pl.Int64, "server": pl.String, "job_id": pl.String},
+        orient="row",
     )
     healthy = (
         subs.filter(pl.col("health") == "healthy")
@@ -295,9 +304,7 @@ def _lookups(
         right_on=["server", "run_id", "deployment_num"],
     )
     fleets = (
-        keys.select("i", "server", pl.col("jobs").alias("job_id"))
-        .explode("job_id")
-        .join(subs.select("server", "job_id", "fleet_name"), on=["server", "job_id"])
+        jobs.join(subs.select("server", "job_id", "fleet_name"), on=["server", "job_id"])
         .drop_nulls("fleet_name")
         .group_by("i")
         .agg(pl.col("fleet_name").unique().sort())
@@ -500,85 +507,218 @@ def impact_rank(finding: Finding) -> tuple:
     )
 
 
-def _run_outages(findings: Iterable[Finding]) -> dict[tuple[str, str], tuple[float | None, bool]]:
-    """Each run's outage once, however many findings (categories) the run has: its seconds
-    and whether they are a lower bound."""
-    outages: dict[tuple[str, str], tuple[float | None, bool]] = {}
-    for finding in findings:
-        impact = finding.impact
-        seconds = impact.outage_seconds if impact else None
-        key = (finding.server, finding.run_id)
-        if outages.get(key, (None, False))[0] is None:
-            outages[key] = (seconds, bool(impact and impact.outage_is_lower_bound))
-    return outages
+# The Totals fields summed over a group of findings, in columns: each run's outage once (the
+# first of its findings that knows it), each victim's loss and cost; a sum adds its known parts
+# one after another in the findings' order (cum_sum), as a Python sum would, to the last bit.
+_TOTALS_SCHEMA = {
+    "i": pl.Int64,
+    "server": pl.String,
+    "run_id": pl.String,
+    "victims": pl.Int64,
+    "outage": pl.Float64,
+    "outage_bound": pl.Boolean,
+}
+_PARTS_SCHEMA = {"i": pl.Int64, "lost": pl.Float64, "cost": pl.Float64, "bound": pl.Boolean}
 
 
-def totals(findings: list[Finding]) -> dict[str, object]:
-    """The Totals fields of `findings`: each figure the sum of its known parts (None when no
-    part is known), a lower bound when a known part is, with its unknown parts counted."""
-    outages = list(_run_outages(findings).values())
-    known_outages = [seconds for seconds, _ in outages if seconds is not None]
-    # (lost seconds, lost cost, lower bound) per victim; a finding with no impact: unknown
+def _sequential_sum(column: str) -> pl.Expr:
+    """The sum of a group's known values in order (a Python `sum`, bit for bit); null when
+    none is known."""
+    return pl.col(column).drop_nulls().cum_sum().last()
+
+
+def _summary_frames(findings: list[Finding]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """One row per finding (what totals read of it) and one per victim's loss (a finding
+    with no impact: each victim's loss unknown)."""
+    found = pl.DataFrame(
+        {
+            "i": range(len(findings)),
+            "server": [f.server for f in findings],
+            "run_id": [f.run_id for f in findings],
+            "victims": [len(f.victims) for f in findings],
+            "outage": [f.impact.outage_seconds if f.impact else None for f in findings],
+            "outage_bound": [bool(f.impact and f.impact.outage_is_lower_bound) for f in findings],
+        },
+        schema=_TOTALS_SCHEMA,
+    )
     parts = [
-        (v.lost_seconds, v.lost_cost, v.lost_is_lower_bound)
-        for f in findings
-        for v in (f.impact.per_victim if f.impact else [])
-    ] + [(None, None, False) for f in findings if not f.impact for _ in f.victims]
-    lost = [seconds for seconds, _, _ in parts]
-    costs = [cost for _, cost, _ in parts]
-    return {
-        "incidents": len({(f.server, f.run_id) for f in findings}),
-        "findings": len(findings),
-        "victims": sum(len(f.victims) for f in findings),
-        "outage_seconds": sum(known_outages) if known_outages or not outages else None,
-        "outage_is_lower_bound": any(bound for seconds, bound in outages if seconds is not None),
-        "outage_unknown_runs": len(outages) - len(known_outages),
-        "healthy_replica_seconds_lost": _known_total(lost),
-        "healthy_replica_seconds_lost_is_lower_bound": any(
-            bound for seconds, _, bound in parts if seconds is not None
-        ),
-        "replica_time_unknown_victims": sum(seconds is None for seconds in lost),
-        "lost_cost": _known_total(costs),
-        "lost_cost_is_lower_bound": any(bound for _, cost, bound in parts if cost is not None),
-        "cost_unknown_victims": sum(cost is None for cost in costs),
-    }
+        (i, v.lost_seconds, v.lost_cost, v.lost_is_lower_bound)
+        if f.impact
+        else (i, None, None, False)
+        for i, f in enumerate(findings)
+        for v in (f.impact.per_victim if f.impact else f.victims)
+    ]
+    return found, pl.DataFrame(parts, schema=_PARTS_SCHEMA, orient="row")
 
 
-def _group(findings: Iterable[Finding], key: Callable[[Finding], list[str]]) -> list[GroupSummary]:
-    groups: dict[str, list[Finding]] = defaultdict(list)
-    for finding in findings:
-        for name in key(finding) or ["(unknown)"]:
-            groups[name].append(finding)
-    summaries = [GroupSummary(key=name, **totals(members)) for name, members in groups.items()]
-    return sorted(
-        summaries,
-        key=lambda g: (-(g.healthy_replica_seconds_lost or 0.0), -g.incidents, -g.findings, g.key),
+_GROUP = ["grouping", "key"]
+
+
+def _totals_by(found: pl.DataFrame, parts: pl.DataFrame) -> pl.DataFrame:
+    """The Totals fields per `grouping` and `key` of `found` (rows of findings, in order, one
+    per key a finding is counted under), over each group's findings and their victims."""
+    known = pl.col("outage").is_not_null()
+    runs = (
+        found.group_by(*_GROUP, "server", "run_id", maintain_order=True)
+        .agg(
+            pl.col("outage").drop_nulls().first(),
+            pl.col("outage_bound").filter(known).first(),
+        )
+        .group_by(_GROUP, maintain_order=True)
+        .agg(
+            pl.len().alias("incidents"),
+            _sequential_sum("outage").alias("outage_seconds"),
+            pl.col("outage_bound").filter(known).any().alias("outage_is_lower_bound"),
+            pl.col("outage").null_count().alias("outage_unknown_runs"),
+        )
+    )
+    counts = found.group_by(_GROUP, maintain_order=True).agg(
+        pl.len().alias("findings"), pl.col("victims").sum()
+    )
+    lost, cost = pl.col("lost").is_not_null(), pl.col("cost").is_not_null()
+    losses = (
+        found.select(*_GROUP, "i")
+        .join(parts, on="i", maintain_order="left")
+        .group_by(_GROUP, maintain_order=True)
+        .agg(
+            pl.len().alias("_parts"),
+            _sequential_sum("lost").alias("healthy_replica_seconds_lost"),
+            pl.col("bound").filter(lost).any().alias("healthy_replica_seconds_lost_is_lower_bound"),
+            pl.col("lost").null_count().alias("replica_time_unknown_victims"),
+            _sequential_sum("cost").alias("lost_cost"),
+            pl.col("bound").filter(cost).any().alias("lost_cost_is_lower_bound"),
+            pl.col("cost").null_count().alias("cost_unknown_victims"),
+        )
+    )
+    # a group of no parts sums to 0.0, one of parts none of which is known to null
+    none = pl.col("_parts").fill_null(0) == 0
+    return (
+        runs.join(counts, on=_GROUP, maintain_order="left")
+        .join(losses, on=_GROUP, how="left", maintain_order="left")
+        .with_columns(
+            pl.when(none).then(0.0).otherwise(pl.col(name)).alias(name)
+            for name in ("healthy_replica_seconds_lost", "lost_cost")
+        )
+        .with_columns(
+            pl.col(name).fill_null(False)
+            for name in ("healthy_replica_seconds_lost_is_lower_bound", "lost_cost_is_lower_bound")
+        )
+        .with_columns(
+            pl.col(name).fill_null(0)
+            for name in ("replica_time_unknown_victims", "cost_unknown_victims")
+        )
+        .drop("_parts")
     )
 
 
-def _day(finding: Finding) -> list[str]:
-    """The UTC day the incident began: its outage's start, else the earliest dated moment the
-    finding records (a culprit's failure, a victim's stop); unknown only when none is dated
-    (a rich log alone gives times of day)."""
-    start = finding.impact.outage_start if finding.impact else None
-    moments = [c.failed_at for c in finding.culprits] + [v.terminated_at for v in finding.victims]
-    dated = [m for m in (start, min(filter(None, moments), default=None)) if m]
-    dated = [m for m in dated if not is_pseudo_date(m)]
-    return [dated[0].strftime("%Y-%m-%d")] if dated else ["(date unknown)"]
+_NO_TOTALS = {
+    "incidents": 0,
+    "findings": 0,
+    "victims": 0,
+    "outage_seconds": 0.0,
+    "outage_is_lower_bound": False,
+    "outage_unknown_runs": 0,
+    "healthy_replica_seconds_lost": 0.0,
+    "healthy_replica_seconds_lost_is_lower_bound": False,
+    "replica_time_unknown_victims": 0,
+    "lost_cost": 0.0,
+    "lost_cost_is_lower_bound": False,
+    "cost_unknown_victims": 0,
+}
+
+
+def _groups(
+    found: pl.DataFrame, parts: pl.DataFrame, groupings: dict[str, list[list[str]]]
+) -> dict[str, list[GroupSummary]]:
+    """Per grouping, the summary of each name it gives the findings (a finding with none:
+    "(unknown)"), worst first; all groupings in one pass."""
+    named = pl.DataFrame(
+        [
+            (grouping, i, name)
+            for grouping, keys in groupings.items()
+            for i, names in enumerate(keys)
+            for name in names or ["(unknown)"]
+        ],
+        schema={"grouping": pl.String, "i": pl.Int64, "key": pl.String},
+        orient="row",
+    ).join(found, on="i", maintain_order="left")
+    summaries: dict[str, list[GroupSummary]] = {grouping: [] for grouping in groupings}
+    for row in _totals_by(named, parts).iter_rows(named=True):
+        summaries[row.pop("grouping")].append(GroupSummary(**row))
+    return {
+        grouping: sorted(
+            listed,
+            key=lambda g: (
+                -(g.healthy_replica_seconds_lost or 0.0),
+                -g.incidents,
+                -g.findings,
+                g.key,
+            ),
+        )
+        for grouping, listed in summaries.items()
+    }
+
+
+def _days(findings: list[Finding]) -> list[str]:
+    """Each finding's UTC day the incident began: its outage's start, else the earliest dated
+    moment it records (a culprit's failure, a victim's stop); unknown only when none is dated
+    (a rich log alone gives times of day, on a pseudo date)."""
+    moments = pl.DataFrame(
+        [
+            (i, moment)
+            for i, f in enumerate(findings)
+            for moment in (
+                *(c.failed_at for c in f.culprits),
+                *(v.terminated_at for v in f.victims),
+            )
+            if moment is not None
+        ],
+        schema={"i": pl.Int64, "moment": UTC_TIME},
+        orient="row",
+    )
+    starts = pl.DataFrame(
+        {
+            "i": range(len(findings)),
+            "start": [f.impact.outage_start if f.impact else None for f in findings],
+        },
+        schema={"i": pl.Int64, "start": UTC_TIME},
+    )
+    dated = [
+        pl.when(pl.col(name) >= PSEUDO_DATE_LIMIT).then(pl.col(name))
+        for name in ("start", "moment")
+    ]
+    return (
+        starts.join(moments.group_by("i").agg(pl.col("moment").min()), on="i", how="left")
+        .sort("i")
+        .select(pl.coalesce(dated).dt.strftime("%Y-%m-%d").fill_null("(date unknown)"))
+        .to_series()
+        .to_list()
+    )
 
 
 def summarise(findings: list[Finding], verdicts: list[RunVerdict], base: Summary) -> Summary:
+    """The summary's totals and its groupings: one group_by of the findings' frames."""
+    in_progress = sum(v.in_progress for v in verdicts)
+    if not findings:
+        return base.model_copy(update={"runs_in_progress": in_progress, **_NO_TOTALS})
+    found, parts = _summary_frames(findings)
+    groups = _groups(
+        found,
+        parts,
+        {
+            "whole": [[""]] * len(findings),
+            "by_server": [[f.server] for f in findings],
+            "by_project": [[f.project or "(unknown)"] for f in findings],
+            "by_fleet": [f.root_cause.fleets if f.root_cause else [] for f in findings],
+            "by_user": [[f.updated_by or "(unknown)"] for f in findings],
+            "by_day": [[day] for day in _days(findings)],
+            "by_failure_class": [
+                [f.root_cause.failure_class] if f.root_cause else [] for f in findings
+            ],
+        },
+    )
+    [whole] = groups.pop("whole")
+    groups["by_day"].sort(key=lambda g: g.key)
     return base.model_copy(
-        update={
-            "runs_in_progress": sum(v.in_progress for v in verdicts),
-            **totals(findings),
-            "by_server": _group(findings, lambda f: [f.server]),
-            "by_project": _group(findings, lambda f: [f.project or "(unknown)"]),
-            "by_fleet": _group(findings, lambda f: f.root_cause.fleets if f.root_cause else []),
-            "by_user": _group(findings, lambda f: [f.updated_by or "(unknown)"]),
-            "by_day": sorted(_group(findings, _day), key=lambda g: g.key),
-            "by_failure_class": _group(
-                findings, lambda f: [f.root_cause.failure_class] if f.root_cause else []
-            ),
-        }
+        update={"runs_in_progress": in_progress, **whole.model_dump(exclude={"key"}), **groups}
     )

@@ -352,7 +352,7 @@ class _Items(BaseModel):
 
 
 class _Stop(NamedTuple):
-    """What the summary reads of a victim (impact._day)."""
+    """What the summary reads of a victim (impact._days)."""
 
     terminated_at: datetime | None
 
