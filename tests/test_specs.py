@@ -12,10 +12,12 @@ from datetime import UTC, datetime
 
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from analyzer import open_sources
 from analyzer.pipeline.exposure import exposure_report
-from analyzer.pipeline.placement import HOLDER_CHUNK, holders_at, parse_spec
+from analyzer.pipeline.placement import holders_at, parse_spec
 from tests.conftest import CAPTURES
 
 SEED = CAPTURES / "v0.22.5" / "seed" / "server.db"
@@ -213,11 +215,10 @@ def test_holders_named_are_the_neighbours_first_then_the_earliest_placed_and_cou
     )
     runs = pl.DataFrame({"server": ["s"] * 3, "run_id": ["web", "chat", "api"]})
     runs = runs.with_columns(pl.col("run_id").alias("run_name"))
-    # two failures ranked apart (holders_at ranks HOLDER_CHUNK failures at a time); at 09:01
-    # only web's own w0 and w1 held the room
+    # two failures of one fleet; at 09:01 only web's own w0 and w1 held the room
     failures = pl.DataFrame(
         {
-            "i": [0, HOLDER_CHUNK],
+            "i": [0, 7],
             "server": ["s", "s"],
             "fleet_name": ["f", "f"],
             "as_of": [at(5), at(1)],
@@ -229,10 +230,95 @@ def test_holders_named_are_the_neighbours_first_then_the_earliest_placed_and_cou
         (0, "a1", 0, 4),
         (0, "c1", 1, 4),
         (0, "w0", 2, 4),
-        (HOLDER_CHUNK, "w0", 0, 2),
-        (HOLDER_CHUNK, "w1", 1, 2),
+        (7, "w0", 0, 2),
+        (7, "w1", 1, 2),
     ]
 
+
+def _holders_by_hand(failures: list[dict], jobs: list[dict], first: int) -> list[tuple]:
+    """holders_at's answer by its definition, one failure and one job at a time."""
+    placed = sorted(jobs, key=lambda j: (j["created_at"], j["job_id"]))
+    rows = []
+    for f in failures:
+        alive = [
+            j
+            for j in placed
+            if (j["server"], j["fleet_name"]) == (f["server"], f["fleet_name"])
+            and j["created_at"] <= f["as_of"]
+            and (j["stopped_at"] is None or j["stopped_at"] > f["as_of"])
+        ]
+        named = sorted(alive, key=lambda j: j["run_id"] == f["own"])[:first]
+        rows += [(f["i"], j["job_id"], rank, len(alive)) for rank, j in enumerate(named)]
+    return rows
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    jobs=st.lists(
+        st.tuples(
+            st.sampled_from(["f", "g"]),
+            st.sampled_from(["web", "chat", "api"]),
+            st.integers(0, 12),
+            st.one_of(st.none(), st.integers(0, 14)),
+        ),
+        max_size=40,
+    ),
+    failures=st.lists(
+        st.tuples(st.sampled_from(["f", "g", "h"]), st.integers(0, 14), st.sampled_from(["web"])),
+        min_size=1,
+        max_size=8,
+    ),
+)
+def test_holders_are_those_of_their_definition(jobs, failures):
+    """The holders counted and the first named, found by descent (placement._first_alive),
+    are those of the definition on any fleet: ties in time, jobs stopped before they were
+    placed, a failing run's own jobs among the first placed, fleets with no job."""
+
+    def at(minute):
+        return datetime(2026, 11, 2, 9, minute, tzinfo=UTC)
+
+    rows = [
+        {
+            "server": "s",
+            "fleet_name": fleet,
+            "run_id": run,
+            "job_id": f"j{n:02}",
+            "job_name": f"j{n:02}",
+            "deployment_num": 0,
+            "instance_id": f"{fleet}-0",
+            "instance_name": f"{fleet}-0",
+            "created_at": at(created),
+            "stopped_at": None if stopped is None else at(stopped),
+            "health": "healthy",
+            "health_proof": None,
+        }
+        for n, (fleet, run, created, stopped) in enumerate(jobs)
+    ]
+    asked = [
+        {"i": i, "server": "s", "fleet_name": fleet, "as_of": at(minute), "own": own}
+        for i, (fleet, minute, own) in enumerate(failures)
+    ]
+    schema = {"created_at": pl.Datetime("us", "UTC"), "stopped_at": pl.Datetime("us", "UTC")}
+    subs = pl.DataFrame(rows, schema_overrides=schema) if rows else None
+    if subs is None:
+        subs = pl.DataFrame(schema={**dict.fromkeys(_HOLDER_COLUMNS, pl.String), **schema})
+    runs = pl.DataFrame({"server": ["s"] * 3, "run_id": ["web", "chat", "api"]})
+    held = holders_at(pl.DataFrame(asked), subs, runs.with_columns(run_name=pl.col("run_id")), 3)
+    assert held.select("i", "job_id", "rank", "of").rows() == _holders_by_hand(asked, rows, 3)
+
+
+_HOLDER_COLUMNS = (
+    "server",
+    "fleet_name",
+    "run_id",
+    "job_id",
+    "job_name",
+    "deployment_num",
+    "instance_id",
+    "instance_name",
+    "health",
+    "health_proof",
+)
 
 PROVIDER_REFUSAL = (
     "Failed to provision in fleet 'cpu-fleet': tried 1 of 1 offers, all failed.\n"

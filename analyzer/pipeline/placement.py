@@ -358,9 +358,9 @@ def holders_at(
     neighbour that held the room), then the earliest placed; each with its run, since when it
     held it, until when, its final health, its `rank` and `of`, how many held the room. dstack
     places a replica only on idle blocks or a new instance below `nodes.max`
-    (jobs_submitted.py); these held the rest. One inequality join (`spans_at`) of row numbers
-    only: a busy fleet's thousands of holders at each of thousands of failures are ranked as
-    integers, and only the named ones get their columns."""
+    (jobs_submitted.py); these held the rest. A busy fleet's holders at a failure grow with
+    the fleet's traffic, and failures with the runs: the holders are counted (placed by T less
+    stopped by T) and only the named ones found (`_first_alive`), never listed per failure."""
     held = (
         subs.filter(pl.col("instance_id").is_not_null() & pl.col("created_at").is_not_null())
         .select(
@@ -379,24 +379,10 @@ def holders_at(
         .sort("created_at", "job_id")
         .with_row_index("_job")  # the order they were placed in
     )
-    whose = (
-        pl.concat([held.select("server", "run_id"), failures.select("server", run_id="own")])
-        .unique()
-        .with_row_index("_run")
-    )
-    moments = failures.with_row_index("_moment").join(
-        whose.rename({"run_id": "own", "_run": "_own"}), on=["server", "own"], how="left"
-    )
-    spans = held.join(whose, on=["server", "run_id"]).select(
-        "server", "fleet_name", "_job", "_run", "created_at", "stopped_at"
-    )
-    # failures a few hundred at a time: a busy fleet's holders at each are thousands
-    chunks = moments.with_columns(_chunk=pl.col("i") // HOLDER_CHUNK).partition_by(
-        "_chunk", include_key=False
-    )
-    ranked = pl.concat(_ranked(chunk, spans, held.height, first) for chunk in chunks)
+    moments = failures.with_row_index("_moment")
+    ranked = _ranked(moments, held, first)
     return (
-        ranked.join(moments.drop("i", "_own"), on="_moment")
+        ranked.join(moments.drop("i"), on="_moment")
         .join(held.drop("server", "fleet_name"), on="_job")
         .join(runs.select("server", "run_id", "run_name"), on=["server", "run_id"], how="left")
         .sort("i", "rank")
@@ -404,31 +390,113 @@ def holders_at(
     )
 
 
-HOLDER_CHUNK = 256  # failures ranked at once: memory for their holders' pairs stays bounded
-
-
-def _ranked(moments: pl.DataFrame, spans: pl.DataFrame, jobs: int, first: int) -> pl.DataFrame:
-    """holders_at's ranking of the `moments` (failures with their `_moment` and `_own`): per
-    failure `i`, the first holders by one integer each (its own run's last, then by placement:
-    `_job`), and how many held the room."""
-    alive = spans_at(moments, spans, ("server", "fleet_name"), "created_at", "stopped_at")
-    local = pl.col("_moment").cast(pl.Int64)
-    own = pl.lit(moments["_own"]).gather(local)
-    rank = pl.col("_run").eq_missing(own).cast(pl.Int64) * jobs + pl.col("_job")
-    return (
-        alive.select(
-            i=pl.lit(moments["i"]).gather(local),
-            _key=rank * moments.height + local,
+def _ranked(moments: pl.DataFrame, held: pl.DataFrame, first: int) -> pl.DataFrame:
+    """holders_at's ranking of the failures (`moments`, each with its `_moment`): per failure
+    `i`, its first holders (other runs' first, then by placement: `_job`), each's `rank`, and
+    `of`, how many held the room. Times are compared as their ranks among every time here
+    (as placement.spans_at does), each fleet's in a block of its own: one sorted key."""
+    by = ["server", "fleet_name"]
+    groups = moments.select(by).unique(maintain_order=True).with_row_index("_group")
+    spans = held.join(groups, on=by).sort("_group", "_job")
+    asked = moments.join(groups, on=by, maintain_order="left")
+    times = (
+        pl.concat(
+            [
+                asked.select(pl.col("as_of").cast(spans.schema["created_at"]).alias("t")),
+                spans.select(pl.col("created_at").alias("t")),
+                spans.select(pl.col("stopped_at").alias("t")),
+            ]
         )
-        .group_by("i")
-        .agg(pl.col("_key").bottom_k(first), pl.len().alias("of"))
-        .explode("_key")
-        .sort("i", "_key")
+        .drop_nulls()
+        .unique()
+        .sort("t")["t"]
+    )
+    width = times.len() + 1
+
+    def key(frame: pl.DataFrame, column: str) -> pl.Series:
+        rank = times.search_sorted(frame[column].cast(times.dtype))
+        return frame["_group"].cast(pl.Int64) * width + rank.cast(pl.Int64)
+
+    placed = key(spans, "created_at")  # sorted: a fleet's jobs in placement order
+    # a job stopped before it was placed never held the room: it left as it came
+    ended = key(
+        spans.filter(pl.col("stopped_at").is_not_null()).with_columns(
+            pl.max_horizontal("stopped_at", "created_at").alias("stopped_at")
+        ),
+        "stopped_at",
+    ).sort()
+    at = key(asked, "as_of")
+    begin = asked["_group"].cast(pl.Int64) * width
+    start = placed.search_sorted(begin, side="left").cast(pl.Int64)
+    bound = placed.search_sorted(at, side="right").cast(pl.Int64)  # placed by T: before this
+    gone = ended.search_sorted(at, side="right").cast(pl.Int64) - ended.search_sorted(
+        begin, side="left"
+    ).cast(pl.Int64)
+    # an open end (never stopped) is above every time: the top of the ranks
+    until = spans["stopped_at"].is_null().cast(pl.Int64) * width + times.search_sorted(
+        spans["stopped_at"].cast(times.dtype)
+    ).cast(pl.Int64).fill_null(0)
+    found = _first_alive(
+        until,
+        spans["run_id"],
+        pl.DataFrame(
+            {
+                "_moment": asked["_moment"],
+                "at": at - begin,
+                "run": asked["own"],
+                "start": start,
+                "bound": bound,
+            }
+        ),
+        first,
+    )
+    counted = asked.select("i", "_moment", of=(bound - start - gone).cast(pl.UInt32))
+    return (
+        found.sort("_moment", "own", "_pos")
+        .group_by("_moment", maintain_order=True)
+        .head(first)
+        .join(counted, on="_moment", maintain_order="left")
         .select(
             "i",
             "of",
-            pl.int_range(pl.len()).over("i").alias("rank"),
-            pl.lit(moments["_moment"]).gather(pl.col("_key") % moments.height),
-            (pl.col("_key") // moments.height % jobs).cast(pl.UInt32).alias("_job"),
+            pl.int_range(pl.len()).over("_moment").alias("rank"),
+            "_moment",
+            pl.lit(spans["_job"]).gather(pl.col("_pos")).cast(pl.UInt32).alias("_job"),
         )
+        .sort("i", "rank")
     )
+
+
+def _first_alive(
+    until: pl.Series, run_ids: pl.Series, asked: pl.DataFrame, first: int
+) -> pl.DataFrame:
+    """Per failure (`asked`: its `_moment`, its time `at`, its `run`, and the positions
+    [`start`, `bound`) of its fleet's jobs placed by then), the positions of the jobs alive
+    then (ended `until` after `at`), in placement order, until `first` of other runs are
+    found (the failing run's own come after them all). Each next one by a binary descent
+    over the maxima of `until` in blocks of 2, 4, 8... positions: a few steps per holder
+    named, whatever the fleet's traffic."""
+    size = until.len()
+    maxima = [until]
+    while (1 << len(maxima)) <= size:
+        step = 1 << (len(maxima) - 1)
+        last = maxima[-1]
+        maxima.append(
+            pl.select(pl.max_horizontal(last, last.shift(-step, fill_value=last.min()))).to_series()
+        )
+    found = [pl.DataFrame(schema={"_moment": pl.UInt32, "own": pl.Boolean, "_pos": pl.Int64})]
+    # a fleet with no job placed by T: no holder, none to look for
+    active = asked.filter(pl.col("start") < pl.col("bound")).with_columns(
+        others=pl.lit(0, pl.Int64)
+    )
+    while not active.is_empty():
+        at, pos = active["at"], active["start"]
+        for level in reversed(range(len(maxima))):
+            block = maxima[level].gather(pos.clip(upper_bound=size - 1))
+            pos = pos + ((pos < size) & (block <= at)).cast(pl.Int64) * (1 << level)
+        active = active.with_columns(_pos=pos).filter(pl.col("_pos") < pl.col("bound"))
+        own = run_ids.gather(active["_pos"]).eq_missing(active["run"]) & active["run"].is_not_null()
+        active = active.with_columns(own=own, others=pl.col("others") + (~own).cast(pl.Int64))
+        found.append(active.select("_moment", "own", "_pos"))
+        active = active.filter(pl.col("others") < first).with_columns(start=pl.col("_pos") + 1)
+    return pl.concat(found)
