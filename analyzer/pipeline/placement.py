@@ -393,64 +393,34 @@ def holders_at(
 def _ranked(moments: pl.DataFrame, held: pl.DataFrame, first: int) -> pl.DataFrame:
     """holders_at's ranking of the failures (`moments`, each with its `_moment`): per failure
     `i`, its first holders (other runs' first, then by placement: `_job`), each's `rank`, and
-    `of`, how many held the room. Times are compared as their ranks among every time here
-    (as placement.spans_at does), each fleet's in a block of its own: one sorted key."""
-    by = ["server", "fleet_name"]
+    `of`, how many held the room (`count_at`)."""
+    by = ("server", "fleet_name")
     groups = moments.select(by).unique(maintain_order=True).with_row_index("_group")
     spans = held.join(groups, on=by).sort("_group", "_job")
     asked = moments.join(groups, on=by, maintain_order="left")
-    times = (
-        pl.concat(
-            [
-                asked.select(pl.col("as_of").cast(spans.schema["created_at"]).alias("t")),
-                spans.select(pl.col("created_at").alias("t")),
-                spans.select(pl.col("stopped_at").alias("t")),
-            ]
-        )
-        .drop_nulls()
-        .unique()
-        .sort("t")["t"]
-    )
-    width = times.len() + 1
-
-    def key(frame: pl.DataFrame, column: str) -> pl.Series:
-        rank = times.search_sorted(frame[column].cast(times.dtype))
-        return frame["_group"].cast(pl.Int64) * width + rank.cast(pl.Int64)
-
-    placed = key(spans, "created_at")  # sorted: a fleet's jobs in placement order
-    # a job stopped before it was placed never held the room: it left as it came
-    ended = key(
-        spans.filter(pl.col("stopped_at").is_not_null()).with_columns(
-            pl.max_horizontal("stopped_at", "created_at").alias("stopped_at")
-        ),
-        "stopped_at",
-    ).sort()
-    at = key(asked, "as_of")
-    begin = asked["_group"].cast(pl.Int64) * width
-    start = placed.search_sorted(begin, side="left").cast(pl.Int64)
-    bound = placed.search_sorted(at, side="right").cast(pl.Int64)  # placed by T: before this
-    gone = ended.search_sorted(at, side="right").cast(pl.Int64) - ended.search_sorted(
-        begin, side="left"
-    ).cast(pl.Int64)
+    clock = _Clock(spans["created_at"], asked["as_of"], spans["stopped_at"])
+    placed = clock.key(spans["_group"], spans["created_at"])  # sorted: in placement order
+    at = clock.key(asked["_group"], asked["as_of"])
+    begin = clock.key(asked["_group"])
     # an open end (never stopped) is above every time: the top of the ranks
-    until = spans["stopped_at"].is_null().cast(pl.Int64) * width + times.search_sorted(
-        spans["stopped_at"].cast(times.dtype)
-    ).cast(pl.Int64).fill_null(0)
+    until = clock.key(pl.Series([0] * spans.height), spans["stopped_at"])
     found = _first_alive(
-        until,
+        until.fill_null(clock.width),
         spans["run_id"],
         pl.DataFrame(
             {
                 "_moment": asked["_moment"],
                 "at": at - begin,
                 "run": asked["own"],
-                "start": start,
-                "bound": bound,
+                "start": placed.search_sorted(begin, side="left").cast(pl.Int64),
+                "bound": placed.search_sorted(at, side="right").cast(pl.Int64),
             }
         ),
         first,
     )
-    counted = asked.select("i", "_moment", of=(bound - start - gone).cast(pl.UInt32))
+    counted = moments.select(
+        "i", "_moment", of=count_at(moments, held, by, "created_at", "stopped_at")
+    )
     return (
         found.sort("_moment", "own", "_pos")
         .group_by("_moment", maintain_order=True)
@@ -465,6 +435,55 @@ def _ranked(moments: pl.DataFrame, held: pl.DataFrame, first: int) -> pl.DataFra
         )
         .sort("i", "rank")
     )
+
+
+class _Clock:
+    """Times as their ranks among every time asked about (as spans_at compares them), each
+    group's in a block of its own above the previous group's: comparing two keys is
+    comparing (group, time), and a group's spans are one sorted run of keys."""
+
+    def __init__(self, start: pl.Series, *times: pl.Series) -> None:
+        self.times = (
+            pl.concat([start, *(t.cast(start.dtype) for t in times)]).drop_nulls().unique().sort()
+        )
+        self.width = self.times.len() + 1
+
+    def key(self, groups: pl.Series, when: pl.Series | None = None) -> pl.Series:
+        """Each (group, time)'s key (null for a null time); with no time, where the group's
+        block begins."""
+        base = groups.cast(pl.Int64) * self.width
+        if when is None:
+            return base
+        rank = self.times.search_sorted(when.cast(self.times.dtype)).cast(pl.Int64)
+        return pl.select(pl.when(when.is_not_null()).then(base + rank)).to_series()
+
+
+def count_at(
+    moments: pl.DataFrame, spans: pl.DataFrame, by: tuple[str, ...], start: str, end: str
+) -> pl.Series:
+    """How many of the spans of each moment's `by` hold at its `as_of` (as spans_at finds
+    them), in the moments' order: those begun by then less those also ended by then, by two
+    sorted searches per moment, never a row per (moment, span). A span that ends before it
+    begins never holds: it ends as it begins."""
+    groups = moments.select(by).unique(maintain_order=True).with_row_index("_group")
+    asked = moments.select(*by, "as_of").join(groups, on=by, how="left", maintain_order="left")
+    spans = spans.filter(pl.col(start).is_not_null()).join(groups, on=by)
+    clock = _Clock(spans[start], asked["as_of"], spans[end])
+    ended = spans.filter(pl.col(end).is_not_null())
+    begun = clock.key(spans["_group"], spans[start]).sort()
+    gone = clock.key(ended["_group"], ended.select(pl.max_horizontal(end, start)).to_series())
+    gone = gone.sort()
+    # a moment of no group or no time: its keys below every span's, nothing held
+    at = clock.key(asked["_group"], asked["as_of"])
+    begin = pl.select(pl.when(at.is_not_null()).then(clock.key(asked["_group"]))).to_series()
+    at, begin = at.fill_null(-1), begin.fill_null(0)
+
+    def held(keys: pl.Series) -> pl.Series:
+        return keys.search_sorted(at, side="right").cast(pl.Int64) - keys.search_sorted(
+            begin, side="left"
+        ).cast(pl.Int64)
+
+    return (held(begun) - held(gone)).cast(pl.UInt32).alias("count")
 
 
 def _first_alive(

@@ -23,7 +23,7 @@ import json
 import polars as pl
 
 from analyzer.dstack import FINISHED_RUN_STATUSES, IN_PLACE_CHANGES, REPLICA_COUNT_CHANGES
-from analyzer.pipeline.placement import parse_spec, spans_at
+from analyzer.pipeline.placement import count_at, parse_spec, spans_at
 
 # Run spec fields that decide where a replica goes and how many are wanted (the run's
 # `placement_spec`, RUNS_SCHEMA), in the words of "Changed fields".
@@ -298,12 +298,9 @@ def nodes_contradicted(
     alive = instances.select(
         "server", "fleet_id", "instance_id", pl.col("created_at").alias("_from"), "ended_at"
     )
-    moments = refused.with_row_index("_moment")
-    held = spans_at(refused, alive, ("server", "fleet_id"), "_from", "ended_at")
-    counts = held.group_by("_moment").agg(pl.len().alias("active"))
+    active = count_at(refused, alive, ("server", "fleet_id"), "_from", "ended_at")
     return (
-        moments.join(counts, on="_moment", how="left")
-        .with_columns(pl.col("active").fill_null(0))
+        refused.with_columns(active.alias("active"))
         .join(
             fleets.filter(~pl.col("ssh").fill_null(False)).select(
                 "server", "fleet_id", "nodes_max"
@@ -313,7 +310,7 @@ def nodes_contradicted(
         .filter(pl.col("nodes_max").is_not_null() & (pl.col("active") < pl.col("nodes_max")))
         .sort("as_of")
         .group_by("server", "fleet_id")
-        .agg(pl.all().exclude("_moment").last())
+        .agg(pl.all().last())
         .rename({"as_of": "refused_at"})
         .select(list(schema))
         .cast(schema)
