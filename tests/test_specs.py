@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from analyzer import open_sources
 from analyzer.dstack import FINISHED_RUN_STATUSES
 from analyzer.pipeline.exposure import exposure_report
-from analyzer.pipeline.placement import holders_at, parse_spec
+from analyzer.pipeline.placement import holders_at, parse_spec, placed_jobs
 from tests.conftest import CAPTURES
 
 SEED = CAPTURES / "v0.22.5" / "seed" / "server.db"
@@ -184,7 +184,7 @@ def test_holders_are_the_jobs_on_the_fleet_not_stopped_at_the_failure():
     failures = pl.DataFrame(
         {"i": [0], "server": ["s"], "fleet_name": ["f"], "as_of": [at], "own": ["web"]}
     )
-    held = holders_at(failures, subs, runs, 3)
+    held = holders_at(failures, placed_jobs(subs, runs), 3)
     assert held.select("run_name", "job_name", "health").rows() == [
         ("neighbour", "chat-0-0", "unknown")
     ]
@@ -226,7 +226,7 @@ def test_holders_named_are_the_neighbours_first_then_the_earliest_placed_and_cou
             "own": ["web", "web"],
         }
     )
-    held = holders_at(failures, subs, runs, 3)
+    held = holders_at(failures, placed_jobs(subs, runs), 3)
     assert held.select("i", "job_id", "rank", "of").rows() == [
         (0, "a1", 0, 4),
         (0, "c1", 1, 4),
@@ -304,7 +304,9 @@ def test_holders_are_those_of_their_definition(jobs, failures):
     if subs is None:
         subs = pl.DataFrame(schema={**dict.fromkeys(_HOLDER_COLUMNS, pl.String), **schema})
     runs = pl.DataFrame({"server": ["s"] * 3, "run_id": ["web", "chat", "api"]})
-    held = holders_at(pl.DataFrame(asked), subs, runs.with_columns(run_name=pl.col("run_id")), 3)
+    held = holders_at(
+        pl.DataFrame(asked), placed_jobs(subs, runs.with_columns(run_name=pl.col("run_id"))), 3
+    )
     assert held.select("i", "job_id", "rank", "of").rows() == _holders_by_hand(asked, rows, 3)
 
 

@@ -13,7 +13,7 @@ import polars as pl
 
 from analyzer.contract import CapacityForesight, Finding
 from analyzer.pipeline.exposure import BEFORE_UPDATE, NO_CAPACITY, Frames, assess_states
-from analyzer.pipeline.placement import holders_at
+from analyzer.pipeline.placement import holders_at, placed_jobs
 
 DATELESS = CapacityForesight(
     as_of=None,
@@ -111,15 +111,16 @@ def foresight(
 def facts_of(frames: Frames, findings: list[Finding]) -> Frames:
     """The rows of `frames` that can change the foresight of `findings` (whole runs'
     findings), every other row left out: a merge asks it a chunk of findings at a time, and
-    each chunk read every job of every partition. Kept, by what `assess_states`,
-    `_capacity_holders` and the specs read (a superset: a row that matches nothing is never
-    seen): the fleets of the findings' runs' projects (candidate fleets are the project's:
-    plan.py) and their instances; the runs of those projects, of no project, or placed in
-    one of those fleets or their own (promised surges: specs.promised_surges), and their
-    updates; their jobs, the jobs of runs the tables do not hold (a refusal of no known
-    project), and the jobs on those instances (blocks held), in those fleets (refused
-    'Fleet is at capacity': specs.nodes_contradicted) or in a fleet named where the room was
-    held (placement.holders_at), with their runs (named as holders)."""
+    each chunk read every job of every partition. Kept, by what `assess_states` and the
+    specs read (a superset: a row that matches nothing is never seen): the fleets of the
+    findings' runs' projects (candidate fleets are the project's: plan.py) and their
+    instances; the runs of those projects, of no project, or placed in one of those fleets
+    or their own (promised surges: specs.promised_surges), and their updates; their jobs,
+    the jobs of runs the tables do not hold (a refusal of no known project), and the jobs on
+    those instances (blocks held) or in those fleets (refused 'Fleet is at capacity':
+    specs.nodes_contradicted), with their runs. Who held the room (`_capacity_holders`) is
+    read from `frames.placed`, left whole: a fleet is named there by its name alone, which
+    other projects' fleets share, so keeping those jobs here kept nearly every job."""
     wanted = wanted_findings(findings)
     if not wanted:
         return frames
@@ -136,11 +137,6 @@ def facts_of(frames: Frames, findings: list[Finding]) -> Frames:
         [fleets.select("server", "fleet_id"), own.select("server", "fleet_id")]
     ).drop_nulls()
     instances = frames.instances.join(fleet_ids, on=["server", "fleet_id"], how="semi")
-    named = pl.DataFrame(
-        [(f.server, name) for f in wanted if f.root_cause for name in f.root_cause.fleets],
-        schema={"server": pl.String, "fleet_name": pl.String},
-        orient="row",
-    )
     kept = _rows_of(
         runs,
         (("project",), pl.DataFrame({"project": [None]}, schema={"project": pl.String})),
@@ -153,7 +149,6 @@ def facts_of(frames: Frames, findings: list[Finding]) -> Frames:
         subs,
         (("server", "run_id"), pl.concat([kept, unheld])),
         (("server", "instance_id"), instances.select("server", "instance_id")),
-        (("server", "fleet_name"), named),
         *([(("server", "fleet_id"), fleet_ids)] if "fleet_id" in subs.columns else []),
     )
     runs = _rows_of(
@@ -217,7 +212,10 @@ def _capacity_holders(findings: list[Finding], frames: Frames) -> dict[tuple, li
     )
     if failures.is_empty():
         return {}
-    held = holders_at(failures, frames.submissions, frames.runs, HOLDERS_NAMED)
+    placed = frames.placed
+    if placed is None:
+        placed = placed_jobs(frames.submissions, frames.runs)
+    held = holders_at(failures, placed, HOLDERS_NAMED)
     said: dict[tuple, list[str]] = {}
     for row in held.iter_rows(named=True):
         whose = "this run's" if row["run_id"] == row["own"] else f"run {row['run_name']}'s"

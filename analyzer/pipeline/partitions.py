@@ -27,6 +27,7 @@ from analyzer.pipeline.assemble import merge_reports, run_order
 from analyzer.pipeline.exposure import Frames
 from analyzer.pipeline.foresight import facts_of, foresight, wanted_findings
 from analyzer.pipeline.impact import impact_rank
+from analyzer.pipeline.placement import placed_jobs
 from analyzer.progress import stage
 from analyzer.redact import Redactor
 
@@ -167,6 +168,9 @@ def foresight_frames(pieces: list[ForesightPiece]) -> tuple[Frames, pl.DataFrame
         if any(p.updates is not None for p in pieces)
         else None,
     )
+    # who held a fleet's room is looked for among every partition's jobs, found once here
+    # (facts_of narrows the rest to each chunk's projects)
+    frames.placed = placed_jobs(frames.submissions, frames.runs)
     deployments = pl.concat([p.deployments for p in pieces], how="diagonal_relaxed")
     return frames, deployments, set().union(*(p.dateless for p in pieces))
 

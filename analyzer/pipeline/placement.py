@@ -348,20 +348,11 @@ def place_queue(
     return taken
 
 
-def holders_at(
-    failures: pl.DataFrame, subs: pl.DataFrame, runs: pl.DataFrame, first: int
-) -> pl.DataFrame:
-    """Who held the room when a placement was refused for lack of it: per failure `i` (its
-    rows: `server`, `fleet_name`, `as_of`, `own`, the failing run's id, and any other
-    columns), the `first` of the jobs placed on an instance of that fleet and not yet stopped
-    then (`instance_id` kept after release: jobs.used_instance_id), other runs' first (the
-    neighbour that held the room), then the earliest placed; each with its run, since when it
-    held it, until when, its final health, its `rank` and `of`, how many held the room. dstack
-    places a replica only on idle blocks or a new instance below `nodes.max`
-    (jobs_submitted.py); these held the rest. A busy fleet's holders at a failure grow with
-    the fleet's traffic, and failures with the runs: the holders are counted (placed by T less
-    stopped by T) and only the named ones found (`_first_alive`), never listed per failure."""
-    held = (
+def placed_jobs(subs: pl.DataFrame, runs: pl.DataFrame) -> pl.DataFrame:
+    """The jobs placed on an instance (`instance_id` kept after release:
+    jobs.used_instance_id), in the order they were placed (`_job`), each with its run's
+    name: who can have held a fleet's room (`holders_at`)."""
+    return (
         subs.filter(pl.col("instance_id").is_not_null() & pl.col("created_at").is_not_null())
         .select(
             "server",
@@ -377,14 +368,32 @@ def holders_at(
             "health_proof",
         )
         .sort("created_at", "job_id")
-        .with_row_index("_job")  # the order they were placed in
+        .with_row_index("_job")
+        .join(
+            runs.select("server", "run_id", "run_name"),
+            on=["server", "run_id"],
+            how="left",
+            maintain_order="left",
+        )
     )
+
+
+def holders_at(failures: pl.DataFrame, placed: pl.DataFrame, first: int) -> pl.DataFrame:
+    """Who held the room when a placement was refused for lack of it: per failure `i` (its
+    rows: `server`, `fleet_name`, `as_of`, `own`, the failing run's id, and any other
+    columns), the `first` of the `placed` jobs (placed_jobs) on an instance of that fleet
+    and not yet stopped then, other runs' first (the neighbour that held the room), then the
+    earliest placed; each with its run, since when it held it, until when, its final health,
+    its `rank` and `of`, how many held the room. dstack places a replica only on idle blocks
+    or a new instance below `nodes.max` (jobs_submitted.py); these held the rest. A busy
+    fleet's holders at a failure grow with the fleet's traffic, and failures with the runs:
+    the holders are counted (placed by T less stopped by T) and only the named ones found
+    (`_first_alive`), never listed per failure."""
     moments = failures.with_row_index("_moment")
-    ranked = _ranked(moments, held, first)
+    ranked = _ranked(moments, placed, first)
     return (
         ranked.join(moments.drop("i"), on="_moment")
-        .join(held.drop("server", "fleet_name"), on="_job")
-        .join(runs.select("server", "run_id", "run_name"), on=["server", "run_id"], how="left")
+        .join(placed.drop("server", "fleet_name"), on="_job")
         .sort("i", "rank")
         .drop("_moment", "_job")
     )
