@@ -33,10 +33,12 @@ def foresight(
     findings: list[Finding],
     deployments: pl.DataFrame,
     dateless: set[tuple[str, str]] = frozenset(),
+    holders: dict[tuple, list[str]] | None = None,
 ) -> list[Finding]:
     """Each finding whose culprit failed for lack of capacity, with the surge capacity as of
     just before the update that started the failing deployment (unknown for the `dateless`
-    (server, run id) pairs: no date places the update among the tables' times)."""
+    (server, run id) pairs: no date places the update among the tables' times); who held the
+    room, `holders` when given (capacity_holders of these findings or more)."""
     wanted = wanted_findings(findings)
     if not wanted:
         return findings
@@ -81,7 +83,8 @@ def foresight(
         (a.row["server"], a.row["run_id"]): a
         for a in assess_states(frames, probes, [], detail=False)
     }
-    holders = _capacity_holders(wanted, frames)
+    if holders is None:
+        holders = capacity_holders(wanted, frames)
     updated = []
     for finding in findings:
         state = states.get((finding.server, finding.run_id))
@@ -118,7 +121,7 @@ def facts_of(frames: Frames, findings: list[Finding]) -> Frames:
     or their own (promised surges: specs.promised_surges), and their updates; their jobs,
     the jobs of runs the tables do not hold (a refusal of no known project), and the jobs on
     those instances (blocks held) or in those fleets (refused 'Fleet is at capacity':
-    specs.nodes_contradicted), with their runs. Who held the room (`_capacity_holders`) is
+    specs.nodes_contradicted), with their runs. Who held the room (`capacity_holders`) is
     read from `frames.placed`, left whole: a fleet is named there by its name alone, which
     other projects' fleets share, so keeping those jobs here kept nearly every job."""
     wanted = wanted_findings(findings)
@@ -183,7 +186,7 @@ def _rows_of(frame: pl.DataFrame, *matches: tuple) -> pl.DataFrame:
 HOLDERS_NAMED = 3  # per finding: the jobs that held the room, the rest counted
 
 
-def _capacity_holders(findings: list[Finding], frames: Frames) -> dict[tuple, list[str]]:
+def capacity_holders(findings: list[Finding], frames: Frames) -> dict[tuple, list[str]]:
     """Per finding whose culprit was refused 'Fleet is at capacity': who held the fleet's room
     at that moment (placement.holders_at), named with its run, since when and until when, and
     its final health; this run's own replicas included."""
