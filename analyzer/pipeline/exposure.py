@@ -184,9 +184,7 @@ class Frames:
     # the runs' "Run updated" events: a spec changed after T is not read back into T
     # (specs.run_spec_at); none given, no update is known
     updates: pl.DataFrame | None = None
-    # the jobs placed on instances, every run's (placement.placed_jobs), where the foresight
-    # finds who held a fleet's room; none given, found from `submissions`
-    placed: pl.DataFrame | None = None
+    placed: pl.DataFrame | None = None  # placement.placed_jobs; none: from `submissions`
 
 
 def assess_probes(
