@@ -796,3 +796,30 @@ def test_spans_at_keeps_what_holds_at_each_moment_of_its_group():
     order = ["group", "as_of", "span"]
     assert found.height > 0
     assert found.select(expected.columns).sort(order).equals(expected.sort(order))
+
+
+def test_count_at_counts_what_spans_at_keeps():
+    """The holders counted at each moment (placement.count_at, two sorted searches) are the
+    spans the interval join keeps, on every order of starts and ends (a span ended before it
+    began, ties at the bounds, open ends, missing starts), a moment of no group or no time
+    holding none."""
+    from analyzer.pipeline.placement import count_at, spans_at
+
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    times = [at + timedelta(seconds=s) for s in range(5)]
+    when = pl.Datetime("us", "UTC")
+    spans = pl.DataFrame(
+        [(g, s, e) for g in ("a", "b", None) for s in [None, *times] for e in [None, *times]],
+        schema={"group": pl.String, "begins": when, "ends": when},
+        orient="row",
+    )
+    moments = pl.DataFrame(
+        [(g, t) for g in ("a", "c", None) for t in [*times, None]],
+        schema={"group": pl.String, "as_of": when},
+        orient="row",
+    )
+    counted = count_at(moments, spans, ("group",), start="begins", end="ends")
+    held = spans_at(moments, spans, ("group",), start="begins", end="ends")
+    expected = [held.filter(pl.col("_moment") == m).height for m in range(moments.height)]
+    assert sum(expected) > 0
+    assert counted.to_list() == expected

@@ -12,10 +12,13 @@ from datetime import UTC, datetime
 
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from analyzer import open_sources
+from analyzer.dstack import FINISHED_RUN_STATUSES
 from analyzer.pipeline.exposure import exposure_report
-from analyzer.pipeline.placement import HOLDER_CHUNK, holders_at, parse_spec
+from analyzer.pipeline.placement import holders_at, parse_spec, placed_jobs
 from tests.conftest import CAPTURES
 
 SEED = CAPTURES / "v0.22.5" / "seed" / "server.db"
@@ -181,7 +184,7 @@ def test_holders_are_the_jobs_on_the_fleet_not_stopped_at_the_failure():
     failures = pl.DataFrame(
         {"i": [0], "server": ["s"], "fleet_name": ["f"], "as_of": [at], "own": ["web"]}
     )
-    held = holders_at(failures, subs, runs, 3)
+    held = holders_at(failures, placed_jobs(subs, runs), 3)
     assert held.select("run_name", "job_name", "health").rows() == [
         ("neighbour", "chat-0-0", "unknown")
     ]
@@ -213,26 +216,112 @@ def test_holders_named_are_the_neighbours_first_then_the_earliest_placed_and_cou
     )
     runs = pl.DataFrame({"server": ["s"] * 3, "run_id": ["web", "chat", "api"]})
     runs = runs.with_columns(pl.col("run_id").alias("run_name"))
-    # two failures ranked apart (holders_at ranks HOLDER_CHUNK failures at a time); at 09:01
-    # only web's own w0 and w1 held the room
+    # two failures of one fleet; at 09:01 only web's own w0 and w1 held the room
     failures = pl.DataFrame(
         {
-            "i": [0, HOLDER_CHUNK],
+            "i": [0, 7],
             "server": ["s", "s"],
             "fleet_name": ["f", "f"],
             "as_of": [at(5), at(1)],
             "own": ["web", "web"],
         }
     )
-    held = holders_at(failures, subs, runs, 3)
+    held = holders_at(failures, placed_jobs(subs, runs), 3)
     assert held.select("i", "job_id", "rank", "of").rows() == [
         (0, "a1", 0, 4),
         (0, "c1", 1, 4),
         (0, "w0", 2, 4),
-        (HOLDER_CHUNK, "w0", 0, 2),
-        (HOLDER_CHUNK, "w1", 1, 2),
+        (7, "w0", 0, 2),
+        (7, "w1", 1, 2),
     ]
 
+
+def _holders_by_hand(failures: list[dict], jobs: list[dict], first: int) -> list[tuple]:
+    """holders_at's answer by its definition, one failure and one job at a time."""
+    placed = sorted(jobs, key=lambda j: (j["created_at"], j["job_id"]))
+    rows = []
+    for f in failures:
+        alive = [
+            j
+            for j in placed
+            if (j["server"], j["fleet_name"]) == (f["server"], f["fleet_name"])
+            and j["created_at"] <= f["as_of"]
+            and (j["stopped_at"] is None or j["stopped_at"] > f["as_of"])
+        ]
+        named = sorted(alive, key=lambda j: j["run_id"] == f["own"])[:first]
+        rows += [(f["i"], j["job_id"], rank, len(alive)) for rank, j in enumerate(named)]
+    return rows
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    jobs=st.lists(
+        st.tuples(
+            st.sampled_from(["f", "g"]),
+            st.sampled_from(["web", "chat", "api"]),
+            st.integers(0, 12),
+            st.one_of(st.none(), st.integers(0, 14)),
+        ),
+        max_size=40,
+    ),
+    failures=st.lists(
+        st.tuples(st.sampled_from(["f", "g", "h"]), st.integers(0, 14), st.sampled_from(["web"])),
+        min_size=1,
+        max_size=8,
+    ),
+)
+def test_holders_are_those_of_their_definition(jobs, failures):
+    """The holders counted and the first named, found by descent (placement._first_alive),
+    are those of the definition on any fleet: ties in time, jobs stopped before they were
+    placed, a failing run's own jobs among the first placed, fleets with no job."""
+
+    def at(minute):
+        return datetime(2026, 11, 2, 9, minute, tzinfo=UTC)
+
+    rows = [
+        {
+            "server": "s",
+            "fleet_name": fleet,
+            "run_id": run,
+            "job_id": f"j{n:02}",
+            "job_name": f"j{n:02}",
+            "deployment_num": 0,
+            "instance_id": f"{fleet}-0",
+            "instance_name": f"{fleet}-0",
+            "created_at": at(created),
+            "stopped_at": None if stopped is None else at(stopped),
+            "health": "healthy",
+            "health_proof": None,
+        }
+        for n, (fleet, run, created, stopped) in enumerate(jobs)
+    ]
+    asked = [
+        {"i": i, "server": "s", "fleet_name": fleet, "as_of": at(minute), "own": own}
+        for i, (fleet, minute, own) in enumerate(failures)
+    ]
+    schema = {"created_at": pl.Datetime("us", "UTC"), "stopped_at": pl.Datetime("us", "UTC")}
+    subs = pl.DataFrame(rows, schema_overrides=schema) if rows else None
+    if subs is None:
+        subs = pl.DataFrame(schema={**dict.fromkeys(_HOLDER_COLUMNS, pl.String), **schema})
+    runs = pl.DataFrame({"server": ["s"] * 3, "run_id": ["web", "chat", "api"]})
+    held = holders_at(
+        pl.DataFrame(asked), placed_jobs(subs, runs.with_columns(run_name=pl.col("run_id"))), 3
+    )
+    assert held.select("i", "job_id", "rank", "of").rows() == _holders_by_hand(asked, rows, 3)
+
+
+_HOLDER_COLUMNS = (
+    "server",
+    "fleet_name",
+    "run_id",
+    "job_id",
+    "job_name",
+    "deployment_num",
+    "instance_id",
+    "instance_name",
+    "health",
+    "health_proof",
+)
 
 PROVIDER_REFUSAL = (
     "Failed to provision in fleet 'cpu-fleet': tried 1 of 1 offers, all failed.\n"
@@ -481,46 +570,99 @@ def test_an_accepted_update_that_creates_no_surge_promises_no_room(seed):
     assert not any(r.startswith("run chat's update") for r in web.reasons)
 
 
-def test_room_promised_is_the_same_whatever_moments_are_asked_at_once(monkeypatch):
+def _promised_by_hand(updates, submissions, runs, moment) -> list[str]:
+    """promised_surges' answer at one moment by its definition: every other run of the
+    moment's fleet, its latest rolling update by T, no job of it created since, not finished
+    by T."""
+    _, run_id, as_of = moment
+    fleet = {r["run_id"]: r for r in runs}
+    said = []
+    for other, row in fleet.items():
+        if other == run_id or row["fleet_id"] != fleet[run_id]["fleet_id"]:
+            continue
+        if row["status"] in FINISHED_RUN_STATUSES and row["last_processed_at"] <= as_of:
+            continue
+        taken = [
+            u
+            for u in updates
+            if u["run_id"] == other
+            and u["time"] <= as_of
+            and u["changed_fields"] != "configuration.replicas"
+        ]
+        if not taken:
+            continue
+        update = max(taken, key=lambda u: u["time"])
+        if any(
+            s["run_id"] == other and update["time"] < s["created_at"] <= as_of for s in submissions
+        ):
+            continue
+        said.append(
+            (
+                update["time"],
+                f"run {other}'s update to deployment {update['deployment_num']} (accepted at "
+                f"{update['time']:%Y-%m-%d %H:%M:%S}) has not created its surge replica yet",
+            )
+        )
+    return [text for _, text in sorted(said)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    updates=st.lists(
+        st.tuples(
+            st.sampled_from(["chat", "api", "web", "batch"]),
+            st.integers(0, 12),
+            st.sampled_from(["configuration.commands", "configuration.replicas"]),
+        ),
+        max_size=8,
+        unique_by=lambda u: (u[0], u[1]),
+    ),
+    created=st.lists(st.tuples(st.sampled_from(["chat", "api"]), st.integers(0, 12)), max_size=6),
+    finished=st.sampled_from([None, "chat", "api"]),
+    minutes=st.lists(st.integers(0, 13), min_size=1, max_size=5, unique=True),
+)
+def test_room_promised_is_that_of_its_definition(updates, created, finished, minutes):
+    """A run's update promises room from its acceptance until its next update, its next job
+    or its end: the spans met by the moments are what each moment sees of every other run
+    of its fleet (an update of the replica count promises none)."""
     from analyzer.pipeline import specs
 
     def at(minute):
         return datetime(2026, 11, 2, 9, minute, tzinfo=UTC)
 
-    updates = pl.DataFrame(
+    rows = [
+        {"server": "s", "run_id": run, "time": at(m), "deployment_num": n, "changed_fields": f}
+        for n, (run, m, f) in enumerate(updates)
+    ]
+    subs = [{"server": "s", "run_id": run, "created_at": at(m)} for run, m in created]
+    runs = [
         {
-            "server": ["s", "s"],
-            "run_id": ["chat", "api"],
-            "time": [at(2), at(4)],
-            "deployment_num": [1, 1],
-            "changed_fields": ["configuration.commands", "configuration.image"],
+            "server": "s",
+            "run_id": run,
+            "fleet_id": "g" if run == "batch" else "f",  # batch's room is another fleet's
+            "run_name": run,
+            "status": "terminated" if run == finished else "running",
+            "last_processed_at": at(7),
         }
+        for run in ("web", "chat", "api", "batch")
+    ]
+    when = pl.Datetime("us", "UTC")
+    found = specs.promised_surges(
+        pl.DataFrame(
+            rows,
+            schema={
+                "server": pl.String,
+                "run_id": pl.String,
+                "time": when,
+                "deployment_num": pl.Int64,
+                "changed_fields": pl.String,
+            },
+        ),
+        pl.DataFrame(subs, schema={"server": pl.String, "run_id": pl.String, "created_at": when}),
+        pl.DataFrame(runs),
+        pl.DataFrame({"server": "s", "run_id": "web", "as_of": [at(m) for m in minutes]}),
     )
-    submissions = pl.DataFrame({"server": ["s"], "run_id": ["api"], "created_at": [at(5)]})
-    runs = pl.DataFrame(
-        {
-            "server": ["s"] * 3,
-            "run_id": ["web", "chat", "api"],
-            "fleet_id": ["f"] * 3,
-            "run_name": ["web", "chat", "api"],
-            "status": ["running"] * 3,
-            "last_processed_at": [at(9)] * 3,
-        }
-    )
-    moments = pl.DataFrame(
-        {"server": ["s"] * 3, "run_id": ["web"] * 3, "as_of": [at(m) for m in (1, 3, 6)]}
-    )
-
-    def promised():
-        found = specs.promised_surges(updates, submissions, runs, moments)
-        return sorted((row["as_of"].minute, row["promised"]) for row in found.iter_rows(named=True))
-
-    chat = (
-        "run chat's update to deployment 1 (accepted at 2026-11-02 09:02:00) has not created "
-        "its surge replica yet"
-    )
-    # api's surge replica was created at 09:05: promised at no moment asked (after 09:04)
-    expected = [(3, [chat]), (6, [chat])]
-    assert promised() == expected
-    monkeypatch.setattr(specs, "SURGE_CHUNK", 1)  # each moment asked on its own
-    assert promised() == expected
+    said = {row["as_of"]: row["promised"] for row in found.iter_rows(named=True)}
+    for minute in minutes:
+        expected = _promised_by_hand(rows, subs, runs, ("s", "web", at(minute)))
+        assert said.get(at(minute), []) == expected, minute

@@ -184,6 +184,7 @@ class Frames:
     # the runs' "Run updated" events: a spec changed after T is not read back into T
     # (specs.run_spec_at); none given, no update is known
     updates: pl.DataFrame | None = None
+    placed: pl.DataFrame | None = None  # placement.placed_jobs; none: from `submissions`
 
 
 def assess_probes(

@@ -13,7 +13,7 @@ import polars as pl
 
 from analyzer.contract import CapacityForesight, Finding
 from analyzer.pipeline.exposure import BEFORE_UPDATE, NO_CAPACITY, Frames, assess_states
-from analyzer.pipeline.placement import holders_at
+from analyzer.pipeline.placement import holders_at, placed_jobs
 
 DATELESS = CapacityForesight(
     as_of=None,
@@ -33,10 +33,12 @@ def foresight(
     findings: list[Finding],
     deployments: pl.DataFrame,
     dateless: set[tuple[str, str]] = frozenset(),
+    holders: dict[tuple, list[str]] | None = None,
 ) -> list[Finding]:
     """Each finding whose culprit failed for lack of capacity, with the surge capacity as of
     just before the update that started the failing deployment (unknown for the `dateless`
-    (server, run id) pairs: no date places the update among the tables' times)."""
+    (server, run id) pairs: no date places the update among the tables' times); who held the
+    room, `holders` when given (capacity_holders of these findings or more)."""
     wanted = wanted_findings(findings)
     if not wanted:
         return findings
@@ -81,7 +83,8 @@ def foresight(
         (a.row["server"], a.row["run_id"]): a
         for a in assess_states(frames, probes, [], detail=False)
     }
-    holders = _capacity_holders(wanted, frames)
+    if holders is None:
+        holders = capacity_holders(wanted, frames)
     updated = []
     for finding in findings:
         state = states.get((finding.server, finding.run_id))
@@ -111,15 +114,16 @@ def foresight(
 def facts_of(frames: Frames, findings: list[Finding]) -> Frames:
     """The rows of `frames` that can change the foresight of `findings` (whole runs'
     findings), every other row left out: a merge asks it a chunk of findings at a time, and
-    each chunk read every job of every partition. Kept, by what `assess_states`,
-    `_capacity_holders` and the specs read (a superset: a row that matches nothing is never
-    seen): the fleets of the findings' runs' projects (candidate fleets are the project's:
-    plan.py) and their instances; the runs of those projects, of no project, or placed in
-    one of those fleets or their own (promised surges: specs.promised_surges), and their
-    updates; their jobs, the jobs of runs the tables do not hold (a refusal of no known
-    project), and the jobs on those instances (blocks held), in those fleets (refused
-    'Fleet is at capacity': specs.nodes_contradicted) or in a fleet named where the room was
-    held (placement.holders_at), with their runs (named as holders)."""
+    each chunk read every job of every partition. Kept, by what `assess_states` and the
+    specs read (a superset: a row that matches nothing is never seen): the fleets of the
+    findings' runs' projects (candidate fleets are the project's: plan.py) and their
+    instances; the runs of those projects, of no project, or placed in one of those fleets
+    or their own (promised surges: specs.promised_surges), and their updates; their jobs,
+    the jobs of runs the tables do not hold (a refusal of no known project), and the jobs on
+    those instances (blocks held) or in those fleets (refused 'Fleet is at capacity':
+    specs.nodes_contradicted), with their runs. Who held the room (`capacity_holders`) is
+    read from `frames.placed`, left whole: a fleet is named there by its name alone, which
+    other projects' fleets share, so keeping those jobs here kept nearly every job."""
     wanted = wanted_findings(findings)
     if not wanted:
         return frames
@@ -136,11 +140,6 @@ def facts_of(frames: Frames, findings: list[Finding]) -> Frames:
         [fleets.select("server", "fleet_id"), own.select("server", "fleet_id")]
     ).drop_nulls()
     instances = frames.instances.join(fleet_ids, on=["server", "fleet_id"], how="semi")
-    named = pl.DataFrame(
-        [(f.server, name) for f in wanted if f.root_cause for name in f.root_cause.fleets],
-        schema={"server": pl.String, "fleet_name": pl.String},
-        orient="row",
-    )
     kept = _rows_of(
         runs,
         (("project",), pl.DataFrame({"project": [None]}, schema={"project": pl.String})),
@@ -153,7 +152,6 @@ def facts_of(frames: Frames, findings: list[Finding]) -> Frames:
         subs,
         (("server", "run_id"), pl.concat([kept, unheld])),
         (("server", "instance_id"), instances.select("server", "instance_id")),
-        (("server", "fleet_name"), named),
         *([(("server", "fleet_id"), fleet_ids)] if "fleet_id" in subs.columns else []),
     )
     runs = _rows_of(
@@ -188,7 +186,7 @@ def _rows_of(frame: pl.DataFrame, *matches: tuple) -> pl.DataFrame:
 HOLDERS_NAMED = 3  # per finding: the jobs that held the room, the rest counted
 
 
-def _capacity_holders(findings: list[Finding], frames: Frames) -> dict[tuple, list[str]]:
+def capacity_holders(findings: list[Finding], frames: Frames) -> dict[tuple, list[str]]:
     """Per finding whose culprit was refused 'Fleet is at capacity': who held the fleet's room
     at that moment (placement.holders_at), named with its run, since when and until when, and
     its final health; this run's own replicas included."""
@@ -217,7 +215,10 @@ def _capacity_holders(findings: list[Finding], frames: Frames) -> dict[tuple, li
     )
     if failures.is_empty():
         return {}
-    held = holders_at(failures, frames.submissions, frames.runs, HOLDERS_NAMED)
+    placed = frames.placed
+    if placed is None:
+        placed = placed_jobs(frames.submissions, frames.runs)
+    held = holders_at(failures, placed, HOLDERS_NAMED)
     said: dict[tuple, list[str]] = {}
     for row in held.iter_rows(named=True):
         whose = "this run's" if row["run_id"] == row["own"] else f"run {row['run_name']}'s"

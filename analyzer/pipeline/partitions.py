@@ -25,8 +25,9 @@ from pydantic import BaseModel, SerializeAsAny
 from analyzer.contract import Finding, Report, RunVerdict
 from analyzer.pipeline.assemble import merge_reports, run_order
 from analyzer.pipeline.exposure import Frames
-from analyzer.pipeline.foresight import facts_of, foresight, wanted_findings
+from analyzer.pipeline.foresight import capacity_holders, facts_of, foresight, wanted_findings
 from analyzer.pipeline.impact import impact_rank
+from analyzer.pipeline.placement import placed_jobs
 from analyzer.progress import stage
 from analyzer.redact import Redactor
 
@@ -167,6 +168,9 @@ def foresight_frames(pieces: list[ForesightPiece]) -> tuple[Frames, pl.DataFrame
         if any(p.updates is not None for p in pieces)
         else None,
     )
+    # who held a fleet's room is looked for among every partition's jobs, found once here
+    # (facts_of narrows the rest to each chunk's projects)
+    frames.placed = placed_jobs(frames.submissions, frames.runs)
     deployments = pl.concat([p.deployments for p in pieces], how="diagonal_relaxed")
     return frames, deployments, set().union(*(p.dateless for p in pieces))
 
@@ -175,12 +179,15 @@ def foresight_answered(
     findings: list[Finding],
     facts: tuple[Frames, pl.DataFrame, set],
     redactor: Redactor,
+    holders: dict[tuple, list[str]] | None = None,
 ) -> list[Finding]:
     """`foresight` over findings of any partitions, from the `foresight_frames` of every
     partition's piece (each finding's answer depends on its own run and the shared facts
-    alone), each new answer masked with every partition's known secrets, as the partitions
-    masked the rest of their findings."""
-    answered = list(foresight(facts_of(facts[0], findings), findings, facts[1], facts[2]))
+    alone; who held the room, `holders`, found for them all at once when given), each new
+    answer masked with every partition's known secrets, as the partitions masked the rest of
+    their findings."""
+    narrowed = facts_of(facts[0], findings)
+    answered = list(foresight(narrowed, findings, facts[1], facts[2], holders))
     worked = [
         i
         for i, (old, new) in enumerate(zip(findings, answered, strict=True))
@@ -267,11 +274,14 @@ class ReportSpill:
                 facts = foresight_frames(pieces)
                 del pieces
                 answers: dict[tuple[int, int], Finding] = {}
+                # who held the room at each failure, found for every finding at once: the
+                # jobs placed on instances are every partition's, whatever the chunk
+                holders = capacity_holders([self._heads[i].findings[k] for i, k in asked], facts[0])
                 for chunk in _chunks(order, self._heads, self._wanted):
                     # the foresight reads what the slim findings keep (culprits, root cause):
                     # its answer is copied into the whole finding
                     slim = [self._heads[i].findings[k] for i, k in chunk]
-                    answered = foresight_answered(slim, facts, known)
+                    answered = foresight_answered(slim, facts, known, holders)
                     answers.update(zip(chunk, answered, strict=True))
                 del facts
                 for index in order:

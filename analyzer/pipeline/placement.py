@@ -348,20 +348,11 @@ def place_queue(
     return taken
 
 
-def holders_at(
-    failures: pl.DataFrame, subs: pl.DataFrame, runs: pl.DataFrame, first: int
-) -> pl.DataFrame:
-    """Who held the room when a placement was refused for lack of it: per failure `i` (its
-    rows: `server`, `fleet_name`, `as_of`, `own`, the failing run's id, and any other
-    columns), the `first` of the jobs placed on an instance of that fleet and not yet stopped
-    then (`instance_id` kept after release: jobs.used_instance_id), other runs' first (the
-    neighbour that held the room), then the earliest placed; each with its run, since when it
-    held it, until when, its final health, its `rank` and `of`, how many held the room. dstack
-    places a replica only on idle blocks or a new instance below `nodes.max`
-    (jobs_submitted.py); these held the rest. One inequality join (`spans_at`) of row numbers
-    only: a busy fleet's thousands of holders at each of thousands of failures are ranked as
-    integers, and only the named ones get their columns."""
-    held = (
+def placed_jobs(subs: pl.DataFrame, runs: pl.DataFrame) -> pl.DataFrame:
+    """The jobs placed on an instance (`instance_id` kept after release:
+    jobs.used_instance_id), in the order they were placed (`_job`), each with its run's
+    name: who can have held a fleet's room (`holders_at`)."""
+    return (
         subs.filter(pl.col("instance_id").is_not_null() & pl.col("created_at").is_not_null())
         .select(
             "server",
@@ -377,58 +368,163 @@ def holders_at(
             "health_proof",
         )
         .sort("created_at", "job_id")
-        .with_row_index("_job")  # the order they were placed in
+        .with_row_index("_job")
+        .join(
+            runs.select("server", "run_id", "run_name"),
+            on=["server", "run_id"],
+            how="left",
+            maintain_order="left",
+        )
     )
-    whose = (
-        pl.concat([held.select("server", "run_id"), failures.select("server", run_id="own")])
-        .unique()
-        .with_row_index("_run")
-    )
-    moments = failures.with_row_index("_moment").join(
-        whose.rename({"run_id": "own", "_run": "_own"}), on=["server", "own"], how="left"
-    )
-    spans = held.join(whose, on=["server", "run_id"]).select(
-        "server", "fleet_name", "_job", "_run", "created_at", "stopped_at"
-    )
-    # failures a few hundred at a time: a busy fleet's holders at each are thousands
-    chunks = moments.with_columns(_chunk=pl.col("i") // HOLDER_CHUNK).partition_by(
-        "_chunk", include_key=False
-    )
-    ranked = pl.concat(_ranked(chunk, spans, held.height, first) for chunk in chunks)
+
+
+def holders_at(failures: pl.DataFrame, placed: pl.DataFrame, first: int) -> pl.DataFrame:
+    """Who held the room when a placement was refused for lack of it: per failure `i` (its
+    rows: `server`, `fleet_name`, `as_of`, `own`, the failing run's id, and any other
+    columns), the `first` of the `placed` jobs (placed_jobs) on an instance of that fleet
+    and not yet stopped then, other runs' first (the neighbour that held the room), then the
+    earliest placed; each with its run, since when it held it, until when, its final health,
+    its `rank` and `of`, how many held the room. dstack places a replica only on idle blocks
+    or a new instance below `nodes.max` (jobs_submitted.py); these held the rest. A busy
+    fleet's holders at a failure grow with the fleet's traffic, and failures with the runs:
+    the holders are counted (placed by T less stopped by T) and only the named ones found
+    (`_first_alive`), never listed per failure."""
+    moments = failures.with_row_index("_moment")
+    ranked = _ranked(moments, placed, first)
     return (
-        ranked.join(moments.drop("i", "_own"), on="_moment")
-        .join(held.drop("server", "fleet_name"), on="_job")
-        .join(runs.select("server", "run_id", "run_name"), on=["server", "run_id"], how="left")
+        ranked.join(moments.drop("i"), on="_moment")
+        .join(placed.drop("server", "fleet_name"), on="_job")
         .sort("i", "rank")
         .drop("_moment", "_job")
     )
 
 
-HOLDER_CHUNK = 256  # failures ranked at once: memory for their holders' pairs stays bounded
-
-
-def _ranked(moments: pl.DataFrame, spans: pl.DataFrame, jobs: int, first: int) -> pl.DataFrame:
-    """holders_at's ranking of the `moments` (failures with their `_moment` and `_own`): per
-    failure `i`, the first holders by one integer each (its own run's last, then by placement:
-    `_job`), and how many held the room."""
-    alive = spans_at(moments, spans, ("server", "fleet_name"), "created_at", "stopped_at")
-    local = pl.col("_moment").cast(pl.Int64)
-    own = pl.lit(moments["_own"]).gather(local)
-    rank = pl.col("_run").eq_missing(own).cast(pl.Int64) * jobs + pl.col("_job")
+def _ranked(moments: pl.DataFrame, held: pl.DataFrame, first: int) -> pl.DataFrame:
+    """holders_at's ranking of the failures (`moments`, each with its `_moment`): per failure
+    `i`, its first holders (other runs' first, then by placement: `_job`), each's `rank`, and
+    `of`, how many held the room (`count_at`)."""
+    by = ("server", "fleet_name")
+    groups = moments.select(by).unique(maintain_order=True).with_row_index("_group")
+    spans = held.join(groups, on=by).sort("_group", "_job")
+    asked = moments.join(groups, on=by, maintain_order="left")
+    clock = _Clock(spans["created_at"], asked["as_of"], spans["stopped_at"])
+    placed = clock.key(spans["_group"], spans["created_at"])  # sorted: in placement order
+    at = clock.key(asked["_group"], asked["as_of"])
+    begin = clock.key(asked["_group"])
+    # an open end (never stopped) is above every time: the top of the ranks
+    until = clock.key(pl.Series([0] * spans.height), spans["stopped_at"])
+    found = _first_alive(
+        until.fill_null(clock.width),
+        spans["run_id"],
+        pl.DataFrame(
+            {
+                "_moment": asked["_moment"],
+                "at": at - begin,
+                "run": asked["own"],
+                "start": placed.search_sorted(begin, side="left").cast(pl.Int64),
+                "bound": placed.search_sorted(at, side="right").cast(pl.Int64),
+            }
+        ),
+        first,
+    )
+    counted = moments.select(
+        "i", "_moment", of=count_at(moments, held, by, "created_at", "stopped_at")
+    )
     return (
-        alive.select(
-            i=pl.lit(moments["i"]).gather(local),
-            _key=rank * moments.height + local,
-        )
-        .group_by("i")
-        .agg(pl.col("_key").bottom_k(first), pl.len().alias("of"))
-        .explode("_key")
-        .sort("i", "_key")
+        found.sort("_moment", "own", "_pos")
+        .group_by("_moment", maintain_order=True)
+        .head(first)
+        .join(counted, on="_moment", maintain_order="left")
         .select(
             "i",
             "of",
-            pl.int_range(pl.len()).over("i").alias("rank"),
-            pl.lit(moments["_moment"]).gather(pl.col("_key") % moments.height),
-            (pl.col("_key") // moments.height % jobs).cast(pl.UInt32).alias("_job"),
+            pl.int_range(pl.len()).over("_moment").alias("rank"),
+            "_moment",
+            pl.lit(spans["_job"]).gather(pl.col("_pos")).cast(pl.UInt32).alias("_job"),
         )
+        .sort("i", "rank")
     )
+
+
+class _Clock:
+    """Times as their ranks among every time asked about (as spans_at compares them), each
+    group's in a block of its own above the previous group's: comparing two keys is
+    comparing (group, time), and a group's spans are one sorted run of keys."""
+
+    def __init__(self, start: pl.Series, *times: pl.Series) -> None:
+        self.times = (
+            pl.concat([start, *(t.cast(start.dtype) for t in times)]).drop_nulls().unique().sort()
+        )
+        self.width = self.times.len() + 1
+
+    def key(self, groups: pl.Series, when: pl.Series | None = None) -> pl.Series:
+        """Each (group, time)'s key (null for a null time); with no time, where the group's
+        block begins."""
+        base = groups.cast(pl.Int64) * self.width
+        if when is None:
+            return base
+        rank = self.times.search_sorted(when.cast(self.times.dtype)).cast(pl.Int64)
+        return pl.select(pl.when(when.is_not_null()).then(base + rank)).to_series()
+
+
+def count_at(
+    moments: pl.DataFrame, spans: pl.DataFrame, by: tuple[str, ...], start: str, end: str
+) -> pl.Series:
+    """How many of the spans of each moment's `by` hold at its `as_of` (as spans_at finds
+    them), in the moments' order: those begun by then less those also ended by then, by two
+    sorted searches per moment, never a row per (moment, span). A span that ends before it
+    begins never holds: it ends as it begins."""
+    groups = moments.select(by).unique(maintain_order=True).with_row_index("_group")
+    asked = moments.select(*by, "as_of").join(groups, on=by, how="left", maintain_order="left")
+    spans = spans.filter(pl.col(start).is_not_null()).join(groups, on=by)
+    clock = _Clock(spans[start], asked["as_of"], spans[end])
+    ended = spans.filter(pl.col(end).is_not_null())
+    begun = clock.key(spans["_group"], spans[start]).sort()
+    gone = clock.key(ended["_group"], ended.select(pl.max_horizontal(end, start)).to_series())
+    gone = gone.sort()
+    # a moment of no group or no time: its keys below every span's, nothing held
+    at = clock.key(asked["_group"], asked["as_of"])
+    begin = pl.select(pl.when(at.is_not_null()).then(clock.key(asked["_group"]))).to_series()
+    at, begin = at.fill_null(-1), begin.fill_null(0)
+
+    def held(keys: pl.Series) -> pl.Series:
+        return keys.search_sorted(at, side="right").cast(pl.Int64) - keys.search_sorted(
+            begin, side="left"
+        ).cast(pl.Int64)
+
+    return (held(begun) - held(gone)).cast(pl.UInt32).alias("count")
+
+
+def _first_alive(
+    until: pl.Series, run_ids: pl.Series, asked: pl.DataFrame, first: int
+) -> pl.DataFrame:
+    """Per failure (`asked`: its `_moment`, its time `at`, its `run`, and the positions
+    [`start`, `bound`) of its fleet's jobs placed by then), the positions of the jobs alive
+    then (ended `until` after `at`), in placement order, until `first` of other runs are
+    found (the failing run's own come after them all). Each next one by a binary descent
+    over the maxima of `until` in blocks of 2, 4, 8... positions: a few steps per holder
+    named, whatever the fleet's traffic."""
+    size = until.len()
+    maxima = [until]
+    while (1 << len(maxima)) <= size:
+        step = 1 << (len(maxima) - 1)
+        last = maxima[-1]
+        maxima.append(
+            pl.select(pl.max_horizontal(last, last.shift(-step, fill_value=last.min()))).to_series()
+        )
+    found = [pl.DataFrame(schema={"_moment": pl.UInt32, "own": pl.Boolean, "_pos": pl.Int64})]
+    # a fleet with no job placed by T: no holder, none to look for
+    active = asked.filter(pl.col("start") < pl.col("bound")).with_columns(
+        others=pl.lit(0, pl.Int64)
+    )
+    while not active.is_empty():
+        at, pos = active["at"], active["start"]
+        for level in reversed(range(len(maxima))):
+            block = maxima[level].gather(pos.clip(upper_bound=size - 1))
+            pos = pos + ((pos < size) & (block <= at)).cast(pl.Int64) * (1 << level)
+        active = active.with_columns(_pos=pos).filter(pl.col("_pos") < pl.col("bound"))
+        own = run_ids.gather(active["_pos"]).eq_missing(active["run"]) & active["run"].is_not_null()
+        active = active.with_columns(own=own, others=pl.col("others") + (~own).cast(pl.Int64))
+        found.append(active.select("_moment", "own", "_pos"))
+        active = active.filter(pl.col("others") < first).with_columns(start=pl.col("_pos") + 1)
+    return pl.concat(found)

@@ -23,7 +23,7 @@ import json
 import polars as pl
 
 from analyzer.dstack import FINISHED_RUN_STATUSES, IN_PLACE_CHANGES, REPLICA_COUNT_CHANGES
-from analyzer.pipeline.placement import parse_spec, spans_at
+from analyzer.pipeline.placement import count_at, parse_spec, spans_at
 
 # Run spec fields that decide where a replica goes and how many are wanted (the run's
 # `placement_spec`, RUNS_SCHEMA), in the words of "Changed fields".
@@ -298,12 +298,9 @@ def nodes_contradicted(
     alive = instances.select(
         "server", "fleet_id", "instance_id", pl.col("created_at").alias("_from"), "ended_at"
     )
-    moments = refused.with_row_index("_moment")
-    held = spans_at(refused, alive, ("server", "fleet_id"), "_from", "ended_at")
-    counts = held.group_by("_moment").agg(pl.len().alias("active"))
+    active = count_at(refused, alive, ("server", "fleet_id"), "_from", "ended_at")
     return (
-        moments.join(counts, on="_moment", how="left")
-        .with_columns(pl.col("active").fill_null(0))
+        refused.with_columns(active.alias("active"))
         .join(
             fleets.filter(~pl.col("ssh").fill_null(False)).select(
                 "server", "fleet_id", "nodes_max"
@@ -313,7 +310,7 @@ def nodes_contradicted(
         .filter(pl.col("nodes_max").is_not_null() & (pl.col("active") < pl.col("nodes_max")))
         .sort("as_of")
         .group_by("server", "fleet_id")
-        .agg(pl.all().exclude("_moment").last())
+        .agg(pl.all().last())
         .rename({"as_of": "refused_at"})
         .select(list(schema))
         .cast(schema)
@@ -327,7 +324,12 @@ def promised_surges(
     its fleet whose update dstack accepted by then, that changed a rolling field (so their
     next run pass creates a surge replica: pipeline_tasks/runs/active.py, rolling
     deployment), whose surge job is not created yet at T. That replica goes into the same
-    fleet's room: `promised`, one text per such run."""
+    fleet's room: `promised`, one text per such run (in the order their updates came).
+
+    A run's latest such update promises room from its acceptance until the run's next one,
+    its first job created after it, or the run finishing, whichever comes first: a span in
+    time, met by the moments it holds at (placement.spans_at), never every run of the
+    fleet per moment."""
     # a field neither in-place nor a replica count: a rolling change
     rolling = (
         pl.col("changed_fields")
@@ -340,65 +342,66 @@ def promised_surges(
         )
         .list.any()
     )
-    accepted = updates.filter(rolling.fill_null(False)).select(
-        "server", pl.col("run_id").alias("other"), pl.col("time").alias("_at"), "deployment_num"
-    )
     fleet = runs.select("server", "run_id", "fleet_id", "run_name", "status", "last_processed_at")
+    created = (
+        submissions.select(
+            "server", pl.col("run_id").alias("other"), pl.col("created_at").alias("_created")
+        )
+        .drop_nulls("_created")
+        .sort("_created")
+    )
+    promises = (
+        updates.filter(rolling.fill_null(False))
+        .select(
+            "server",
+            pl.col("run_id").alias("other"),
+            pl.col("time").alias("_accepted"),
+            "deployment_num",
+        )
+        .drop_nulls("_accepted")
+        # two updates of a run at one time: the later one read is its latest
+        .unique(["server", "other", "_accepted"], keep="last", maintain_order=True)
+        .sort("_accepted", maintain_order=True)
+        .with_columns(pl.col("_accepted").shift(-1).over("server", "other").alias("_next"))
+        # the first job the run created after the update: its surge replica
+        .join_asof(
+            created,
+            left_on="_accepted",
+            right_on="_created",
+            by=["server", "other"],
+            strategy="forward",
+            allow_exact_matches=False,
+            check_sortedness=False,
+        )
+        .join(fleet.rename({"run_id": "other"}), on=["server", "other"])
+        .with_columns(
+            pl.min_horizontal(
+                "_next",
+                "_created",
+                # a run finished creates nothing more
+                pl.when(pl.col("status").is_in(FINISHED_RUN_STATUSES)).then("last_processed_at"),
+            ).alias("_ends")
+        )
+    )
     asked = (
         moments.select("server", "run_id", "as_of")
-        .unique()
+        .unique(maintain_order=True)
         .join(fleet.select("server", "run_id", "fleet_id"), on=["server", "run_id"])
     )
-    others = fleet.rename({"run_id": "other", "fleet_id": "_fleet"})
-    created = submissions.select(
-        "server", pl.col("run_id").alias("other"), pl.col("created_at").alias("_created")
-    )
-    # moments a few hundred at a time: each meets every other run of its fleet
-    chunks = asked.with_columns(_chunk=pl.int_range(pl.len()) // SURGE_CHUNK).partition_by(
-        "_chunk", include_key=False
-    )
-    return pl.concat([_promised(chunk, others, accepted, created) for chunk in chunks or [asked]])
-
-
-SURGE_CHUNK = 256  # moments asked at once: memory for their (moment, other run) pairs bounded
-
-
-def _promised(
-    asked: pl.DataFrame, others: pl.DataFrame, accepted: pl.DataFrame, created: pl.DataFrame
-) -> pl.DataFrame:
-    """promised_surges of the moments `asked` (server, run_id, as_of, fleet_id)."""
-    pending = (
-        asked.join(others, left_on=["server", "fleet_id"], right_on=["server", "_fleet"])
-        .filter(pl.col("other") != pl.col("run_id"))
-        .join(accepted, on=["server", "other"])
-        # a run finished by T creates nothing more
-        .filter(
-            (pl.col("_at") <= pl.col("as_of"))
-            & ~(
-                pl.col("status").is_in(FINISHED_RUN_STATUSES)
-                & (pl.col("last_processed_at") <= pl.col("as_of"))
-            ).fill_null(False)
-        )
-        .sort("_at")
-        .group_by("server", "run_id", "as_of", "other")
-        .agg(pl.all().last())
-    )
-    surged = (
-        pending.join(created, on=["server", "other"])
-        .filter((pl.col("_created") > pl.col("_at")) & (pl.col("_created") <= pl.col("as_of")))
-        .select("server", "run_id", "as_of", "other")
-        .unique()
-    )
+    pending = spans_at(asked, promises, ("server", "fleet_id"), start="_accepted", end="_ends")
     return (
-        pending.join(surged, on=["server", "run_id", "as_of", "other"], how="anti")
-        .group_by("server", "run_id", "as_of")
+        asked.with_row_index("_moment")
+        .join(pending, on="_moment")
+        .filter(pl.col("other") != pl.col("run_id"))
+        .sort("_moment", "_accepted", "other")
+        .group_by("server", "run_id", "as_of", maintain_order=True)
         .agg(
             pl.format(
                 "run {}'s update to deployment {} (accepted at {}) has not created its surge "
                 "replica yet",
                 "run_name",
                 "deployment_num",
-                pl.col("_at").dt.strftime("%Y-%m-%d %H:%M:%S"),
+                pl.col("_accepted").dt.strftime("%Y-%m-%d %H:%M:%S"),
             ).alias("promised")
         )
     )
