@@ -709,7 +709,7 @@ class Redactor:
     def _masked(self, texts: pl.Series, *, dedupe: bool) -> pl.Series:
         if self.values:
             everywhere, ordinary = self._value_forms()
-            if everywhere and self._may_hold_values(texts, everywhere):
+            if everywhere and self._may_hold(texts, everywhere):
                 texts = texts.str.replace_many(
                     everywhere, [MASK] * len(everywhere), ascii_case_insensitive=True
                 )
@@ -720,16 +720,20 @@ class Redactor:
                 ).str.replace_all(rf"(?i){_STANDS_BEFORE}(?:{words}){_STANDS_AFTER}", "${1}***${2}")
         return redact_shapes(texts, dedupe=dedupe)
 
-    def _may_hold_values(self, texts: pl.Series, forms: list[str]) -> bool:
-        """Whether any text may hold a known value's form, by one regex pass (a fraction of
-        the Aho-Corasick replacement's cost, and most texts hold none): its Unicode case
-        folding matches all that the replacement's ASCII one does. Up to VALUE_PREFILTER
-        forms: over a 47 MB report, 160 forms cost 0.15 s (the replacement 0.22 s), 800
-        forms 0.6 s (0.26 s), and 4,000 pass the regex's size limit."""
+    @staticmethod
+    def _may_hold(texts: pl.Series, forms: list[str], also: str | None = None) -> bool:
+        """Whether any text may hold one of the forms of known values (or match the regex
+        `also`), by one regex pass: a fraction of the Aho-Corasick pass's cost, and most texts
+        hold none. Its Unicode case folding matches all that the ASCII one does, so a text it
+        leaves out holds none. Up to VALUE_PREFILTER forms (else: True): over a 47 MB report,
+        160 forms cost 0.15 s (the replacement 0.22 s), 800 forms 0.6 s (0.26 s), and 4,000
+        pass the regex's size limit."""
         if len(forms) > VALUE_PREFILTER:
             return True
-        pattern = "(?i)" + "|".join(pl.escape_regex(form) for form in forms)
-        return bool(texts.str.contains(pattern).any())
+        parts = [also] if also else []
+        if forms:
+            parts.append("(?i:" + "|".join(pl.escape_regex(form) for form in forms) + ")")
+        return bool(parts) and bool(texts.str.contains("|".join(parts)).any())
 
     def apply_frame(self, frame: pl.DataFrame) -> pl.DataFrame:
         """Every string column of `frame` (lists of strings too) redacted."""
@@ -842,16 +846,16 @@ class Redactor:
         text = pl.Series([json_text], dtype=pl.String)
         # JSON escapes every C0 control: in an ASCII text, only DEL can stand raw
         raw = "\x7f" in json_text if json_text.isascii() else text.str.contains(HIDDEN).any()
-        if raw or text.str.contains(_HIDDEN_ESCAPED).any():
+        if raw:
             return True
-        if not self.values:
-            return False
-        everywhere, ordinary = self._value_forms()
-        if everywhere:
-            escaped = list(
-                dict.fromkeys(json.dumps(f, ensure_ascii=False)[1:-1] for f in everywhere)
-            )
-            if text.str.contains_any(escaped, ascii_case_insensitive=True).any():
+        everywhere, ordinary = self._value_forms() if self.values else ([], [])
+        escaped = list(dict.fromkeys(json.dumps(f, ensure_ascii=False)[1:-1] for f in everywhere))
+        # one regex pass says when neither can be there (most reports): each is looked for
+        # exactly only when it may be
+        if self._may_hold(text, escaped, also=_HIDDEN_ESCAPED):
+            if text.str.contains(_HIDDEN_ESCAPED).any():
+                return True
+            if escaped and text.str.contains_any(escaped, ascii_case_insensitive=True).any():
                 return True
         return bool(ordinary) and text.str.contains(rf"(?i){'|'.join(ordinary)}").any()
 

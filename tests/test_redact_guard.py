@@ -82,3 +82,18 @@ def test_known_values_are_masked_in_any_case(count):
     text = f'one {values[-1].upper()} two\n  "x": "PA\\"SS-word-9"\nnothing here'
     assert redactor.apply(text) == f'one {MASK} two\n  "x": "{MASK}"\nnothing here'
     assert redactor.apply("nothing here\nat all") == "nothing here\nat all"
+
+
+@pytest.mark.parametrize("count", [0, 1, VALUE_PREFILTER])
+def test_the_report_guard_sees_a_known_value_or_a_hidden_character(count):
+    """Redactor.holds_known_or_hidden (one regex pass first): a known value in any case and
+    JSON-escaped, an escaped control character; nothing in a text holding neither."""
+    redactor = Redactor()
+    values = [f"s3cr3t-{i:04d}-value" for i in range(count)]
+    redactor.add(values)
+    clean = json.dumps({"job_name": "web-0-1", "message": "Fleet is at capacity"})
+    assert not redactor.holds_known_or_hidden(clean)
+    assert redactor.holds_known_or_hidden(json.dumps({"job_name": "web\x1b[2J"}))
+    assert redactor.holds_known_or_hidden(json.dumps({"m": "a\rb"}))
+    if values:
+        assert redactor.holds_known_or_hidden(json.dumps({"m": f"x {values[-1].upper()} y"}))
