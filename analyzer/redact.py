@@ -427,7 +427,7 @@ def _may_hold_keywords(texts: pl.Series, only: frozenset[int] | None) -> pl.Seri
     if always:
         return None
     if not keywords:
-        return pl.Series([False] * texts.len(), dtype=pl.Boolean)
+        return pl.repeat(False, texts.len(), dtype=pl.Boolean, eager=True)
     return texts.str.contains(_keyword_pattern(only)).fill_null(False)
 
 

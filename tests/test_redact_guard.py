@@ -70,6 +70,10 @@ def test_no_keyword_holds_the_mask():
 def test_a_chunk_without_keywords_is_returned_as_it_is():
     texts = pl.Series(["\n".join(['  "count": 3,', "}"] * 1000)])
     assert redact._over_keyword_lines(texts) is texts
+    assert redact._may_hold_keywords(texts, None).to_list() == [False]
+    lines = pl.Series(["token: x", "nothing"])
+    assert redact._may_hold_keywords(lines, None).to_list() == [True, False]
+    assert redact._may_hold_keywords(lines, frozenset()).to_list() == [False, False]  # no rule
 
 
 @pytest.mark.parametrize("count", [1, VALUE_PREFILTER])
