@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from analyzer import redact
-from analyzer.redact import GITLEAKS_FILE, GITLEAKS_LEFT_OUT, GITLEAKS_VERSION, Redactor
+from analyzer.gitleaks import GITLEAKS_FILE, GITLEAKS_LEFT_OUT, GITLEAKS_VERSION
+from analyzer.redact import Redactor
 
 EXAMPLES = json.loads(
     (Path(__file__).parent / "data" / "gitleaks-examples.json").read_text(encoding="utf-8")

@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "analyzer.model",
             "analyzer.dstack",
             "analyzer.catalogue",
+            "analyzer.gitleaks",
             "analyzer.redact",
             "analyzer.times",
             "analyzer.progress",

@@ -18,7 +18,7 @@ def test_every_rule_compiles():
 
 def test_the_stored_translation_is_the_vendored_files():
     """rules/gitleaks.python.json is gitleaks.toml translated as it is now (regenerate it with
-    redact.write_translated_gitleaks() after changing either)."""
+    analyzer.gitleaks.write_translated_gitleaks() after changing either)."""
     stored = json.loads(redact.GITLEAKS_TRANSLATED.read_text(encoding="utf-8"))
     assert stored == redact.translate_gitleaks(redact.GITLEAKS_FILE.read_text(encoding="utf-8"))
 

@@ -42,7 +42,7 @@ import polars as pl
 
 from analyzer.errors import AuditInputError
 from analyzer.sources import cells
-from analyzer.sources.adbc import AdbcStatement
+from analyzer.sources.adbc import AdbcStatement, release_freed
 from analyzer.sources.base import (
     NO_OPTIONS,
     InputInfo,
@@ -587,6 +587,7 @@ def load_url(
         data = load_tables(reader, server)
     finally:
         reader.close()
+        release_freed()
     info = InputInfo(
         path=target.shown,
         kind="postgresql",

@@ -25,7 +25,7 @@ from analyzer.errors import AuditInputError
 from analyzer.model import CLOSED_TEXT, parse_db_time
 from analyzer.redact import Redactor
 from analyzer.sources import cells
-from analyzer.sources.adbc import AdbcStatement
+from analyzer.sources.adbc import AdbcStatement, release_freed
 from analyzer.sources.base import (
     InputKind,
     LoadContext,
@@ -519,6 +519,7 @@ def _read_database(path: Path, shown: Path, ctx: LoadContext, info) -> SourceDat
                 info.notes.append(f"partition {partition[0]}/{partition[1]} (whole services)")
     finally:
         reader.close()
+        release_freed()
     info.records = data.runs.height + data.jobs.height + data.events.height
     info.server_version = data.server_version
     cells.apply_to(info, data)
