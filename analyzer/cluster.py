@@ -78,7 +78,10 @@ def connect(*, workers: int | None = None, address: str | None = None) -> Iterat
     """A client of a new local cluster of `workers` processes (one thread each, 127.0.0.1,
     no dashboard; the scheduler's own HTTP endpoint on a free port, not on the dashboard's
     8787 another cluster may hold), or of the scheduler at `address`; closed (and the local
-    cluster stopped) on leaving."""
+    cluster stopped) on leaving. The local cluster's processes log only what is critical: a
+    task's error reaches the client as its exception, and a worker whose heartbeat meets the
+    scheduler already closing (a race of every shutdown) would otherwise print a traceback
+    after a finished audit."""
     distributed = _distributed()
     if address is None:
         with (
@@ -90,7 +93,7 @@ def connect(*, workers: int | None = None, address: str | None = None) -> Iterat
                 dashboard_address=None,
                 scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
                 preload=[WORKER_PRELOAD],
-                silence_logs=logging.ERROR,
+                silence_logs=logging.CRITICAL,
             ) as cluster,
             distributed.Client(cluster) as client,
         ):
