@@ -161,12 +161,67 @@ def test_the_finding_names_who_held_the_room_at_the_failure():
     )
 
 
+def _copy_row(db, table: str, **values) -> None:
+    """Insert a copy of `table`'s first row with `values` in place of its own."""
+    with sqlite3.connect(db) as connection:
+        columns = [row[1] for row in connection.execute(f"PRAGMA table_info({table})")]
+        picked = [f":{c}" if c in values else c for c in columns]
+        connection.execute(
+            f"INSERT INTO {table} ({', '.join(columns)}) "
+            f"SELECT {', '.join(picked)} FROM {table} LIMIT 1",
+            values,
+        )
+
+
+@pytest.mark.parametrize("same_project", [True, False])
+def test_holders_are_those_of_the_failing_runs_fleet_not_a_namesake(seed, same_project):
+    """Fleet names are unique only within a project (fleets.project_id): a job of another
+    project's fleet named as the seed's cpu-fleet never held the seed's room; a neighbour
+    on the seed's own fleet did, and is named first."""
+    project, fleet, instance = (
+        "acme",
+        "bb43b393b7d4400491039ef082804cfb",
+        "1fd19613277d4a7eb093e4ff994d9cc6",
+    )
+    project_id = "ddacf41b8eb34ac8849ebdf2f5c0c0a2"
+    if not same_project:
+        project, project_id = "other", "0f0f0f0f0f0f4f0f8f0f0f0f0f0f0f01"
+        fleet, instance = "0f0f0f0f0f0f4f0f8f0f0f0f0f0f0f02", "0f0f0f0f0f0f4f0f8f0f0f0f0f0f0f03"
+        _copy_row(seed, "projects", id=project_id, name=project)
+        _copy_row(seed, "fleets", id=fleet, project_id=project_id)
+        _copy_row(seed, "instances", id=instance, project_id=project_id, fleet_id=fleet)
+    run = "0f0f0f0f0f0f4f0f8f0f0f0f0f0f0f04"
+    _copy_row(seed, "runs", id=run, project_id=project_id, run_name="chat", fleet_id=fleet)
+    _copy_row(
+        seed,
+        "jobs",
+        id="0f0f0f0f0f0f4f0f8f0f0f0f0f0f0f05",
+        project_id=project_id,
+        run_id=run,
+        run_name="chat",
+        job_name="chat-0-0",
+        fleet_id=fleet,
+        used_instance_id=instance,
+        instance_id=instance,
+        submitted_at="2026-11-02 09:04:31.000000",
+        status="running",
+        termination_reason=None,
+        remove_at=None,
+    )
+    audit = open_sources([seed])
+    (finding,) = [f for f in audit.report.findings if f.run_name == "web"]
+    held = [r for r in finding.capacity_foresight.reasons if r.startswith("at the failure")]
+    named = [r for r in held if "run chat's chat-0-0 (deployment 0) held instance" in r]
+    assert len(named) == (1 if same_project else 0), held
+    assert any("this run's web-0-0 (deployment 0) held" in r for r in held)
+
+
 def test_holders_are_the_jobs_on_the_fleet_not_stopped_at_the_failure():
     at = datetime(2026, 11, 2, 9, 9, 1, tzinfo=UTC)
     subs = pl.DataFrame(
         {
             "server": ["s"] * 3,
-            "fleet_name": ["f", "f", "other"],
+            "fleet_id": ["f", "f", "other"],
             "run_id": ["neighbour", "gone", "elsewhere"],
             "job_id": ["a", "b", "c"],
             "job_name": ["chat-0-0", "old-0-0", "x-0-0"],
@@ -182,7 +237,7 @@ def test_holders_are_the_jobs_on_the_fleet_not_stopped_at_the_failure():
     runs = pl.DataFrame({"server": ["s"] * 3, "run_id": ["neighbour", "gone", "elsewhere"]})
     runs = runs.with_columns(pl.col("run_id").alias("run_name"))
     failures = pl.DataFrame(
-        {"i": [0], "server": ["s"], "fleet_name": ["f"], "as_of": [at], "own": ["web"]}
+        {"i": [0], "server": ["s"], "fleet_id": ["f"], "as_of": [at], "own": ["web"]}
     )
     held = holders_at(failures, placed_jobs(subs, runs), 3)
     assert held.select("run_name", "job_name", "health").rows() == [
@@ -201,7 +256,7 @@ def test_holders_named_are_the_neighbours_first_then_the_earliest_placed_and_cou
     subs = pl.DataFrame(
         {
             "server": ["s"] * 4,
-            "fleet_name": ["f"] * 4,
+            "fleet_id": ["f"] * 4,
             "run_id": [run for run, _, _ in jobs],
             "job_id": [job for _, job, _ in jobs],
             "job_name": [f"{job}-0" for _, job, _ in jobs],
@@ -221,7 +276,7 @@ def test_holders_named_are_the_neighbours_first_then_the_earliest_placed_and_cou
         {
             "i": [0, 7],
             "server": ["s", "s"],
-            "fleet_name": ["f", "f"],
+            "fleet_id": ["f", "f"],
             "as_of": [at(5), at(1)],
             "own": ["web", "web"],
         }
@@ -244,7 +299,7 @@ def _holders_by_hand(failures: list[dict], jobs: list[dict], first: int) -> list
         alive = [
             j
             for j in placed
-            if (j["server"], j["fleet_name"]) == (f["server"], f["fleet_name"])
+            if (j["server"], j["fleet_id"]) == (f["server"], f["fleet_id"])
             and j["created_at"] <= f["as_of"]
             and (j["stopped_at"] is None or j["stopped_at"] > f["as_of"])
         ]
@@ -281,7 +336,7 @@ def test_holders_are_those_of_their_definition(jobs, failures):
     rows = [
         {
             "server": "s",
-            "fleet_name": fleet,
+            "fleet_id": fleet,
             "run_id": run,
             "job_id": f"j{n:02}",
             "job_name": f"j{n:02}",
@@ -296,7 +351,7 @@ def test_holders_are_those_of_their_definition(jobs, failures):
         for n, (fleet, run, created, stopped) in enumerate(jobs)
     ]
     asked = [
-        {"i": i, "server": "s", "fleet_name": fleet, "as_of": at(minute), "own": own}
+        {"i": i, "server": "s", "fleet_id": fleet, "as_of": at(minute), "own": own}
         for i, (fleet, minute, own) in enumerate(failures)
     ]
     schema = {"created_at": pl.Datetime("us", "UTC"), "stopped_at": pl.Datetime("us", "UTC")}
@@ -312,7 +367,7 @@ def test_holders_are_those_of_their_definition(jobs, failures):
 
 _HOLDER_COLUMNS = (
     "server",
-    "fleet_name",
+    "fleet_id",
     "run_id",
     "job_id",
     "job_name",

@@ -122,8 +122,7 @@ def facts_of(frames: Frames, findings: list[Finding]) -> Frames:
     the jobs of runs the tables do not hold (a refusal of no known project), and the jobs on
     those instances (blocks held) or in those fleets (refused 'Fleet is at capacity':
     specs.nodes_contradicted), with their runs. Who held the room (`capacity_holders`) is
-    read from `frames.placed`, left whole: a fleet is named there by its name alone, which
-    other projects' fleets share, so keeping those jobs here kept nearly every job."""
+    read from `frames.placed`, left whole: found once per merge, for every finding."""
     wanted = wanted_findings(findings)
     if not wanted:
         return frames
@@ -215,6 +214,17 @@ def capacity_holders(findings: list[Finding], frames: Frames) -> dict[tuple, lis
     )
     if failures.is_empty():
         return {}
+    # a root cause names its fleets by the names of its jobs' fleets (impact.py), and fleet
+    # names are unique only within a project (fleets.project_id; a replica is placed in its
+    # project's fleets, or one imported into it): each name is the fleet the run's jobs had
+    fleets = frames.submissions.select(
+        "server", pl.col("run_id").alias("own"), "fleet_name", "fleet_id"
+    ).drop_nulls(["fleet_name", "fleet_id"])
+    failures = failures.join(
+        fleets.unique(maintain_order=True),
+        on=["server", "own", "fleet_name"],
+        maintain_order="left",
+    )
     placed = frames.placed
     if placed is None:
         placed = placed_jobs(frames.submissions, frames.runs)

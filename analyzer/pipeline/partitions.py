@@ -52,6 +52,7 @@ _CROSS_RUN_COLUMNS = (
     "left_queue_at",
     # who held a fleet's room at a failure (foresight, placement.holders_at)
     "fleet_name",
+    "fleet_id",
     "deployment_num",
     "instance_name",
     "health",

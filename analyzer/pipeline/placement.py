@@ -350,13 +350,14 @@ def place_queue(
 
 def placed_jobs(subs: pl.DataFrame, runs: pl.DataFrame) -> pl.DataFrame:
     """The jobs placed on an instance (`instance_id` kept after release:
-    jobs.used_instance_id), in the order they were placed (`_job`), each with its run's
-    name: who can have held a fleet's room (`holders_at`)."""
+    jobs.used_instance_id), in the order they were placed (`_job`), each with its fleet
+    (`fleet_id`: jobs.fleet_id, else its instance's) and its run's name: who can have held a
+    fleet's room (`holders_at`)."""
     return (
         subs.filter(pl.col("instance_id").is_not_null() & pl.col("created_at").is_not_null())
         .select(
             "server",
-            "fleet_name",
+            "fleet_id",
             "run_id",
             "job_id",
             "job_name",
@@ -380,7 +381,7 @@ def placed_jobs(subs: pl.DataFrame, runs: pl.DataFrame) -> pl.DataFrame:
 
 def holders_at(failures: pl.DataFrame, placed: pl.DataFrame, first: int) -> pl.DataFrame:
     """Who held the room when a placement was refused for lack of it: per failure `i` (its
-    rows: `server`, `fleet_name`, `as_of`, `own`, the failing run's id, and any other
+    rows: `server`, `fleet_id`, `as_of`, `own`, the failing run's id, and any other
     columns), the `first` of the `placed` jobs (placed_jobs) on an instance of that fleet
     and not yet stopped then, other runs' first (the neighbour that held the room), then the
     earliest placed; each with its run, since when it held it, until when, its final health,
@@ -393,7 +394,7 @@ def holders_at(failures: pl.DataFrame, placed: pl.DataFrame, first: int) -> pl.D
     ranked = _ranked(moments, placed, first)
     return (
         ranked.join(moments.drop("i"), on="_moment")
-        .join(placed.drop("server", "fleet_name"), on="_job")
+        .join(placed.drop("server", "fleet_id"), on="_job")
         .sort("i", "rank")
         .drop("_moment", "_job")
     )
@@ -403,7 +404,8 @@ def _ranked(moments: pl.DataFrame, held: pl.DataFrame, first: int) -> pl.DataFra
     """holders_at's ranking of the failures (`moments`, each with its `_moment`): per failure
     `i`, its first holders (other runs' first, then by placement: `_job`), each's `rank`, and
     `of`, how many held the room (`count_at`)."""
-    by = ("server", "fleet_name")
+    # a fleet by its identity: names repeat across projects (unique only in one project)
+    by = ("server", "fleet_id")
     groups = moments.select(by).unique(maintain_order=True).with_row_index("_group")
     spans = held.join(groups, on=by).sort("_group", "_job")
     asked = moments.join(groups, on=by, maintain_order="left")
