@@ -49,40 +49,42 @@ def _threads(*sources: str, **env: str) -> int:
 def test_the_seed_sample_s_audit_runs_on_one_thread_in_memory(tmp_path):
     """The README's first command, as a whole process: one polars thread, the in-memory engine,
     the same report."""
-    code = (
+    said = _seed_audit_saying(
+        tmp_path,
         "import atexit, sys; "
         "atexit.register(lambda: print(sys.modules['polars'].thread_pool_size(), "
         "sys.modules['polars'].Config.state(if_set=True).get('POLARS_ENGINE_AFFINITY'), "
-        "file=sys.stderr)); "
-        "from analyzer.cli import main; main()"
+        "file=sys.stderr)); ",
     )
+    assert said == "1 in-memory"
+
+
+def _seed_audit_saying(tmp_path, probe: str) -> str:
+    """What `probe` (Python run before the CLI, printing to standard error at exit) says of the
+    seed sample's audit as a whole process, the audit's report checked."""
+    code = probe + "from analyzer.cli import main; main()"
     out = tmp_path / "report.json"
     result = _run(["-c", code, "audit", str(SEED), "--format", "json", "-o", str(out), "-q"])
     assert result.returncode == 0, result.stderr
-    assert result.stderr.strip() == "1 in-memory"
     assert '"findings": 1' in out.read_text()
+    return result.stderr.strip()
 
 
 def test_the_audit_s_library_is_set_aside_from_the_cycle_collector(tmp_path):
     """The modules the audit imports live as long as the process: their objects are frozen
     (gc.freeze) so that no pass of the collector walks them again, and the collector runs on
     for what the audit makes (enabled again, no pass of the older generations over them)."""
-    code = (
+    frozen, enabled, oldest = _seed_audit_saying(
+        tmp_path,
         "import atexit, gc, sys; passes = []; "
         "gc.callbacks.append(lambda phase, info: phase == 'stop' and gc.get_freeze_count() "
         "and passes.append(info['generation'])); "
         "atexit.register(lambda: print(gc.get_freeze_count(), gc.isenabled(), "
-        "max(passes, default=0), file=sys.stderr)); "
-        "from analyzer.cli import main; main()"
-    )
-    out = tmp_path / "report.json"
-    result = _run(["-c", code, "audit", str(SEED), "--format", "json", "-o", str(out), "-q"])
-    assert result.returncode == 0, result.stderr
-    frozen, enabled, oldest = result.stderr.split()
+        "max(passes, default=0), file=sys.stderr)); ",
+    ).split()
     assert int(frozen) > 50_000  # polars', pydantic's and the library's objects
     assert enabled == "True"
     assert oldest == "0"  # only young objects were walked after the freeze
-    assert '"findings": 1' in out.read_text()
 
 
 def test_a_larger_input_keeps_every_core(tmp_path):
