@@ -358,13 +358,13 @@ def _kept_for_good() -> Iterator[None]:
     (gc.freeze): a module's objects live as long as the process, and each pass of the
     collector would walk them all again (imports make some 50,000 of them at once, which
     set off a pass of 10 ms in the seed sample's audit of 0.7 s)."""
-    paused = gc.isenabled()
+    was_on = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         gc.freeze()
-        if paused:
+        if was_on:
             gc.enable()
 
 
