@@ -431,10 +431,13 @@ class ServerAudit:
     """One server of a fleet audited whole where its task ran: its report (the capacity
     foresight worked out in the task, as in one process: servers share no fleet and no
     instance) built from texts masked with its own secret values, not yet guarded (that is
-    done once, with every server's: `finish_server`), and those values."""
+    done once, with every server's: `finish_server`), and those values. `dumped` is the
+    report's JSON, written in the task (in parallel with the other servers') for the guard's
+    one look, which waits for every server's secret values."""
 
     report: Report
     secrets: frozenset[str]
+    dumped: str
 
     @property
     def head(self) -> ServerHead:
@@ -450,7 +453,8 @@ def audit_server(paths: Sequence[str], label: str, options: dict) -> ServerAudit
     """One server of a fleet, audited whole: the task a worker runs for each server
     (analyzer.cluster.audit_servers); its result stays on the worker until `finish_server`."""
     opened = open_sources(paths, **{**options, "server_labels": dict.fromkeys(paths, label)})
-    return ServerAudit(opened._assembled, frozenset(opened.evidence.redactor.values))
+    report = opened._assembled
+    return ServerAudit(report, frozenset(opened.evidence.redactor.values), report.model_dump_json())
 
 
 def finish_server(audited: ServerAudit, secrets: frozenset[str]) -> Report | None:
@@ -459,7 +463,7 @@ def finish_server(audited: ServerAudit, secrets: frozenset[str]) -> Report | Non
     masks every text with all the inputs' values (a token one server's job spec holds,
     repeated in another's failure message); None when the guard changes nothing in it: its
     head's part stands."""
-    report = Redactor(values=set(secrets)).guard_model(audited.report)
+    report = Redactor(values=set(secrets)).guard_model(audited.report, audited.dumped)
     return None if report is audited.report else report
 
 

@@ -707,16 +707,17 @@ class Redactor:
         changed = {old: new for old, new in zip(unique, texts.to_list(), strict=True) if old != new}
         return _replaced(model, changed, BaseModel) if changed else model
 
-    def guard_model(self, model: Model) -> Model:
+    def guard_model(self, model: Model, dumped: str | None = None) -> Model:
         """A model built from texts masked at the source (``apply_frames``), as `apply_model`
-        with `controls` gives it, at the cost of one look at its JSON: the model itself when
-        that JSON holds no known value and no hidden character (nothing for the walk to do
-        that the source did not), else the walk. Known values are looked for because a text
+        with `controls` gives it, at the cost of one look at its JSON (`dumped`: that JSON,
+        when it was written earlier): the model itself when that JSON holds no known value
+        and no hidden character (nothing for the walk to do that the source did not), else
+        the walk. Known values are looked for because a text
         built from several masked ones (a name and a message joined) can hold one again, and
         hidden characters because the frames keep them (only a secret they hid is cleaned
         there). Secret shapes are not looked for: every text the model is built from was
         masked at the source, and every rendered output passes the whole rule set again."""
-        if self.holds_known_or_hidden(model.model_dump_json()):
+        if self.holds_known_or_hidden(model.model_dump_json() if dumped is None else dumped):
             return self.apply_model(model, controls=True)
         return model
 
