@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "analyzer.model",
             "analyzer.dstack",
             "analyzer.catalogue",
+            "analyzer.collector",
             "analyzer.gitleaks",
             "analyzer.redact",
             "analyzer.times",

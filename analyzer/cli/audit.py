@@ -32,6 +32,7 @@ from analyzer.cli.options import (
     width_option,
     wrote,
 )
+from analyzer.collector import paused
 from analyzer.errors import AuditInputError
 from analyzer.vocabulary import VERDICTS
 
@@ -358,14 +359,11 @@ def _kept_for_good() -> Iterator[None]:
     (gc.freeze): a module's objects live as long as the process, and each pass of the
     collector would walk them all again (imports make some 50,000 of them at once, which
     set off a pass of 10 ms in the seed sample's audit of 0.7 s)."""
-    was_on = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.freeze()
-        if was_on:
-            gc.enable()
+    with paused():
+        try:
+            yield
+        finally:
+            gc.freeze()
 
 
 def _gate(report: Any, fail_on_findings: bool, allow_undecided: bool) -> None:
