@@ -58,9 +58,8 @@ also one more pass over every database's runs table). Measured then (benchmarks/
 `--partitions` sets more, to bound memory."""
 WORKER_WAIT_SECONDS = 30
 SIGNAL_SECONDS = 0.2  # how soon a local --workers audit sees Ctrl-C while it waits
-WORKER_PRELOAD = "analyzer.api"
-"""Imported by each local worker as it starts (while the client learns the whole inputs), not
-when its first task arrives."""
+WORKER_PRELOAD = "analyzer.cluster_worker"
+"""Run by each local worker as it starts: the pipeline imported, Ctrl-C left to the client."""
 
 
 def _distributed():

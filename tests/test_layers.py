@@ -44,6 +44,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "analyzer.dataset",
             "analyzer.ingest",
             "analyzer.cluster",
+            "analyzer.cluster_worker",
             "analyzer.synth",
         ),
     ),
