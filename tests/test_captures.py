@@ -130,3 +130,15 @@ def test_tables_only_version_says_what_it_cannot_order():
     assert "no_events_table" in codes
     (finding,) = report.findings
     assert any("no event records when the update was applied" in e.text for e in finding.evidence)
+
+
+def test_each_source_says_its_own_limitations():
+    """A database and a table export of an old release both lack the events table and
+    jobs.ready: each says so, or the report would imply the second source had them (and one
+    process would say less than a --workers audit of the same inputs, which keys by source)."""
+    folder = CAPTURES / "v0.19" / "seed"
+    report = open_sources([folder / "server.db", folder / "tables"]).report
+    said = {(lim.code, lim.source) for lim in report.limitations}
+    for source in (folder / "server.db", folder / "tables"):
+        assert ("no_events_table", str(source)) in said
+        assert ("missing_columns", str(source)) in said

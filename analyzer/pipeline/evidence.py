@@ -356,7 +356,8 @@ def combine(parts: list[SourceData]) -> Evidence:
         evidence.inputs.extend(part.inputs)
         for limitation in part.limitations:
             if all(
-                (limitation.code, limitation.message) != (known.code, known.message)
+                (limitation.code, limitation.message, limitation.source)
+                != (known.code, known.message, known.source)
                 for known in evidence.limitations
             ):
                 evidence.limitations.append(limitation)
