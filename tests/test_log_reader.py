@@ -950,6 +950,18 @@ def test_every_other_space_is_seen_in_the_bytes() -> None:
             assert any(byte in space.encode() for byte in layouts.OTHER_SPACES), hex(ord(space))
 
 
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40))
+@example(text="INFO 2026-11-02T09:00:00.000 uvicorn.access\tGET /health")
+@example(text="caf\u00e9 \u2014 d\u00e9j\u00e0 vu")
+@example(text="ideographic\u3000space")
+def test_other_spaces_are_found_with_or_without_non_ascii_bytes(text) -> None:
+    """``other_spaces_in`` (an ASCII chunk searched for the four ASCII spaces only) says what
+    searching the bytes for every one of OTHER_SPACES says."""
+    data = text.encode()
+    assert layouts.other_spaces_in(data) == any(space in data for space in layouts.OTHER_SPACES)
+
+
 @settings(max_examples=40, deadline=None)
 @given(data=st.data())
 def test_every_line_that_can_matter_holds_a_matter_word(data) -> None:
