@@ -25,6 +25,7 @@ from analyzer.sources.logs.messages import (
     MATTER_TEXT_PATTERNS,
     MATTER_WORDS,
     EventCollector,
+    records_to_events,
 )
 from analyzer.sources.logs.reader import (
     LogRead,
@@ -950,6 +951,18 @@ def test_every_other_space_is_seen_in_the_bytes() -> None:
             assert any(byte in space.encode() for byte in layouts.OTHER_SPACES), hex(ord(space))
 
 
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40))
+@example(text="INFO 2026-11-02T09:00:00.000 uvicorn.access\tGET /health")
+@example(text="caf\u00e9 \u2014 d\u00e9j\u00e0 vu")
+@example(text="ideographic\u3000space")
+def test_other_spaces_are_found_with_or_without_non_ascii_bytes(text) -> None:
+    """``other_spaces_in`` (an ASCII chunk searched for the four ASCII spaces only) says what
+    searching the bytes for every one of OTHER_SPACES says."""
+    data = text.encode()
+    assert layouts.other_spaces_in(data) == any(space in data for space in layouts.OTHER_SPACES)
+
+
 @settings(max_examples=40, deadline=None)
 @given(data=st.data())
 def test_every_line_that_can_matter_holds_a_matter_word(data) -> None:
@@ -1099,3 +1112,23 @@ def test_a_log_changed_after_it_was_recognised_is_parsed_again(tmp_path: Path) -
     assert not source._PARSED
     _same_load(loaded, _loaded(path, reuse=False))
     assert loaded.events["entity_name"].str.contains("wEb").any()
+
+
+def test_an_event_line_that_is_not_ascii_keeps_its_actor_targets_and_message() -> None:
+    """An event line's body, targets and actor are cut at the separators by their byte offsets
+    only where every character is one byte: a message of 13 two-byte characters once made the
+    actor ``user(123456)zsystem`` read as ``system`` and lost the event's target."""
+    message = "Fleet is at capacity " + "\u00e9" * 13
+    line = (
+        "INFO 2026-11-02T09:00:00.000 dstack._internal.server.services.events Emitting event: "
+        "Job status changed PROVISIONING -> TERMINATING. Termination reason: "
+        f"FAILED_TO_START_DUE_TO_NO_CAPACITY ({message}). Event targets: job(abcdef)web-0-1. "
+        "Actor: user(123456)zsystem"
+    )
+    read = read_log_bytes(f"{line}\n{line.replace('abcdef', 'fedcba')}".encode(), "x.log")
+    events, facts = records_to_events(read.records, "x.log", "server")
+    assert facts.relevant == 2 and facts.unrecognised == 0
+    assert events.select("entity_id", "actor", "termination_message").rows() == [
+        ("abcdef", "user zsystem", message),
+        ("fedcba", "user zsystem", message),
+    ]

@@ -51,6 +51,16 @@ _STD_VALID_HEAD_SHORT_RE = _STD_VALID_HEAD_RE.removesuffix(r"\S+(?: |$)") + r"\S
 # chunk's bytes at memory speed. (So do others, "—" among them, "é" not: a chunk holding one
 # is proven the longer way.)
 OTHER_SPACES = (b"\t", b"\x0b", b"\x0c", b"\r", b"\xc2", b"\xe1", b"\xe2", b"\xe3")
+_ASCII_SPACES = OTHER_SPACES[:4]
+
+
+def other_spaces_in(data: bytes) -> bool:
+    """Whether ``data`` may hold whitespace but the space and the line break (one of
+    OTHER_SPACES). ASCII bytes (one quick pass tells) can hold only the first four: the
+    searches for the others' lead bytes are skipped."""
+    spaces = _ASCII_SPACES if data.isascii() else OTHER_SPACES
+    return any(space in data for space in spaces)
+
 
 _STD_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S%.3f"
 
@@ -319,8 +329,31 @@ def quiet_standard_records(
     if (start & quiet).sum() * QUIET_SHARE < frame.height:  # few lines to set aside
         return frame, SetAside.none()
     lone = start & start.shift(-1, fill_value=False) & quiet & frame["flag"].is_null()
-    aside = frame.select("line", "content", "wrapper_time").filter(lone)
-    return frame.filter(~lone), SetAside(aside["line"], _levels(aside))
+    times = frame["wrapper_time"]
+    if times.null_count() == times.len():  # no wrapper time: the text alone times a line
+        levels = _unwrapped_levels(content.filter(lone))
+    else:
+        levels = _levels(frame.select("content", "wrapper_time").filter(lone))
+    return frame.filter(~lone), SetAside(frame["line"].filter(lone), levels)
+
+
+def _unwrapped_levels(texts: pl.Series) -> pl.DataFrame:
+    """``_levels`` of lines without a wrapper's time. The lines that open with one ``LEVEL ``
+    are one interval of text order, so when the least and the greatest line open with the
+    same one every line does (a busy log's access lines): its count and latest time are then
+    the lines' and the greatest line's, with no pass over them but the two bounds."""
+    if texts.len():
+        low, high = texts.min(), texts.max()
+        first = low.split(" ", 1)[0] + " "
+        if high.startswith(first):
+            return _level_rows(
+                pl.DataFrame(
+                    {"_first": [low], "lines": [texts.len()], "_last": [high], "_wrapper": [None]},
+                    schema_overrides={"_wrapper": UTC_TIME},
+                )
+            )
+    frame = pl.DataFrame({"content": texts}).with_columns(wrapper_time=pl.lit(None, UTC_TIME))
+    return _levels(frame)
 
 
 def _levels(aside: pl.DataFrame) -> pl.DataFrame:
@@ -342,6 +375,12 @@ def _levels(aside: pl.DataFrame) -> pl.DataFrame:
         per_level = aside.select(columns)
     else:
         per_level = aside.group_by(content.str.head(1), maintain_order=True).agg(columns)
+    return _level_rows(per_level)
+
+
+def _level_rows(per_level: pl.DataFrame) -> pl.DataFrame:
+    """Each level's name, count and latest time from its first line (``_first``), count,
+    greatest line without a wrapper's time (``_last``) and latest wrapper time."""
     level_end = pl.col("_first").str.find(" ", literal=True)
     local = (
         pl.col("_last")

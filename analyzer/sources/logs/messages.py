@@ -419,7 +419,9 @@ def _times() -> list[pl.Expr]:
 def _split_event_lines(frame: pl.DataFrame) -> pl.DataFrame:
     """Body, targets and actor of "Emitting event" lines. Literal cuts first (the common case,
     fast); the fold-tolerant regex only for lines they cannot cut (rich joins that lost a
-    space)."""
+    space) and for lines that are not ASCII: ``str.find`` counts bytes and ``str.slice``
+    characters, so a cut of such a line can miss (a body of 13 extra UTF-8 bytes made
+    ``user(abcdef)zsystem`` the actor ``system``)."""
     text = pl.col("text")
     targets_at = text.str.find(TARGETS_SEPARATOR, literal=True)
     actor_at = text.str.find(ACTOR_SEPARATOR, literal=True)
@@ -433,6 +435,7 @@ def _split_event_lines(frame: pl.DataFrame) -> pl.DataFrame:
     ).with_columns(
         (
             text.str.starts_with(EVENT_PREFIX)
+            & (text.str.len_bytes() == text.str.len_chars())
             & (actor_at > targets_at)
             & pl.col("actor").str.contains(ACTOR)
         )

@@ -40,12 +40,12 @@ from analyzer.sources.logs.layouts import (
     ANSI_RE,
     LEVELS,
     LOGO_LINES,
-    OTHER_SPACES,
     STARTUP_RE,
     RichClock,
     SetAside,
     classify_lines,
     fold_records,
+    other_spaces_in,
     quiet_standard_records,
 )
 from analyzer.sources.logs.lines import (
@@ -339,11 +339,7 @@ class LogStream:
                 self._wrapper_known = True
             # a journal entry's message is JSON, where an escape is written as "\u001b"
             escapes = escapes or self.wrapper == "journald"
-            spaces = (
-                self.wrapper == "journald"
-                or any(space in chunk for space in OTHER_SPACES)
-                or bool(carry_spaces)
-            )
+            spaces = self.wrapper == "journald" or other_spaces_in(chunk) or bool(carry_spaces)
             kept, aside = self._set_aside(unwrap(raw, self.wrapper, start_line), escapes, spaces)
             gathered.add(kept, aside)
             if following is not None and aside.height and gathered.few():
