@@ -1,0 +1,102 @@
+"""A fleet's local worker processes (`--workers N` over several databases), started by the
+command before it imports the pipeline: their start-up overlaps the command's own."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+from conftest import CAPTURES, ROOT
+
+from analyzer._version import __version__
+from analyzer.cluster import FleetTasks, audit_servers_locally
+from analyzer.cluster_local import SQLITE_MAGIC, may_be_a_fleet, started
+from analyzer.sources.sqlite import SQLITE_MAGIC as READ_AS_SQLITE
+
+SEED = CAPTURES / "v0.22.5" / "seed"
+CRASH = CAPTURES / "v0.22.5" / "multi-replica-crash"
+
+
+def test_a_fleet_is_told_by_the_bytes_the_sqlite_source_reads():
+    assert SQLITE_MAGIC == READ_AS_SQLITE
+
+
+def test_only_two_or_more_distinct_databases_may_be_a_fleet(tmp_path):
+    seed, crash = str(SEED / "server.db"), str(CRASH / "server.db")
+    assert may_be_a_fleet([seed, crash])
+    assert not may_be_a_fleet([seed])
+    assert not may_be_a_fleet([seed, seed])
+    assert not may_be_a_fleet([seed, str(SEED / "logs")])  # a folder
+    assert not may_be_a_fleet([seed, str(SEED / "logs" / "server-info.json.log")])
+    assert not may_be_a_fleet([seed, str(tmp_path / "missing.db")])
+    assert not may_be_a_fleet([seed, "-"])
+
+
+def _where(paths, label, options):
+    """A server "audited" where it is sent: its head names the process and takes a while, so
+    both processes get servers."""
+    time.sleep(0.3)
+    head = SimpleNamespace(
+        generated_by=f"dstack-audit {__version__}",
+        secrets=frozenset(),
+        runs=frozenset({label}),
+        part=(label, os.getpid()),
+    )
+    return SimpleNamespace(head=head)
+
+
+def _unchanged(audited, secrets):
+    return None
+
+
+def test_workers_started_beforehand_audit_the_fleet_and_are_stopped_after():
+    servers = [([f"/nowhere/{n}.db"], f"s{n}") for n in range(6)]
+    with started(1) as workers:
+        [worker] = workers.processes
+        fleet = FleetTasks(_where, _unchanged, list)
+        parts = audit_servers_locally(2, servers, fleet, started=workers)
+        assert worker.is_alive()  # told it is done, not waited for: its owner stops it
+    assert [label for label, _ in parts] == [label for _, label in servers]
+    assert {pid for _, pid in parts} == {os.getpid(), worker.pid}
+    assert worker.exitcode is not None
+
+
+def test_workers_started_for_no_fleet_are_stopped_unused():
+    with started(1, preload=["analyzer.api"]) as workers:
+        [worker] = workers.processes
+    assert worker.exitcode is not None
+
+
+# The command run with its worker pool's start recorded: was the pipeline imported by then?
+RECORDED = """
+import sys
+import analyzer.cluster_local as local
+start = local.Workers.__init__
+def recorded(self, *args, **kwargs):
+    print("pipeline imported:", "polars" in sys.modules, file=sys.stderr)
+    start(self, *args, **kwargs)
+local.Workers.__init__ = recorded
+from analyzer.cli import main
+main()
+"""
+
+
+def test_the_command_starts_its_workers_before_its_own_imports():
+    given = [str(SEED / "server.db"), str(CRASH / "server.db")]
+    argv = ["audit", *given, "--format", "json", "-q"]
+    local = subprocess.run(
+        [sys.executable, "-c", RECORDED, *argv, "--workers", "2"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    one = subprocess.run(
+        [sys.executable, "-m", "analyzer", *argv], capture_output=True, text=True, cwd=ROOT
+    )
+    assert local.returncode == one.returncode == 0, local.stderr
+    assert local.stderr == "pipeline imported: False\n"
+    assert local.stdout == one.stdout
