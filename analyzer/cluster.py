@@ -307,11 +307,12 @@ def audit_servers_locally(
     Each head is read here while the other servers are still audited; once every server's
     secret values are known, each process finishes its own servers, and this one merges
     while the workers finish theirs (most often they change nothing, and the merge stands).
-    The cycle collector is paused meanwhile (collector.paused): the heads read here are kept
-    to the end and the merge makes no cycles, yet each pass walked every object of them again
-    (a third of this process's CPU on a fleet of 8 servers of 2k runs); the servers audited
-    here leave next to nothing in cycles (31 objects a server of 2k runs, the same peak RSS:
-    measured over 6 of them)."""
+    The cycle collector is paused meanwhile, and what is left is set aside on leaving
+    (collector.paused, keep): the heads read here and the merge are kept until the report is
+    written and make no cycles, yet each pass walked every object of them again (a third of
+    this process's CPU on a fleet of 8 servers of 2k runs); the servers audited here leave
+    next to nothing in cycles (31 objects a server of 2k runs, the same peak RSS: measured
+    over 6 of them)."""
     with ExitStack() as stack:
         if started is None:
             started = stack.enter_context(local_workers(min(workers, len(servers)) - 1))
@@ -322,7 +323,7 @@ def _audited_locally(
     servers: Servers, fleet: FleetTasks, started: Workers, options: dict[str, Any]
 ) -> Any:
     """`audit_servers_locally` on the `started` workers."""
-    with paused(), Local(fleet, started) as pool:
+    with paused(keep=True), Local(fleet, started) as pool:
         with stage("auditing servers", total=len(servers), unit="servers") as step:
             heads = pool.audit(servers, _largest_first(servers), options, step)
         secrets = _every_secret(heads)

@@ -3,6 +3,7 @@ command before it imports the pipeline: their start-up overlaps the command's ow
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from conftest import CAPTURES, ROOT
 from analyzer._version import __version__
 from analyzer.cluster import FleetTasks, audit_servers_locally
 from analyzer.cluster_local import SQLITE_MAGIC, may_be_a_fleet, started
+from analyzer.collector import paused
 from analyzer.sources.sqlite import SQLITE_MAGIC as READ_AS_SQLITE
 
 SEED = CAPTURES / "v0.22.5" / "seed"
@@ -68,6 +70,31 @@ def test_workers_started_for_no_fleet_are_stopped_unused():
     with started(1, preload=["analyzer.api"]) as workers:
         [worker] = workers.processes
     assert worker.exitcode is not None
+
+
+def test_what_a_fleet_keeps_is_set_aside_from_the_cycle_collector():
+    """Kept to the end of the process (a fleet's heads and merge): frozen on leaving, so no
+    pass walks them; not on an error; the collector on again either way."""
+    was_on = gc.isenabled()
+    gc.enable()
+    try:
+        frozen = gc.get_freeze_count()
+        with paused(keep=True):
+            assert not gc.isenabled()
+            kept = [[n] for n in range(10_000)]
+        assert gc.isenabled() and gc.get_freeze_count() >= frozen + len(kept)
+        gc.unfreeze()
+        try:
+            with paused(keep=True):
+                lost = [[n] for n in range(10_000)]
+                raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            pass
+        assert gc.isenabled() and gc.get_freeze_count() < len(lost)
+    finally:
+        gc.unfreeze()
+        if not was_on:
+            gc.disable()
 
 
 # The command run with its worker pool's start recorded: was the pipeline imported by then?
