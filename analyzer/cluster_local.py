@@ -19,7 +19,7 @@ import signal
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from queue import SimpleQueue
@@ -114,7 +114,7 @@ class Local:
         self._stop = threading.Event()
         self._dispatcher: threading.Thread | None = None
         for connection in self._connections:
-            connection.send(fleet)  # its tasks, by name
+            _send(connection, fleet)  # its tasks, by name
 
     def __enter__(self) -> Local:
         return self
@@ -135,7 +135,8 @@ class Local:
         """Tell every worker it is done: they exit while this process merges."""
         for connection in self._connections:
             if not connection.closed:
-                connection.send(None)
+                with suppress(OSError):  # one that died has nothing left to say
+                    connection.send(None)
                 connection.close()
 
     def audit(
@@ -189,7 +190,7 @@ class Local:
                         break
                     connection = idle.pop()
                     paths, label = servers[index]
-                    connection.send((index, (paths, label, options)))
+                    _send(connection, (index, (paths, label, options)))
                     busy[connection], self._held[index] = index, connection
                 if not busy:
                     return
@@ -222,7 +223,7 @@ class Local:
         meanwhile (`finished_there`)."""
         for connection in self._connections:
             mine = [index for index, held in self._held.items() if held is connection]
-            connection.send((mine, secrets))
+            _send(connection, (mine, secrets))
         kept, self._kept = self._kept, {}
         return {index: self._fleet.finish(audited, secrets) for index, audited in kept.items()}
 
@@ -274,20 +275,32 @@ def _ready(connections: list[Connection]) -> list[Connection]:
     return ready  # type: ignore[return-value]
 
 
+def _send(connection: Connection, message: Any) -> None:
+    """A message to a worker process, which may have died (its end of the pipe closed)."""
+    try:
+        connection.send(message)
+    except OSError:
+        raise _died("before it was sent its work") from None
+
+
 def _received(connection: Connection) -> Any:
     """A worker process's answer; the error its task raised, raised here."""
     _ready([connection])
     try:
         done, answer = connection.recv()
-    except EOFError:
-        raise AuditInputError(
-            "--workers",
-            "a worker process died while auditing a server",
-            "fewer --workers bound the memory: each audits a whole server",
-        ) from None
+    except (EOFError, OSError):
+        raise _died("while auditing a server") from None
     if not done:
         raise answer
     return answer
+
+
+def _died(when: str) -> AuditInputError:
+    return AuditInputError(
+        "--workers",
+        f"a worker process died {when}",
+        "fewer --workers bound the memory: each audits a whole server",
+    )
 
 
 def _serve(connection: Connection, preload: tuple[str, ...]) -> None:

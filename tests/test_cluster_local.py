@@ -10,12 +10,14 @@ import sys
 import time
 from types import SimpleNamespace
 
+import pytest
 from conftest import CAPTURES, ROOT
 
 from analyzer._version import __version__
 from analyzer.cluster import FleetTasks, audit_servers_locally
 from analyzer.cluster_local import SQLITE_MAGIC, may_be_a_fleet, started
 from analyzer.collector import paused
+from analyzer.errors import AuditInputError
 from analyzer.sources.sqlite import SQLITE_MAGIC as READ_AS_SQLITE
 
 SEED = CAPTURES / "v0.22.5" / "seed"
@@ -64,6 +66,16 @@ def test_workers_started_beforehand_audit_the_fleet_and_are_stopped_after():
     assert [label for label, _ in parts] == [label for _, label in servers]
     assert {pid for _, pid in parts} == {os.getpid(), worker.pid}
     assert worker.exitcode is not None
+
+
+def test_a_worker_dead_before_its_work_is_one_error_naming_workers():
+    servers = [([f"/nowhere/{n}.db"], f"s{n}") for n in range(2)]
+    with started(1) as workers:
+        [worker] = workers.processes
+        worker.kill()  # as the kernel's OOM killer ends it
+        worker.join()
+        with pytest.raises(AuditInputError, match=r"^--workers: a worker process died before"):
+            audit_servers_locally(2, servers, FleetTasks(_where, _unchanged, list), started=workers)
 
 
 def test_workers_started_for_no_fleet_are_stopped_unused():
