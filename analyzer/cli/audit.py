@@ -32,7 +32,7 @@ from analyzer.cli.options import (
     width_option,
     wrote,
 )
-from analyzer.cluster_local import may_be_a_fleet, started
+from analyzer.cluster_local import Workers, may_be_a_fleet, started
 from analyzer.collector import paused
 from analyzer.errors import AuditInputError
 from analyzer.vocabulary import VERDICTS
@@ -192,8 +192,10 @@ def audit(
     """
     if not (workers or cluster):  # before polars is imported
         polars_for_small_inputs(sources)
-    fleet = workers and not (cluster or partitions or partition or quarantine or bundle)
-    local = _fleet_workers(sources, workers) if fleet and not server_labels else None
+    # a fleet's local workers, started before the pipeline is imported (none for an audit not
+    # one server per local process, or refused below)
+    other = cluster or partitions or server_labels or partition or quarantine or bundle
+    local = _fleet_workers(sources, workers) if workers and not other else None
     with _kept_for_good():
         from analyzer.api import partitions_merged
         from analyzer.contract import Report
@@ -358,7 +360,7 @@ def audit(
     _gate(report, fail_on_findings, allow_undecided)
 
 
-def _fleet_workers(sources: tuple[str, ...], workers: int) -> Any:
+def _fleet_workers(sources: tuple[str, ...], workers: int) -> Workers | None:
     """For what may be a fleet of databases audited one server per local process, those
     processes started first, before this one imports the pipeline, so that theirs import
     while it does (analyzer.cluster_local); stopped when the command ends, also on an error
