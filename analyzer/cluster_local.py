@@ -20,6 +20,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
+from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from queue import SimpleQueue
@@ -65,14 +66,21 @@ class Workers:
         context = multiprocessing.get_context("spawn")
         self.connections: list[Connection] = []
         self.processes: list[Any] = []
-        with _deaf_to_ctrl_c(), _polars_threads(count + 1):
-            for _ in range(count):
-                ours, theirs = context.Pipe()
-                process = context.Process(target=_serve, args=(theirs, tuple(preload)), daemon=True)
-                process.start()
-                theirs.close()
-                self.connections.append(ours)
-                self.processes.append(process)
+        try:
+            with _deaf_to_ctrl_c(), _polars_threads(count + 1):
+                for _ in range(count):
+                    ours, theirs = context.Pipe()
+                    process = context.Process(
+                        target=_serve, args=(theirs, tuple(preload)), daemon=True
+                    )
+                    process.start()
+                    theirs.close()
+                    self.connections.append(ours)
+                    self.processes.append(process)
+        except BaseException:  # Ctrl-C typed meanwhile: none of them left behind
+            self.terminate()
+            self.join()
+            raise
 
     def terminate(self) -> None:
         """Stop the processes still running (their ends of the pipes close)."""
@@ -240,15 +248,24 @@ def _deaf_to_ctrl_c() -> Iterator[None]:
     """SIGINT ignored while the workers are started (a few milliseconds): an ignored signal
     stays ignored across exec and Python keeps it so, so a Ctrl-C to the whole foreground
     group while a worker is still importing cannot print its traceback (the client stops the
-    workers itself). A blocked signal would not do: the spawn clears the mask."""
+    workers itself). A blocked signal alone would not do (the spawn clears the mask), but it
+    is blocked here too: Linux keeps a blocked signal pending even while it is ignored, so a
+    Ctrl-C typed meanwhile reaches this process once its handler is back, instead of being
+    lost (a thread of polars' that does not block it may still take it and lose it: when the
+    command starts the workers, before its imports, there is none)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    # multiprocessing's resource tracker, started with a process's first spawn, unblocks
+    # SIGINT after its own start whatever the mask was: started before, so it cannot
+    resource_tracker.ensure_running()
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 @contextmanager
