@@ -16,6 +16,7 @@ import polars as pl
 
 import analyzer.contract_frames as frames
 from analyzer.cluster import FleetTasks
+from analyzer.cluster_local import Workers
 from analyzer.contract import Finding, InputRecord, LimitationRecord, Report, RunVerdict
 from analyzer.errors import AuditInputError
 from analyzer.pipeline.assemble import (
@@ -548,6 +549,7 @@ def cluster_merged(
     address: str | None = None,
     partitions: int | None = None,
     fleet: FleetTasks | None = None,
+    started: Workers | None = None,
     **options,
 ) -> Iterator[Report | MergedReport | Any]:
     """Audit on a new local Dask cluster of `workers` processes or on the scheduler at
@@ -556,7 +558,9 @@ def cluster_merged(
     the report is written (as `partitions_merged`). Several databases, each a server of its
     own, are audited one server per task instead (unless --partitions or --server-label is
     given): no task reads another's database, and nothing is learnt of the whole inputs first;
-    `fleet` says what those tasks do and what their merge yields (REPORT_FLEET: the report)."""
+    `fleet` says what those tasks do and what their merge yields (REPORT_FLEET: the report);
+    `started`: the local workers the command started for them before its own imports
+    (analyzer.cluster_local.started)."""
     from analyzer.cluster import run_on_cluster
 
     given = as_paths(paths)
@@ -572,5 +576,6 @@ def cluster_merged(
             workers=workers,
             address=address,
             partitions=partitions,
+            started=started,
             **options,
         )

@@ -22,26 +22,20 @@ Dask is imported only here, and only when a command asks for a cluster.
 from __future__ import annotations
 
 import logging
-import multiprocessing
-import os
-import pickle
-import signal
-import threading
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from queue import SimpleQueue
 from typing import TYPE_CHECKING, Any
 
 from analyzer._version import __version__
+from analyzer.cluster_local import Local, Servers, Workers
+from analyzer.cluster_local import started as local_workers
 from analyzer.collector import paused
 from analyzer.errors import AuditInputError
 from analyzer.pipeline.partitions import MergedReport, PartitionResult, ReportSpill
-from analyzer.progress import quiet_stages, stage
+from analyzer.progress import stage
 from analyzer.sources.base import WholeInputFacts
 
 if TYPE_CHECKING:
@@ -57,7 +51,6 @@ also one more pass over every database's runs table). Measured then (benchmarks/
 2,000 runs, 2 workers, a shared 2-core machine): 2 / 4 / 8 partitions 9.1 / 9.3 / 18.8 s;
 `--partitions` sets more, to bound memory."""
 WORKER_WAIT_SECONDS = 30
-SIGNAL_SECONDS = 0.2  # how soon a local --workers audit sees Ctrl-C while it waits
 WORKER_PRELOAD = "analyzer.cluster_worker"
 """Run by each local worker as it starts: the pipeline imported, Ctrl-C left to the client."""
 
@@ -242,10 +235,6 @@ class FleetTasks:
     merge: Callable[[list[Any]], Any]
 
 
-Servers = list[tuple[list[str], str]]
-"""Each server's paths and its label (analyzer.api.one_server_each)."""
-
-
 def _head(audited: Any) -> Any:
     return audited.head
 
@@ -299,265 +288,54 @@ def _every_secret(heads: dict[int, Any]) -> frozenset[str] | None:
 
 def _merged(fleet: FleetTasks, heads: dict[int, Any], finished: dict[int, Any]) -> Any:
     """`fleet.merge` of each server's part, in the order given: the head's, or the one its
-    finish rendered again."""
-    parts = [heads[i].part if finished[i] is None else finished[i] for i in range(len(heads))]
+    finish rendered again (a server not in `finished`: its head's)."""
+    parts = [heads[i].part if finished.get(i) is None else finished[i] for i in range(len(heads))]
     return fleet.merge(parts)
 
 
-def audit_servers_locally(workers: int, servers: Servers, fleet: FleetTasks, **options: Any) -> Any:
-    """`audit_servers` on `workers` local processes (`--workers N`), with none of a local Dask
-    cluster's start: no scheduler, no nanny, no Dask imported anywhere. This process is one of
-    them (it has the pipeline imported already, and what it audits is never pickled); the
-    others start a fresh interpreter each (a fork would copy the threads polars runs from its
-    import on, and a lock one of them held) and import only the pipeline. Each keeps the
-    servers it audited until they are finished there; each head is read here while the
-    other servers are still audited. The cycle collector is paused meanwhile (collector.paused):
-    the heads read here are kept to the end and the merge makes no cycles, yet each pass walked
-    every object of them again (a third of this process's CPU on a fleet of 8 servers of 2k
-    runs); the servers audited here leave next to nothing in cycles (31 objects a server of 2k
-    runs, the same peak RSS: measured over 6 of them)."""
-    with paused(), _Local(min(workers, len(servers)), fleet) as pool:
+def audit_servers_locally(
+    workers: int,
+    servers: Servers,
+    fleet: FleetTasks,
+    *,
+    started: Workers | None = None,
+    **options: Any,
+) -> Any:
+    """`audit_servers` on `workers` local processes (`--workers N`; analyzer.cluster_local),
+    the `started` ones if the command started them before its own imports. This process is
+    one of them (it has the pipeline imported already, and what it audits is never pickled).
+    Each head is read here while the other servers are still audited; once every server's
+    secret values are known, each process finishes its own servers, and this one merges
+    while the workers finish theirs (most often they change nothing, and the merge stands).
+    The cycle collector is paused meanwhile, and what is left is set aside on leaving
+    (collector.paused, keep): the heads read here and the merge are kept until the report is
+    written and make no cycles, yet each pass walked every object of them again (a third of
+    this process's CPU on a fleet of 8 servers of 2k runs); the servers audited here leave
+    next to nothing in cycles (31 objects a server of 2k runs, the same peak RSS: measured
+    over 6 of them)."""
+    with ExitStack() as stack:
+        if started is None:
+            started = stack.enter_context(local_workers(min(workers, len(servers)) - 1))
+        return _audited_locally(servers, fleet, started, options)
+
+
+def _audited_locally(
+    servers: Servers, fleet: FleetTasks, started: Workers, options: dict[str, Any]
+) -> Any:
+    """`audit_servers_locally` on the `started` workers."""
+    with paused(keep=True), Local(fleet, started) as pool:
         with stage("auditing servers", total=len(servers), unit="servers") as step:
             heads = pool.audit(servers, _largest_first(servers), options, step)
         secrets = _every_secret(heads)
         if secrets is None:
             return None
         finished = pool.finish(secrets)
+        merged = _merged(fleet, heads, finished)
+        there = pool.finished_there()
         pool.release()
-        return _merged(fleet, heads, finished)
-
-
-@contextmanager
-def _deaf_to_ctrl_c() -> Iterator[None]:
-    """SIGINT ignored while the workers are started (a few milliseconds): an ignored signal
-    stays ignored across exec and Python keeps it so, so a Ctrl-C to the whole foreground
-    group while a worker is still importing cannot print its traceback (the client stops the
-    workers itself). A blocked signal would not do: the spawn clears the mask."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-class _Local:
-    """This process and `count - 1` local worker processes, each given one server at a time:
-    a thread of this process hands the servers to the workers and reads their heads while
-    this process audits servers of its own."""
-
-    def __init__(self, count: int, fleet: FleetTasks) -> None:
-        context = multiprocessing.get_context("spawn")
-        self._fleet = fleet
-        self._connections: list[Connection] = []
-        self._processes = []
-        self._held: dict[int, Connection] = {}  # which worker audited each of its servers
-        self._kept: dict[int, Any] = {}  # the servers this process audited
-        self._stop = threading.Event()
-        self._dispatcher: threading.Thread | None = None
-        with _deaf_to_ctrl_c(), _polars_threads(count):
-            for _ in range(count - 1):
-                ours, theirs = context.Pipe()
-                process = context.Process(target=_serve, args=(theirs, fleet), daemon=True)
-                process.start()
-                theirs.close()
-                self._connections.append(ours)
-                self._processes.append(process)
-
-    def __enter__(self) -> _Local:
-        return self
-
-    def __exit__(self, kind: type | None, *_: object) -> None:
-        self._stop.set()
-        if kind is None:
-            self.release()
-        for process in self._processes:
-            if kind is not None:
-                process.terminate()  # its end of the pipe closes: the dispatcher stops
-        if self._dispatcher is not None:
-            self._dispatcher.join()
-        for connection in self._connections:
-            connection.close()
-        for process in self._processes:
-            process.join()
-
-    def release(self) -> None:
-        """Tell every worker it is done: they exit while this process merges."""
-        for connection in self._connections:
-            if not connection.closed:
-                connection.send(None)
-                connection.close()
-
-    def audit(
-        self, servers: Servers, order: list[int], options: dict[str, Any], step: Callable
-    ) -> dict[int, Any]:
-        """Each server's head, the servers taken in `order` by whichever process is free,
-        this one included (`step`: a server done)."""
-        pending = deque(order)
-        arrived: SimpleQueue[tuple[int | None, Any]] = SimpleQueue()
-        heads: dict[int, Any] = {}
-        self._dispatcher = threading.Thread(
-            target=self._dispatch, args=(servers, pending, options, arrived), daemon=True
-        )
-        self._dispatcher.start()
-        try:
-            while True:
-                self._take(arrived, heads, servers, step)
-                try:
-                    index = pending.popleft()
-                except IndexError:
-                    break
-                with quiet_stages():  # its own stages are not shown: one step a server
-                    self._kept[index] = self._fleet.audit(*servers[index], options)
-                heads[index] = self._kept[index].head
-                step(note=f"audited {servers[index][1]}")
-            while self._dispatcher.is_alive():  # woken often: Ctrl-C is raised here
-                self._dispatcher.join(SIGNAL_SECONDS)
-            self._take(arrived, heads, servers, step)
-        except BaseException:
-            self._stop.set()  # no more servers to the workers
-            raise
-        return heads
-
-    def _dispatch(
-        self,
-        servers: Servers,
-        pending: deque[int],
-        options: dict[str, Any],
-        arrived: SimpleQueue[tuple[int | None, Any]],
-    ) -> None:
-        """The dispatcher thread: each worker sent the next server when it is free, each
-        head put in `arrived` as it comes (an error as `(None, error)`, and no more sent)."""
-        idle = list(self._connections)
-        busy: dict[Connection, int] = {}
-        try:
-            while True:
-                while idle and pending and not self._stop.is_set():
-                    try:
-                        index = pending.popleft()
-                    except IndexError:  # this process took the last one
-                        break
-                    connection = idle.pop()
-                    paths, label = servers[index]
-                    connection.send((index, (paths, label, options)))
-                    busy[connection], self._held[index] = index, connection
-                if not busy:
-                    return
-                for connection in _ready(list(busy)):
-                    index = busy.pop(connection)
-                    arrived.put((index, _received(connection)))
-                    idle.append(connection)
-        except BaseException as error:
-            self._stop.set()
-            arrived.put((None, error))
-
-    @staticmethod
-    def _take(
-        arrived: SimpleQueue[tuple[int | None, Any]],
-        heads: dict[int, Any],
-        servers: Servers,
-        step: Callable,
-    ) -> None:
-        """The workers' heads that arrived, into `heads`; the error one raised, raised."""
-        while not arrived.empty():
-            index, answer = arrived.get()
-            if index is None:
-                raise answer
-            heads[index] = answer
-            step(note=f"audited {servers[index][1]}")
-
-    def finish(self, secrets: frozenset[str]) -> dict[int, Any]:
-        """Each server finished where it was audited, given every server's secret values
-        (one message to each worker, its servers' answers in one reply; this process's own
-        meanwhile)."""
-        for connection in self._connections:
-            mine = [index for index, held in self._held.items() if held is connection]
-            connection.send((mine, secrets))
-        finished = {
-            index: self._fleet.finish(self._kept.pop(index), secrets) for index in [*self._kept]
-        }
-        for connection in self._connections:
-            finished.update(_received(connection))
-        return finished
-
-
-@contextmanager
-def _polars_threads(processes: int) -> Iterator[None]:
-    """The workers started with polars' thread pool sized so that the `processes` share the
-    cores instead of each running as many threads as there are cores (threads that wait
-    for each other's core cost CPU time); a POLARS_MAX_THREADS the user set is kept."""
-    if "POLARS_MAX_THREADS" in os.environ or processes < 2:
-        yield
-        return
-    os.environ["POLARS_MAX_THREADS"] = str(max(1, (os.cpu_count() or 1) // processes))
-    try:
-        yield
-    finally:
-        del os.environ["POLARS_MAX_THREADS"]
-
-
-def _ready(connections: list[Connection]) -> list[Connection]:
-    """The connections with an answer to read, waited for a little at a time: a signal
-    (Ctrl-C, SIGTERM) may land on one of polars' threads, which does not wake a wait of the
-    main thread, and only the main thread raises it."""
-    while not (ready := wait(connections, timeout=SIGNAL_SECONDS)):
-        pass
-    return ready  # type: ignore[return-value]
-
-
-def _received(connection: Connection) -> Any:
-    """A worker process's answer; the error its task raised, raised here."""
-    _ready([connection])
-    try:
-        done, answer = connection.recv()
-    except EOFError:
-        raise AuditInputError(
-            "--workers",
-            "a worker process died while auditing a server",
-            "fewer --workers bound the memory: each audits a whole server",
-        ) from None
-    if not done:
-        raise answer
-    return answer
-
-
-def _serve(connection: Connection, fleet: FleetTasks) -> None:
-    """A local worker process: audit each server it is sent, keep it, finish them when sent
-    every server's secret values; its cycle collector paused as the client's is
-    (collector.paused: each pass would walk the servers it keeps again; 0.1-0.4 s of a
-    worker's 5-6 s CPU on a fleet of 8 servers of 2k runs, against the command's thresholds)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the client stops us
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    with paused():
-        _served(connection, fleet)
-
-
-def _served(connection: Connection, fleet: FleetTasks) -> None:
-    """`_serve`'s loop: one message after another until told it is done."""
-    kept: dict[int, Any] = {}
-    while (message := connection.recv()) is not None:
-        try:
-            if isinstance(message[0], int):
-                index, arguments = message
-                kept[index] = fleet.audit(*arguments)
-                answer = kept[index].head
-            else:
-                indexes, secrets = message
-                answer = {i: fleet.finish(kept.pop(i), secrets) for i in indexes}
-        except Exception as error:  # sent back whole: the client raises it
-            _send_error(connection, error)
-            continue
-        connection.send((True, answer))
-
-
-def _send_error(connection: Connection, error: Exception) -> None:
-    """The error a task raised, to the client; one that cannot be pickled, as its text."""
-    try:
-        connection.send((False, error))
-    except (pickle.PicklingError, TypeError, AttributeError):
-        connection.send((False, RuntimeError(f"{type(error).__name__}: {error}")))
+        if any(part is not None for part in there.values()):
+            merged = _merged(fleet, heads, {**finished, **there})
+        return merged
 
 
 def run_on_cluster(
@@ -571,6 +349,7 @@ def run_on_cluster(
     workers: int | None = None,
     address: str | None = None,
     partitions: int | None = None,
+    started: Workers | None = None,
     **options: Any,
 ) -> Report | MergedReport | Any:
     """Audit on a new local cluster of `workers` processes or on the scheduler at `address`,
@@ -579,11 +358,19 @@ def run_on_cluster(
     task's result written to `spill` as it arrives (the merged report reads it: use it inside
     `spill`'s `with`). Given `servers` (a fleet of databases) and `fleet`, one server per
     task, on local processes of our own (audit_servers_locally) or the scheduler's workers
-    (audit_servers): what `fleet.merge` returns, unless two servers prove to be one."""
+    (audit_servers): what `fleet.merge` returns, unless two servers prove to be one. The
+    local processes `started` for a fleet before the command's imports are stopped unused
+    when the inputs are no fleet after all."""
     given = _sendable(paths)
+    local = address is None
+    if started is not None and (servers is None or fleet is None or not local):
+        started.terminate()  # before a Dask cluster starts: they would share its cores
     if servers is not None and fleet is not None:
-        local = address is None
-        merged = audit_servers_locally(workers or 1, servers, fleet, **options) if local else None
+        merged = (
+            audit_servers_locally(workers or 1, servers, fleet, started=started, **options)
+            if local
+            else None
+        )
         if merged is not None:
             return merged
         with connect(workers=workers, address=address) as client:

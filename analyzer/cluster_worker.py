@@ -13,5 +13,5 @@ def dask_setup(worker: Any) -> None:
     """Dask's preload hook, in the worker's process: SIGINT ignored there. A Ctrl-C typed in a
     terminal reaches the whole foreground group, and a worker would print its KeyboardInterrupt
     traceback; the client stops its workers itself (as a local fleet's workers are stopped:
-    cluster._serve)."""
+    cluster_local._serve)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -10,12 +10,17 @@ from contextlib import contextmanager
 
 
 @contextmanager
-def paused() -> Iterator[None]:
-    """The cycle collector off inside, on again after if it was on."""
+def paused(*, keep: bool = False) -> Iterator[None]:
+    """The cycle collector off inside, on again after if it was on. `keep`: what was made
+    inside is kept to the end of the process, so it is set aside first (gc.freeze) on leaving
+    without an error: else the first pass after walks all of it, as none of it was ever in one
+    (0.1 s of CPU after a fleet of 8 servers of 2k runs, before its report is written)."""
     was_on = gc.isenabled()
     gc.disable()
     try:
         yield
+        if keep:
+            gc.freeze()
     finally:
         if was_on:
             gc.enable()

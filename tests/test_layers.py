@@ -44,6 +44,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "analyzer.dataset",
             "analyzer.ingest",
             "analyzer.cluster",
+            "analyzer.cluster_local",
+            "analyzer.cluster_local",
             "analyzer.cluster_worker",
             "analyzer.synth",
         ),

@@ -32,12 +32,14 @@ from analyzer.cli.options import (
     width_option,
     wrote,
 )
+from analyzer.cluster_local import Workers, may_be_a_fleet, started
 from analyzer.collector import paused
 from analyzer.errors import AuditInputError
 from analyzer.vocabulary import VERDICTS
 
 AUDIT_FORMATS = ("table", "markdown", "json", "csv", "jsonl")
 ROWS = ("findings", "victims")  # what csv and jsonl hold: one row a finding, or a victim
+FLEET_PRELOAD = ("analyzer.api", "analyzer.render.report_json")  # what a fleet's tasks import
 
 
 def _markdown(report: Any) -> str:
@@ -190,6 +192,10 @@ def audit(
     """
     if not (workers or cluster):  # before polars is imported
         polars_for_small_inputs(sources)
+    # a fleet's local workers, started before the pipeline is imported (none for an audit not
+    # one server per local process, or refused below)
+    other = cluster or partitions or server_labels or partition or quarantine or bundle
+    local = _fleet_workers(sources, workers) if workers and not other else None
     with _kept_for_good():
         from analyzer.api import partitions_merged
         from analyzer.contract import Report
@@ -283,6 +289,7 @@ def audit(
                 address=cluster,
                 partitions=partitions,
                 fleet=JSON_FLEET if fmt == "json" else None,
+                started=local,
                 **options,
             )
         else:
@@ -351,6 +358,18 @@ def audit(
         ]
         outputs.write_text(quarantine, opened.redact("".join(line + "\n" for line in lines)))
     _gate(report, fail_on_findings, allow_undecided)
+
+
+def _fleet_workers(sources: tuple[str, ...], workers: int) -> Workers | None:
+    """For what may be a fleet of databases audited one server per local process, those
+    processes started first, before this one imports the pipeline, so that theirs import
+    while it does (analyzer.cluster_local); stopped when the command ends, also on an error
+    or Ctrl-C. None when the sources cannot be such a fleet."""
+    distinct = list(dict.fromkeys(sources))
+    if workers < 2 or not may_be_a_fleet(distinct):
+        return None
+    count = min(workers, len(distinct)) - 1
+    return click.get_current_context().with_resource(started(count, FLEET_PRELOAD))
 
 
 @contextmanager

@@ -1,0 +1,202 @@
+"""A fleet's local worker processes (`--workers N` over several databases), started by the
+command before it imports the pipeline: their start-up overlaps the command's own."""
+
+from __future__ import annotations
+
+import gc
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from conftest import CAPTURES, ROOT
+
+from analyzer._version import __version__
+from analyzer.cluster import FleetTasks, audit_servers_locally
+from analyzer.cluster_local import SQLITE_MAGIC, may_be_a_fleet, started
+from analyzer.collector import paused
+from analyzer.errors import AuditInputError
+from analyzer.sources.sqlite import SQLITE_MAGIC as READ_AS_SQLITE
+
+SEED = CAPTURES / "v0.22.5" / "seed"
+CRASH = CAPTURES / "v0.22.5" / "multi-replica-crash"
+
+
+def test_a_fleet_is_told_by_the_bytes_the_sqlite_source_reads():
+    assert SQLITE_MAGIC == READ_AS_SQLITE
+
+
+def test_only_two_or_more_distinct_databases_may_be_a_fleet(tmp_path):
+    seed, crash = str(SEED / "server.db"), str(CRASH / "server.db")
+    assert may_be_a_fleet([seed, crash])
+    assert not may_be_a_fleet([seed])
+    assert not may_be_a_fleet([seed, seed])
+    assert not may_be_a_fleet([seed, str(SEED / "logs")])  # a folder
+    assert not may_be_a_fleet([seed, str(SEED / "logs" / "server-info.json.log")])
+    assert not may_be_a_fleet([seed, str(tmp_path / "missing.db")])
+    assert not may_be_a_fleet([seed, "-"])
+
+
+def _where(paths, label, options):
+    """A server "audited" where it is sent: its head names the process and takes a while, so
+    both processes get servers."""
+    time.sleep(0.3)
+    head = SimpleNamespace(
+        generated_by=f"dstack-audit {__version__}",
+        secrets=frozenset(),
+        runs=frozenset({label}),
+        part=(label, os.getpid()),
+    )
+    return SimpleNamespace(head=head)
+
+
+def _unchanged(audited, secrets):
+    return None
+
+
+def test_workers_started_beforehand_audit_the_fleet_and_are_stopped_after():
+    servers = [([f"/nowhere/{n}.db"], f"s{n}") for n in range(6)]
+    with started(1) as workers:
+        [worker] = workers.processes
+        fleet = FleetTasks(_where, _unchanged, list)
+        parts = audit_servers_locally(2, servers, fleet, started=workers)
+        assert worker.is_alive()  # told it is done, not waited for: its owner stops it
+    assert [label for label, _ in parts] == [label for _, label in servers]
+    assert {pid for _, pid in parts} == {os.getpid(), worker.pid}
+    assert worker.exitcode is not None
+
+
+def test_a_worker_dead_before_its_work_is_one_error_naming_workers():
+    servers = [([f"/nowhere/{n}.db"], f"s{n}") for n in range(2)]
+    with started(1) as workers:
+        [worker] = workers.processes
+        worker.kill()  # as the kernel's OOM killer ends it
+        worker.join()
+        with pytest.raises(AuditInputError, match=r"^--workers: a worker process died before"):
+            audit_servers_locally(2, servers, FleetTasks(_where, _unchanged, list), started=workers)
+
+
+def test_workers_started_for_no_fleet_are_stopped_unused():
+    with started(1, preload=["analyzer.api"]) as workers:
+        [worker] = workers.processes
+    assert worker.exitcode is not None
+
+
+def test_what_a_fleet_keeps_is_set_aside_from_the_cycle_collector():
+    """Kept to the end of the process (a fleet's heads and merge): frozen on leaving, so no
+    pass walks them; not on an error; the collector on again either way."""
+    was_on = gc.isenabled()
+    gc.enable()
+    try:
+        frozen = gc.get_freeze_count()
+        with paused(keep=True):
+            assert not gc.isenabled()
+            kept = [[n] for n in range(10_000)]
+        assert gc.isenabled() and gc.get_freeze_count() >= frozen + len(kept)
+        gc.unfreeze()
+        try:
+            with paused(keep=True):
+                lost = [[n] for n in range(10_000)]
+                raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            pass
+        assert gc.isenabled() and gc.get_freeze_count() < len(lost)
+    finally:
+        gc.unfreeze()
+        if not was_on:
+            gc.disable()
+
+
+# The command run with its worker pool's start recorded: was the pipeline imported by then?
+RECORDED = """
+import sys
+import analyzer.cluster_local as local
+start = local.Workers.__init__
+def recorded(self, *args, **kwargs):
+    print("pipeline imported:", "polars" in sys.modules, file=sys.stderr)
+    start(self, *args, **kwargs)
+local.Workers.__init__ = recorded
+from analyzer.cli import main
+main()
+"""
+
+
+def test_the_command_starts_its_workers_before_its_own_imports():
+    given = [str(SEED / "server.db"), str(CRASH / "server.db")]
+    argv = ["audit", *given, "--format", "json", "-q"]
+    local = subprocess.run(
+        [sys.executable, "-c", RECORDED, *argv, "--workers", "2"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    one = subprocess.run(
+        [sys.executable, "-m", "analyzer", *argv], capture_output=True, text=True, cwd=ROOT
+    )
+    assert local.returncode == one.returncode == 0, local.stderr
+    assert local.stderr == "pipeline imported: False\n"
+    assert local.stdout == one.stdout
+
+
+def _children(pid: int) -> set[int]:
+    """The processes `pid` started (Linux: /proc)."""
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found |= {int(child) for child in (task / "children").read_text().split()}
+    return found
+
+
+def _alive(pids: set[int]) -> set[int]:
+    """Those of `pids` still running (a zombie has no command line)."""
+    return {pid for pid in pids if Path(f"/proc/{pid}/cmdline").is_file() and _cmdline(pid)}
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux's /proc")
+def test_ctrl_c_typed_while_the_workers_start_is_clean(tmp_path):
+    """Ctrl-C typed in a terminal the moment the fleet's first process is started (the
+    resource tracker, then the worker), while the command starts them and imports: exit 130,
+    one line, no traceback from any, no file, none left behind. (It was lost at first: the
+    tracker's start unblocked SIGINT while it was ignored for the worker's start.)"""
+    out = tmp_path / "report.json"
+    given = [str(SEED / "server.db"), str(CRASH / "server.db")]
+    pid, leader = pty.fork()
+    if pid == 0:  # the child: a shell's foreground job
+        os.chdir(ROOT)
+        argv = [sys.executable, "-m", "analyzer", "audit", *given, "--workers", "2"]
+        os.execv(sys.executable, [*argv, "-o", str(out)])
+    deadline = time.monotonic() + 60
+    while not (workers := _children(pid)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert workers, "no worker was started"
+    os.write(leader, b"\x03")  # Ctrl-C, as typed
+    screen = b""
+    while True:
+        try:
+            ready, _, _ = select.select([leader], [], [], 30)
+            if not ready or not (data := os.read(leader, 65536)):
+                break
+            screen += data
+        except OSError:
+            break
+    _, status = os.waitpid(pid, 0)
+    os.close(leader)
+    assert os.waitstatus_to_exitcode(status) == 130, screen
+    assert screen.replace(b"^C", b"").strip() == b"dstack-audit: interrupted"  # ^C: the echo
+    assert list(tmp_path.iterdir()) == []
+    deadline = time.monotonic() + 10
+    while (left := _alive(workers)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left
