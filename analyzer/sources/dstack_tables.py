@@ -23,6 +23,8 @@ from analyzer.dstack import (
 from analyzer.errors import AuditInputError
 from analyzer.model import (
     UTC_TIME,
+    id_from_hex,
+    id_hex,
     normalise_enum,
     normalise_id,
     parse_db_time,
@@ -288,6 +290,14 @@ def _per_distinct(frame: pl.LazyFrame, columns: list[str], *derived: pl.Expr) ->
     return frame.join(documents, on=columns, how="left", nulls_equal=True, maintain_order="left")
 
 
+def _with_ids(frame: pl.LazyFrame, columns: dict[str, str]) -> pl.LazyFrame:
+    """`frame` with the id columns `columns` names (output: input) normalised in two steps,
+    so that each id's text is cleaned once (see `id_from_hex`)."""
+    return frame.with_columns(
+        id_hex(pl.col(raw)).alias(out) for out, raw in columns.items()
+    ).with_columns(id_from_hex(pl.col(out)).alias(out) for out in columns)
+
+
 def _with_project(frame: pl.LazyFrame, projects: pl.DataFrame) -> pl.LazyFrame:
     """`frame` with its `project_id` normalised and the project's name beside it."""
     return frame.with_columns(normalise_id(pl.col("project_id")).alias("project_id")).join(
@@ -341,10 +351,7 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
             pl.col("run_spec").str.json_path_match("$.configuration.type").alias("_config_type"),
             _placement_spec(pl.col("run_spec")).alias("placement_spec"),
         )
-        .with_columns(
-            normalise_id(pl.col("id")).alias("run_id"),
-            normalise_id(pl.col("user_id")).alias("user_id"),
-        )
+        .pipe(_with_ids, {"run_id": "id", "user_id": "user_id"})
         .pipe(_with_project, projects)
         .join(users.lazy(), left_on="user_id", right_on="id", how="left", maintain_order="left")
         .select(
@@ -750,11 +757,14 @@ def _jobs(
         jobs,
         ["job_runtime_data"],
         integer(pl.col("job_runtime_data").str.json_path_match("$.offer.blocks")).alias("blocks"),
-    ).with_columns(
-        normalise_id(pl.col("id")).alias("job_id"),
-        normalise_id(pl.col("run_id")).alias("run_id"),
-        normalise_id(pl.col("used_instance_id")).alias("used_instance_id"),
-        normalise_id(pl.col("fleet_id")).alias("fleet_id"),
+    ).pipe(
+        _with_ids,
+        {
+            "job_id": "id",
+            "run_id": "run_id",
+            "used_instance_id": "used_instance_id",
+            "fleet_id": "fleet_id",
+        },
     )
 
     probes = _read(reader, "probes", ledger)
