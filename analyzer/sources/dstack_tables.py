@@ -569,11 +569,12 @@ def _fleets(
                 integer(resources.str.json_path_match("$.disk.size_mib")).alias("disk_mib"),
             )
             .pipe(_with_project, projects)
+            .pipe(_with_ids, {"instance_id": "id", "_fleet_id": "fleet_id"})
             .select(
                 pl.lit(server).alias("server"),
-                normalise_id(pl.col("id")).alias("instance_id"),
+                "instance_id",
                 pl.col("name").alias("instance_name"),
-                normalise_id(pl.col("fleet_id")).alias("fleet_id"),
+                pl.col("_fleet_id").alias("fleet_id"),
                 "project",
                 status.alias("status"),
                 normalise_enum(pl.col("backend")).alias("backend"),
@@ -660,10 +661,12 @@ def _fleet_tables(reader: TableReader, projects: pl.DataFrame) -> _FleetTables:
     )
     instance_names = None
     if raw["instances"] is not None:
-        instance_names = raw["instances"].select(
-            normalise_id(pl.col("id")).alias("iid"),
-            pl.col("name").alias("instance_name"),
-            normalise_id(pl.col("fleet_id")).alias("instance_fleet_id"),
+        instance_names = (
+            raw["instances"]
+            .lazy()
+            .pipe(_with_ids, {"iid": "id", "instance_fleet_id": "fleet_id"})
+            .select("iid", pl.col("name").alias("instance_name"), "instance_fleet_id")
+            .collect()
         )
     return _FleetTables(fleets, instances, names, instance_names, _alive_in(reader, raw), damage)
 
