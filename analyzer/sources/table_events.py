@@ -1,4 +1,4 @@
-"""dstack's `events` and `event_targets` tables -> canonical events (reference 2.6): one row
+"""dstack's `events` and `event_targets` tables -> canonical events (reference 3.3, 3.4): one row
 per event and run or job it targets, in time order.
 
 The two tables are the largest a server holds (at 16k runs 608k events with 718k targets), so
