@@ -14,7 +14,6 @@ from typing import Protocol
 
 import polars as pl
 
-import analyzer.catalogue as catalogue
 from analyzer.dstack import (
     ALEMBIC_RELEASES,
     ENDED_INSTANCE_STATUSES,
@@ -32,9 +31,9 @@ from analyzer.model import (
 )
 from analyzer.redact import Redactor, json_secret_values
 from analyzer.sources import cells
-from analyzer.sources.attach import attach_job_runs
 from analyzer.sources.base import Limitation, SourceData
 from analyzer.sources.cells import integer
+from analyzer.sources.table_events import map_events
 
 # Times at which the server was seen processing something (reference 3.5, 3.6: instances and
 # fleets keep being processed minutes after a run ends). Future times (remove_at, due,
@@ -291,6 +290,14 @@ def _per_distinct(frame: pl.LazyFrame, columns: list[str], *derived: pl.Expr) ->
     return frame.join(documents, on=columns, how="left", nulls_equal=True, maintain_order="left")
 
 
+def _with_ids(frame: pl.LazyFrame, columns: dict[str, str]) -> pl.LazyFrame:
+    """`frame` with the id columns `columns` names (output: input) normalised in two steps,
+    so that each id's text is cleaned once (see `id_from_hex`)."""
+    return frame.with_columns(
+        id_hex(pl.col(raw)).alias(out) for out, raw in columns.items()
+    ).with_columns(id_from_hex(pl.col(out)).alias(out) for out in columns)
+
+
 def _with_project(frame: pl.LazyFrame, projects: pl.DataFrame) -> pl.LazyFrame:
     """`frame` with its `project_id` normalised and the project's name beside it."""
     return frame.with_columns(normalise_id(pl.col("project_id")).alias("project_id")).join(
@@ -344,10 +351,7 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
             pl.col("run_spec").str.json_path_match("$.configuration.type").alias("_config_type"),
             _placement_spec(pl.col("run_spec")).alias("placement_spec"),
         )
-        .with_columns(
-            normalise_id(pl.col("id")).alias("run_id"),
-            normalise_id(pl.col("user_id")).alias("user_id"),
-        )
+        .pipe(_with_ids, {"run_id": "id", "user_id": "user_id"})
         .pipe(_with_project, projects)
         .join(users.lazy(), left_on="user_id", right_on="id", how="left", maintain_order="left")
         .select(
@@ -565,11 +569,12 @@ def _fleets(
                 integer(resources.str.json_path_match("$.disk.size_mib")).alias("disk_mib"),
             )
             .pipe(_with_project, projects)
+            .pipe(_with_ids, {"instance_id": "id", "_fleet_id": "fleet_id"})
             .select(
                 pl.lit(server).alias("server"),
-                normalise_id(pl.col("id")).alias("instance_id"),
+                "instance_id",
                 pl.col("name").alias("instance_name"),
-                normalise_id(pl.col("fleet_id")).alias("fleet_id"),
+                pl.col("_fleet_id").alias("fleet_id"),
                 "project",
                 status.alias("status"),
                 normalise_enum(pl.col("backend")).alias("backend"),
@@ -656,10 +661,12 @@ def _fleet_tables(reader: TableReader, projects: pl.DataFrame) -> _FleetTables:
     )
     instance_names = None
     if raw["instances"] is not None:
-        instance_names = raw["instances"].select(
-            normalise_id(pl.col("id")).alias("iid"),
-            pl.col("name").alias("instance_name"),
-            normalise_id(pl.col("fleet_id")).alias("instance_fleet_id"),
+        instance_names = (
+            raw["instances"]
+            .lazy()
+            .pipe(_with_ids, {"iid": "id", "instance_fleet_id": "fleet_id"})
+            .select("iid", pl.col("name").alias("instance_name"), "instance_fleet_id")
+            .collect()
         )
     return _FleetTables(fleets, instances, names, instance_names, _alive_in(reader, raw), damage)
 
@@ -753,11 +760,14 @@ def _jobs(
         jobs,
         ["job_runtime_data"],
         integer(pl.col("job_runtime_data").str.json_path_match("$.offer.blocks")).alias("blocks"),
-    ).with_columns(
-        normalise_id(pl.col("id")).alias("job_id"),
-        normalise_id(pl.col("run_id")).alias("run_id"),
-        normalise_id(pl.col("used_instance_id")).alias("used_instance_id"),
-        normalise_id(pl.col("fleet_id")).alias("fleet_id"),
+    ).pipe(
+        _with_ids,
+        {
+            "job_id": "id",
+            "run_id": "run_id",
+            "used_instance_id": "used_instance_id",
+            "fleet_id": "fleet_id",
+        },
     )
 
     probes = _read(reader, "probes", ledger)
@@ -893,96 +903,6 @@ def _events(
     targets = _read(reader, "event_targets", ledger)
     if events is None or targets is None:
         return pl.DataFrame(), None
-    ev = _per_distinct(
-        events.lazy(), ["actor_user_id"], normalise_id(pl.col("actor_user_id")).alias("actor_id")
-    ).select(
-        pl.col("id").alias("event_id"),
-        pl.col("id").str.to_lowercase().str.replace_all("-", "", literal=True).alias("event_uuid"),
-        pl.col("message"),
-        parse_db_time(pl.col("recorded_at")).alias("time"),
-        pl.col("recorded_at").alias("time_text"),
-        "actor_id",
+    return map_events(
+        events, targets, server=server, label=label, users=users, jobs=jobs, runs=runs
     )
-    # only runs' and jobs' targets are kept: the others (instances, fleets: a third of the
-    # rows) are dropped before their ids are normalised
-    run_or_job = targets.lazy().filter(normalise_enum(pl.col("entity_type")).is_in(["run", "job"]))
-    tg = _with_ids(run_or_job, {"entity_id": "entity_id", "entity_run_id": "entity_run_id"}).select(
-        pl.col("event_id")
-        .str.to_lowercase()
-        .str.replace_all("-", "", literal=True)
-        .alias("event_uuid"),
-        normalise_enum(pl.col("entity_type")).alias("entity_type"),
-        "entity_id",
-        "entity_name",
-        "entity_run_id",
-    )
-    # the latest event of any target, taken while the times are parsed once
-    joined = (
-        ev.with_columns(pl.col("time").max().alias("_latest"))
-        .join(tg, on="event_uuid")
-        .join(users.lazy(), left_on="actor_id", right_on="id", how="left", maintain_order="left")
-        .collect()
-    )
-    # the raw rows (and the plans holding them) are not held while the joined rows are
-    # ordered: at 16k runs they are 190 MB of the audit's peak
-    del events, targets, ev, run_or_job, tg
-    latest = joined["_latest"].max() if joined.height else None
-    # an event has a row per target: ties broken by the target, so the order (and `seq`)
-    # is the content's, not whatever order the join produced
-    ordered = _in_order(joined.drop("_latest"), ["time", "event_id", "entity_type", "entity_id"])
-    del joined
-    frame = ordered.with_columns(
-        pl.when(pl.col("entity_type") == "run")
-        .then(pl.col("entity_id"))
-        .otherwise(pl.col("entity_run_id"))
-        .alias("run_id"),
-        pl.when(pl.col("actor_id").is_null())
-        .then(pl.lit("system"))
-        .otherwise(pl.concat_str([pl.lit("user "), pl.coalesce("user", "actor_id")]))
-        .alias("actor"),
-        pl.lit(server).alias("server"),
-        pl.lit(label).alias("source"),
-        pl.lit("db_utc").alias("time_basis"),
-        pl.lit("events_table").alias("origin"),
-        pl.concat_list([pl.concat_str([pl.lit("events:"), pl.col("event_id")])]).alias(
-            "provenance"
-        ),
-        pl.int_range(pl.len(), dtype=pl.Int64).alias("seq"),
-    ).drop(EVENT_WORK_COLUMNS)
-    del ordered
-    parsed = catalogue.parse_event_messages_of(frame)
-    return attach_job_runs(parsed, jobs=jobs, runs=runs), latest
-
-
-# What the events' mapping works with and the canonical events (EVENTS_SCHEMA) do not hold:
-# dropped once used, as the frame is held until the evidence is combined (70 MB at 16k runs).
-EVENT_WORK_COLUMNS = ("event_id", "event_uuid", "actor_id", "user", "entity_run_id")
-
-
-def _with_ids(frame: pl.LazyFrame, columns: dict[str, str]) -> pl.LazyFrame:
-    """`frame` with the id columns `columns` names (output: input) normalised in two steps,
-    so that each id's text is cleaned once (see `id_from_hex`)."""
-    return frame.with_columns(
-        id_hex(pl.col(raw)).alias(out) for out, raw in columns.items()
-    ).with_columns(id_from_hex(pl.col(out)).alias(out) for out in columns)
-
-
-def _in_order(frame: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
-    """`frame.sort(keys, nulls_last=True, maintain_order=True)`: by its first key (a time)
-    and, among the few rows that share one, by all the keys. Sorting every row by its text keys
-    costs twice as much, by the time and a tie rank as much again: the rows sharing a time are
-    rearranged among the places the sort by time gave them (their times are the same, in the
-    same order), and most often are in order already."""
-    first = keys[0]
-    ordered = frame.sort(first, nulls_last=True, maintain_order=True)
-    shared = ordered.select(pl.col(first).is_duplicated()).to_series()
-    if not shared.any():
-        return ordered
-    places = shared.arg_true()
-    tied = ordered.select(pl.int_range(pl.len(), dtype=places.dtype).alias("_row"), *keys)
-    tied = tied.filter(shared).sort(keys, nulls_last=True, maintain_order=True)["_row"]
-    if tied.equals(places, check_names=False):  # in order already (the one gather spared)
-        return ordered
-    return ordered[
-        pl.int_range(ordered.height, dtype=places.dtype, eager=True).scatter(places, tied)
-    ]

@@ -27,11 +27,13 @@ from analyzer.redact import Redactor
 from analyzer.sources import cells
 from analyzer.sources.adbc import AdbcStatement, release_freed
 from analyzer.sources.base import (
+    InputInfo,
     InputKind,
     LoadContext,
     ReadOptions,
     SourceData,
     WholeInputFacts,
+    facts_meanwhile,
     file_facts,
     file_head,
     remembered,
@@ -477,7 +479,15 @@ def _is_wal(path: Path) -> bool:
 
 def _load(given: str, ctx: LoadContext) -> SourceData:
     path = Path(given)
-    info = file_facts(path, "sqlite", ctx.options.shared)
+    facts = facts_meanwhile(path, "sqlite", ctx.options.shared)  # hashed while it is read
+    try:
+        return _load_hashing(path, ctx, facts)
+    except Exception:
+        facts()  # a file that cannot be hashed says so, as when it was hashed before the read
+        raise
+
+
+def _load_hashing(path: Path, ctx: LoadContext, facts: Callable[[], InputInfo]) -> SourceData:
     # The write-ahead log lies beside the database itself, not beside a symlink to it.
     real = Path(os.path.realpath(path))
     wal = real.with_name(real.name + "-wal")
@@ -485,19 +495,24 @@ def _load(given: str, ctx: LoadContext) -> SourceData:
         with tempfile.TemporaryDirectory(prefix="dstack-audit-") as folder:
             copy = Path(folder) / path.name
             shutil.copyfile(path, copy)
+            notes = []
             if wal.exists():
                 shutil.copyfile(wal, copy.with_name(copy.name + "-wal"))
                 wal_info = file_facts(wal, "sqlite-wal")
                 wal_info.notes.append("write-ahead log read together with its database (on a copy)")
-                info.notes.append(f"read with its write-ahead log {wal.name} (on a private copy)")
-            data = _read_database(copy, path, ctx, info)
+                notes.append(f"read with its write-ahead log {wal.name} (on a private copy)")
+            data = _read_database(copy, path, ctx, facts, notes)
             if wal.exists():
                 data.inputs.append(wal_info)
             return data
-    return _read_database(path, path, ctx, info)
+    return _read_database(path, path, ctx, facts, [])
 
 
-def _read_database(path: Path, shown: Path, ctx: LoadContext, info) -> SourceData:
+def _read_database(
+    path: Path, shown: Path, ctx: LoadContext, facts: Callable[[], InputInfo], notes: list[str]
+) -> SourceData:
+    """The database at `path` (`shown`: the file given, of which `facts` are the hash and
+    stat), `notes` said of it first."""
     server, options = ctx.server, ctx.options
     partition = options.partition
     reader = SqliteReader(path, label=str(shown), options=options)
@@ -516,10 +531,12 @@ def _read_database(path: Path, shown: Path, ctx: LoadContext, info) -> SourceDat
             if whole is not None:
                 data.latest_time[server] = max(whole, data.latest_time.get(server, whole))
             if partition is not None:
-                info.notes.append(f"partition {partition[0]}/{partition[1]} (whole services)")
+                notes.append(f"partition {partition[0]}/{partition[1]} (whole services)")
     finally:
         reader.close()
         release_freed()
+    info = facts()
+    info.notes.extend(notes)
     info.records = data.runs.height + data.jobs.height + data.events.height
     info.server_version = data.server_version
     cells.apply_to(info, data)
