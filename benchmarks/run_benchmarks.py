@@ -55,6 +55,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from operator import itemgetter
 from pathlib import Path
 
@@ -169,17 +170,25 @@ def measure(argv: list[str], *, code: Path = ROOT, allowed: tuple[int, ...] = (0
     return {"seconds": seconds, "cpu_seconds": cpu, "peak_rss_mb": int(rss_kb) / 1024}
 
 
+def least(runs: Iterable[dict]) -> dict:
+    """Each figure's least over runs of one command: on a shared machine the least disturbed
+    measure of each (a run's wall time and its CPU time are disturbed apart: the fastest run
+    by the clock need not be the one that spent the least CPU)."""
+    measured = list(runs)
+    return {key: min(run[key] for run in measured) for key in measured[0]}
+
+
 def best_of(repeat: int, argv: list[str], allowed: tuple[int, ...] = (0,)) -> dict:
-    """The fastest of `repeat` runs (the machine is shared: the least disturbed one)."""
-    runs = (measure(argv, allowed=allowed) for _ in range(repeat))
-    return min(runs, key=lambda m: m["seconds"])
+    """The least of each figure over `repeat` runs (least)."""
+    return least(measure(argv, allowed=allowed) for _ in range(repeat))
 
 
 def in_turn(repeat: int, *argvs: list[str], allowed: tuple[int, ...] = (0,)) -> list[dict]:
-    """The fastest of `repeat` runs of each command, run in turn (one run of each, then again):
-    a shared machine's load falls on each alike, as the figures compared are wall times."""
+    """The least of each figure over `repeat` runs of each command, run in turn (one run of
+    each, then again): a shared machine's load falls on each alike, as the figures compared
+    are wall times."""
     rounds = [[measure(argv, allowed=allowed) for argv in argvs] for _ in range(repeat)]
-    return [min(runs, key=itemgetter("seconds")) for runs in zip(*rounds, strict=True)]
+    return [least(runs) for runs in zip(*rounds, strict=True)]
 
 
 def cli(*args: str) -> list[str]:
