@@ -16,6 +16,7 @@ import polars as pl
 
 import analyzer.contract_frames as frames
 from analyzer.cluster import FleetTasks
+from analyzer.collector import paused
 from analyzer.contract import Finding, InputRecord, LimitationRecord, Report, RunVerdict
 from analyzer.errors import AuditInputError
 from analyzer.pipeline.assemble import (
@@ -159,7 +160,9 @@ class Audit:
 
     @cached_property
     def _detected(self) -> tuple[list[RunVerdict], list[Finding]]:
-        with stage("auditing runs"):
+        # the verdicts and findings are kept to the end (the report): a pass of the cycle
+        # collector over them frees nothing (collector.paused)
+        with stage("auditing runs"), paused():
             return self._detect()
 
     def _detect(self) -> tuple[list[RunVerdict], list[Finding]]:
@@ -274,6 +277,10 @@ class Audit:
         """The report before its guard (a fleet's server is guarded once, with every server's
         secret values: finish_server)."""
         verdicts, findings = self._detected
+        with paused():
+            return self._assemble(verdicts, findings)
+
+    def _assemble(self, verdicts: list[RunVerdict], findings: list[Finding]) -> Report:
         limitations = [
             LimitationRecord(code=lim.code, message=lim.message, source=lim.source)
             for lim in self.evidence.limitations
