@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
@@ -302,6 +302,23 @@ class Audit:
         (`keep_styles`: but a terminal table's own colour sequences)."""
         clean = without_controls(text, keep_styles=keep_styles)  # cleaned first, then masked
         return self.evidence.redactor.apply(clean)
+
+
+def rendered_report(
+    audit: Audit, render: Callable[[Report], list[str]]
+) -> tuple[Report, list[str]]:
+    """`audit.report` and `render`'s text of it, whole lines in order: the guard's one look is
+    at that text, not at a JSON dump of its own, so a report written as JSON is serialised
+    once (`render` gives the report's JSON as pydantic writes it, at any indent: the
+    strings the guard looks into are the same). Rendered again only when the guard changed
+    the report."""
+    if "report" in audit.__dict__:  # guarded already (Audit.report)
+        return audit.report, render(audit.report)
+    assembled = audit._assembled
+    pieces = render(assembled)
+    report = audit.evidence.redactor.guard_model(assembled, pieces)
+    audit.__dict__["report"] = report  # Audit.report's cache: the same report
+    return report, pieces if report is assembled else render(report)
 
 
 def _input_record(info) -> InputRecord:

@@ -241,10 +241,14 @@ def audit(
             )
         ]
 
-    def write(report: Any, redact: Callable[[str], str]) -> None:
-        """The report to `output` through the final redaction pass, rendered, redacted and
-        written piece by piece (analyzer.redact.redact_pieces: every byte written passes it)."""
-        outputs.write_pieces(output, redact_pieces(render(report), redact))
+    def write(
+        report: Any, redact: Callable[[str], str], rendered: Iterable[str] | None = None
+    ) -> None:
+        """The report to `output` through the final redaction pass, rendered (unless it was:
+        `rendered`), redacted and written piece by piece (analyzer.redact.redact_pieces: every
+        byte written passes it)."""
+        pieces = render(report) if rendered is None else rendered
+        outputs.write_pieces(output, redact_pieces(pieces, redact))
         wrote(output)
 
     labels = parse_server_labels(server_labels)
@@ -302,7 +306,13 @@ def audit(
         _gate(head, fail_on_findings, allow_undecided)
         return
     opened = open_audit(sources, log_tz, log_date, partition=parse_partition(partition), **options)
-    report = opened.report
+    rendered = None
+    if fmt == "json":  # the guard looks at the JSON written (rendered once)
+        from analyzer.api import rendered_report
+
+        report, rendered = rendered_report(opened, lambda report: list(RENDERERS["json"](report)))
+    else:
+        report = opened.report
     outputs.add_inputs(i.path for i in report.inputs)
     if strict:
         damaged = [i for i in report.inputs if i.unparsed or any("truncated" in n for n in i.notes)]
@@ -322,7 +332,8 @@ def audit(
                 "see --quarantine FILE for the lines, or drop --strict to audit leniently",
             )
     styled = fmt == "table" and (output is None or str(output) == "-")  # colour on a terminal
-    write(report, lambda text: opened.redact(text, keep_styles=styled))
+    write(report, lambda text: opened.redact(text, keep_styles=styled), rendered)
+    del rendered
     if bundle is not None:
         from analyzer.bundle import write_bundle
 
