@@ -42,7 +42,7 @@ from analyzer.pipeline.selectors import one_run, run_filter
 from analyzer.pipeline.servers import assign_servers, distinct_labels
 from analyzer.pipeline.timeline import deployments, evidence_gaps, submissions
 from analyzer.progress import listening, stage
-from analyzer.redact import Redactor, without_controls
+from analyzer.redact import Redactor, chunked, shapes_only, without_controls
 from analyzer.sources import (
     count_files,
     is_claimed,
@@ -304,21 +304,37 @@ class Audit:
         return self.evidence.redactor.apply(clean)
 
 
-def rendered_report(
-    audit: Audit, render: Callable[[Report], list[str]]
-) -> tuple[Report, list[str]]:
-    """`audit.report` and `render`'s text of it, whole lines in order: the guard's one look is
-    at that text, not at a JSON dump of its own, so a report written as JSON is serialised
-    once (`render` gives the report's JSON as pydantic writes it, at any indent: the
-    strings the guard looks into are the same). Rendered again only when the guard changed
-    the report."""
+@dataclass
+class RenderedReport:
+    """The report, its text in the chunks the final pass takes (redact.chunked), and that
+    pass (`redact`) for them."""
+
+    report: Report
+    texts: list[str]
+    redact: Callable[[str], str]
+
+
+def rendered_report(audit: Audit, render: Callable[[Report], Iterable[str]]) -> RenderedReport:
+    """`audit.report` and `render`'s text of it: the guard's one look is at that text, not at
+    a JSON dump of its own, so a report written as JSON is serialised once (`render` gives
+    the report's JSON as pydantic writes it, at any indent: the strings the guard looks into
+    are the same). The look also asks for each known value as given: when the text holds
+    none and no hidden character, the final pass over it has only secret shapes to mask
+    (redact.shapes_only). Rendered again only when the guard changed the report."""
     if "report" in audit.__dict__:  # guarded already (Audit.report)
-        return audit.report, render(audit.report)
+        return RenderedReport(audit.report, list(chunked(render(audit.report))), audit.redact)
     assembled = audit._assembled
-    pieces = render(assembled)
-    report = audit.evidence.redactor.guard_model(assembled, pieces)
+    texts = list(chunked(render(assembled)))
+    redactor = audit.evidence.redactor
+    final: Callable[[str], str] = audit.redact
+    if not redactor.holds_known_or_hidden(texts, raw_forms=True):
+        report, final = assembled, shapes_only  # what guard_model and `redact` would find
+    else:
+        report = redactor.guard_model(assembled, texts)
+        if report is not assembled:
+            texts = list(chunked(render(report)))
     audit.__dict__["report"] = report  # Audit.report's cache: the same report
-    return report, pieces if report is assembled else render(report)
+    return RenderedReport(report, texts, final)
 
 
 def _input_record(info) -> InputRecord:

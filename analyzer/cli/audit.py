@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -306,11 +307,14 @@ def audit(
         _gate(head, fail_on_findings, allow_undecided)
         return
     opened = open_audit(sources, log_tz, log_date, partition=parse_partition(partition), **options)
+    styled = fmt == "table" and (output is None or str(output) == "-")  # colour on a terminal
+    final = partial(opened.redact, keep_styles=styled)
     rendered = None
     if fmt == "json":  # the guard looks at the JSON written (rendered once)
         from analyzer.api import rendered_report
 
-        report, rendered = rendered_report(opened, lambda report: list(RENDERERS["json"](report)))
+        json_report = rendered_report(opened, RENDERERS["json"])
+        report, rendered, final = json_report.report, json_report.texts, json_report.redact
     else:
         report = opened.report
     outputs.add_inputs(i.path for i in report.inputs)
@@ -331,8 +335,7 @@ def audit(
                 f"damaged input under --strict: {first.unparsed} unparsed line(s){more}",
                 "see --quarantine FILE for the lines, or drop --strict to audit leniently",
             )
-    styled = fmt == "table" and (output is None or str(output) == "-")  # colour on a terminal
-    write(report, lambda text: opened.redact(text, keep_styles=styled), rendered)
+    write(report, final, rendered)
     del rendered
     if bundle is not None:
         from analyzer.bundle import write_bundle
