@@ -314,7 +314,9 @@ def audit(
         from analyzer.api import rendered_report
 
         json_report = rendered_report(opened, RENDERERS["json"])
-        report, rendered, final = json_report.report, json_report.texts, json_report.redact
+        report, final = json_report.report, json_report.redact
+        rendered = _written_once(json_report.texts)  # each chunk let go once written
+        del json_report
     else:
         report = opened.report
     outputs.add_inputs(i.path for i in report.inputs)
@@ -336,7 +338,6 @@ def audit(
                 "see --quarantine FILE for the lines, or drop --strict to audit leniently",
             )
     write(report, final, rendered)
-    del rendered
     if bundle is not None:
         from analyzer.bundle import write_bundle
 
@@ -365,6 +366,14 @@ def audit(
         ]
         outputs.write_text(quarantine, opened.redact("".join(line + "\n" for line in lines)))
     _gate(report, fail_on_findings, allow_undecided)
+
+
+def _written_once(texts: list[str]) -> Iterator[str]:
+    """The texts in order, each dropped from the list as it is handed on: a report's text is
+    not held whole while it is written."""
+    texts.reverse()
+    while texts:
+        yield texts.pop()
 
 
 @contextmanager
