@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
@@ -17,6 +17,7 @@ import polars as pl
 import analyzer.contract_frames as frames
 from analyzer.cluster import FleetTasks
 from analyzer.cluster_local import Workers
+from analyzer.collector import paused
 from analyzer.contract import Finding, InputRecord, LimitationRecord, Report, RunVerdict
 from analyzer.errors import AuditInputError
 from analyzer.pipeline.assemble import (
@@ -42,7 +43,7 @@ from analyzer.pipeline.selectors import one_run, run_filter
 from analyzer.pipeline.servers import assign_servers, distinct_labels
 from analyzer.pipeline.timeline import deployments, evidence_gaps, submissions
 from analyzer.progress import listening, stage
-from analyzer.redact import Redactor, without_controls
+from analyzer.redact import Redactor, chunked, shapes_only, without_controls
 from analyzer.sources import (
     count_files,
     is_claimed,
@@ -160,7 +161,9 @@ class Audit:
 
     @cached_property
     def _detected(self) -> tuple[list[RunVerdict], list[Finding]]:
-        with stage("auditing runs"):
+        # the verdicts and findings are kept to the end (the report): a pass of the cycle
+        # collector over them frees nothing (collector.paused)
+        with stage("auditing runs"), paused():
             return self._detect()
 
     def _detect(self) -> tuple[list[RunVerdict], list[Finding]]:
@@ -275,6 +278,10 @@ class Audit:
         """The report before its guard (a fleet's server is guarded once, with every server's
         secret values: finish_server)."""
         verdicts, findings = self._detected
+        with paused():
+            return self._assemble(verdicts, findings)
+
+    def _assemble(self, verdicts: list[RunVerdict], findings: list[Finding]) -> Report:
         limitations = [
             LimitationRecord(code=lim.code, message=lim.message, source=lim.source)
             for lim in self.evidence.limitations
@@ -296,6 +303,39 @@ class Audit:
         (`keep_styles`: but a terminal table's own colour sequences)."""
         clean = without_controls(text, keep_styles=keep_styles)  # cleaned first, then masked
         return self.evidence.redactor.apply(clean)
+
+
+@dataclass
+class RenderedReport:
+    """The report, its text in the chunks the final pass takes (redact.chunked), and that
+    pass (`redact`) for them."""
+
+    report: Report
+    texts: list[str]
+    redact: Callable[[str], str]
+
+
+def rendered_report(audit: Audit, render: Callable[[Report], Iterable[str]]) -> RenderedReport:
+    """`audit.report` and `render`'s text of it: the guard's one look is at that text, not at
+    a JSON dump of its own, so a report written as JSON is serialised once (`render` gives
+    the report's JSON as pydantic writes it, at any indent: the strings the guard looks into
+    are the same). The look also asks for each known value as given: when the text holds
+    none and no hidden character, the final pass over it has only secret shapes to mask
+    (redact.shapes_only). Rendered again only when the guard changed the report."""
+    if "report" in audit.__dict__:  # guarded already (Audit.report)
+        return RenderedReport(audit.report, list(chunked(render(audit.report))), audit.redact)
+    assembled = audit._assembled
+    texts = list(chunked(render(assembled)))
+    redactor = audit.evidence.redactor
+    final: Callable[[str], str] = audit.redact
+    if not redactor.holds_known_or_hidden(texts, raw_forms=True):
+        report, final = assembled, shapes_only  # what guard_model and `redact` would find
+    else:
+        report = redactor.guard_model(assembled, texts)
+        if report is not assembled:
+            texts = list(chunked(render(report)))
+    audit.__dict__["report"] = report  # Audit.report's cache: the same report
+    return RenderedReport(report, texts, final)
 
 
 def _input_record(info) -> InputRecord:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache, cached_property
 from itertools import groupby
@@ -707,12 +707,12 @@ class Redactor:
         changed = {old: new for old, new in zip(unique, texts.to_list(), strict=True) if old != new}
         return _replaced(model, changed, BaseModel) if changed else model
 
-    def guard_model(self, model: Model, dumped: str | None = None) -> Model:
+    def guard_model(self, model: Model, dumped: str | Sequence[str] | None = None) -> Model:
         """A model built from texts masked at the source (``apply_frames``), as `apply_model`
         with `controls` gives it, at the cost of one look at its JSON (`dumped`: that JSON,
-        when it was written earlier): the model itself when that JSON holds no known value
-        and no hidden character (nothing for the walk to do that the source did not), else
-        the walk. Known values are looked for because a text
+        when it was written earlier, whole or in consecutive whole lines): the model itself
+        when that JSON holds no known value and no hidden character (nothing for the walk to
+        do that the source did not), else the walk. Known values are looked for because a text
         built from several masked ones (a name and a message joined) can hold one again, and
         hidden characters because the frames keep them (only a secret they hid is cleaned
         there). Secret shapes are not looked for: every text the model is built from was
@@ -721,18 +721,29 @@ class Redactor:
             return self.apply_model(model, controls=True)
         return model
 
-    def holds_known_or_hidden(self, json_text: str) -> bool:
-        """Whether a JSON text holds, inside its strings, a hidden character or any form of a
-        known value (as JSON writes them: escaped; any case). Anything that could be one
-        counts (a word that only looks like an ordinary value, an escaped backslash before
-        an `r`): then the walk decides."""
-        text = pl.Series([json_text], dtype=pl.String)
+    def holds_known_or_hidden(
+        self, json_text: str | Sequence[str], *, raw_forms: bool = False
+    ) -> bool:
+        """Whether a JSON text (or its consecutive whole lines: no form of a value holds a
+        line break, JSON escapes it) holds, inside its strings, a hidden character or any
+        form of a known value (as JSON writes them: escaped; any case). Anything that could be
+        one counts (a word that only looks like an ordinary value, an escaped backslash before
+        an `r`): then the walk decides. With `raw_forms`, each form as it is given counts too,
+        wherever it stands: false then, the final pass over these very texts finds no known
+        value either (`apply` is `shapes_only` over them)."""
+        pieces = [json_text] if isinstance(json_text, str) else json_text
+        text = pl.Series(pieces, dtype=pl.String)
         # JSON escapes every C0 control: in an ASCII text, only DEL can stand raw
-        raw = "\x7f" in json_text if json_text.isascii() else text.str.contains(HIDDEN).any()
+        if all(piece.isascii() for piece in pieces):
+            raw = any("\x7f" in piece for piece in pieces)
+        else:
+            raw = bool(text.str.contains(HIDDEN).any())
         if raw:
             return True
         everywhere, ordinary = self._value_forms() if self.values else ([], [])
         escaped = list(dict.fromkeys(json.dumps(f, ensure_ascii=False)[1:-1] for f in everywhere))
+        if raw_forms:
+            escaped = list(dict.fromkeys([*everywhere, *escaped]))
         # one regex pass says when neither can be there (most reports): each is looked for
         # exactly only when it may be
         if self._may_hold(text, escaped, also=_HIDDEN_ESCAPED):
@@ -944,16 +955,29 @@ def redact_pieces(
     rendered one after the other, not a secret either holds (and a key block's BEGIN line left
     without its END is masked to the end of its chunk instead of the text's: its own string,
     the key with it, still is)."""
+    return (redact(text) for text in chunked(pieces, chunk))
+
+
+def chunked(pieces: Iterable[str], chunk: int = CHUNK_CHARS) -> Iterator[str]:
+    """Consecutive pieces joined into texts of about `chunk` characters (the last shorter):
+    the texts `redact_pieces` passes, and given them, passes as they are."""
     held: list[str] = []
     size = 0
     for piece in pieces:
         held.append(piece)
         size += len(piece)
         if size >= chunk:
-            yield redact("".join(held))
+            yield "".join(held)
             held, size = [], 0
     if held:
-        yield redact("".join(held))
+        yield "".join(held)
+
+
+def shapes_only(text: str) -> str:
+    """`Redactor.apply` over a text `holds_known_or_hidden(..., raw_forms=True)` found no
+    known value and no hidden character in: only secret shapes are left to mask (its steps
+    for known values and hidden characters would change nothing)."""
+    return redact_shapes(pl.Series([text], dtype=pl.String))[0]
 
 
 def _unescape_json(value: str) -> str:

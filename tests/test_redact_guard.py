@@ -101,3 +101,33 @@ def test_the_report_guard_sees_a_known_value_or_a_hidden_character(count):
     assert redactor.holds_known_or_hidden(json.dumps({"m": "a\rb"}))
     if values:
         assert redactor.holds_known_or_hidden(json.dumps({"m": f"x {values[-1].upper()} y"}))
+
+
+@pytest.mark.parametrize("count", [1, VALUE_PREFILTER])
+def test_a_text_the_look_finds_clean_needs_only_the_shapes(count):
+    """`holds_known_or_hidden(..., raw_forms=True)` false: the final pass over those very texts
+    gives what `shapes_only` gives (the CLI then runs only that). A value as it is given,
+    outside any string (a quote of it joins two JSON strings), is seen only with raw_forms."""
+    redactor = Redactor()
+    values = [f"s3cr3t-{i:04d}-value" for i in range(count)]
+    redactor.add([*values, 'zone"'])
+    texts = [
+        json.dumps({"job_name": "web-0-1", "message": "Fleet is at capacity"}, indent=2),
+        '{\n  "m": "aws key AKIAIOSFODNN7EXAMPLE in it"\n}\n',  # a shape: masked by both
+        json.dumps({"zone": "web"}, indent=2),  # the value `zone"`, raw, across a string's end
+        json.dumps({"m": f"x {values[-1].upper()} y"}, indent=2),
+        json.dumps({"m": "a\u200bb"}, ensure_ascii=False),  # a hidden character, raw
+        json.dumps({"m": "a\rb"}),
+    ]
+    clean = [not redactor.holds_known_or_hidden([text], raw_forms=True) for text in texts]
+    assert clean == [True, True, False, False, False, False]
+    assert not redactor.holds_known_or_hidden([texts[2]])  # as the guard alone looks
+    final = [redactor.apply(redact.without_controls(text)) for text in texts]
+    same = [redact.shapes_only(text) == passed for text, passed in zip(texts, final, strict=True)]
+    assert same == [True, True, False, False, False, True]  # an escaped \r: the guard's walk
+    assert MASK in redact.shapes_only(texts[1])
+    pieces = ["{\n", '  "a": 1,\n', '  "b": 2\n', "}\n"]
+    assert list(redact.chunked(pieces, 12)) == ["{\n" + '  "a": 1,\n', '  "b": 2\n' + "}\n"]
+    assert list(redact.chunked(list(redact.chunked(pieces, 12)), 12)) == list(
+        redact.chunked(pieces, 12)
+    )

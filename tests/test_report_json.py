@@ -111,3 +111,30 @@ def test_the_cli_writes_the_whole_json_report(tmp_path, partitions):
     assert result.exit_code == 0, result.output
     report = audit_in_partitions([FLEET], 3) if partitions else open_sources([FLEET]).report
     assert target.read_bytes() == (report.model_dump_json(indent=2) + "\n").encode("utf-8")
+
+
+def test_the_report_is_rendered_once_and_guarded_on_that_text():
+    """api.rendered_report: the text the guard looked at is the JSON written; a text holding
+    no known value gets the final pass of secret shapes only, one holding a value (a job's
+    name made a secret here) is walked, rendered again and passed whole."""
+    from analyzer.api import rendered_report
+    from analyzer.redact import shapes_only
+
+    clean = open_sources([FLEET])
+    done = rendered_report(clean, json_pieces)
+    assert done.report is clean.report  # Audit.report's cache: one report
+    assert "".join(done.texts) == done.report.model_dump_json(indent=2) + "\n"
+    assert done.redact is shapes_only
+
+    holding = open_sources([FLEET])
+    name = holding._assembled.findings[0].victims[0].job_name
+    holding.evidence.redactor.add([name + "-secret"])
+    assert rendered_report(holding, json_pieces).redact is shapes_only  # not in the text
+    holding = open_sources([FLEET])
+    holding.evidence.redactor.add([name])
+    walked = rendered_report(holding, json_pieces)
+    text = "".join(walked.texts)
+    assert walked.redact is not shapes_only and walked.report is holding.report
+    assert text == walked.report.model_dump_json(indent=2) + "\n"
+    assert f'"{name}"' not in text and f'"{MASK}"' in text
+    assert "".join(rendered_report(holding, json_pieces).texts) == text  # guarded already

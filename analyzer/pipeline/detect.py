@@ -761,8 +761,10 @@ def _detect(
     keys = candidate_runs.select("server", "run_id")
     # each job's health at the run's failure, from what the evidence dates by then
     failure_moments = candidate_runs.select("server", "run_id", pl.col("failed_at").alias("as_of"))
+    # the candidate runs' events, picked once: every read of the events below is of them
+    candidate_events = _of_runs(events, keys)
     with_status = (
-        events.filter((pl.col("kind") == "job_status") & (pl.col("entity_type") == "job"))
+        candidate_events.filter((pl.col("kind") == "job_status") & (pl.col("entity_type") == "job"))
         .select(
             "server", "run_id", pl.col("entity_id").alias("job_id"), pl.lit(True).alias("_status")
         )
@@ -772,7 +774,7 @@ def _detect(
     at_moment = probe_state_at(
         subs.join(failure_moments, on=["server", "run_id"], maintain_order="left")
     )
-    read = _of_runs(events.filter(pl.col("kind").is_in(DETECTION_KINDS)), keys)
+    read = candidate_events.filter(pl.col("kind").is_in(DETECTION_KINDS))
     # the run's first TERMINATING as the evidence chain reads it (its first such event)
     went_terminating = (
         read.filter((pl.col("kind") == "run_status") & (pl.col("new_status") == "terminating"))
@@ -820,7 +822,7 @@ def _detect(
         .unique()
         .iter_rows()
     )
-    deleted = deleted_failures(_of_runs(events, keys), subs)
+    deleted = deleted_failures(candidate_events, subs)
     deleted_by_run = deleted.rows_by_key(["server", "run_id"], named=True)
     # only the events the evidence chain quotes become rows, each with its item's columns
     failed = pl.concat(

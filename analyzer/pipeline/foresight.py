@@ -12,6 +12,7 @@ from dataclasses import replace
 import polars as pl
 
 from analyzer.contract import CapacityForesight, Finding
+from analyzer.pipeline.chain import known
 from analyzer.pipeline.exposure import BEFORE_UPDATE, NO_CAPACITY, Frames, assess_states
 from analyzer.pipeline.placement import holders_at, placed_jobs
 
@@ -229,29 +230,69 @@ def capacity_holders(findings: list[Finding], frames: Frames) -> dict[tuple, lis
     if placed is None:
         placed = placed_jobs(frames.submissions, frames.runs)
     held = holders_at(failures, placed, HOLDERS_NAMED)
-    said: dict[tuple, list[str]] = {}
-    for row in held.iter_rows(named=True):
-        whose = "this run's" if row["run_id"] == row["own"] else f"run {row['run_name']}'s"
-        until = (
-            f"until {row['stopped_at']:%Y-%m-%d %H:%M:%S}"
-            if row["stopped_at"]
-            else "still there at the end of the evidence"
-        )
-        finding = findings[row["i"]]
-        said.setdefault((finding.server, finding.run_id), []).append(
-            f"at the failure ({row['as_of']:%Y-%m-%d %H:%M:%S}) fleet {row['fleet_name']} was at "
-            f"capacity: {whose} {row['job_name']} (deployment {row['deployment_num']}) held "
-            f"instance {row['instance_name']} since {row['created_at']:%Y-%m-%d %H:%M:%S}, "
-            f"{until} (health: {row['health']}"
-            + (f", {row['health_proof']}" if row["health_proof"] else "")
-            + ")"
-            + (
-                f"; and {row['of'] - HOLDERS_NAMED} more job(s) on its instances"
-                if row["rank"] == HOLDERS_NAMED - 1 and row["of"] > HOLDERS_NAMED
-                else ""
-            )
-        )
-    return said
+    # each finding's texts under its run (a run's findings of two categories share them)
+    runs = pl.DataFrame(
+        {
+            "i": range(len(findings)),
+            "_server": [f.server for f in findings],
+            "_run_id": [f.run_id for f in findings],
+        },
+        schema={"i": pl.Int64, "_server": pl.String, "_run_id": pl.String},
+    )
+    said = (
+        held.join(runs, on="i", maintain_order="left")
+        .select("_server", "_run_id", _holder_text().alias("text"))
+        .group_by("_server", "_run_id", maintain_order=True)
+        .agg("text")
+    )
+    return {(server, run_id): texts for server, run_id, texts in said.iter_rows()}
+
+
+def _holder_text() -> pl.Expr:
+    """One holder of the room, in words (each value as an f-string shows it: a missing one
+    as "None")."""
+    whose = (
+        pl.when(pl.col("run_id") == pl.col("own"))
+        .then(pl.lit("this run's"))
+        .otherwise(pl.format("run {}'s", _shown("run_name")))
+    )
+    until = (
+        pl.when(pl.col("stopped_at").is_not_null())
+        .then(pl.format("until {}", _second("stopped_at")))
+        .otherwise(pl.lit("still there at the end of the evidence"))
+    )
+    proof = pl.col("health_proof")
+    more = (
+        pl.when((pl.col("rank") == HOLDERS_NAMED - 1) & (pl.col("of") > HOLDERS_NAMED))
+        .then(pl.format("; and {} more job(s) on its instances", pl.col("of") - HOLDERS_NAMED))
+        .otherwise(pl.lit(""))
+    )
+    return pl.concat_str(
+        pl.format(
+            "at the failure ({}) fleet {} was at capacity: {} {} (deployment {}) held instance "
+            "{} since {}, {} (health: {}",
+            _second("as_of"),
+            _shown("fleet_name"),
+            whose,
+            _shown("job_name"),
+            _shown("deployment_num"),
+            _shown("instance_name"),
+            _second("created_at"),
+            until,
+            _shown("health"),
+        ),
+        pl.when(known(proof)).then(pl.format(", {}", proof)).otherwise(pl.lit("")),
+        pl.lit(")"),
+        more,
+    )
+
+
+def _shown(column: str) -> pl.Expr:
+    return pl.col(column).cast(pl.String).fill_null("None")
+
+
+def _second(column: str) -> pl.Expr:
+    return pl.col(column).dt.strftime("%Y-%m-%d %H:%M:%S")
 
 
 _QUEUE_TOOK_IT = "the room left goes to other runs' queued replicas first"

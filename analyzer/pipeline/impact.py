@@ -175,7 +175,11 @@ def _stop_precisions(findings: list[Finding], events: pl.DataFrame) -> dict[tupl
     )
     if stops.height == 0 or "time_text" not in events.columns:
         return {}
-    sightings = events.filter(pl.col("entity_type") == "job").select(
+    # only the victims' own events are copied out of the events table (the join keeps no other)
+    victims = stops["job_id"].unique().implode()
+    sightings = events.filter(
+        (pl.col("entity_type") == "job") & pl.col("entity_id").is_in(victims)
+    ).select(
         "server",
         pl.col("entity_id").alias("job_id"),
         pl.col("time").alias("stop"),
