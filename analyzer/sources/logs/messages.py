@@ -104,6 +104,8 @@ _PLACE_COLUMNS = ("file", "line", "local_time", "time_of_day", "day_offset", "wr
 _PLACE = pl.format("{}:{}", pl.col("file"), pl.col("line")).alias("place")
 _COMPACT_ROWS = 200_000  # kept rows (about 40 MB) before identical records are folded
 _PLACES_KEPT = 16  # places of one repeated record kept as its provenance
+# what tells two kept records apart most often (their times, entity and kind), tested first
+_UNIQUE_FIRST = ("local_time", "time_of_day", "day_offset", "wrapper_time", "entity_id", "kind")
 
 
 def _version_key(version: str) -> tuple[int, ...]:
@@ -314,7 +316,13 @@ class EventCollector:
         compaction waits until the kept rows have doubled, so each row is grouped O(1) times."""
         frame = pl.concat(self._kept, how="diagonal_relaxed")
         key = [c for c in frame.columns if c not in ("seq", "file", "line", "places")]
-        if frame.select(pl.struct(key).is_unique().all()).item():
+        # records unique in a few of the key's columns are unique in all of them: that cheap
+        # test first, the whole key only when it finds a pair (rare: see the docstring)
+        few = [c for c in _UNIQUE_FIRST if c in key]
+        if (
+            frame.select(pl.struct(few).is_unique().all()).item()
+            or frame.select(pl.struct(key).is_unique().all()).item()
+        ):
             compacted = frame
         else:
             compacted = (
@@ -695,15 +703,19 @@ def _attach_job_runs(events: pl.DataFrame) -> pl.DataFrame:
         "entity_id", pl.lit(True).alias("ambiguous_run")
     )
     job_mask = pl.col("entity_type") == "job"
-    return (
-        events.join(owners, on=["entity_id", "entity_name"], how="left", maintain_order="left")
+    # joined and ordered by the few columns they need; the events' other columns are then
+    # gathered once, in that order (not copied by each join and again by the sort)
+    order = (
+        events.select("entity_type", "entity_id", "entity_name", "run_id", "seq")
+        .with_row_index("_row")
+        .join(owners, on=["entity_id", "entity_name"], how="left", maintain_order="left")
         .join(ambiguous, on="entity_id", how="left", maintain_order="left")
         .with_columns(
             pl.when(job_mask).then(pl.col("_owner")).otherwise(pl.col("run_id")).alias("run_id")
         )
-        .drop("_owner")
         .sort("seq")
     )
+    return events[order["_row"]].with_columns(order["run_id"], order["ambiguous_run"])
 
 
 def _version_markers(frame: pl.DataFrame, found: set[int]) -> tuple[str | None, set[int]]:
