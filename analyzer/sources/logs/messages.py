@@ -289,19 +289,21 @@ class EventCollector:
         relevant = pl.concat(
             [events, status.filter(kept_status), probes.filter(pl.col("kind") != "other")],
             how="diagonal_relaxed",
-        ).filter(pl.col("kind") != "unrecognised")
-        lifecycle = relevant.filter(pl.col("kind") != "other")
-        relevant_here = lifecycle.select(pl.col("seq").n_unique()).item() if lifecycle.height else 0
+        ).lazy()
+        kept = [name for name in _KEPT_COLUMNS if name in relevant.collect_schema()]
+        # only the kept columns are filtered (not the lines' whole text, nor what it was cut into)
+        relevant = relevant.filter(pl.col("kind") != "unrecognised").select(kept).collect()
+        lifecycle = pl.col("seq").filter(pl.col("kind") != "other")
+        relevant_here = relevant.select(lifecycle.n_unique()).item()
         facts.relevant += relevant_here
         facts.irrelevant += records.height - relevant_here - unrecognised.height
         explicit, markers = _version_markers(frame, self._markers)
         self._explicit_version = explicit or self._explicit_version
         self._markers |= markers
         if relevant.height:
-            kept = [name for name in _KEPT_COLUMNS if name in relevant.columns]
             # the places are written anew (format), so only the kept columns need their own text
             self._kept.append(
-                detached(relevant.select(*kept)).with_columns(
+                detached(relevant).with_columns(
                     relevant.select(pl.concat_list([_PLACE]).alias("places"))
                 )
             )
