@@ -599,17 +599,38 @@ def _say_unmatched(
             )
 
 
+# the events' columns the runs and jobs are derived from (the others are not sorted with them)
+_DERIVED_FROM = (
+    "server",
+    "seq",
+    "time",
+    "kind",
+    "entity_type",
+    "entity_id",
+    "entity_name",
+    "run_id",
+    "old_status",
+    "new_status",
+    "termination_reason",
+    "termination_message",
+    "deployment_num",
+    "changed_fields",
+    "actor",
+    "message",
+    "provenance",
+)
+
+
 def derive_from_events(evidence: Evidence) -> None:
     """Runs and jobs rows for runs known only from events (log-only audits, or a run row
     left out as damaged)."""
-    events = evidence.events
-    known_runs = evidence.runs.select("server", "run_id")
-    orphan = events.filter(pl.col("run_id").is_not_null()).join(
-        known_runs, on=["server", "run_id"], how="anti"
-    )
-    if orphan.height == 0:
+    events = evidence.events.select(_DERIVED_FROM).filter(pl.col("run_id").is_not_null())
+    if evidence.runs.height:  # a log-only audit knows no run: every event is an orphan's
+        known_runs = evidence.runs.select("server", "run_id")
+        events = events.join(known_runs, on=["server", "run_id"], how="anti")
+    if events.height == 0:
         return
-    orphan = orphan.sort(["server", "time", "seq"], nulls_last=True).with_row_index("_order")
+    orphan = events.sort(["server", "time", "seq"], nulls_last=True).with_row_index("_order")
     evidence.runs = pl.concat(
         [evidence.runs, conform(_derive_runs(orphan), RUNS_SCHEMA).collect()], how="vertical"
     )
