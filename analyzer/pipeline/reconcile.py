@@ -223,7 +223,12 @@ def _clock_jumps(evidence: Evidence) -> pl.DataFrame:
     local = pl.col("time_basis") == "log_local_unaligned"
     if not events.select(local.any()).item():  # no local clock (a database): nothing jumps
         return events.with_columns(pl.lit(False).alias("_after_jump"))
-    ordered = events.with_row_index("_i").sort("source", "seq")
+    # the shifts worked out in line order on the columns they need, then put beside the events
+    ordered = (
+        events.select("source", "seq", "time", "time_basis")
+        .with_row_index("_i")
+        .sort("source", "seq")
+    )
     back = (pl.col("time").shift(1).over("source") - pl.col("time")).dt.total_microseconds()
     jump = pl.when(local & (back > CLOCK_JUMP_US)).then(quarter_hour(back)).otherwise(0)
     ordered = ordered.with_columns(jump.alias("_jump")).with_columns(
@@ -241,14 +246,12 @@ def _clock_jumps(evidence: Evidence) -> pl.DataFrame:
                 source,
             )
         )
-    return (
-        ordered.with_columns(
-            (pl.col("time") + pl.duration(microseconds=pl.col("_shift_us"))).alias("time"),
-            (pl.col("_shift_us") > 0).alias("_after_jump"),
-        )
-        .sort("_i")
-        .drop("_i", "_jump", "_shift_us")
-    )
+    shifted = ordered.select(
+        "_i",
+        (pl.col("time") + pl.duration(microseconds=pl.col("_shift_us"))).alias("time"),
+        (pl.col("_shift_us") > 0).alias("_after_jump"),
+    ).sort("_i")
+    return events.with_columns(shifted["time"], shifted["_after_jump"])
 
 
 def align_times(evidence: Evidence, options: TimeOptions) -> None:
