@@ -522,23 +522,22 @@ def test_a_log_written_twice_keeps_each_event_once_with_both_places(tmp_path, mo
     assert not any("repeat" in note for note in reports["once"].inputs[0].notes)
 
 
-def test_records_alike_in_time_entity_and_kind_are_not_folded_as_repeats(tmp_path):
-    """Two status changes of one job in one millisecond agree in time, job and kind (the
-    columns the fold tests first) and differ in their statuses: both kept, none a repeat;
-    the same line twice is one repeat."""
+def test_records_alike_in_time_entity_and_message_are_not_folded_as_repeats(tmp_path):
+    """One status change of one job in one millisecond said by two actors: the lines agree in
+    time, job and message (the columns the fold tests first) and differ in their actor: both
+    kept, none a repeat; the same line twice is one repeat."""
     from analyzer.sources.logs.messages import records_to_events
 
-    head = "INFO 2026-11-02T09:01:25.061 dstack._internal.server.services.events Emitting event: "
-    tail = ". Event targets: job(699fe8)web-0-0. Actor: system"
-    lines = [
-        head + "Job status changed PROVISIONING -> PULLING" + tail,
-        head + "Job status changed PULLING -> RUNNING" + tail,
-    ]
+    line = (
+        "INFO 2026-11-02T09:01:25.061 dstack._internal.server.services.events Emitting event: "
+        "Job status changed PULLING -> RUNNING. Event targets: job(699fe8)web-0-0. Actor: "
+    )
+    lines = [line + "system", line + "user(4d6cc5)admin"]
     for written, repeats in ((lines, 0), ([*lines, lines[1]], 1)):
         log = tmp_path / f"server-{len(written)}.log"
         log.write_text("\n".join(written) + "\n")
         events, facts = records_to_events(read_log(log).records, str(log), "server")
-        assert events["new_status"].to_list() == ["pulling", "running"]
+        assert events["actor"].to_list() == ["system", "user admin"]
         assert facts.repeated_records == repeats
 
 

@@ -104,8 +104,9 @@ _PLACE_COLUMNS = ("file", "line", "local_time", "time_of_day", "day_offset", "wr
 _PLACE = pl.format("{}:{}", pl.col("file"), pl.col("line")).alias("place")
 _COMPACT_ROWS = 200_000  # kept rows (about 40 MB) before identical records are folded
 _PLACES_KEPT = 16  # places of one repeated record kept as its provenance
-# what tells two kept records apart most often (their times, entity and kind), tested first
-_UNIQUE_FIRST = ("local_time", "time_of_day", "day_offset", "wrapper_time", "entity_id", "kind")
+# what tells two kept records apart most often (their times, entity and message), tested first
+# (not the kind: a rich log's times are whole seconds, in which a job can change status twice)
+_UNIQUE_FIRST = ("local_time", "time_of_day", "day_offset", "wrapper_time", "entity_id", "message")
 
 
 def _version_key(version: str) -> tuple[int, ...]:
@@ -319,7 +320,7 @@ class EventCollector:
         frame = pl.concat(self._kept, how="diagonal_relaxed")
         key = [c for c in frame.columns if c not in ("seq", "file", "line", "places")]
         # records unique in a few of the key's columns are unique in all of them: that cheap
-        # test first, the whole key only when it finds a pair (rare: see the docstring)
+        # test first, the whole key only when it finds a pair
         few = [c for c in _UNIQUE_FIRST if c in key]
         if (
             frame.select(pl.struct(few).is_unique().all()).item()
