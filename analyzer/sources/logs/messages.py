@@ -706,19 +706,15 @@ def _attach_job_runs(events: pl.DataFrame) -> pl.DataFrame:
         "entity_id", pl.lit(True).alias("ambiguous_run")
     )
     job_mask = pl.col("entity_type") == "job"
-    # joined and ordered by the few columns they need; the events' other columns are then
-    # gathered once, in that order (not copied by each join and again by the sort)
-    order = (
-        events.select("entity_type", "entity_id", "entity_name", "run_id", "seq")
-        .with_row_index("_row")
-        .join(owners, on=["entity_id", "entity_name"], how="left", maintain_order="left")
+    return (
+        events.join(owners, on=["entity_id", "entity_name"], how="left", maintain_order="left")
         .join(ambiguous, on="entity_id", how="left", maintain_order="left")
         .with_columns(
             pl.when(job_mask).then(pl.col("_owner")).otherwise(pl.col("run_id")).alias("run_id")
         )
+        .drop("_owner")
         .sort("seq")
     )
-    return events[order["_row"]].with_columns(order["run_id"], order["ambiguous_run"])
 
 
 def _version_markers(frame: pl.DataFrame, found: set[int]) -> tuple[str | None, set[int]]:
