@@ -251,7 +251,9 @@ def _clock_jumps(evidence: Evidence) -> pl.DataFrame:
         (pl.col("time") + pl.duration(microseconds=pl.col("_shift_us"))).alias("time"),
         (pl.col("_shift_us") > 0).alias("_after_jump"),
     ).sort("_i")
-    return events.with_columns(shifted["time"], shifted["_after_jump"])
+    # one chunk again: the events of several sources come in several, and columns chunked
+    # unlike the others would be realigned by every later query over them
+    return events.with_columns(shifted["time"], shifted["_after_jump"]).rechunk()
 
 
 def align_times(evidence: Evidence, options: TimeOptions) -> None:
