@@ -434,24 +434,32 @@ def _split_event_lines(frame: pl.DataFrame) -> pl.DataFrame:
     characters, so a cut of such a line can miss (a body of 13 extra UTF-8 bytes made
     ``user(abcdef)zsystem`` the actor ``system``)."""
     text = pl.col("text")
-    targets_at = text.str.find(TARGETS_SEPARATOR, literal=True)
-    actor_at = text.str.find(ACTOR_SEPARATOR, literal=True)
-    fast = frame.with_columns(
-        text.str.slice(len(EVENT_PREFIX), targets_at - len(EVENT_PREFIX)).alias("message"),
-        text.str.slice(
-            targets_at + len(TARGETS_SEPARATOR),
-            actor_at - targets_at - len(TARGETS_SEPARATOR),
-        ).alias("_targets"),
-        text.str.slice(actor_at + len(ACTOR_SEPARATOR)).str.strip_chars().alias("actor"),
-    ).with_columns(
-        (
-            text.str.starts_with(EVENT_PREFIX)
-            & (text.str.len_bytes() == text.str.len_chars())
-            & (actor_at > targets_at)
-            & pl.col("actor").str.contains(ACTOR)
+    targets_at, actor_at = pl.col("_targets_at"), pl.col("_actor_at")
+    # each separator found once (an expression used in several columns is worked out for each)
+    fast = (
+        frame.with_columns(
+            text.str.find(TARGETS_SEPARATOR, literal=True).alias("_targets_at"),
+            text.str.find(ACTOR_SEPARATOR, literal=True).alias("_actor_at"),
         )
-        .fill_null(False)
-        .alias("_cut")
+        .with_columns(
+            text.str.slice(len(EVENT_PREFIX), targets_at - len(EVENT_PREFIX)).alias("message"),
+            text.str.slice(
+                targets_at + len(TARGETS_SEPARATOR),
+                actor_at - targets_at - len(TARGETS_SEPARATOR),
+            ).alias("_targets"),
+            text.str.slice(actor_at + len(ACTOR_SEPARATOR)).str.strip_chars().alias("actor"),
+        )
+        .with_columns(
+            (
+                text.str.starts_with(EVENT_PREFIX)
+                & (text.str.len_bytes() == text.str.len_chars())
+                & (actor_at > targets_at)
+                & pl.col("actor").str.contains(ACTOR)
+            )
+            .fill_null(False)
+            .alias("_cut")
+        )
+        .drop("_targets_at", "_actor_at")
     )
     if bool(fast["_cut"].all()):
         return fast.drop("_cut")
