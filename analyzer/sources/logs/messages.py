@@ -729,7 +729,8 @@ def _version_markers(frame: pl.DataFrame, found: set[int]) -> tuple[str | None, 
     """What one chunk's records say about the version: the last explicit version line, and
     which markers (indexes into VERSION_MARKERS + LOGGER_MARKERS) occur. Markers already
     ``found`` in earlier chunks are not searched again; the event marker is the frame's
-    ``is_event`` (the same pattern); the rest are one query over the lines holding any."""
+    ``is_event`` (the same pattern); the loggers' over their distinct names; the text's are one
+    query over the lines holding any."""
     text = pl.col("text")
     logger = pl.col("logger")
     present = set()
@@ -747,16 +748,16 @@ def _version_markers(frame: pl.DataFrame, found: set[int]) -> tuple[str | None, 
         for i, (p, _, _) in enumerate(LOGGER_MARKERS)
         if len(VERSION_MARKERS) + i not in found
     ]
-    # the few lines that hold any of them first (one pass each over text and logger)
-    anywhere = text.str.contains(_either([SERVER_VERSION, *(p for _, p in texts)]))
-    if loggers:
-        anywhere = anywhere | logger.str.contains(_either([p for _, p in loggers]))
-    lines = frame.filter(anywhere)
+    if loggers:  # a chunk's loggers are a handful of names: each searched once
+        names = frame.select(logger.unique())
+        row = names.select(logger.str.contains(p).any().alias(str(i)) for i, p in loggers)
+        present |= {int(index) for index, hit in row.row(0, named=True).items() if hit}
+    # the few lines that hold any text marker first (one pass over the text)
+    lines = frame.filter(text.str.contains(_either([SERVER_VERSION, *(p for _, p in texts)])))
     if lines.height == 0:
         return None, present
     checks = [text.str.extract(SERVER_VERSION, 1).drop_nulls().last().alias("explicit")]
     checks += [text.str.contains(p).any().alias(str(i)) for i, p in texts]
-    checks += [logger.str.contains(p).any().alias(str(i)) for i, p in loggers]
     row = lines.select(checks).row(0, named=True)
     explicit = row.pop("explicit")
     return explicit, present | {int(index) for index, hit in row.items() if hit}
