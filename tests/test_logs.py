@@ -522,6 +522,48 @@ def test_a_log_written_twice_keeps_each_event_once_with_both_places(tmp_path, mo
     assert not any("repeat" in note for note in reports["once"].inputs[0].notes)
 
 
+def test_records_alike_in_time_entity_and_message_are_not_folded_as_repeats(tmp_path):
+    """One status change of one job in one millisecond said by two actors: the lines agree in
+    time, job and message (the columns the fold tests first) and differ in their actor: both
+    kept, none a repeat; the same line twice is one repeat."""
+    from analyzer.sources.logs.messages import records_to_events
+
+    line = (
+        "INFO 2026-11-02T09:01:25.061 dstack._internal.server.services.events Emitting event: "
+        "Job status changed PULLING -> RUNNING. Event targets: job(699fe8)web-0-0. Actor: "
+    )
+    lines = [line + "system", line + "user(4d6cc5)admin"]
+    for written, repeats in ((lines, 0), ([*lines, lines[1]], 1)):
+        log = tmp_path / f"server-{len(written)}.log"
+        log.write_text("\n".join(written) + "\n")
+        events, facts = records_to_events(read_log(log).records, str(log), "server")
+        assert events["actor"].to_list() == ["system", "user admin"]
+        assert facts.repeated_records == repeats
+
+
+def test_a_logger_name_and_an_event_line_narrow_the_version_together(tmp_path):
+    """The loggers are searched once per distinct name, the text line by line: a
+    scheduled_tasks logger (0.20.10-0.20.16) and a 'Run updated' event (0.20.8+) say
+    0.20.10-0.20.16; the logger alone says as much, a pipeline_tasks logger alone 0.20.13+."""
+    from analyzer.sources.logs.messages import records_to_events
+
+    def version(*lines: str) -> str | None:
+        log = tmp_path / "server.log"
+        log.write_text("\n".join(lines) + "\n")
+        return records_to_events(read_log(log).records, str(log), "server")[1].server_version
+
+    at = "INFO 2026-11-02T09:01:25.061 dstack._internal.server."
+    scheduled = at + "background.scheduled_tasks.instances Processing instance"
+    updated = (
+        at + "services.events Emitting event: Run updated. Deployment: 2. Changed fields: "
+        "image. Event targets: run(686b0f)web. Actor: user(4d6cc5)admin"
+    )
+    assert version(scheduled, updated, scheduled) == "0.20.10-0.20.16"
+    assert version(scheduled) == "0.20.10-0.20.16"
+    assert version(at + "background.pipeline_tasks.runs Processing run") == ">=0.20.13"
+    assert version(updated) == ">=0.20.8"
+
+
 def test_logs_read_one_after_another_share_the_known_messages(monkeypatch):
     """The logs one thread reads share the catalogue's answers (a text is classified once per
     audit, not once per log), and each log reads as it reads alone; a log of many texts does

@@ -223,7 +223,12 @@ def _clock_jumps(evidence: Evidence) -> pl.DataFrame:
     local = pl.col("time_basis") == "log_local_unaligned"
     if not events.select(local.any()).item():  # no local clock (a database): nothing jumps
         return events.with_columns(pl.lit(False).alias("_after_jump"))
-    ordered = events.with_row_index("_i").sort("source", "seq")
+    # the shifts worked out in line order on the columns they need, then put beside the events
+    ordered = (
+        events.select("source", "seq", "time", "time_basis")
+        .with_row_index("_i")
+        .sort("source", "seq")
+    )
     back = (pl.col("time").shift(1).over("source") - pl.col("time")).dt.total_microseconds()
     jump = pl.when(local & (back > CLOCK_JUMP_US)).then(quarter_hour(back)).otherwise(0)
     ordered = ordered.with_columns(jump.alias("_jump")).with_columns(
@@ -241,14 +246,14 @@ def _clock_jumps(evidence: Evidence) -> pl.DataFrame:
                 source,
             )
         )
-    return (
-        ordered.with_columns(
-            (pl.col("time") + pl.duration(microseconds=pl.col("_shift_us"))).alias("time"),
-            (pl.col("_shift_us") > 0).alias("_after_jump"),
-        )
-        .sort("_i")
-        .drop("_i", "_jump", "_shift_us")
-    )
+    shifted = ordered.select(
+        "_i",
+        (pl.col("time") + pl.duration(microseconds=pl.col("_shift_us"))).alias("time"),
+        (pl.col("_shift_us") > 0).alias("_after_jump"),
+    ).sort("_i")
+    # one chunk again: the events of several sources come in several, and columns chunked
+    # unlike the others would be realigned by every later query over them
+    return events.with_columns(shifted["time"], shifted["_after_jump"]).rechunk()
 
 
 def align_times(evidence: Evidence, options: TimeOptions) -> None:
@@ -599,17 +604,38 @@ def _say_unmatched(
             )
 
 
+# the events' columns the runs and jobs are derived from (the others are not sorted with them)
+_DERIVED_FROM = (
+    "server",
+    "seq",
+    "time",
+    "kind",
+    "entity_type",
+    "entity_id",
+    "entity_name",
+    "run_id",
+    "old_status",
+    "new_status",
+    "termination_reason",
+    "termination_message",
+    "deployment_num",
+    "changed_fields",
+    "actor",
+    "message",
+    "provenance",
+)
+
+
 def derive_from_events(evidence: Evidence) -> None:
     """Runs and jobs rows for runs known only from events (log-only audits, or a run row
     left out as damaged)."""
-    events = evidence.events
-    known_runs = evidence.runs.select("server", "run_id")
-    orphan = events.filter(pl.col("run_id").is_not_null()).join(
-        known_runs, on=["server", "run_id"], how="anti"
-    )
-    if orphan.height == 0:
+    events = evidence.events.select(_DERIVED_FROM).filter(pl.col("run_id").is_not_null())
+    if evidence.runs.height:  # a log-only audit knows no run: every event is an orphan's
+        known_runs = evidence.runs.select("server", "run_id")
+        events = events.join(known_runs, on=["server", "run_id"], how="anti")
+    if events.height == 0:
         return
-    orphan = orphan.sort(["server", "time", "seq"], nulls_last=True).with_row_index("_order")
+    orphan = events.sort(["server", "time", "seq"], nulls_last=True).with_row_index("_order")
     evidence.runs = pl.concat(
         [evidence.runs, conform(_derive_runs(orphan), RUNS_SCHEMA).collect()], how="vertical"
     )

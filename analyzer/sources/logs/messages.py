@@ -104,6 +104,9 @@ _PLACE_COLUMNS = ("file", "line", "local_time", "time_of_day", "day_offset", "wr
 _PLACE = pl.format("{}:{}", pl.col("file"), pl.col("line")).alias("place")
 _COMPACT_ROWS = 200_000  # kept rows (about 40 MB) before identical records are folded
 _PLACES_KEPT = 16  # places of one repeated record kept as its provenance
+# what tells two kept records apart most often (their times, entity and message), tested first
+# (not the kind: a rich log's times are whole seconds, in which a job can change status twice)
+_UNIQUE_FIRST = ("local_time", "time_of_day", "day_offset", "wrapper_time", "entity_id", "message")
 
 
 def _version_key(version: str) -> tuple[int, ...]:
@@ -287,19 +290,23 @@ class EventCollector:
         relevant = pl.concat(
             [events, status.filter(kept_status), probes.filter(pl.col("kind") != "other")],
             how="diagonal_relaxed",
-        ).filter(pl.col("kind") != "unrecognised")
-        lifecycle = relevant.filter(pl.col("kind") != "other")
-        relevant_here = lifecycle.select(pl.col("seq").n_unique()).item() if lifecycle.height else 0
+        )
+        kept = [name for name in _KEPT_COLUMNS if name in relevant.columns]
+        # only the kept columns are filtered (not the lines' whole text, nor what it was cut
+        # into); eagerly: polars' lazy filter of these concatenated string views made views
+        # that a later string function over them failed on (tests/test_integrity.py's fuzzing)
+        relevant = relevant.select(kept).filter(pl.col("kind") != "unrecognised")
+        lifecycle = pl.col("seq").filter(pl.col("kind") != "other")
+        relevant_here = relevant.select(lifecycle.n_unique()).item()
         facts.relevant += relevant_here
         facts.irrelevant += records.height - relevant_here - unrecognised.height
         explicit, markers = _version_markers(frame, self._markers)
         self._explicit_version = explicit or self._explicit_version
         self._markers |= markers
         if relevant.height:
-            kept = [name for name in _KEPT_COLUMNS if name in relevant.columns]
             # the places are written anew (format), so only the kept columns need their own text
             self._kept.append(
-                detached(relevant.select(*kept)).with_columns(
+                detached(relevant).with_columns(
                     relevant.select(pl.concat_list([_PLACE]).alias("places"))
                 )
             )
@@ -314,7 +321,13 @@ class EventCollector:
         compaction waits until the kept rows have doubled, so each row is grouped O(1) times."""
         frame = pl.concat(self._kept, how="diagonal_relaxed")
         key = [c for c in frame.columns if c not in ("seq", "file", "line", "places")]
-        if frame.select(pl.struct(key).is_unique().all()).item():
+        # records unique in a few of the key's columns are unique in all of them: that cheap
+        # test first, the whole key only when it finds a pair
+        few = [c for c in _UNIQUE_FIRST if c in key]
+        if (
+            frame.select(pl.struct(few).is_unique().all()).item()
+            or frame.select(pl.struct(key).is_unique().all()).item()
+        ):
             compacted = frame
         else:
             compacted = (
@@ -423,24 +436,32 @@ def _split_event_lines(frame: pl.DataFrame) -> pl.DataFrame:
     characters, so a cut of such a line can miss (a body of 13 extra UTF-8 bytes made
     ``user(abcdef)zsystem`` the actor ``system``)."""
     text = pl.col("text")
-    targets_at = text.str.find(TARGETS_SEPARATOR, literal=True)
-    actor_at = text.str.find(ACTOR_SEPARATOR, literal=True)
-    fast = frame.with_columns(
-        text.str.slice(len(EVENT_PREFIX), targets_at - len(EVENT_PREFIX)).alias("message"),
-        text.str.slice(
-            targets_at + len(TARGETS_SEPARATOR),
-            actor_at - targets_at - len(TARGETS_SEPARATOR),
-        ).alias("_targets"),
-        text.str.slice(actor_at + len(ACTOR_SEPARATOR)).str.strip_chars().alias("actor"),
-    ).with_columns(
-        (
-            text.str.starts_with(EVENT_PREFIX)
-            & (text.str.len_bytes() == text.str.len_chars())
-            & (actor_at > targets_at)
-            & pl.col("actor").str.contains(ACTOR)
+    targets_at, actor_at = pl.col("_targets_at"), pl.col("_actor_at")
+    # each separator found once (an expression used in several columns is worked out for each)
+    fast = (
+        frame.with_columns(
+            text.str.find(TARGETS_SEPARATOR, literal=True).alias("_targets_at"),
+            text.str.find(ACTOR_SEPARATOR, literal=True).alias("_actor_at"),
         )
-        .fill_null(False)
-        .alias("_cut")
+        .with_columns(
+            text.str.slice(len(EVENT_PREFIX), targets_at - len(EVENT_PREFIX)).alias("message"),
+            text.str.slice(
+                targets_at + len(TARGETS_SEPARATOR),
+                actor_at - targets_at - len(TARGETS_SEPARATOR),
+            ).alias("_targets"),
+            text.str.slice(actor_at + len(ACTOR_SEPARATOR)).str.strip_chars().alias("actor"),
+        )
+        .with_columns(
+            (
+                text.str.starts_with(EVENT_PREFIX)
+                & (text.str.len_bytes() == text.str.len_chars())
+                & (actor_at > targets_at)
+                & pl.col("actor").str.contains(ACTOR)
+            )
+            .fill_null(False)
+            .alias("_cut")
+        )
+        .drop("_targets_at", "_actor_at")
     )
     if bool(fast["_cut"].all()):
         return fast.drop("_cut")
@@ -710,7 +731,8 @@ def _version_markers(frame: pl.DataFrame, found: set[int]) -> tuple[str | None, 
     """What one chunk's records say about the version: the last explicit version line, and
     which markers (indexes into VERSION_MARKERS + LOGGER_MARKERS) occur. Markers already
     ``found`` in earlier chunks are not searched again; the event marker is the frame's
-    ``is_event`` (the same pattern); the rest are one query over the lines holding any."""
+    ``is_event`` (the same pattern); the loggers' over their distinct names; the text's are one
+    query over the lines holding any."""
     text = pl.col("text")
     logger = pl.col("logger")
     present = set()
@@ -728,16 +750,16 @@ def _version_markers(frame: pl.DataFrame, found: set[int]) -> tuple[str | None, 
         for i, (p, _, _) in enumerate(LOGGER_MARKERS)
         if len(VERSION_MARKERS) + i not in found
     ]
-    # the few lines that hold any of them first (one pass each over text and logger)
-    anywhere = text.str.contains(_either([SERVER_VERSION, *(p for _, p in texts)]))
-    if loggers:
-        anywhere = anywhere | logger.str.contains(_either([p for _, p in loggers]))
-    lines = frame.filter(anywhere)
+    if loggers:  # a chunk's loggers are a handful of names: each searched once
+        names = frame.select(logger.unique())
+        row = names.select(logger.str.contains(p).any().alias(str(i)) for i, p in loggers)
+        present |= {int(index) for index, hit in row.row(0, named=True).items() if hit}
+    # the few lines that hold any text marker first (one pass over the text)
+    lines = frame.filter(text.str.contains(_either([SERVER_VERSION, *(p for _, p in texts)])))
     if lines.height == 0:
         return None, present
     checks = [text.str.extract(SERVER_VERSION, 1).drop_nulls().last().alias("explicit")]
     checks += [text.str.contains(p).any().alias(str(i)) for i, p in texts]
-    checks += [logger.str.contains(p).any().alias(str(i)) for i, p in loggers]
     row = lines.select(checks).row(0, named=True)
     explicit = row.pop("explicit")
     return explicit, present | {int(index) for index, hit in row.items() if hit}

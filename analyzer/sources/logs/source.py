@@ -185,7 +185,8 @@ def _stream(
     for records, aside in _batches(chunks):
         collector.add(records, aside)
         secrets.update(records["message"].str.extract(ADMIN_TOKEN, 1).drop_nulls().to_list())
-        launches.append(_hinted_jobs(records))
+        if collector.facts.relevant == 0:  # hints serve a log without lifecycle lines only
+            launches.append(_hinted_jobs(records))
     read = stream.result()
     events, facts = collector.finish()
     data = _from_read(info, read, facts, events)
