@@ -17,13 +17,19 @@ from types import SimpleNamespace
 
 import pytest
 
-from analyzer._version import __version__
 from analyzer.api import REPORT_FLEET, audit_in_partitions, one_server_each, open_sources
 from analyzer.cluster import FleetTasks, audit_servers, audit_servers_locally
 from analyzer.errors import AuditInputError
 from analyzer.render.report_json import JSON_FLEET, json_pieces
 from analyzer.synth import synthesize
-from tests.conftest import CAPTURES, ROOT, plant_env_secret, plant_failure_message
+from tests.conftest import (
+    CAPTURES,
+    ROOT,
+    left_unchanged,
+    plant_env_secret,
+    plant_failure_message,
+    where_sent,
+)
 
 distributed = pytest.importorskip(
     "distributed", reason="Dask distributed is not installed: pip install 'dstack-audit[cluster]'"
@@ -439,28 +445,11 @@ def _alive(pids: set[int]) -> list[str]:
     return lines
 
 
-def _where(paths, label, options):
-    """A server "audited" where it is sent: its head names the process and takes a while, so
-    both processes get servers."""
-    time.sleep(0.3)
-    head = SimpleNamespace(
-        generated_by=f"dstack-audit {__version__}",
-        secrets=frozenset(),
-        runs=frozenset({label}),
-        part=(label, os.getpid()),
-    )
-    return SimpleNamespace(head=head)
-
-
-def _unchanged(audited, secrets):
-    return None
-
-
 def test_the_command_s_own_process_is_one_of_the_local_workers():
     """`--workers 2` starts one process and audits in its own: each server audited once, in
     one of the two, the parts merged in the order given."""
     servers = [([f"/nowhere/{n}.db"], f"s{n}") for n in range(6)]
-    parts = audit_servers_locally(2, servers, FleetTasks(_where, _unchanged, list))
+    parts = audit_servers_locally(2, servers, FleetTasks(where_sent, left_unchanged, list))
     assert [label for label, _ in parts] == [label for _, label in servers]
     processes = {pid for _, pid in parts}
     assert os.getpid() in processes and len(processes) == 2

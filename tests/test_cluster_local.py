@@ -11,12 +11,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
-from conftest import CAPTURES, ROOT
+from conftest import CAPTURES, ROOT, left_unchanged, where_sent
 
-from analyzer._version import __version__
 from analyzer.cluster import FleetTasks, audit_servers_locally
 from analyzer.cluster_local import SQLITE_MAGIC, may_be_a_fleet, started
 from analyzer.collector import paused
@@ -42,28 +40,11 @@ def test_only_two_or_more_distinct_databases_may_be_a_fleet(tmp_path):
     assert not may_be_a_fleet([seed, "-"])
 
 
-def _where(paths, label, options):
-    """A server "audited" where it is sent: its head names the process and takes a while, so
-    both processes get servers."""
-    time.sleep(0.3)
-    head = SimpleNamespace(
-        generated_by=f"dstack-audit {__version__}",
-        secrets=frozenset(),
-        runs=frozenset({label}),
-        part=(label, os.getpid()),
-    )
-    return SimpleNamespace(head=head)
-
-
-def _unchanged(audited, secrets):
-    return None
-
-
 def test_workers_started_beforehand_audit_the_fleet_and_are_stopped_after():
     servers = [([f"/nowhere/{n}.db"], f"s{n}") for n in range(6)]
     with started(1) as workers:
         [worker] = workers.processes
-        fleet = FleetTasks(_where, _unchanged, list)
+        fleet = FleetTasks(where_sent, left_unchanged, list)
         parts = audit_servers_locally(2, servers, fleet, started=workers)
         assert worker.is_alive()  # told it is done, not waited for: its owner stops it
     assert [label for label, _ in parts] == [label for _, label in servers]
@@ -78,7 +59,9 @@ def test_a_worker_dead_before_its_work_is_one_error_naming_workers():
         worker.kill()  # as the kernel's OOM killer ends it
         worker.join()
         with pytest.raises(AuditInputError, match=r"^--workers: a worker process died before"):
-            audit_servers_locally(2, servers, FleetTasks(_where, _unchanged, list), started=workers)
+            audit_servers_locally(
+                2, servers, FleetTasks(where_sent, left_unchanged, list), started=workers
+            )
 
 
 def test_workers_started_for_no_fleet_are_stopped_unused():
