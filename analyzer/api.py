@@ -478,7 +478,7 @@ class ServerAudit:
 
     report: Report
     secrets: frozenset[str]
-    dumped: str
+    dumped: str | Sequence[str]
 
     @property
     def head(self) -> ServerHead:
@@ -490,12 +490,20 @@ class ServerAudit:
         )
 
 
-def audit_server(paths: Sequence[str], label: str, options: dict) -> ServerAudit:
+def audit_server(
+    paths: Sequence[str],
+    label: str,
+    options: dict,
+    render: Callable[[Report], Sequence[str]] | None = None,
+) -> ServerAudit:
     """One server of a fleet, audited whole: the task a worker runs for each server
-    (analyzer.cluster.audit_servers); its result stays on the worker until `finish_server`."""
+    (analyzer.cluster.audit_servers); its result stays on the worker until `finish_server`.
+    `render`: the report's JSON as the task writes it anyway (in consecutive whole lines),
+    the guard's look then (no dump of its own)."""
     opened = open_sources(paths, **{**options, "server_labels": dict.fromkeys(paths, label)})
     report = opened._assembled
-    return ServerAudit(report, frozenset(opened.evidence.redactor.values), report.model_dump_json())
+    dumped = report.model_dump_json() if render is None else render(report)
+    return ServerAudit(report, frozenset(opened.evidence.redactor.values), dumped)
 
 
 def finish_server(audited: ServerAudit, secrets: frozenset[str]) -> Report | None:

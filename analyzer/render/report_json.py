@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel
 
@@ -100,9 +100,11 @@ class ServerJson:
     findings: list[str]
 
 
-def server_json(report: Report) -> ServerJson:
-    """`report`'s runs and findings rendered, each through the final redaction pass (every
-    secret shape, every control character) the command gives the whole text."""
+def server_json(report: Report, rendered: ItemPieces | None = None) -> ServerJson:
+    """`report`'s runs and findings rendered (or as `rendered` already holds them), each
+    through the final redaction pass (every secret shape, every control character) the
+    command gives the whole text."""
+    runs, findings = rendered or ItemPieces.of(report)
     return ServerJson(
         report.model_copy(
             update={
@@ -110,9 +112,20 @@ def server_json(report: Report) -> ServerJson:
                 "findings": [slim_finding(f) for f in report.findings],
             }
         ),
-        _redacted([item_piece(v) for v in report.runs]),
-        _redacted([item_piece(f) for f in report.findings]),
+        _redacted(runs),
+        _redacted(findings),
     )
+
+
+class ItemPieces(NamedTuple):
+    """A report's runs and findings, each as the report's JSON lists it (item_piece)."""
+
+    runs: list[str]
+    findings: list[str]
+
+    @classmethod
+    def of(cls, report: Report) -> ItemPieces:
+        return cls([item_piece(v) for v in report.runs], [item_piece(f) for f in report.findings])
 
 
 def _redacted(pieces: Sequence[str]) -> list[str]:
@@ -177,8 +190,17 @@ def audit_server_json(paths: Sequence[str], label: str, options: dict) -> Render
     """One server of a fleet audited and rendered where its task runs."""
     from analyzer.api import audit_server
 
-    audited = audit_server(paths, label, options)
-    return RenderedServer(audited, server_json(audited.report))
+    rendered: list[ItemPieces] = []
+
+    def pieces(report: Report) -> list[str]:
+        """The report's JSON in the pieces the server's part is made of (its head, then each
+        run and finding as written): the guard looks at the text written, not a dump."""
+        rendered.append(ItemPieces.of(report))
+        head = report.model_dump_json(exclude=set(STREAMED))
+        return [head, *rendered[0].runs, *rendered[0].findings]
+
+    audited = audit_server(paths, label, options, pieces)
+    return RenderedServer(audited, server_json(audited.report, rendered[0]))
 
 
 def finish_server_json(rendered: RenderedServer, secrets: frozenset[str]) -> ServerJson | None:
