@@ -21,6 +21,42 @@ CAPTURES = DATA / "captures"
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def read_until_closed(leader: int, wait: float = 30) -> bytes:
+    """What a child forked on a pseudo-terminal (pty.fork) shows from now until the terminal
+    closes, or until it shows nothing for `wait` seconds."""
+    chunks = []
+    while True:
+        try:
+            ready, _, _ = select.select([leader], [], [], wait)
+            if not ready or not (data := os.read(leader, 65536)):
+                break
+            chunks.append(data)
+        except OSError:  # EIO: every follower side is closed
+            break
+    return b"".join(chunks)
+
+
+def children_of(pid: int) -> set[int]:
+    """The processes `pid` started (Linux: /proc)."""
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found |= {int(child) for child in (task / "children").read_text().split()}
+    return found
+
+
+def still_running(pids: set[int]) -> list[str]:
+    """The command lines of those of `pids` still running (a zombie has none)."""
+    lines = []
+    for pid in pids:
+        try:
+            line = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if line:
+            lines.append(line.replace(b"\0", b" ").decode())
+    return lines
+
+
 def read_terminal(leader: int, process: subprocess.Popen, timeout: float = 120) -> bytes:
     """What `process` showed on the pseudo-terminal whose leader side is `leader`: read until
     the terminal closes or the process has exited and nothing is left (killed after

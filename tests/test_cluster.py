@@ -25,9 +25,11 @@ from analyzer.synth import synthesize
 from tests.conftest import (
     CAPTURES,
     ROOT,
+    children_of,
     left_unchanged,
     plant_env_secret,
     plant_failure_message,
+    still_running,
     where_sent,
 )
 
@@ -398,15 +400,6 @@ def test_a_secret_one_server_knows_is_masked_in_every_server(scheduler, tmp_path
     assert done.stdout == one.stdout == local.stdout
 
 
-def _children(pid: int) -> set[int]:
-    """The processes `pid` started (Linux: /proc)."""
-    found = set()
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        children = (task / "children").read_text().split()
-        found |= {int(child) for child in children}
-    return found
-
-
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux's /proc")
 def test_ctrl_c_stops_the_local_workers_and_leaves_no_output(sources, tmp_path):
     """Ctrl-C (SIGINT to the whole foreground group) while the local worker processes audit
@@ -416,7 +409,7 @@ def test_ctrl_c_stops_the_local_workers_and_leaves_no_output(sources, tmp_path):
     command = [BIN / "dstack-audit", "audit", *fleet, "--workers", "2", "-o", str(out), "-q"]
     process = subprocess.Popen(command, cwd=ROOT, start_new_session=True, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
-    while len(workers := _children(process.pid)) < 2 and time.monotonic() < deadline:
+    while len(workers := children_of(process.pid)) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)  # a worker (the command's own process is the other) and
     assert len(workers) >= 2, "the worker process did not start"  # multiprocessing's tracker
     os.killpg(process.pid, signal.SIGINT)
@@ -427,22 +420,9 @@ def test_ctrl_c_stops_the_local_workers_and_leaves_no_output(sources, tmp_path):
     assert stderr.decode().strip() == "dstack-audit: interrupted"
     assert list(tmp_path.iterdir()) == []
     deadline = time.monotonic() + 10
-    while (left := _alive(workers)) and time.monotonic() < deadline:
+    while (left := still_running(workers)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not left
-
-
-def _alive(pids: set[int]) -> list[str]:
-    """The command lines of those of `pids` still running (a zombie has none)."""
-    lines = []
-    for pid in pids:
-        try:
-            line = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if line:
-            lines.append(line.replace(b"\0", b" ").decode())
-    return lines
 
 
 def test_the_command_s_own_process_is_one_of_the_local_workers():

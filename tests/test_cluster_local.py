@@ -6,14 +6,21 @@ from __future__ import annotations
 import gc
 import os
 import pty
-import select
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import CAPTURES, ROOT, left_unchanged, where_sent
+from conftest import (
+    CAPTURES,
+    ROOT,
+    children_of,
+    left_unchanged,
+    read_until_closed,
+    still_running,
+    where_sent,
+)
 
 from analyzer.cluster import FleetTasks, audit_servers_locally
 from analyzer.cluster_local import SQLITE_MAGIC, may_be_a_fleet, started
@@ -127,26 +134,6 @@ def test_the_command_starts_its_workers_before_its_own_imports():
     assert local.stdout == one.stdout
 
 
-def _children(pid: int) -> set[int]:
-    """The processes `pid` started (Linux: /proc)."""
-    found: set[int] = set()
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        found |= {int(child) for child in (task / "children").read_text().split()}
-    return found
-
-
-def _alive(pids: set[int]) -> set[int]:
-    """Those of `pids` still running (a zombie has no command line)."""
-    return {pid for pid in pids if Path(f"/proc/{pid}/cmdline").is_file() and _cmdline(pid)}
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
-
-
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux's /proc")
 def test_ctrl_c_typed_while_the_workers_start_is_clean(tmp_path):
     """Ctrl-C typed in a terminal the moment the fleet's first process is started (the
@@ -161,25 +148,17 @@ def test_ctrl_c_typed_while_the_workers_start_is_clean(tmp_path):
         argv = [sys.executable, "-m", "analyzer", "audit", *given, "--workers", "2"]
         os.execv(sys.executable, [*argv, "-o", str(out)])
     deadline = time.monotonic() + 60
-    while not (workers := _children(pid)) and time.monotonic() < deadline:
+    while not (workers := children_of(pid)) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert workers, "no worker was started"
     os.write(leader, b"\x03")  # Ctrl-C, as typed
-    screen = b""
-    while True:
-        try:
-            ready, _, _ = select.select([leader], [], [], 30)
-            if not ready or not (data := os.read(leader, 65536)):
-                break
-            screen += data
-        except OSError:
-            break
+    screen = read_until_closed(leader)
     _, status = os.waitpid(pid, 0)
     os.close(leader)
     assert os.waitstatus_to_exitcode(status) == 130, screen
     assert screen.replace(b"^C", b"").strip() == b"dstack-audit: interrupted"  # ^C: the echo
     assert list(tmp_path.iterdir()) == []
     deadline = time.monotonic() + 10
-    while (left := _alive(workers)) and time.monotonic() < deadline:
+    while (left := still_running(workers)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not left

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import CAPTURES, ROOT, read_terminal
+from conftest import CAPTURES, ROOT, read_terminal, read_until_closed
 
 SEED = CAPTURES / "v0.22.5" / "seed"
 SEED_DB = str(SEED / "server.db")
@@ -160,14 +160,7 @@ def test_ctrl_c_exits_130_and_leaves_no_partial_output(tmp_path):
             screen += os.read(leader, 65536)
     assert b"reading" in screen, screen
     os.write(leader, b"\x03")  # Ctrl-C, as typed
-    while True:
-        try:
-            ready, _, _ = select.select([leader], [], [], 30)
-            if not ready or not (data := os.read(leader, 65536)):
-                break
-            screen += data
-        except OSError:
-            break
+    screen += read_until_closed(leader)
     _, status = os.waitpid(pid, 0)
     os.close(leader)
     assert os.waitstatus_to_exitcode(status) == 130, screen
