@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
 from datetime import datetime
 from functools import partial
 from pathlib import Path
@@ -196,7 +195,8 @@ def audit(
     # one server per local process, or refused below)
     other = cluster or partitions or server_labels or partition or quarantine or bundle
     local = _fleet_workers(sources, workers) if workers and not other else None
-    with _kept_for_good():
+    # the library's objects live as long as the process: set aside, not walked by each pass
+    with paused(keep=True):
         from analyzer.api import partitions_merged
         from analyzer.contract import Report
         from analyzer.outputs import plan
@@ -314,7 +314,7 @@ def audit(
         return
     styled = fmt == "table" and (output is None or str(output) == "-")  # colour on a terminal
     rendered = None
-    with _kept_for_good():  # the audit and its report live as long as the command
+    with paused(keep=True):  # the audit and its report live as long as the command
         opened = open_audit(
             sources, log_tz, log_date, partition=parse_partition(partition), **options
         )
@@ -395,18 +395,6 @@ def _written_once(texts: list[str]) -> Iterator[str]:
     texts.reverse()
     while texts:
         yield texts.pop()
-
-
-@contextmanager
-def _kept_for_good() -> Iterator[None]:
-    """The library imported, or the audit made, with Python's cycle collector paused, then
-    their objects set aside (gc.freeze): a module's objects live as long as the process, and
-    an audit's frames and report as long as the command; each pass of the collector would
-    walk them all again and free nothing (imports make some 50,000 of them at once, which
-    set off a pass of 10 ms in the seed sample's audit of 0.7 s; the first pass after a
-    16k-run audit walked its report's objects for 0.2 s): collector.paused, keep."""
-    with paused(keep=True):
-        yield
 
 
 def _gate(report: Any, fail_on_findings: bool, allow_undecided: bool) -> None:
