@@ -412,6 +412,30 @@ def test_json_exc_info_and_escapes() -> None:
     assert records["time_of_day"][0] == time(10, 39, 14, 469000)
 
 
+def test_json_message_sliced_or_parsed_alike() -> None:
+    """A line of dstack's own layout with nothing JSON escapes has its message sliced off;
+    the others go through the JSON parser: each message is what json.loads reads, and a line
+    that is no JSON (a raw control character, text after the object) is no record."""
+    head = '{"timestamp": "2026-11-04 10:39:14,469", "logger": "dstack.x", "level": "INFO", '
+    valid = [
+        "run(2d0e5d)svc: now is running",
+        "caf\u00e9 \u2028 \x7f {}[]:, 'single'",
+        '"quoted"',
+        "back\\slash",
+        "",
+    ]
+    lines = [head + '"message": ' + json.dumps(m, ensure_ascii=False) + "}" for m in valid]
+    invalid = [
+        head + '"message": "tab\there"}',
+        head + '"message": "after"} x',
+        head + '"message": "no end"',
+    ]
+    result = parse(("\n".join(lines + invalid) + "\n").encode())
+    assert result.records["message"].to_list() == valid
+    assert result.records["format"].to_list() == ["json"] * len(valid)
+    assert result.unparsed["line"].to_list() == [6, 7, 8]
+
+
 def test_crlf_line_endings() -> None:
     source = DATA / "v0.19-multi-replica-crash.standard.log"
     crlf = source.read_bytes().replace(b"\n", b"\r\n")

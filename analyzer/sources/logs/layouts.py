@@ -115,6 +115,11 @@ _JSON_HEAD_RE = (
     + _JSON_VALUE
     + re.escape('", ')
 )
+# What follows the head on a line of dstack's own that holds nothing JSON would escape (no
+# quote, backslash or control character in the message): its message is then the text
+# between these, as a JSON parser would read it, so it is sliced without one.
+_JSON_MESSAGE = '"message": "'
+_JSON_PLAIN_REST_RE = "^" + re.escape(_JSON_MESSAGE) + r'[^"\\\x00-\x1f]*"\}$'
 
 
 _LONE_SURROGATE_RE = r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}"
@@ -440,8 +445,10 @@ class SetAside:
 def _json_fields(frame: pl.DataFrame) -> pl.DataFrame:
     """python-json-logger fields of lines that start with ``{`` (others get nulls).
 
-    The message goes through a JSON parser (``json_path_match``, null when the line is not
-    valid JSON, so it also validates the line); timestamp, level and logger never need escapes
+    The message of a line of dstack's own layout that holds nothing JSON escapes is sliced off
+    (``_plain_message``: such a line is valid JSON); any other line's goes through a JSON parser
+    (``json_path_match``, null when the line is not valid JSON, so it also validates the line);
+    timestamp, level and logger never need escapes
     and come from a regex anchored at a key position; exc_info and stack_info are parsed only on
     the few lines that carry them.
     """
@@ -470,9 +477,16 @@ def _json_fields(frame: pl.DataFrame) -> pl.DataFrame:
         j_logger=head.str.slice(
             logger_at + len(_JSON_LOGGER), level_at - logger_at - len(_JSON_LOGGER)
         ),
-        j_msg=content.str.json_path_match("$.message"),
+        j_msg=_plain_message(head),
         j_other=head.is_null(),
     )
+    parsed = candidates["j_msg"].is_null().arg_true()  # the others: through a JSON parser
+    if parsed.len():
+        candidates = candidates.with_columns(
+            candidates["j_msg"].scatter(
+                parsed, candidates["content"].gather(parsed).str.json_path_match("$.message")
+            )
+        )
     if bool(candidates["j_other"].any()):
         others = candidates.filter(pl.col("j_other")).select(
             "line",
@@ -509,6 +523,18 @@ def _json_fields(frame: pl.DataFrame) -> pl.DataFrame:
     if candidates.height == frame.height:  # every line: the same rows, in the same order
         return frame.with_columns(candidates.drop("line", "content"))
     return frame.join(candidates.drop("content"), on="line", how="left", maintain_order="left")
+
+
+def _plain_message(head: pl.Expr) -> pl.Expr:
+    """The message of a line of dstack's own layout (``head``: its head) that holds nothing
+    JSON escapes, sliced off (null for any other line): a JSON parser of every line costs
+    several times the check. The head is ASCII, so its byte length is a character offset."""
+    rest = pl.col("content").str.slice(head.str.len_bytes())
+    return (
+        pl.when(rest.str.contains(_JSON_PLAIN_REST_RE))
+        .then(rest.str.slice(len(_JSON_MESSAGE)).str.strip_suffix('"}'))
+        .otherwise(pl.lit(None, pl.String))
+    )
 
 
 def _rich_pieces(frame: pl.DataFrame, width: int) -> pl.DataFrame:
