@@ -436,6 +436,20 @@ def test_json_message_sliced_or_parsed_alike() -> None:
     assert result.unparsed["line"].to_list() == [6, 7, 8]
 
 
+def test_json_time_with_a_comma_or_a_dot() -> None:
+    """python logging's `,mmm` and another writer's `.mmm` read alike; a stamp that is no
+    such time makes no record."""
+    stamps = ["2026-11-04 10:39:14,469", "2026-11-04 10:39:14.469", "2026-11-04 10:39:14,46"]
+    data = "".join(
+        json.dumps({"timestamp": stamp, "logger": "dstack.x", "level": "INFO", "message": "m"})
+        + "\n"
+        for stamp in stamps
+    )
+    result = parse(data.encode())
+    assert result.records["local_time"].to_list() == [datetime(2026, 11, 4, 10, 39, 14, 469000)] * 2
+    assert result.unparsed["line"].to_list() == [3]
+
+
 def test_crlf_line_endings() -> None:
     source = DATA / "v0.19-multi-replica-crash.standard.log"
     crlf = source.read_bytes().replace(b"\n", b"\r\n")

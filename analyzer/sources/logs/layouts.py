@@ -217,9 +217,7 @@ def classify_lines(frame: pl.DataFrame) -> pl.DataFrame:
     )
     frame = frame.with_columns(
         std_time=pl.col("std_ts").str.to_datetime(_STD_TIME_FORMAT, time_unit="ms", strict=False),
-        json_time=pl.col("j_ts")
-        .str.replace(",", ".", literal=True)
-        .str.to_datetime("%Y-%m-%d %H:%M:%S%.3f", time_unit="ms", strict=False),
+        json_time=_json_time(frame["j_ts"]),
         rich_tod=pl.col("r_time").str.to_time("%H:%M:%S", strict=False),
     ).with_columns(in_range(pl.col("std_time")), in_range(pl.col("json_time")))
     is_std = pl.col("std_time").is_not_null()
@@ -274,6 +272,26 @@ def classify_lines(frame: pl.DataFrame) -> pl.DataFrame:
         .when(pl.col("blank") | pl.col("logo"))
         .then(pl.lit("irrelevant"))
         .otherwise(pl.lit("unparsed"))
+    )
+
+
+# python logging's asctime (``%Y-%m-%d %H:%M:%S,mmm``), as python-json-logger writes it;
+# other writers' times may put a dot for the comma
+_JSON_TIME_FORMAT = "%Y-%m-%d %H:%M:%S,%3f"
+_JSON_TIME_DOT_FORMAT = "%Y-%m-%d %H:%M:%S%.3f"
+
+
+def _json_time(stamps: pl.Series) -> pl.Series:
+    """A json record's time: as python logging writes it, and the stamps that does not read
+    with a dot for the comma (what both read, they read alike; a replacement over every
+    stamp costs several times the parse)."""
+    times = stamps.str.to_datetime(_JSON_TIME_FORMAT, time_unit="ms", strict=False)
+    rows = (times.is_null() & stamps.is_not_null()).arg_true()
+    if rows.len() == 0:
+        return times
+    dotted = stamps.gather(rows).str.replace(",", ".", literal=True)
+    return times.scatter(
+        rows, dotted.str.to_datetime(_JSON_TIME_DOT_FORMAT, time_unit="ms", strict=False)
     )
 
 
