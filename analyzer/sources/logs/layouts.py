@@ -62,7 +62,9 @@ def other_spaces_in(data: bytes) -> bool:
     return any(space in data for space in spaces)
 
 
-_STD_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S%.3f"
+# A standard record's time as its head matched it: always a dot and three digits, which
+# `.%3f` reads as `%.3f` does, at a quarter of the cost (a fixed-width field)
+_STD_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%3f"
 
 # rich: 10-char time column (or 10 spaces when the time repeats), space, 8-char level, space.
 _RICH_RE = (
