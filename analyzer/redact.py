@@ -358,7 +358,7 @@ def _over_keyword_lines(texts: pl.Series) -> pl.Series:
         return _every_step(texts)
     given = candidates
     for group in (group for spans, groups in steps if not spans for group in groups):
-        candidates = _per_distinct_line(candidates, group)
+        candidates = _per_distinct_line(candidates, group, narrow=False)
     if candidates is given:  # no line changed (most rendered text)
         return texts
     return _joined(lines, flat.scatter(held.arg_true(), candidates))
@@ -399,12 +399,15 @@ def _over_lines(texts: pl.Series, groups: tuple[frozenset[int], ...]) -> pl.Seri
     return _joined(lines, flat)
 
 
-def _per_distinct_line(lines: pl.Series, only: frozenset[int]) -> pl.Series:
+def _per_distinct_line(lines: pl.Series, only: frozenset[int], *, narrow: bool = True) -> pl.Series:
     """The rules `only` over each distinct line once: a rendered report repeats most of its
     lines (closing brackets, the same fields and values). Only the lines that may hold one of
-    their keywords are looked at (``_may_hold_keywords``): their distinct ones in the same
-    order as among all lines, so each rule meets the same texts in the same order."""
-    held = _may_hold_keywords(lines, only)
+    their keywords are looked at (``_may_hold_keywords``; all of them without `narrow`, for
+    lines that each hold some rule's keyword already: the rules' own search of their keywords
+    narrows them as well, and a regex of this set of keywords is not built for them): their
+    distinct ones in the same order as among all lines, so each rule meets the same texts in
+    the same order."""
+    held = _may_hold_keywords(lines, only) if narrow else None
     if held is not None and not held.any():
         return lines
     rows = held.arg_true() if held is not None else None

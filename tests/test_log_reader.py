@@ -412,6 +412,75 @@ def test_json_exc_info_and_escapes() -> None:
     assert records["time_of_day"][0] == time(10, 39, 14, 469000)
 
 
+def test_json_message_sliced_or_parsed_alike() -> None:
+    """A line of dstack's own layout with nothing JSON escapes has its message sliced off;
+    the others go through the JSON parser: each message is what json.loads reads, and a line
+    that is no JSON (a raw control character, text after the object) is no record."""
+    head = '{"timestamp": "2026-11-04 10:39:14,469", "logger": "dstack.x", "level": "INFO", '
+    valid = [
+        "run(2d0e5d)svc: now is running",
+        "caf\u00e9 \u2028 \x7f {}[]:, 'single'",
+        '"quoted"',
+        "back\\slash",
+        "",
+    ]
+    lines = [head + '"message": ' + json.dumps(m, ensure_ascii=False) + "}" for m in valid]
+    invalid = [
+        head + '"message": "tab\there"}',
+        head + '"message": "after"} x',
+        head + '"message": "no end"',
+    ]
+    result = parse(("\n".join(lines + invalid) + "\n").encode())
+    assert result.records["message"].to_list() == valid
+    assert result.records["format"].to_list() == ["json"] * len(valid)
+    assert result.unparsed["line"].to_list() == [6, 7, 8]
+
+
+def test_json_time_with_a_comma_or_a_dot() -> None:
+    """python logging's `,mmm` and another writer's `.mmm` read alike; a stamp that is no
+    such time makes no record."""
+    stamps = ["2026-11-04 10:39:14,469", "2026-11-04 10:39:14.469", "2026-11-04 10:39:14,46"]
+    data = "".join(
+        json.dumps({"timestamp": stamp, "logger": "dstack.x", "level": "INFO", "message": "m"})
+        + "\n"
+        for stamp in stamps
+    )
+    result = parse(data.encode())
+    assert result.records["local_time"].to_list() == [datetime(2026, 11, 4, 10, 39, 14, 469000)] * 2
+    assert result.unparsed["line"].to_list() == [3]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    data=st.one_of(
+        st.text(alphabet="ab\n", max_size=300).map(str.encode),
+        st.binary(max_size=300).map(lambda b: b.replace(b"\r", b"\n")),
+    ),
+    block=st.integers(min_value=1, max_value=50),
+    chunk=st.integers(min_value=1, max_value=120),
+    limit=st.integers(min_value=1, max_value=40),
+)
+def test_line_chunks_are_the_lines_with_long_ones_stood_in_for(data, block, chunk, limit):
+    """Whatever the blocks (each under the limit): the chunks joined are the bytes read with
+    each line over the limit replaced by its stand-in, every chunk but the last ends at a line
+    break and holds at least CHUNK_BYTES, and `ends` says whether the bytes ended with one."""
+    ends: list[bool] = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(log_lines, "MAX_LINE_BYTES", limit)
+        patch.setattr(log_lines, "CHUNK_BYTES", chunk)
+        block = min(block, limit)  # as BLOCK_BYTES is under MAX_LINE_BYTES
+        blocks = [data[i : i + block] for i in range(0, len(data), block)]
+        chunks = list(log_lines.line_chunks(blocks, ends))
+        texts = [line.removesuffix(b"\n") for line in data.splitlines(keepends=True)]
+        expected = b"".join(
+            (log_lines._overlong(len(text)) if len(text) > limit else text) + b"\n"
+            for text in texts
+        ).removesuffix(b"" if data.endswith(b"\n") else b"\n")
+    assert b"".join(chunks) == expected
+    assert all(c.endswith(b"\n") and len(c) >= chunk for c in chunks[:-1])
+    assert ends == [data.endswith(b"\n")]
+
+
 def test_crlf_line_endings() -> None:
     source = DATA / "v0.19-multi-replica-crash.standard.log"
     crlf = source.read_bytes().replace(b"\n", b"\r\n")

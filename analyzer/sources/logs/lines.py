@@ -141,54 +141,61 @@ def line_chunks(blocks: Iterable[bytes], ends: list[bool]) -> Iterator[bytes]:
     """Chunks of about CHUNK_BYTES ending at a line break (the last one maybe not). A line over
     MAX_LINE_BYTES is skipped as it streams by and replaced by a stand-in line that says its
     size (``OVERLONG``...). Python touches blocks, never lines: a block's inner lines are
-    shorter than the limit since BLOCK_BYTES is. ``ends`` gets whether the last byte was a
-    line break."""
-    buffer = bytearray()
-    tail = 0  # where the open (unfinished) line starts in buffer
+    shorter than the limit since BLOCK_BYTES is. A chunk is joined once from views into its
+    blocks (the one copy of its bytes here). ``ends`` gets whether the last byte was a line
+    break."""
+    whole: list[bytes | memoryview] = []  # the chunk's whole lines so far, as pieces
+    size = 0
+    held: list[bytes | memoryview] = []  # the open (unfinished) line's pieces
+    held_bytes = 0
     skipped: int | None = None  # bytes of an over-long line being skipped
     last = b""
     for block in blocks:
         if not block:
             continue
         last = block[-1:]
-        while block:
-            newline = block.find(b"\n")
+        view = memoryview(block)
+        at, end = 0, len(block)
+        while at < end:
+            newline = block.find(b"\n", at)
             if skipped is not None:
                 if newline < 0:
-                    skipped += len(block)
+                    skipped += end - at
                     break
-                buffer += _overlong(skipped + newline) + b"\n"
-                tail = len(buffer)
-                skipped, block = None, block[newline + 1 :]
+                stand_in = _overlong(skipped + newline - at) + b"\n"
+                whole.append(stand_in)
+                size += len(stand_in)
+                skipped, at = None, newline + 1
                 continue
-            open_bytes = len(buffer) - tail
             if newline < 0:
-                if open_bytes + len(block) > MAX_LINE_BYTES:
-                    skipped = open_bytes + len(block)
-                    del buffer[tail:]
+                if held_bytes + end - at > MAX_LINE_BYTES:
+                    skipped = held_bytes + end - at
+                    held, held_bytes = [], 0
                 else:
-                    buffer += block
+                    held.append(view[at:])
+                    held_bytes += end - at
                 break
-            if open_bytes + newline > MAX_LINE_BYTES:
-                del buffer[tail:]
-                buffer += _overlong(open_bytes + newline) + b"\n"
-                tail = len(buffer)
-                block = block[newline + 1 :]
+            if held_bytes + newline - at > MAX_LINE_BYTES:
+                stand_in = _overlong(held_bytes + newline - at) + b"\n"
+                whole.append(stand_in)
+                size += len(stand_in)
+                held, held_bytes = [], 0
+                at = newline + 1
                 continue
-            buffer += block
-            tail = len(buffer) - (len(block) - block.rfind(b"\n") - 1)
+            lines_end = block.rfind(b"\n") + 1
+            whole += held
+            whole.append(view[at:lines_end])
+            size += held_bytes + lines_end - at
+            held, held_bytes = ([view[lines_end:]], end - lines_end) if lines_end < end else ([], 0)
             break
-        if tail >= CHUNK_BYTES:
-            with memoryview(buffer) as view:
-                chunk = bytes(view[:tail])  # one copy (a bytearray slice would be two)
-            yield chunk
-            del buffer[:tail]
-            tail = 0
+        if size >= CHUNK_BYTES:
+            yield b"".join(whole)
+            whole, size = [], 0
     if skipped is not None:
-        buffer += _overlong(skipped)
+        held = [_overlong(skipped)]
     ends.append(last == b"\n")
-    if buffer:
-        yield bytes(buffer)
+    if size or held_bytes or skipped is not None:
+        yield b"".join(whole + held)
 
 
 def _overlong(size: int) -> bytes:

@@ -20,6 +20,7 @@ _DOCKER_RE = (
 
 
 _JOURNAL_RE = r'^\s*\{.*"__REALTIME_TIMESTAMP"\s*:'
+_JOURNAL_KEY = '"__REALTIME_TIMESTAMP"'  # every line _JOURNAL_RE matches holds it
 
 
 # ---------------------------------------------------------------------------------------------
@@ -39,12 +40,18 @@ WRAPPER_DAMAGE = {
 
 
 def detect_wrapper(raw: pl.Series) -> str | None:
-    """The wrapper by content: what a majority of the non-blank lines carry (or None)."""
+    """The wrapper by content: what a majority of the non-blank lines carry (or None). The
+    journal's regex runs only where a majority holds its key (a search for a literal): over a
+    json log's lines, which open with ``{`` too, it would scan each line to its end."""
     non_blank = int((raw.str.strip_chars() != "").sum())
+
+    def carried(pattern: str, literal: bool = False) -> bool:
+        return int(raw.str.contains(pattern, literal=literal).sum()) * 2 > non_blank
+
     if non_blank:
-        if int(raw.str.contains(_JOURNAL_RE).sum()) * 2 > non_blank:
+        if carried(_JOURNAL_KEY, literal=True) and carried(_JOURNAL_RE):
             return "journald"
-        if int(raw.str.contains(_DOCKER_PREFIX).sum()) * 2 > non_blank:
+        if carried(_DOCKER_PREFIX):
             return "docker"
     return None
 
