@@ -377,7 +377,7 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
         )
         .collect()
     )
-    data.runs = _named(runs, raw_jobs)
+    data.runs = cells.owned(_named(runs, raw_jobs))
     del raw_runs, raw_users  # read once, mapped: the raw rows are not held while events load
     fleet_tables = learn_fleet_tables(reader, projects)
     fleet_tables.add_to(ledger, reader)
@@ -668,6 +668,8 @@ def _fleet_tables(reader: TableReader, projects: pl.DataFrame) -> _FleetTables:
             .select("iid", pl.col("name").alias("instance_name"), "instance_fleet_id")
             .collect()
         )
+    fleets, instances, names = cells.owned(fleets), cells.owned(instances), cells.owned(names)
+    instance_names = None if instance_names is None else cells.owned(instance_names)
     return _FleetTables(fleets, instances, names, instance_names, _alive_in(reader, raw), damage)
 
 
@@ -885,7 +887,7 @@ def _jobs(
         "spec_fingerprint",
         "resources",
         pl.concat_str([pl.lit("jobs:"), pl.col("id")]).alias("provenance"),
-    ).collect()
+    ).collect().pipe(cells.owned)
 
 
 def _events(

@@ -17,6 +17,7 @@ import polars as pl
 
 import analyzer.catalogue as catalogue
 from analyzer.model import normalise_enum, normalise_id, parse_db_time
+from analyzer.sources import cells
 from analyzer.sources.attach import attach_job_runs
 
 # Kept of the targets: runs' and jobs' (the others, instances' and fleets', are a third of the
@@ -42,6 +43,8 @@ EVENT_COLUMNS = [
     "provenance",
     "seq",
 ]
+# The columns gathered from the tables as read, which cells.owned writes anew.
+PASSED_THROUGH = ["message", "time_text", "entity_name"]
 
 
 def map_events(
@@ -115,7 +118,7 @@ def map_events(
         .select(EVENT_COLUMNS)
     )
     del keys, order, event, target
-    parsed = catalogue.parse_event_messages_of(frame)
+    parsed = catalogue.parse_event_messages_of(cells.owned(frame, PASSED_THROUGH))
     return attach_job_runs(parsed, jobs=jobs, runs=runs), latest
 
 
