@@ -384,7 +384,7 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
     data.fleets, data.instances = fleet_tables.labelled(server)
     data.has_fleet_tables = {"fleets", "instances"} <= present
 
-    data.jobs = _jobs(reader, ledger, raw_jobs, fleet_tables, server, runs)
+    data.jobs = cells.owned(_jobs(reader, ledger, raw_jobs, fleet_tables, server, runs))
     del raw_jobs
     data.events, events_latest = _events(reader, ledger, server, label, data.jobs, runs, users)
 
@@ -839,59 +839,55 @@ def _jobs(
     )
 
     numbers = [integer(pl.col("job_num")), integer(pl.col("replica_num"))]
-    return (
-        jobs.select(
-            pl.lit(server).alias("server"),
-            "run_id",
-            "job_id",
-            pl.coalesce(
-                "job_name",
-                # a damaged name: dstack's own (JobConfigurator._job_spec, configurators/base.py)
-                pl.concat_str(["run_name", *numbers], separator="-"),
-                pl.lit(UNKNOWN_NAME),
-            ).alias("job_name"),
-            integer(pl.col("replica_num")).alias("replica_num"),
-            integer(pl.col("job_num")).alias("job_num"),
-            integer(pl.col("submission_num")).alias("submission_num"),
-            integer(pl.col("deployment_num")).alias("deployment_num"),
-            normalise_enum(pl.col("status")).alias("status"),
-            normalise_enum(pl.col("termination_reason")).alias("termination_reason"),
-            pl.when(pl.col("termination_reason_message").fill_null("") == "")
-            .then(pl.lit(None, pl.String))
-            .otherwise(pl.col("termination_reason_message"))
-            .alias("termination_reason_message"),
-            integer(pl.col("exit_status")).alias("exit_status"),
-            parse_db_time(pl.col("submitted_at")).alias("submitted_at"),
-            parse_db_time(pl.col("last_processed_at")).alias("last_processed_at"),
-            (pl.col("job_provisioning_data").fill_null("").str.strip_chars().is_in(["", "null"]))
-            .not_()
-            .alias("has_provisioning_data"),
-            "price",
-            pl.col("used_instance_id").alias("instance_id"),
-            "instance_name",
-            "blocks",
-            "fleet_id",
-            "fleet_name",
-            "replica_group",
-            (_bool(pl.col("ready")) if has_ready else pl.lit(None, pl.Boolean)).alias("ready"),
-            integer(pl.col("graceful_termination_attempts")).alias("graceful_termination_attempts"),
-            parse_db_time(pl.col("remove_at")).alias("remove_at"),
-            parse_db_time(pl.col("running_at")).alias("running_at"),
-            pl.col("_probe_specs").list.len().fill_null(0).cast(pl.Int64).alias("probe_count"),
-            "probe_rows",
-            "probes_below_ready_after",
-            "min_probe_streak",
-            pl.col("_probe_specs")
-            .list.eval(pl.element().struct.field("ready_after").fill_null(1))
-            .list.max()
-            .alias("probe_ready_after"),
-            "spec_fingerprint",
-            "resources",
-            pl.concat_str([pl.lit("jobs:"), pl.col("id")]).alias("provenance"),
-        )
-        .collect()
-        .pipe(cells.owned)
-    )
+    return jobs.select(
+        pl.lit(server).alias("server"),
+        "run_id",
+        "job_id",
+        pl.coalesce(
+            "job_name",
+            # a damaged name: dstack's own (JobConfigurator._job_spec, configurators/base.py)
+            pl.concat_str(["run_name", *numbers], separator="-"),
+            pl.lit(UNKNOWN_NAME),
+        ).alias("job_name"),
+        integer(pl.col("replica_num")).alias("replica_num"),
+        integer(pl.col("job_num")).alias("job_num"),
+        integer(pl.col("submission_num")).alias("submission_num"),
+        integer(pl.col("deployment_num")).alias("deployment_num"),
+        normalise_enum(pl.col("status")).alias("status"),
+        normalise_enum(pl.col("termination_reason")).alias("termination_reason"),
+        pl.when(pl.col("termination_reason_message").fill_null("") == "")
+        .then(pl.lit(None, pl.String))
+        .otherwise(pl.col("termination_reason_message"))
+        .alias("termination_reason_message"),
+        integer(pl.col("exit_status")).alias("exit_status"),
+        parse_db_time(pl.col("submitted_at")).alias("submitted_at"),
+        parse_db_time(pl.col("last_processed_at")).alias("last_processed_at"),
+        (pl.col("job_provisioning_data").fill_null("").str.strip_chars().is_in(["", "null"]))
+        .not_()
+        .alias("has_provisioning_data"),
+        "price",
+        pl.col("used_instance_id").alias("instance_id"),
+        "instance_name",
+        "blocks",
+        "fleet_id",
+        "fleet_name",
+        "replica_group",
+        (_bool(pl.col("ready")) if has_ready else pl.lit(None, pl.Boolean)).alias("ready"),
+        integer(pl.col("graceful_termination_attempts")).alias("graceful_termination_attempts"),
+        parse_db_time(pl.col("remove_at")).alias("remove_at"),
+        parse_db_time(pl.col("running_at")).alias("running_at"),
+        pl.col("_probe_specs").list.len().fill_null(0).cast(pl.Int64).alias("probe_count"),
+        "probe_rows",
+        "probes_below_ready_after",
+        "min_probe_streak",
+        pl.col("_probe_specs")
+        .list.eval(pl.element().struct.field("ready_after").fill_null(1))
+        .list.max()
+        .alias("probe_ready_after"),
+        "spec_fingerprint",
+        "resources",
+        pl.concat_str([pl.lit("jobs:"), pl.col("id")]).alias("provenance"),
+    ).collect()
 
 
 def _events(
