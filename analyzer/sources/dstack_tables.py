@@ -99,7 +99,6 @@ TABLE_COLUMNS: dict[str, list[str]] = {
     "event_targets": [
         "id",
         "event_id",
-        "entity_project_id",
         "entity_type",
         "entity_id",
         "entity_name",
@@ -901,10 +900,17 @@ def _events(
 ) -> tuple[pl.DataFrame, datetime | None]:
     """The events of runs and jobs, and the latest moment any event of the table speaks of
     (a project's, a fleet's or a user's too: the server was at work then)."""
-    events = _read(reader, "events", ledger)
-    targets = _read(reader, "event_targets", ledger)
-    if events is None or targets is None:
+    if not {"events", "event_targets"} <= reader.tables():
+        for table in ("events", "event_targets"):
+            _read(reader, table, ledger)  # what is damaged in it is said all the same
         return pl.DataFrame(), None
+    # read straight into the mapping, which lets them go as soon as it has what it needs
     return map_events(
-        events, targets, server=server, label=label, users=users, jobs=jobs, runs=runs
+        _read(reader, "events", ledger),
+        _read(reader, "event_targets", ledger),
+        server=server,
+        label=label,
+        users=users,
+        jobs=jobs,
+        runs=runs,
     )

@@ -17,8 +17,8 @@ import polars as pl
 
 import analyzer.catalogue as catalogue
 from analyzer.model import normalise_enum, normalise_id, parse_db_time
-from analyzer.sources import cells
 from analyzer.sources.attach import attach_job_runs
+from analyzer.sources.cells import written_anew
 
 # Kept of the targets: runs' and jobs' (the others, instances' and fleets', are a third of the
 # rows); an event has a row per target it names.
@@ -43,8 +43,6 @@ EVENT_COLUMNS = [
     "provenance",
     "seq",
 ]
-# The columns gathered from the tables as read, which cells.owned writes anew.
-PASSED_THROUGH = ["message", "time_text", "entity_name"]
 
 
 def map_events(
@@ -74,33 +72,26 @@ def map_events(
         .select("event", "target")
     )
     latest = times.max() if pairs.height else None
-    keys = pl.DataFrame(
-        [
-            times.gather(pairs["event"]),
-            events["id"].gather(pairs["event"]).alias("event_id"),
-            entity_type.gather(pairs["target"]),
-            per_value(targets["entity_id"].gather(pairs["target"]), normalise_id),
-            pairs["target"],
-        ]
+    event, target = pairs["event"], pairs["target"]
+    # every column the events take from both tables, in the order of the pairs: the text
+    # passed through as read written anew, so that nothing points into the tables any more
+    taken = pl.select(
+        pl.lit(times.gather(event)),
+        written_anew(pl.lit(events["id"].gather(event))).alias("event_id"),
+        pl.lit(entity_type.gather(target)),
+        pl.lit(per_value(targets["entity_id"].gather(target), normalise_id)),
+        pl.lit(target),
+        written_anew(pl.lit(events["message"].gather(event))),
+        written_anew(pl.lit(events["recorded_at"].gather(event))).alias("time_text"),
+        written_anew(pl.lit(targets["entity_name"].gather(target))),
+        pl.lit(per_value(targets["entity_run_id"].gather(target), normalise_id)),
+        pl.lit(per_value(events["actor_user_id"].gather(event), _actor(users))).alias("actor"),
     )
-    del entity_type
-    order = in_order(keys, [*ORDER_KEYS, "target"])  # a duplicated target: in the table's order
-    event, target = pairs["event"].gather(order), pairs["target"].gather(order)
-    del pairs
-    actor = _actor(users)
+    # the tables as read go before the events are put in order (the caller holds neither)
+    del events, targets, times, entity_type, pairs, event, target
+    order = in_order(taken, [*ORDER_KEYS, "target"])  # a duplicated target: in the table's order
     frame = (
-        keys[order]
-        .select(
-            events["message"].gather(event),
-            "time",
-            events["recorded_at"].gather(event).alias("time_text"),
-            "entity_type",
-            "entity_id",
-            targets["entity_name"].gather(target),
-            per_value(targets["entity_run_id"].gather(target), normalise_id),
-            per_value(events["actor_user_id"].gather(event), actor).alias("actor"),
-            "event_id",
-        )
+        taken[order]
         .with_columns(
             pl.when(pl.col("entity_type") == "run")
             .then(pl.col("entity_id"))
@@ -117,8 +108,8 @@ def map_events(
         )
         .select(EVENT_COLUMNS)
     )
-    del keys, order, event, target
-    parsed = catalogue.parse_event_messages_of(cells.owned(frame, PASSED_THROUGH))
+    del taken, order
+    parsed = catalogue.parse_event_messages_of(frame)
     return attach_job_runs(parsed, jobs=jobs, runs=runs), latest
 
 
