@@ -17,6 +17,7 @@ import polars as pl
 
 import analyzer.catalogue as catalogue
 from analyzer.model import normalise_enum, normalise_id, parse_db_time
+from analyzer.sources.adbc import release_freed
 from analyzer.sources.attach import attach_job_runs
 from analyzer.sources.cells import written_anew
 
@@ -75,22 +76,28 @@ def map_events(
     del kept
     latest = times.max() if pairs.height else None
     event, target = pairs["event"], pairs["target"]
-    # every column the events take from both tables, in the order of the pairs: the text
-    # passed through as read written anew, so that nothing points into the tables any more
+    del pairs
+    # every column the events take from each table, in the order of the pairs, the text
+    # passed through as read written anew: each table goes (the caller holds neither), and
+    # what its driver allocated it in goes back to the system, as soon as it has been taken
+    from_targets = pl.select(
+        pl.lit(target),
+        pl.lit(entity_type.gather(target)),
+        pl.lit(per_value(targets["entity_id"].gather(target), normalise_id)),
+        written_anew(pl.lit(targets["entity_name"].gather(target))),
+        pl.lit(per_value(targets["entity_run_id"].gather(target), normalise_id)),
+    )
+    del targets, entity_type, target
+    release_freed()
     taken = pl.select(
         pl.lit(times.gather(event)),
         written_anew(pl.lit(events["id"].gather(event))).alias("event_id"),
-        pl.lit(entity_type.gather(target)),
-        pl.lit(per_value(targets["entity_id"].gather(target), normalise_id)),
-        pl.lit(target),
         written_anew(pl.lit(events["message"].gather(event))),
         written_anew(pl.lit(events["recorded_at"].gather(event))).alias("time_text"),
-        written_anew(pl.lit(targets["entity_name"].gather(target))),
-        pl.lit(per_value(targets["entity_run_id"].gather(target), normalise_id)),
         pl.lit(per_value(events["actor_user_id"].gather(event), _actor(users))).alias("actor"),
-    )
-    # the tables as read go before the events are put in order (the caller holds neither)
-    del events, targets, times, entity_type, pairs, event, target
+    ).hstack(from_targets)
+    del events, times, event, from_targets
+    release_freed()
     order = in_order(taken, [*ORDER_KEYS, "target"])  # a duplicated target: in the table's order
     frame = (
         taken[order]
