@@ -61,21 +61,26 @@ statement.close()
 """
 
 
-@pytest.mark.skipif(not STATUS.exists(), reason="no /proc: the resident size cannot be read")
-def test_the_pages_of_dropped_frames_go_back_to_the_system(table):
-    """The driver's Arrow buffers live in the C heap: dropping the frame leaves its pages
-    there, and release_freed hands them back."""
-    if not hasattr(ctypes.CDLL(None), "malloc_trim"):
-        pytest.skip("not glibc: release_freed does nothing")
+def _in_a_fresh_process(code: str, path: Path) -> dict:
+    """What `code` prints (JSON) when run on `path` in a fresh Python process."""
     done = subprocess.run(
-        [sys.executable, "-c", MEASURED, str(table)],
+        [sys.executable, "-c", code, str(path)],
         capture_output=True,
         text=True,
         check=True,
         timeout=60,
         cwd=Path(__file__).parents[1],
     )
-    measured = json.loads(done.stdout)
+    return json.loads(done.stdout)
+
+
+@pytest.mark.skipif(not STATUS.exists(), reason="no /proc: the resident size cannot be read")
+def test_the_pages_of_dropped_frames_go_back_to_the_system(table):
+    """The driver's Arrow buffers live in the C heap: dropping the frame leaves its pages
+    there, and release_freed hands them back."""
+    if not hasattr(ctypes.CDLL(None), "malloc_trim"):
+        pytest.skip("not glibc: release_freed does nothing")
+    measured = _in_a_fresh_process(MEASURED, table)
     assert measured["rows"] == 200_000
     assert measured["released"] >= measured["read"] / 4, measured
 
@@ -125,14 +130,6 @@ def test_the_canonical_frames_keep_none_of_the_driver_s_buffers(tmp_path):
         pytest.skip("not glibc 2.33+: the C heap's use cannot be read")
     synthesize = pytest.importorskip("analyzer.synth.generate").synthesize
     synthesize(tmp_path / "server", 100, seed=7, log_formats=())
-    done = subprocess.run(
-        [sys.executable, "-c", HELD, str(tmp_path / "server" / "server.db")],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-        cwd=Path(__file__).parents[1],
-    )
-    measured = json.loads(done.stdout)
+    measured = _in_a_fresh_process(HELD, tmp_path / "server" / "server.db")
     assert measured["rows"] > 3000
     assert measured["held"] < 2 * 1024 * 1024, measured
