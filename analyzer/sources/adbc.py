@@ -30,9 +30,12 @@ def release_freed() -> None:
 class AdbcStatement:
     """A connection to `database` (a driver's `connect(...)`, closed with the rest) and one
     statement on it. `autocommit=False`: the driver opens one transaction that every statement
-    runs in, rolled back on close (nothing is ever written)."""
+    runs in, rolled back on close (nothing is ever written). `options`: the statement's, as
+    its driver names them."""
 
-    def __init__(self, database: Any, *, autocommit: bool = True) -> None:
+    def __init__(
+        self, database: Any, *, autocommit: bool = True, options: dict[str, str] | None = None
+    ) -> None:
         import adbc_driver_manager
 
         self._handles: list = [database]  # database, connection, statement: closed in reverse
@@ -44,6 +47,8 @@ class AdbcStatement:
                 connection.set_autocommit(False)
             self._statement = adbc_driver_manager.AdbcStatement(connection)
             self._handles.append(self._statement)
+            if options:
+                self._statement.set_options(**options)
         except BaseException:
             self.close()
             raise

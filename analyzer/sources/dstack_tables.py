@@ -99,7 +99,6 @@ TABLE_COLUMNS: dict[str, list[str]] = {
     "event_targets": [
         "id",
         "event_id",
-        "entity_project_id",
         "entity_type",
         "entity_id",
         "entity_name",
@@ -377,14 +376,14 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
         )
         .collect()
     )
-    data.runs = _named(runs, raw_jobs)
+    data.runs = cells.owned(_named(runs, raw_jobs))
     del raw_runs, raw_users  # read once, mapped: the raw rows are not held while events load
     fleet_tables = learn_fleet_tables(reader, projects)
     fleet_tables.add_to(ledger, reader)
     data.fleets, data.instances = fleet_tables.labelled(server)
     data.has_fleet_tables = {"fleets", "instances"} <= present
 
-    data.jobs = _jobs(reader, ledger, raw_jobs, fleet_tables, server, runs)
+    data.jobs = cells.owned(_jobs(reader, ledger, raw_jobs, fleet_tables, server, runs))
     del raw_jobs
     data.events, events_latest = _events(reader, ledger, server, label, data.jobs, runs, users)
 
@@ -668,6 +667,8 @@ def _fleet_tables(reader: TableReader, projects: pl.DataFrame) -> _FleetTables:
             .select("iid", pl.col("name").alias("instance_name"), "instance_fleet_id")
             .collect()
         )
+    fleets, instances, names = cells.owned(fleets), cells.owned(instances), cells.owned(names)
+    instance_names = None if instance_names is None else cells.owned(instance_names)
     return _FleetTables(fleets, instances, names, instance_names, _alive_in(reader, raw), damage)
 
 
@@ -899,10 +900,17 @@ def _events(
 ) -> tuple[pl.DataFrame, datetime | None]:
     """The events of runs and jobs, and the latest moment any event of the table speaks of
     (a project's, a fleet's or a user's too: the server was at work then)."""
-    events = _read(reader, "events", ledger)
-    targets = _read(reader, "event_targets", ledger)
-    if events is None or targets is None:
+    if not {"events", "event_targets"} <= reader.tables():
+        for table in ("events", "event_targets"):
+            _read(reader, table, ledger)  # what is damaged in it is said all the same
         return pl.DataFrame(), None
+    # read straight into the mapping, which lets them go as soon as it has what it needs
     return map_events(
-        events, targets, server=server, label=label, users=users, jobs=jobs, runs=runs
+        _read(reader, "events", ledger),
+        _read(reader, "event_targets", ledger),
+        server=server,
+        label=label,
+        users=users,
+        jobs=jobs,
+        runs=runs,
     )

@@ -54,6 +54,10 @@ from analyzer.sources.partition import service_hashes
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 FETCH_ROWS = 50_000
+ARROW_BATCH_ROWS = 65_536
+"""Rows per Arrow batch the ADBC driver hands over (its default: 1,024). Polars keeps each
+batch's buffers as they come, so fewer, larger batches are less memory and less work: at
+16k runs the events and their targets take 65 MB less, and 0.1 s less CPU to read."""
 BATCH_ROWS = 250_000
 """Rows of a table read at a time when it is split by bucket (SqliteReader.batches)."""
 
@@ -466,7 +470,8 @@ def _arrow_connection(uri: str) -> AdbcStatement | None:
     try:
         import adbc_driver_sqlite
 
-        return AdbcStatement(adbc_driver_sqlite.connect(uri))
+        options = {"adbc.sqlite.query.batch_rows": str(ARROW_BATCH_ROWS)}
+        return AdbcStatement(adbc_driver_sqlite.connect(uri), options=options)
     except Exception:  # the driver is not installed, or cannot open the file
         return None
 

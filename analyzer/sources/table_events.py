@@ -17,7 +17,9 @@ import polars as pl
 
 import analyzer.catalogue as catalogue
 from analyzer.model import normalise_enum, normalise_id, parse_db_time
+from analyzer.sources.adbc import release_freed
 from analyzer.sources.attach import attach_job_runs
+from analyzer.sources.cells import written_anew
 
 # Kept of the targets: runs' and jobs' (the others, instances' and fleets', are a third of the
 # rows); an event has a row per target it names.
@@ -59,45 +61,46 @@ def map_events(
     the server was at work then). `users`: id -> user name."""
     times = events.select(parse_db_time(pl.col("recorded_at")).alias("time")).to_series()
     entity_type = per_value(targets["entity_type"], normalise_enum)
+    kept = (
+        targets.select("event_id")
+        .with_row_index("target")
+        .filter(entity_type.is_in(RUN_OR_JOB))  # before the ids are cleaned: a third less
+        .select(_uuid(pl.col("event_id")), "target")
+    )
     pairs = (
         events.select(_uuid(pl.col("id")))
         .with_row_index("event")
-        .join(
-            targets.select(_uuid(pl.col("event_id")), entity_type.is_in(RUN_OR_JOB).alias("kept"))
-            .with_row_index("target")
-            .filter("kept"),
-            on="event_uuid",
-        )
+        .join(kept, on="event_uuid")
         .select("event", "target")
     )
+    del kept
     latest = times.max() if pairs.height else None
-    keys = pl.DataFrame(
-        [
-            times.gather(pairs["event"]),
-            events["id"].gather(pairs["event"]).alias("event_id"),
-            entity_type.gather(pairs["target"]),
-            per_value(targets["entity_id"].gather(pairs["target"]), normalise_id),
-            pairs["target"],
-        ]
-    )
-    del entity_type
-    order = in_order(keys, [*ORDER_KEYS, "target"])  # a duplicated target: in the table's order
-    event, target = pairs["event"].gather(order), pairs["target"].gather(order)
+    event, target = pairs["event"], pairs["target"]
     del pairs
-    actor = _actor(users)
+    # every column the events take from each table, in the order of the pairs, the text
+    # passed through as read written anew: each table goes (the caller holds neither), and
+    # what its driver allocated it in goes back to the system, as soon as it has been taken
+    from_targets = pl.select(
+        pl.lit(target),
+        pl.lit(entity_type.gather(target)),
+        pl.lit(per_value(targets["entity_id"].gather(target), normalise_id)),
+        written_anew(pl.lit(targets["entity_name"].gather(target))),
+        pl.lit(per_value(targets["entity_run_id"].gather(target), normalise_id)),
+    )
+    del targets, entity_type, target
+    release_freed()
+    taken = pl.select(
+        pl.lit(times.gather(event)),
+        written_anew(pl.lit(events["id"].gather(event))).alias("event_id"),
+        written_anew(pl.lit(events["message"].gather(event))),
+        written_anew(pl.lit(events["recorded_at"].gather(event))).alias("time_text"),
+        pl.lit(per_value(events["actor_user_id"].gather(event), _actor(users))).alias("actor"),
+    ).hstack(from_targets)
+    del events, times, event, from_targets
+    release_freed()
+    order = in_order(taken, [*ORDER_KEYS, "target"])  # a duplicated target: in the table's order
     frame = (
-        keys[order]
-        .select(
-            events["message"].gather(event),
-            "time",
-            events["recorded_at"].gather(event).alias("time_text"),
-            "entity_type",
-            "entity_id",
-            targets["entity_name"].gather(target),
-            per_value(targets["entity_run_id"].gather(target), normalise_id),
-            per_value(events["actor_user_id"].gather(event), actor).alias("actor"),
-            "event_id",
-        )
+        taken[order]
         .with_columns(
             pl.when(pl.col("entity_type") == "run")
             .then(pl.col("entity_id"))
@@ -114,7 +117,7 @@ def map_events(
         )
         .select(EVENT_COLUMNS)
     )
-    del keys, order, event, target
+    del taken, order
     parsed = catalogue.parse_event_messages_of(frame)
     return attach_job_runs(parsed, jobs=jobs, runs=runs), latest
 
