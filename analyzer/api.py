@@ -116,8 +116,9 @@ class Audit:
 
     @cached_property
     def end_of_evidence(self) -> datetime | None:
-        """The latest moment any input speaks of (a lower bound of when it was captured)."""
-        return self.evidence.end_of_evidence
+        """The latest moment any input speaks of (a lower bound of when it was captured):
+        Evidence.end_of_evidence, of the ends worked out once."""
+        return max(self._ends.values(), default=None)
 
     @cached_property
     def capacity(self) -> pl.DataFrame:
