@@ -99,6 +99,17 @@ def test_an_audit_in_one_process_never_imports_the_cluster_s_modules(tmp_path):
     assert said == "['analyzer.pipeline.assemble']"  # the probe sees what the audit imported
 
 
+def test_the_audit_does_not_search_the_installed_packages_for_pydantic_plugins(tmp_path):
+    """Building the first model would read every installed package's entry points looking for
+    pydantic plugins: the command skips that search (no third-party code sees its records)."""
+    said = _seed_audit_saying(
+        tmp_path,
+        "import atexit, sys; atexit.register(lambda: print("
+        "sys.modules['pydantic.plugin._loader']._plugins, file=sys.stderr)); ",
+    )
+    assert said == "None"  # never searched (an empty search leaves {})
+
+
 def test_a_larger_input_keeps_every_core(tmp_path):
     default = _threads()  # nothing given: polars' own default
     big = tmp_path / "server.db"
