@@ -51,7 +51,7 @@ def test_the_shortcut_says_of_every_value_what_the_full_check_says(values):
     )
     frame = pl.DataFrame({name: values for name in "tibn"}, schema=dict.fromkeys("tibn", pl.String))
     frame = frame.with_columns(pl.col("t").shift(1), pl.col("b").reverse())  # others' rows
-    checks = cells._checks(columns, set(frame.columns))
+    checks = cells._checks(columns, frozenset(frame.columns))
     assert [name for name, check in checks.items() if check.certain] == ["t", "i"]
     bad = cells._bad(frame, checks)
     assert bad.columns == ["t", "i", "b", "n"]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import polars as pl
 
@@ -442,8 +443,11 @@ class _Check:
     certain: str | None = None  # a regex of values certainly acceptable (not checked again)
 
 
-def _checks(columns: Columns, present: set[str]) -> dict[str, _Check]:
-    """column -> its check."""
+@lru_cache(maxsize=256)
+def _checks(columns: Columns, present: frozenset[str]) -> dict[str, _Check]:
+    """column -> its check (built once per table's shape: a database and its exports, and a
+    table checked batch by batch, ask again; building the expressions costs more than
+    running them on a small table). Read only."""
     checks: dict[str, _Check] = {}
     for name in columns.times:
         checks[name] = _Check(_time_ok(name), "not a time between years 1 and 9999", CERTAIN_TIME)
@@ -496,7 +500,7 @@ _DOUBTED = "\x00doubted"  # beside the table's columns: whether any regex doubts
 
 def _typed(frame: pl.DataFrame, columns: Columns) -> tuple[pl.DataFrame, list[pl.DataFrame]]:
     """Typed columns: a present value the column cannot hold becomes null, and is reported."""
-    checks = _checks(columns, set(frame.columns))
+    checks = _checks(columns, frozenset(frame.columns))
     if not checks or frame.height == 0:
         return frame, []
     bad = _bad(frame, checks)
