@@ -87,14 +87,15 @@ def test_the_audit_s_library_is_set_aside_from_the_cycle_collector(tmp_path):
     assert oldest == "0"  # only young objects were walked after the freeze
 
 
-def test_an_audit_in_one_process_never_imports_the_cluster_s_modules(tmp_path):
+def test_an_audit_in_one_process_imports_only_what_it_runs(tmp_path):
     """Start-up is paid by every audit: one in one process imports neither the fleet's tasks
-    (analyzer.cluster, analyzer.cluster_local) nor the partitions' merge."""
+    (analyzer.cluster, analyzer.cluster_local), nor the partitions' merge, nor the story the
+    renderers of one run draw."""
     said = _seed_audit_saying(
         tmp_path,
         "import atexit, sys; atexit.register(lambda: print(sorted(sys.modules.keys() & "
         "{'analyzer.cluster', 'analyzer.cluster_local', 'analyzer.pipeline.partitions', "
-        "'analyzer.pipeline.assemble'}), file=sys.stderr)); ",
+        "'analyzer.pipeline.story', 'analyzer.pipeline.assemble'}), file=sys.stderr)); ",
     )
     assert said == "['analyzer.pipeline.assemble']"  # the probe sees what the audit imported
 
