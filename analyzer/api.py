@@ -8,15 +8,13 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
-from functools import cached_property, partial
+from functools import cache, cached_property, partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
 import analyzer.contract_frames as frames
-from analyzer.cluster import FleetTasks
-from analyzer.cluster_local import Workers
 from analyzer.collector import paused
 from analyzer.contract import Finding, InputRecord, LimitationRecord, Report, RunVerdict
 from analyzer.errors import AuditInputError
@@ -31,13 +29,6 @@ from analyzer.pipeline.evidence import Evidence, combine
 from analyzer.pipeline.exposure import frames_of
 from analyzer.pipeline.foresight import foresight
 from analyzer.pipeline.impact import assess, serving_capacity
-from analyzer.pipeline.partitions import (
-    ForesightPiece,
-    MergedReport,
-    PartitionResult,
-    ReportSpill,
-    foresight_piece,
-)
 from analyzer.pipeline.reconcile import TimeOptions, reconcile
 from analyzer.pipeline.selectors import one_run, run_filter
 from analyzer.pipeline.servers import assign_servers, distinct_labels
@@ -56,6 +47,9 @@ from analyzer.sources.base import LoadContext, ReadOptions, WholeInputFacts
 from analyzer.times import parse_time
 
 if TYPE_CHECKING:
+    from analyzer.cluster import FleetTasks
+    from analyzer.cluster_local import Workers
+    from analyzer.pipeline.partitions import ForesightPiece, MergedReport, PartitionResult
     from analyzer.pipeline.story import RunStory
 
 DEFAULT_SERVER = "default"
@@ -122,8 +116,9 @@ class Audit:
 
     @cached_property
     def end_of_evidence(self) -> datetime | None:
-        """The latest moment any input speaks of (a lower bound of when it was captured)."""
-        return self.evidence.end_of_evidence
+        """The latest moment any input speaks of (a lower bound of when it was captured):
+        Evidence.end_of_evidence, of the ends worked out once."""
+        return max(self._ends.values(), default=None)
 
     @cached_property
     def capacity(self) -> pl.DataFrame:
@@ -198,6 +193,8 @@ class Audit:
     def _foresight_piece(self, *, whole_tables: bool) -> ForesightPiece:
         """What the merge of this partition with the others needs for the capacity foresight
         (analyzer.pipeline.exposure.ForesightPiece)."""
+        from analyzer.pipeline.partitions import foresight_piece
+
         _, findings = self._detected
         return foresight_piece(
             frames_of(self),
@@ -449,6 +446,8 @@ def audit_partition(
     """One partition's report and its share of the capacity foresight: the task a Dask worker
     runs (analyzer.cluster); `shared` holds what was learnt of the whole inputs (hashes, the
     runs' partitions, latest times, the tables every partition reads whole) once for all."""
+    from analyzer.pipeline.partitions import PartitionResult
+
     opened = open_sources(paths, partition=(index, count), shared=shared, **options)
     opened._defer_foresight = True
     return PartitionResult(opened.report, opened._foresight_piece(whole_tables=index == 0))
@@ -516,8 +515,20 @@ def finish_server(audited: ServerAudit, secrets: frozenset[str]) -> Report | Non
     return None if report is audited.report else report
 
 
-REPORT_FLEET = FleetTasks(audit_server, finish_server, merge_reports)
-"""A fleet's servers audited one per task and merged into the report one process gives."""
+def __getattr__(name: str) -> Any:
+    """REPORT_FLEET: a fleet's servers audited one per task and merged into the report one
+    process gives; made on first use, so that an audit in one process never imports the
+    cluster's modules (analyzer.cluster)."""
+    if name != "REPORT_FLEET":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _report_fleet()
+
+
+@cache
+def _report_fleet() -> FleetTasks:
+    from analyzer.cluster import FleetTasks
+
+    return FleetTasks(audit_server, finish_server, merge_reports)
 
 
 def one_server_each(paths: Sequence[str | Path]) -> list[tuple[list[str], str]] | None:
@@ -551,6 +562,8 @@ def partitions_merged(
     """`audit_in_partitions`, its runs and findings left in the merge's private folder until
     the report is written (`MergedReport.texts`: what the JSON output streams), so that no
     list of every run and finding is held; the folder is removed on leaving."""
+    from analyzer.pipeline.partitions import ReportSpill
+
     given = as_paths(paths)
     with ReportSpill() as spill, _bucket_folder() as folder:
         # a remote cluster's workers cannot read this machine's bucket files
@@ -610,6 +623,7 @@ def cluster_merged(
     `started`: the local workers the command started for them before its own imports
     (analyzer.cluster_local.started)."""
     from analyzer.cluster import run_on_cluster
+    from analyzer.pipeline.partitions import ReportSpill
 
     given = as_paths(paths)
     servers = None if partitions or options.get("server_labels") else one_server_each(given)
@@ -620,7 +634,7 @@ def cluster_merged(
             partial(whole_input_facts, folder=folder),
             spill,
             servers=servers,
-            fleet=fleet or REPORT_FLEET,
+            fleet=fleet or _report_fleet(),
             workers=workers,
             address=address,
             partitions=partitions,

@@ -7,6 +7,7 @@ Every row keeps where it came from in ``provenance`` (``table:primary key`` or `
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from functools import lru_cache
 
 import polars as pl
@@ -20,6 +21,9 @@ from analyzer.vocabulary import (
 )
 
 UTC_TIME = pl.Datetime("us", "UTC")
+# A rich log writes `[%X]`, a time of day without a date (dstack-data.md 9.2); the log reader
+# stores it on the 1970-01-01 pseudo date (sources/logs/messages.py), older than any dstack record.
+PSEUDO_DATE_LIMIT = datetime(1971, 1, 1, tzinfo=UTC)
 
 RUNS_SCHEMA: dict[str, pl.DataType] = {
     "server": pl.String(),

@@ -44,12 +44,19 @@ def _full(frame: pl.DataFrame, name: str, check: cells._Check) -> list[bool]:
 @example(["2026-02-28 09:09:20.483000", "2026-02-30 09:09:20", "0000-01-01 00:00:00"])
 @example(["٢٠٢٦-01-01 00:00:00", "2026-01-01 00:00:60", "12", "-9223372036854775808", "1e3"])
 def test_the_shortcut_says_of_every_value_what_the_full_check_says(values):
-    columns = cells.Columns(key=None, times=("t",), integers=("i",))
-    frame = pl.DataFrame({"t": values, "i": values}, schema={"t": pl.String, "i": pl.String})
-    checks = cells._checks(columns, {"t", "i"})
+    """Every typed column of a table checked at once (the times and integers through their
+    shortcut, the booleans and numbers without one), each as its own full check says."""
+    columns = cells.Columns(
+        key=None, times=("t",), integers=("i",), booleans=("b",), numbers=("n",)
+    )
+    frame = pl.DataFrame({name: values for name in "tibn"}, schema=dict.fromkeys("tibn", pl.String))
+    frame = frame.with_columns(pl.col("t").shift(1), pl.col("b").reverse())  # others' rows
+    checks = cells._checks(columns, frozenset(frame.columns))
+    assert [name for name, check in checks.items() if check.certain] == ["t", "i"]
+    bad = cells._bad(frame, checks)
+    assert bad.columns == ["t", "i", "b", "n"]
     for name, check in checks.items():
-        assert check.certain is not None
-        assert cells._bad(frame, name, check).to_list() == _full(frame, name, check), name
+        assert bad[name].to_list() == _full(frame, name, check), name
 
 
 def test_a_value_the_shortcut_does_not_vouch_for_is_still_named():

@@ -762,12 +762,17 @@ def test_a_findings_root_cause_names_the_run_whose_queued_replica_took_the_room(
     assert "queued" not in plain.detail
 
 
-def test_spans_at_keeps_what_holds_at_each_moment_of_its_group():
+@pytest.mark.parametrize("pairs", [0, 100_000], ids=["ranked", "joined"])
+def test_spans_at_keeps_what_holds_at_each_moment_of_its_group(pairs, monkeypatch):
     """The interval join the fleet state at T is built with gives, for every moment, the
     spans of its group begun by then and not ended (an open end still holds, a missing start
     never does), as comparing each span with each moment would, ties at the bounds included,
-    and nothing of another group."""
+    and nothing of another group: by ranking the times (many pairs) and by a plain join (few
+    pairs, SMALL_JOIN) alike, in the same columns."""
+    from analyzer.pipeline import placement
     from analyzer.pipeline.placement import spans_at
+
+    monkeypatch.setattr(placement, "SMALL_JOIN", pairs)
 
     at = datetime(2026, 1, 1, tzinfo=UTC)
     times = [at + timedelta(seconds=s) for s in range(6)]
@@ -795,6 +800,7 @@ def test_spans_at_keeps_what_holds_at_each_moment_of_its_group():
     )
     order = ["group", "as_of", "span"]
     assert found.height > 0
+    assert found.columns == ["begins", "ends", "span", "group", "as_of"]
     assert found.select(expected.columns).sort(order).equals(expected.sort(order))
 
 

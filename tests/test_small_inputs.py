@@ -87,6 +87,30 @@ def test_the_audit_s_library_is_set_aside_from_the_cycle_collector(tmp_path):
     assert oldest == "0"  # only young objects were walked after the freeze
 
 
+def test_an_audit_in_one_process_imports_only_what_it_runs(tmp_path):
+    """Start-up is paid by every audit: one in one process imports neither the fleet's tasks
+    (analyzer.cluster, analyzer.cluster_local), nor the partitions' merge, nor the story the
+    renderers of one run draw."""
+    said = _seed_audit_saying(
+        tmp_path,
+        "import atexit, sys; atexit.register(lambda: print(sorted(sys.modules.keys() & "
+        "{'analyzer.cluster', 'analyzer.cluster_local', 'analyzer.pipeline.partitions', "
+        "'analyzer.pipeline.story', 'analyzer.pipeline.assemble'}), file=sys.stderr)); ",
+    )
+    assert said == "['analyzer.pipeline.assemble']"  # the probe sees what the audit imported
+
+
+def test_the_audit_does_not_search_the_installed_packages_for_pydantic_plugins(tmp_path):
+    """Building the first model would read every installed package's entry points looking for
+    pydantic plugins: the command skips that search (no third-party code sees its records)."""
+    said = _seed_audit_saying(
+        tmp_path,
+        "import atexit, sys; atexit.register(lambda: print("
+        "sys.modules['pydantic.plugin._loader']._plugins, file=sys.stderr)); ",
+    )
+    assert said == "None"  # never searched (an empty search leaves {})
+
+
 def test_a_larger_input_keeps_every_core(tmp_path):
     default = _threads()  # nothing given: polars' own default
     big = tmp_path / "server.db"

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -31,10 +31,12 @@ from analyzer.cli.options import (
     width_option,
     wrote,
 )
-from analyzer.cluster_local import Workers, may_be_a_fleet, started
 from analyzer.collector import paused
 from analyzer.errors import AuditInputError
 from analyzer.vocabulary import VERDICTS
+
+if TYPE_CHECKING:
+    from analyzer.cluster_local import Workers
 
 AUDIT_FORMATS = ("table", "markdown", "json", "csv", "jsonl")
 ROWS = ("findings", "victims")  # what csv and jsonl hold: one row a finding, or a victim
@@ -382,6 +384,8 @@ def _fleet_workers(sources: tuple[str, ...], workers: int) -> Workers | None:
     processes started first, before this one imports the pipeline, so that theirs import
     while it does (analyzer.cluster_local); stopped when the command ends, also on an error
     or Ctrl-C. None when the sources cannot be such a fleet."""
+    from analyzer.cluster_local import may_be_a_fleet, started
+
     distinct = list(dict.fromkeys(sources))
     if workers < 2 or not may_be_a_fleet(distinct):
         return None

@@ -24,10 +24,9 @@ from analyzer.contract import (
     Summary,
     VictimImpact,
 )
-from analyzer.model import UTC_TIME
+from analyzer.model import PSEUDO_DATE_LIMIT, UTC_TIME
 from analyzer.pipeline.counterfactual import FailedReplica, RolloutFacts, evaluate_all
 from analyzer.pipeline.states import served_by, serving_spans, stopped_by
-from analyzer.pipeline.story import PSEUDO_DATE_LIMIT
 
 # A replica with unknown start of health (table-only evidence) counts from its submission.
 CAPACITY_COLUMNS = ["server", "run_id", "time", "healthy_replicas"]

@@ -13,11 +13,8 @@ import polars as pl
 
 from analyzer.contract import Finding, RunVerdict
 from analyzer.dstack import FINISHED_JOB_STATUSES
+from analyzer.model import PSEUDO_DATE_LIMIT
 from analyzer.pipeline.states import serving_spans
-
-# A rich log writes `[%X]`, a time of day without a date (dstack-data.md 9.2); the log reader
-# stores it on the 1970-01-01 pseudo date (sources/logs/messages.py), older than any dstack record.
-PSEUDO_DATE_LIMIT = datetime(1971, 1, 1, tzinfo=UTC)
 
 
 def as_utc(value: datetime | None) -> datetime | None:

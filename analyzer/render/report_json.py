@@ -15,13 +15,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple
+from functools import cache
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pydantic import BaseModel
 
-from analyzer.cluster import FleetTasks
 from analyzer.contract import Report
-from analyzer.pipeline.partitions import MergedReport, slim_finding
+
+if TYPE_CHECKING:
+    from analyzer.cluster import FleetTasks
+    from analyzer.pipeline.partitions import MergedReport
 
 STREAMED = ("runs", "findings")  # Report's last fields, in order: its lists of many items
 _ITEM_INDENT = "    "  # a top-level field's list items, at `indent=2`
@@ -104,6 +107,8 @@ def server_json(report: Report, rendered: ItemPieces | None = None) -> ServerJso
     """`report`'s runs and findings rendered (or as `rendered` already holds them), each
     through the final redaction pass (every secret shape, every control character) the
     command gives the whole text."""
+    from analyzer.pipeline.partitions import slim_finding
+
     runs, findings = rendered or ItemPieces.of(report)
     return ServerJson(
         report.model_copy(
@@ -212,5 +217,19 @@ def finish_server_json(rendered: RenderedServer, secrets: frozenset[str]) -> Ser
     return None if report is None else server_json(report)
 
 
-JSON_FLEET = FleetTasks(audit_server_json, finish_server_json, fleet_json)
+def __getattr__(name: str) -> Any:
+    """JSON_FLEET: a fleet's servers audited and rendered one per task; made on first use, so
+    that an audit in one process never imports the cluster's modules (analyzer.cluster)."""
+    if name != "JSON_FLEET":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _json_fleet()
+
+
+@cache
+def _json_fleet() -> FleetTasks:
+    from analyzer.cluster import FleetTasks
+
+    return FleetTasks(audit_server_json, finish_server_json, fleet_json)
+
+
 """A fleet's servers audited one per task into the JSON report one process writes."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import polars as pl
 
@@ -458,8 +459,11 @@ class _Check:
     certain: str | None = None  # a regex of values certainly acceptable (not checked again)
 
 
-def _checks(columns: Columns, present: set[str]) -> dict[str, _Check]:
-    """column -> its check."""
+@lru_cache(maxsize=256)
+def _checks(columns: Columns, present: frozenset[str]) -> dict[str, _Check]:
+    """column -> its check (built once per table's shape: a database and its exports, and a
+    table checked batch by batch, ask again; building the expressions costs more than
+    running them on a small table). Read only."""
     checks: dict[str, _Check] = {}
     for name in columns.times:
         checks[name] = _Check(_time_ok(name), "not a time between years 1 and 9999", CERTAIN_TIME)
@@ -476,29 +480,46 @@ def _checks(columns: Columns, present: set[str]) -> dict[str, _Check]:
     return {name: check for name, check in checks.items() if name in present}
 
 
-def _bad(frame: pl.DataFrame, name: str, check: _Check) -> pl.Series:
-    """Whether each value of a column is present and not acceptable: the full check over the
-    values its `certain` regex does not vouch for (a null is never bad: not present)."""
-    bad = _present(name) & ~check.ok.fill_null(False)
-    if check.certain is None:
-        return frame.select(bad.alias(name)).to_series()
-    doubt = frame.select(
-        (~pl.col(name).cast(pl.String).str.contains(check.certain)).fill_null(False)
-    ).to_series()
-    verdicts = pl.repeat(False, frame.height, dtype=pl.Boolean, eager=True).alias(name)
-    if not doubt.any():
-        return verdicts
-    rows = doubt.arg_true()
-    doubted = frame.select(pl.col(name).gather(rows)).select(bad.alias(name)).to_series()
-    return verdicts.scatter(rows, doubted)
+def _bad(frame: pl.DataFrame, checks: dict[str, _Check]) -> pl.DataFrame:
+    """Whether each value of each checked column is present and not acceptable (a null is never
+    bad: not present). One query for the whole table finds the bad values of the columns
+    without a `certain` regex, and the values each regex does not vouch for; the full checks
+    of those columns run over those rows only, in one more query (most tables have none)."""
+    doubt = {  # a value its regex does not vouch for
+        name: ~pl.col(name).cast(pl.String).str.contains(check.certain).fill_null(True)
+        for name, check in checks.items()
+        if check.certain
+    }
+    first = frame.select(
+        *(
+            (doubt[name] if name in doubt else _present(name) & ~check.ok.fill_null(False)).alias(
+                name
+            )
+            for name, check in checks.items()
+        ),
+        *([pl.any_horizontal(doubt.values()).alias(_DOUBTED)] if doubt else []),
+    )
+    bad = {name: first[name] for name in checks}
+    doubted = [name for name in doubt if bad[name].any()]
+    if doubted:  # the full checks over those rows (a value a regex vouches for passes them)
+        rows = first[_DOUBTED].arg_true()
+        judged = frame.select(pl.col(doubted).gather(rows)).select(
+            (_present(name) & ~checks[name].ok.fill_null(False)).alias(name) for name in doubted
+        )
+        nothing = pl.Series(dtype=pl.Boolean).extend_constant(False, frame.height)
+        bad |= {name: nothing.clone().scatter(rows, judged[name]).alias(name) for name in doubted}
+    return pl.DataFrame(list(bad.values()))
+
+
+_DOUBTED = "\x00doubted"  # beside the table's columns: whether any regex doubts the row
 
 
 def _typed(frame: pl.DataFrame, columns: Columns) -> tuple[pl.DataFrame, list[pl.DataFrame]]:
     """Typed columns: a present value the column cannot hold becomes null, and is reported."""
-    checks = _checks(columns, set(frame.columns))
+    checks = _checks(columns, frozenset(frame.columns))
     if not checks or frame.height == 0:
         return frame, []
-    bad = pl.DataFrame([_bad(frame, name, check) for name, check in checks.items()])
+    bad = _bad(frame, checks)
     damaged = [name for name in bad.columns if bad[name].any()]
     found = []
     for name in damaged:
