@@ -189,30 +189,46 @@ class Local:
         options: dict[str, Any],
         arrived: SimpleQueue[tuple[int | None, Any]],
     ) -> None:
-        """The dispatcher thread: each worker sent the next server when it is free, each
-        head put in `arrived` as it comes (an error as `(None, error)`, and no more sent)."""
-        idle = list(self._connections)
+        """The dispatcher thread: each worker sent the next server as soon as it is done with
+        one, before its head is read (it starts on the next while its head comes through the
+        pipe and is unpickled here), each head put in `arrived` as it comes (an error as
+        `(None, error)`, and no more sent)."""
         busy: dict[Connection, int] = {}
         try:
-            while True:
-                while idle and pending and not self._stop.is_set():
-                    try:
-                        index = pending.popleft()
-                    except IndexError:  # this process took the last one
-                        break
-                    connection = idle.pop()
-                    paths, label = servers[index]
-                    _send(connection, (index, (paths, label, options)))
-                    busy[connection], self._held[index] = index, connection
-                if not busy:
-                    return
+            for connection in self._connections:
+                self._give(connection, servers, pending, options, busy)
+            while busy:
                 for connection in _ready(list(busy)):
                     index = busy.pop(connection)
+                    try:
+                        self._give(connection, servers, pending, options, busy)
+                    except AuditInputError:  # it died: while auditing (no head), or after
+                        _received(connection)
+                        raise
                     arrived.put((index, _received(connection)))
-                    idle.append(connection)
         except BaseException as error:
             self._stop.set()
             arrived.put((None, error))
+
+    def _give(
+        self,
+        connection: Connection,
+        servers: Servers,
+        pending: deque[int],
+        options: dict[str, Any],
+        busy: dict[Connection, int],
+    ) -> None:
+        """The next server sent to the worker at `connection`, unless none is left (this
+        process took the last one) or an error stopped the audit."""
+        if self._stop.is_set():
+            return
+        try:
+            index = pending.popleft()
+        except IndexError:
+            return
+        paths, label = servers[index]
+        _send(connection, (index, (paths, label, options)))
+        busy[connection], self._held[index] = index, connection
 
     @staticmethod
     def _take(
