@@ -464,3 +464,13 @@ def test_a_local_worker_s_failure_reaches_the_client(tmp_path):
     fleet = FleetTasks(_dies, REPORT_FLEET.finish, REPORT_FLEET.merge)
     with pytest.raises(AuditInputError, match="a worker process died"):
         audit_servers_locally(2, servers, fleet)
+
+
+def test_a_local_worker_that_dies_with_servers_left_says_it_died_auditing(tmp_path):
+    """A worker is sent its next server before its head is read: when it died while auditing
+    with servers still to give out, that send fails first, and the error still says when it
+    died, not that it died before it was sent its work."""
+    servers = [([str(tmp_path / f"{name}.db")], name) for name in "abcd"]
+    fleet = FleetTasks(_dies, REPORT_FLEET.finish, REPORT_FLEET.merge)
+    with pytest.raises(AuditInputError, match=r"^--workers: a worker process died while auditing"):
+        audit_servers_locally(2, servers, fleet)

@@ -134,6 +134,32 @@ def test_the_command_starts_its_workers_before_its_own_imports():
     assert local.stdout == one.stdout
 
 
+# polars imported while a fleet's worker is started, as the command imports it
+SHARING = """
+from analyzer.cluster_local import started
+with started(1):
+    import polars
+    print(polars.thread_pool_size())
+"""
+
+
+@pytest.mark.parametrize(("chosen", "size"), [(None, max(1, (os.cpu_count() or 1) // 2)), ("3", 3)])
+def test_the_command_s_own_polars_shares_the_cores_with_its_workers(chosen, size):
+    """The command's process audits servers too: its polars threads and its worker's share
+    the cores (one each on two), as a pool the user sized is kept."""
+    env = {k: v for k, v in os.environ.items() if k != "POLARS_MAX_THREADS"}
+    shared = subprocess.run(
+        [sys.executable, "-c", SHARING],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env if chosen is None else {**env, "POLARS_MAX_THREADS": chosen},
+        timeout=60,
+    )
+    assert shared.returncode == 0, shared.stderr
+    assert shared.stdout == f"{size}\n"
+
+
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux's /proc")
 def test_ctrl_c_typed_while_the_workers_start_is_clean(tmp_path):
     """Ctrl-C typed in a terminal the moment the fleet's first process is started (the
