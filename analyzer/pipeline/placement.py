@@ -546,10 +546,15 @@ def _first_alive(
     while not active.is_empty():
         at, pos = active["at"], active["start"]
         for level in reversed(range(len(maxima))):
-            block = maxima[level].gather(pos.clip(upper_bound=size - 1))
-            pos = pos + ((pos < size) & (block <= at)).cast(pl.Int64) * (1 << level)
+            # past the end: the last block (Series.clip would run a query per level)
+            inside = pos < size
+            block = maxima[level].gather(pos.zip_with(inside, pos * 0 + (size - 1)))
+            pos = pos + (inside & (block <= at)).cast(pl.Int64) * (1 << level)
         active = active.with_columns(_pos=pos).filter(pl.col("_pos") < pl.col("bound"))
-        own = run_ids.gather(active["_pos"]).eq_missing(active["run"]) & active["run"].is_not_null()
+        own = (
+            pl.lit(run_ids).gather(pl.col("_pos")).eq_missing(pl.col("run"))
+            & pl.col("run").is_not_null()
+        )
         active = active.with_columns(own=own, others=pl.col("others") + (~own).cast(pl.Int64))
         found.append(active.select("_moment", "own", "_pos"))
         active = active.filter(pl.col("others") < first).with_columns(start=pl.col("_pos") + 1)
