@@ -515,17 +515,11 @@ def finish_server(audited: ServerAudit, secrets: frozenset[str]) -> Report | Non
     return None if report is audited.report else report
 
 
-def __getattr__(name: str) -> Any:
-    """REPORT_FLEET: a fleet's servers audited one per task and merged into the report one
-    process gives; made on first use, so that an audit in one process never imports the
-    cluster's modules (analyzer.cluster)."""
-    if name != "REPORT_FLEET":
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return _report_fleet()
-
-
 @cache
-def _report_fleet() -> FleetTasks:
+def report_fleet() -> FleetTasks:
+    """A fleet's servers audited one per task and merged into the report one process gives;
+    made on first use, so that an audit in one process never imports the cluster's modules
+    (analyzer.cluster)."""
     from analyzer.cluster import FleetTasks
 
     return FleetTasks(audit_server, finish_server, merge_reports)
@@ -619,7 +613,7 @@ def cluster_merged(
     the report is written (as `partitions_merged`). Several databases, each a server of its
     own, are audited one server per task instead (unless --partitions or --server-label is
     given): no task reads another's database, and nothing is learnt of the whole inputs first;
-    `fleet` says what those tasks do and what their merge yields (REPORT_FLEET: the report);
+    `fleet` says what those tasks do and what their merge yields (report_fleet(): the report);
     `started`: the local workers the command started for them before its own imports
     (analyzer.cluster_local.started)."""
     from analyzer.cluster import run_on_cluster
@@ -634,7 +628,7 @@ def cluster_merged(
             partial(whole_input_facts, folder=folder),
             spill,
             servers=servers,
-            fleet=fleet or _report_fleet(),
+            fleet=fleet or report_fleet(),
             workers=workers,
             address=address,
             partitions=partitions,

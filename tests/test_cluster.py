@@ -17,10 +17,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from analyzer.api import REPORT_FLEET, audit_in_partitions, one_server_each, open_sources
+from analyzer.api import audit_in_partitions, one_server_each, open_sources, report_fleet
 from analyzer.cluster import FleetTasks, audit_servers, audit_servers_locally
 from analyzer.errors import AuditInputError
-from analyzer.render.report_json import JSON_FLEET, json_pieces
+from analyzer.render.report_json import json_fleet, json_pieces
 from analyzer.synth import synthesize
 from tests.conftest import (
     CAPTURES,
@@ -313,8 +313,8 @@ def test_a_fleet_of_databases_is_one_server_per_task(scheduler, sources):
     )
     whole = open_sources(fleet).report
     with distributed.Client(scheduler, timeout=60) as client:
-        report = audit_servers(client, servers, REPORT_FLEET)
-        rendered = audit_servers(client, servers, JSON_FLEET)
+        report = audit_servers(client, servers, report_fleet())
+        rendered = audit_servers(client, servers, json_fleet())
     assert report is not None and rendered is not None
     assert report.model_dump_json() == whole.model_dump_json()
     # the JSON fleet: each server's runs and findings rendered in its task, merged here
@@ -360,8 +360,8 @@ def test_copies_of_one_database_give_way_to_the_partitions(scheduler, tmp_path):
     copy.write_bytes(seed.read_bytes())
     given = [str(seed), str(copy)]
     with distributed.Client(scheduler, timeout=60) as client:
-        assert audit_servers(client, one_server_each(given), REPORT_FLEET) is None
-    assert audit_servers_locally(2, one_server_each(given), JSON_FLEET) is None
+        assert audit_servers(client, one_server_each(given), report_fleet()) is None
+    assert audit_servers_locally(2, one_server_each(given), json_fleet()) is None
     partitioned = _cli("audit", *given, "--partitions", "2", "--format", "json")
     done = _cli("audit", *given, "--cluster", scheduler, "--format", "json")
     local = _cli("audit", *given, "--workers", "2", "--format", "json")
@@ -458,10 +458,10 @@ def test_a_local_worker_s_failure_reaches_the_client(tmp_path):
     AuditInputError naming --workers, not a hang (while the command's own process audits the
     other server)."""
     servers = [([str(tmp_path / "a.db")], "a"), ([str(tmp_path / "b.db")], "b")]
-    fleet = FleetTasks(_raises_unpicklable, REPORT_FLEET.finish, REPORT_FLEET.merge)
+    fleet = FleetTasks(_raises_unpicklable, report_fleet().finish, report_fleet().merge)
     with pytest.raises(RuntimeError, match=r"^ValueError: <function"):
         audit_servers_locally(2, servers, fleet)
-    fleet = FleetTasks(_dies, REPORT_FLEET.finish, REPORT_FLEET.merge)
+    fleet = FleetTasks(_dies, report_fleet().finish, report_fleet().merge)
     with pytest.raises(AuditInputError, match="a worker process died"):
         audit_servers_locally(2, servers, fleet)
 
@@ -471,6 +471,6 @@ def test_a_local_worker_that_dies_with_servers_left_says_it_died_auditing(tmp_pa
     with servers still to give out, that send fails first, and the error still says when it
     died, not that it died before it was sent its work."""
     servers = [([str(tmp_path / f"{name}.db")], name) for name in "abcd"]
-    fleet = FleetTasks(_dies, REPORT_FLEET.finish, REPORT_FLEET.merge)
+    fleet = FleetTasks(_dies, report_fleet().finish, report_fleet().merge)
     with pytest.raises(AuditInputError, match=r"^--workers: a worker process died while auditing"):
         audit_servers_locally(2, servers, fleet)

@@ -284,7 +284,7 @@ def audit(
         def clean(text: str) -> str:
             return shapes.apply(without_controls(text))
 
-        from analyzer.render.report_json import JSON_FLEET, FleetJson
+        from analyzer.render.report_json import FleetJson, json_fleet
 
         if workers or cluster:
             from analyzer.api import cluster_merged
@@ -294,7 +294,7 @@ def audit(
                 workers=workers,
                 address=cluster,
                 partitions=partitions,
-                fleet=JSON_FLEET if fmt == "json" else None,
+                fleet=json_fleet() if fmt == "json" else None,
                 started=local,
                 **options,
             )

@@ -217,19 +217,11 @@ def finish_server_json(rendered: RenderedServer, secrets: frozenset[str]) -> Ser
     return None if report is None else server_json(report)
 
 
-def __getattr__(name: str) -> Any:
-    """JSON_FLEET: a fleet's servers audited and rendered one per task; made on first use, so
-    that an audit in one process never imports the cluster's modules (analyzer.cluster)."""
-    if name != "JSON_FLEET":
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return _json_fleet()
-
-
 @cache
-def _json_fleet() -> FleetTasks:
+def json_fleet() -> FleetTasks:
+    """A fleet's servers audited one per task into the JSON report one process writes; made
+    on first use, so that an audit in one process never imports the cluster's modules
+    (analyzer.cluster)."""
     from analyzer.cluster import FleetTasks
 
     return FleetTasks(audit_server_json, finish_server_json, fleet_json)
-
-
-"""A fleet's servers audited one per task into the JSON report one process writes."""
