@@ -21,6 +21,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import polars as pl
 
+from analyzer.catalogue import EVENT_COLUMNS
 from analyzer.dstack import (
     ENDED_JOB_STATUSES,
     FINISHED_JOB_STATUSES,
@@ -604,22 +605,17 @@ def _say_unmatched(
             )
 
 
-# the events' columns the runs and jobs are derived from (the others are not sorted with them)
+# the events' columns the runs and jobs are derived from (the others are not sorted with them):
+# who and when, and every field the catalogue parses out of a message
 _DERIVED_FROM = (
     "server",
     "seq",
     "time",
-    "kind",
     "entity_type",
     "entity_id",
     "entity_name",
     "run_id",
-    "old_status",
-    "new_status",
-    "termination_reason",
-    "termination_message",
-    "deployment_num",
-    "changed_fields",
+    *EVENT_COLUMNS,
     "actor",
     "message",
     "provenance",
