@@ -479,6 +479,7 @@ def _rendered(report) -> None:
     every_row=st.booleans(),
 )
 @example(target=("runs", "id"), value="", every_row=True)
+@example(target=("runs", "id"), value=b"-", every_row=False)  # normalises to no id
 @example(target=("jobs", "ready"), value=b"\xff\x00\xfe", every_row=True)
 def test_fuzz_any_value_in_any_column_read_is_named_damage_never_a_crash(
     tmp_path, target, value, every_row

@@ -23,7 +23,7 @@ from functools import lru_cache
 
 import polars as pl
 
-from analyzer.model import parse_db_time
+from analyzer.model import id_hex, parse_db_time
 from analyzer.sources.base import InputInfo, Limitation, ReadOptions, SourceData
 
 TEXT_LIMIT = 16 * 1024
@@ -169,7 +169,8 @@ def checked(
     parts += typed
     keep = None
     if columns.key is not None and columns.key in frame.columns:
-        key = pl.col(columns.key).cast(pl.String).str.strip_chars().fill_null("") != ""
+        # an id that `normalise_id` makes nothing of ("-", " - ") is no id either
+        key = id_hex(pl.col(columns.key)).fill_null("") != ""
         keep = frame.select(key).to_series()
         if not keep.all():
             parts.append(damage((~keep).arg_true(), columns.key, "no id", "no_id"))
