@@ -47,7 +47,7 @@ from analyzer.sources.base import LoadContext, ReadOptions, WholeInputFacts
 from analyzer.times import parse_time
 
 if TYPE_CHECKING:
-    from analyzer.cluster import FleetTasks
+    from analyzer.cluster import FleetTasks, Part
     from analyzer.cluster_local import Workers
     from analyzer.pipeline.partitions import ForesightPiece, MergedReport, PartitionResult
     from analyzer.pipeline.story import RunStory
@@ -453,6 +453,39 @@ def audit_partition(
     return PartitionResult(opened.report, opened._foresight_piece(whole_tables=index == 0))
 
 
+@dataclass
+class AuditedPartition:
+    """One partition audited by a local worker: its result is all the client is sent."""
+
+    result: PartitionResult
+
+    @property
+    def head(self) -> PartitionResult:
+        return self.result
+
+
+def audit_partition_part(paths: Sequence[str], part: Part, options: dict) -> AuditedPartition:
+    """Partition `part` of one audit, the task a local worker runs (analyzer.cluster
+    .audit_partitions_locally): `options` hold what was learnt of the whole inputs
+    (`shared`)."""
+    rest = dict(options)
+    shared = rest.pop("shared", None)
+    return AuditedPartition(audit_partition(paths, part.index, part.count, rest, shared))
+
+
+def partition_finished(audited: AuditedPartition, secrets: frozenset[str]) -> None:
+    """Nothing left to do where a partition was audited: the client merges its result."""
+
+
+@cache
+def partition_tasks() -> FleetTasks:
+    """One audit's partitions, one per task of local workers (made on first use, as
+    report_fleet)."""
+    from analyzer.cluster import FleetTasks
+
+    return FleetTasks(audit_partition_part, partition_finished, list)
+
+
 @dataclass(frozen=True)
 class ServerHead:
     """What the client is sent of each server's audit as soon as it is done: the secret values
@@ -607,14 +640,14 @@ def cluster_merged(
     started: Workers | None = None,
     **options,
 ) -> Iterator[Report | MergedReport | Any]:
-    """Audit on a new local Dask cluster of `workers` processes or on the scheduler at
-    `address`, in `partitions` tasks (analyzer.cluster.PARTITIONS_PER_WORKER per worker thread
-    unless given), the partitions' runs and findings left in the merge's private folder until
-    the report is written (as `partitions_merged`). Several databases, each a server of its
-    own, are audited one server per task instead (unless --partitions or --server-label is
-    given): no task reads another's database, and nothing is learnt of the whole inputs first;
-    `fleet` says what those tasks do and what their merge yields (report_fleet(): the report);
-    `started`: the local workers the command started for them before its own imports
+    """Audit on `workers` local processes of our own or on the Dask scheduler at `address`,
+    in `partitions` tasks (analyzer.cluster.PARTITIONS_PER_WORKER per worker unless given),
+    the partitions' runs and findings left in the merge's private folder until the report is
+    written (as `partitions_merged`). Several databases, each a server of its own, are
+    audited one server per task instead (unless --partitions or --server-label is given): no
+    task reads another's database, and nothing is learnt of the whole inputs first; `fleet`
+    says what those tasks do and what their merge yields (report_fleet(): the report);
+    `started`: the local workers the command started before its own imports
     (analyzer.cluster_local.started)."""
     from analyzer.cluster import run_on_cluster
     from analyzer.pipeline.partitions import ReportSpill
@@ -629,6 +662,7 @@ def cluster_merged(
             spill,
             servers=servers,
             fleet=fleet or report_fleet(),
+            partition_tasks=partition_tasks(),
             workers=workers,
             address=address,
             partitions=partitions,

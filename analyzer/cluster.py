@@ -21,13 +21,11 @@ Dask is imported only here, and only when a command asks for a cluster.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from analyzer._version import __version__
 from analyzer.cluster_local import Local, Servers, Workers
@@ -51,8 +49,6 @@ also one more pass over every database's runs table). Measured then (benchmarks/
 2,000 runs, 2 workers, a shared 2-core machine): 2 / 4 / 8 partitions 9.1 / 9.3 / 18.8 s;
 `--partitions` sets more, to bound memory."""
 WORKER_WAIT_SECONDS = 30
-WORKER_PRELOAD = "analyzer.cluster_worker"
-"""Run by each local worker as it starts: the pipeline imported, Ctrl-C left to the client."""
 
 
 def _distributed():
@@ -66,31 +62,9 @@ def _distributed():
 
 
 @contextmanager
-def connect(*, workers: int | None = None, address: str | None = None) -> Iterator[Client]:
-    """A client of a new local cluster of `workers` processes (one thread each, 127.0.0.1,
-    no dashboard; the scheduler's own HTTP endpoint on a free port, not on the dashboard's
-    8787 another cluster may hold), or of the scheduler at `address`; closed (and the local
-    cluster stopped) on leaving. The local cluster's processes log only what is critical: a
-    task's error reaches the client as its exception, and a worker whose heartbeat meets the
-    scheduler already closing (a race of every shutdown) would otherwise print a traceback
-    after a finished audit."""
+def connect(address: str) -> Iterator[Client]:
+    """A client of the Dask scheduler at `address`, closed on leaving."""
     distributed = _distributed()
-    if address is None:
-        with (
-            distributed.LocalCluster(
-                n_workers=workers or 1,
-                threads_per_worker=1,
-                processes=True,
-                host="127.0.0.1",
-                dashboard_address=None,
-                scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
-                preload=[WORKER_PRELOAD],
-                silence_logs=logging.CRITICAL,
-            ) as cluster,
-            distributed.Client(cluster) as client,
-        ):
-            yield client
-        return
     try:
         client = distributed.Client(address)
     except (OSError, ValueError, TypeError) as error:
@@ -124,7 +98,7 @@ def _sendable(paths: Sequence[str | Path]) -> list[str]:
         )
     if "-" in given:
         raise AuditInputError(
-            "-", "standard input cannot be sent to Dask workers", "save it to a file they can read"
+            "-", "standard input cannot be sent to the workers", "save it to a file they can read"
         )
     return given
 
@@ -338,6 +312,39 @@ def _audited_locally(
         return merged
 
 
+class Part(NamedTuple):
+    """Partition `index` of `count` of one audit, as a local worker is given it."""
+
+    index: int
+    count: int
+
+    def __str__(self) -> str:
+        return f"partition {self.index + 1}/{self.count}"
+
+
+def audit_partitions_locally(
+    given: list[str],
+    count: int,
+    tasks: FleetTasks,
+    spill: ReportSpill,
+    started: Workers,
+    options: dict[str, Any],
+) -> MergedReport:
+    """The `count` partitions of one audit on this process and the `started` local workers
+    (analyzer.cluster_local), each taken by whichever is free; `tasks.audit(paths, part,
+    options)` audits one (its `.head`: its PartitionResult), written to `spill` here and
+    merged as in one process."""
+    parts: Servers = [(given, Part(index, count)) for index in range(count)]
+    with paused(keep=True), Local(tasks, started) as pool:
+        with stage("auditing partitions", total=count, unit="partitions") as step:
+            heads = pool.audit(parts, list(range(count)), options, step)
+        _same_version(head.report.generated_by for head in heads.values())
+        for index in range(count):
+            spill.add(index, heads.pop(index))
+        pool.release()
+        return spill.merged()
+
+
 def run_on_cluster(
     paths: Sequence[str | Path],
     task: PartitionTask,
@@ -346,47 +353,46 @@ def run_on_cluster(
     *,
     servers: Servers | None = None,
     fleet: FleetTasks | None = None,
+    partition_tasks: FleetTasks | None = None,
     workers: int | None = None,
     address: str | None = None,
     partitions: int | None = None,
     started: Workers | None = None,
     **options: Any,
 ) -> Report | MergedReport | Any:
-    """Audit on a new local cluster of `workers` processes or on the scheduler at `address`,
-    in `partitions` tasks (PARTITIONS_PER_WORKER per worker thread unless given), the whole
-    inputs' shared facts learnt by `learn` in this process while the cluster starts, each
-    task's result written to `spill` as it arrives (the merged report reads it: use it inside
-    `spill`'s `with`). Given `servers` (a fleet of databases) and `fleet`, one server per
-    task, on local processes of our own (audit_servers_locally) or the scheduler's workers
-    (audit_servers): what `fleet.merge` returns, unless two servers prove to be one. The
-    local processes `started` for a fleet before the command's imports are stopped unused
-    when the inputs are no fleet after all."""
+    """Audit on `workers` local processes of our own (this one among them, the `started` ones
+    if the command started them before its imports) or on the Dask scheduler at `address`, in
+    `partitions` tasks (PARTITIONS_PER_WORKER per worker or worker thread unless given), the
+    whole inputs' shared facts learnt by `learn` in this process, each task's result written
+    to `spill` (the merged report reads it: use it inside `spill`'s `with`). Given `servers`
+    (a fleet of databases) and `fleet`, one server per task (audit_servers_locally or
+    audit_servers): what `fleet.merge` returns, unless two servers prove to be one. Local
+    partitions are `partition_tasks` (analyzer.api.partition_tasks), Dask's `task`."""
     given = _sendable(paths)
-    local = address is None
-    if started is not None and (servers is None or fleet is None or not local):
-        started.terminate()  # before a Dask cluster starts: they would share its cores
-    if servers is not None and fleet is not None:
-        merged = (
-            audit_servers_locally(workers or 1, servers, fleet, started=started, **options)
-            if local
-            else None
-        )
-        if merged is not None:
-            return merged
-        with connect(workers=workers, address=address) as client:
-            merged = None if local else audit_servers(client, servers, fleet, **options)
+    if address is None:
+        count = partitions or PARTITIONS_PER_WORKER * (workers or 1)
+        with ExitStack() as stack:
+            if servers is not None and fleet is not None:
+                merged = audit_servers_locally(
+                    workers or 1, servers, fleet, started=started, **options
+                )
+                if merged is not None:
+                    return merged
+                started = None  # told they are done: others take the partitions
+            if started is None:
+                started = stack.enter_context(local_workers(min(workers or 1, count) - 1))
+            if partition_tasks is None:
+                raise ValueError("local partitions need their partition_tasks")
+            shared = learn(given, count)
+            return audit_partitions_locally(
+                given, count, partition_tasks, spill, started, {**options, "shared": shared}
+            )
+    with connect(address) as client:
+        if servers is not None and fleet is not None:
+            merged = audit_servers(client, servers, fleet, **options)
             if merged is not None:
                 return merged
-            count = partitions or default_partitions(client)
-            shared = learn(given, count if local else None)
-            audit_partitions(client, given, count, task, spill, shared=shared, **options)
-            return spill.merged()
-    # a local cluster has one thread per worker: the count is known before it starts
-    local_count = partitions or PARTITIONS_PER_WORKER * (workers or 1)
-    with ThreadPoolExecutor(1) as pool:
-        learning = pool.submit(learn, given, local_count if address is None else None)
-        with connect(workers=workers, address=address) as client:
-            count = partitions or default_partitions(client)
-            shared = learning.result()
-            audit_partitions(client, given, count, task, spill, shared=shared, **options)
-            return spill.merged()
+        count = partitions or default_partitions(client)
+        shared = learn(given, None)
+        audit_partitions(client, given, count, task, spill, shared=shared, **options)
+        return spill.merged()

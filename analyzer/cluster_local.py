@@ -1,6 +1,7 @@
-"""A fleet of dstack servers audited one server per task on local processes of our own
-(`--workers N` over several databases: analyzer.cluster.audit_servers_locally), with none of a
-local Dask cluster's start: no scheduler, no nanny, no Dask imported anywhere.
+"""A fleet of dstack servers audited one server per task, or one server's partitions one per
+task, on local processes of our own (`--workers N`: analyzer.cluster.audit_servers_locally and
+audit_partitions_locally), with none of a Dask cluster's start: no scheduler, no nanny, no Dask
+imported anywhere.
 
 This module imports the standard library and the base layer's light modules only, so that the
 command can start its workers before it imports the pipeline itself (`started`): their
@@ -35,8 +36,9 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 """A SQLite database file's first 16 bytes (analyzer.sources.sqlite.SQLITE_MAGIC, which cannot
 be imported here without the pipeline's imports)."""
 
-Servers = list[tuple[list[str], str]]
-"""Each server's paths and its label (analyzer.api.one_server_each)."""
+Servers = list[tuple[list[str], Any]]
+"""Each task's paths and what names it: a server's label (analyzer.api.one_server_each), or a
+partition (analyzer.cluster.Part)."""
 
 
 def may_be_a_fleet(sources: Sequence[str]) -> bool:
