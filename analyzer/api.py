@@ -47,9 +47,14 @@ from analyzer.sources.base import LoadContext, ReadOptions, WholeInputFacts
 from analyzer.times import parse_time
 
 if TYPE_CHECKING:
-    from analyzer.cluster import FleetTasks, Part
+    from analyzer.cluster import FleetTasks, Learning
     from analyzer.cluster_local import Workers
-    from analyzer.pipeline.partitions import ForesightPiece, MergedReport, PartitionResult
+    from analyzer.pipeline.partitions import (
+        ForesightPiece,
+        MergedReport,
+        PartitionResult,
+        SpilledPartition,
+    )
     from analyzer.pipeline.story import RunStory
 
 DEFAULT_SERVER = "default"
@@ -454,36 +459,56 @@ def audit_partition(
 
 
 @dataclass
-class AuditedPartition:
-    """One partition audited by a local worker: its result is all the client is sent."""
+class LearntPart:
+    """One process's part of the learning of the whole inputs of an audit in partitions on
+    local workers (analyzer.cluster.audit_partitions_locally), kept where it was learnt to
+    audit the partitions that part goes with; its facts are all the client is sent."""
 
-    result: PartitionResult
+    paths: list[str]
+    learning: Learning
+    options: dict
+    facts: WholeInputFacts
 
     @property
-    def head(self) -> PartitionResult:
-        return self.result
+    def head(self) -> WholeInputFacts:
+        return self.facts
 
 
-def audit_partition_part(paths: Sequence[str], part: Part, options: dict) -> AuditedPartition:
-    """Partition `part` of one audit, the task a local worker runs (analyzer.cluster
-    .audit_partitions_locally): `options` hold what was learnt of the whole inputs
-    (`shared`)."""
-    rest = dict(options)
-    shared = rest.pop("shared", None)
-    return AuditedPartition(audit_partition(paths, part.index, part.count, rest, shared))
+def learn_part(paths: Sequence[str], learning: Learning, options: dict) -> LearntPart:
+    """Part `learning` of what every partition reads of the whole inputs, the first task a
+    local worker runs for an audit in partitions: the other part is learnt meanwhile by
+    another process."""
+    facts = WholeInputFacts(split=(learning.count, Path(learning.folder)), part=learning.part)
+    for path in paths:
+        learn_whole_inputs(path, facts)
+    return LearntPart(list(paths), learning, options, facts)
 
 
-def partition_finished(audited: AuditedPartition, secrets: frozenset[str]) -> None:
-    """Nothing left to do where a partition was audited: the client merges its result."""
+def audit_learnt_part(learnt: LearntPart, others: WholeInputFacts) -> dict[int, SpilledPartition]:
+    """The partitions `learnt` goes with, audited where it was learnt, given what the other
+    processes learnt (`others`), each written to the merge's spill files there."""
+    from analyzer.pipeline.partitions import spilled
+
+    learnt.facts.update(others)
+    learning, options = learnt.learning, learnt.options
+    return {
+        index: spilled(
+            Path(learning.spill),
+            index,
+            audit_partition(learnt.paths, index, learning.count, options, learnt.facts),
+        )
+        for index in learning.partitions
+    }
 
 
 @cache
 def partition_tasks() -> FleetTasks:
-    """One audit's partitions, one per task of local workers (made on first use, as
-    report_fleet)."""
+    """One audit's partitions on local workers: each process learns a part of the whole
+    inputs, then audits the partitions that part goes with; the client merges their results
+    in its ReportSpill, not by `merge` (made on first use, as report_fleet)."""
     from analyzer.cluster import FleetTasks
 
-    return FleetTasks(audit_partition_part, partition_finished, list)
+    return FleetTasks(learn_part, audit_learnt_part, list)
 
 
 @dataclass(frozen=True)
@@ -663,6 +688,7 @@ def cluster_merged(
             servers=servers,
             fleet=fleet or report_fleet(),
             partition_tasks=partition_tasks(),
+            folder=folder,
             workers=workers,
             address=address,
             partitions=partitions,

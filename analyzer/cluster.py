@@ -34,7 +34,7 @@ from analyzer.collector import paused
 from analyzer.errors import AuditInputError
 from analyzer.pipeline.partitions import MergedReport, PartitionResult, ReportSpill
 from analyzer.progress import stage
-from analyzer.sources.base import WholeInputFacts
+from analyzer.sources.base import LEARNING_PARTS, WholeInputFacts
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -303,7 +303,7 @@ def _audited_locally(
         secrets = _every_secret(heads)
         if secrets is None:
             return None
-        finished = pool.finish(secrets)
+        finished = pool.finish(lambda _: secrets)
         merged = _merged(fleet, heads, finished)
         there = pool.finished_there()
         pool.release()
@@ -312,14 +312,31 @@ def _audited_locally(
         return merged
 
 
-class Part(NamedTuple):
-    """Partition `index` of `count` of one audit, as a local worker is given it."""
+class Learning(NamedTuple):
+    """Part `index` of `parts` of the learning of one audit's whole inputs (LEARNING_PARTS;
+    nothing past them), for its `count` partitions split into `folder`: whoever learns it
+    audits partitions `index`, `index + parts`, ... (`partitions`), written to the merge's
+    `spill` folder."""
 
     index: int
+    parts: int
     count: int
+    folder: str
+    spill: str
 
     def __str__(self) -> str:
-        return f"partition {self.index + 1}/{self.count}"
+        return f"part {self.index + 1}/{self.parts} of the whole inputs"
+
+    @property
+    def part(self) -> str | None:
+        """Which of LEARNING_PARTS (None: all of them, a process alone; "": none)."""
+        if self.parts == 1:
+            return None
+        return LEARNING_PARTS[self.index] if self.index < len(LEARNING_PARTS) else ""
+
+    @property
+    def partitions(self) -> range:
+        return range(self.index, self.count, self.parts)
 
 
 def audit_partitions_locally(
@@ -328,21 +345,40 @@ def audit_partitions_locally(
     tasks: FleetTasks,
     spill: ReportSpill,
     started: Workers,
+    folder: Path,
     options: dict[str, Any],
 ) -> MergedReport:
     """The `count` partitions of one audit on this process and the `started` local workers
-    (analyzer.cluster_local), each taken by whichever is free; `tasks.audit(paths, part,
-    options)` audits one (its `.head`: its PartitionResult), written to `spill` here and
-    merged as in one process."""
-    parts: Servers = [(given, Part(index, count)) for index in range(count)]
+    (analyzer.cluster_local): each process learns a part of the whole inputs at once
+    (`tasks.audit`, a `Learning`: the run tables split by bucket into `folder`, or the
+    rest), is sent what the others learnt, and audits the partitions its part goes with
+    (`tasks.finish`), writing each to `spill`'s files there; they are merged here as in one
+    process."""
+    processes = len(started.processes) + 1
+    learning: Servers = [
+        (given, Learning(k, processes, count, str(folder), str(spill.folder)))
+        for k in range(processes)
+    ]
     with paused(keep=True), Local(tasks, started) as pool:
-        with stage("auditing partitions", total=count, unit="partitions") as step:
-            heads = pool.audit(parts, list(range(count)), options, step)
-        _same_version(head.report.generated_by for head in heads.values())
-        for index in range(count):
-            spill.add(index, heads.pop(index))
+        with stage("learning the whole inputs", total=processes, unit="parts") as step:
+            learnt = pool.audit(learning, list(range(processes)), options, step)
+
+        def others(mine: list[int]) -> WholeInputFacts:
+            facts = WholeInputFacts()
+            for index, part in learnt.items():
+                if index not in mine:
+                    facts.update(part)
+            return facts
+
+        with stage("auditing partitions"):
+            done = pool.finish(others)
+            done.update(pool.finished_there())
         pool.release()
-        return spill.merged()
+    results = {index: result for part in done.values() for index, result in part.items()}
+    _same_version(result.head.generated_by for result in results.values())
+    for index in range(count):
+        spill.take(index, results.pop(index))
+    return spill.merged()
 
 
 def run_on_cluster(
@@ -354,6 +390,7 @@ def run_on_cluster(
     servers: Servers | None = None,
     fleet: FleetTasks | None = None,
     partition_tasks: FleetTasks | None = None,
+    folder: Path | None = None,
     workers: int | None = None,
     address: str | None = None,
     partitions: int | None = None,
@@ -362,12 +399,13 @@ def run_on_cluster(
 ) -> Report | MergedReport | Any:
     """Audit on `workers` local processes of our own (this one among them, the `started` ones
     if the command started them before its imports) or on the Dask scheduler at `address`, in
-    `partitions` tasks (PARTITIONS_PER_WORKER per worker or worker thread unless given), the
-    whole inputs' shared facts learnt by `learn` in this process, each task's result written
-    to `spill` (the merged report reads it: use it inside `spill`'s `with`). Given `servers`
+    `partitions` tasks (PARTITIONS_PER_WORKER per worker or worker thread unless given), each
+    task's result written to `spill` (the merged report reads it: use it inside `spill`'s
+    `with`). Local partitions are `partition_tasks` (analyzer.api.partition_tasks), the whole
+    inputs learnt in parts by the processes (the run tables split into `folder`); Dask's are
+    `task`, the whole inputs' shared facts learnt by `learn` in this process. Given `servers`
     (a fleet of databases) and `fleet`, one server per task (audit_servers_locally or
-    audit_servers): what `fleet.merge` returns, unless two servers prove to be one. Local
-    partitions are `partition_tasks` (analyzer.api.partition_tasks), Dask's `task`."""
+    audit_servers): what `fleet.merge` returns, unless two servers prove to be one."""
     given = _sendable(paths)
     if address is None:
         count = partitions or PARTITIONS_PER_WORKER * (workers or 1)
@@ -381,11 +419,10 @@ def run_on_cluster(
                 started = None  # told they are done: others take the partitions
             if started is None:
                 started = stack.enter_context(local_workers(min(workers or 1, count) - 1))
-            if partition_tasks is None:
-                raise ValueError("local partitions need their partition_tasks")
-            shared = learn(given, count)
+            if partition_tasks is None or folder is None:
+                raise ValueError("local partitions need their partition_tasks and a folder")
             return audit_partitions_locally(
-                given, count, partition_tasks, spill, started, {**options, "shared": shared}
+                given, count, partition_tasks, spill, started, folder, options
             )
     with connect(address) as client:
         if servers is not None and fleet is not None:

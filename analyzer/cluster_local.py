@@ -247,15 +247,17 @@ class Local:
             heads[index] = answer
             step(note=f"audited {servers[index][1]}")
 
-    def finish(self, secrets: frozenset[str]) -> dict[int, Any]:
-        """Each server this process audited finished here, given every server's secret
-        values, after the workers are sent them (one message each) to finish theirs
-        meanwhile (`finished_there`)."""
+    def finish(self, context: Callable[[list[int]], Any]) -> dict[int, Any]:
+        """Each task this process audited finished here, given `context(its tasks)` (a fleet:
+        every server's secret values), after each worker is sent the context of its own tasks
+        (one message each) to finish them meanwhile (`finished_there`)."""
         for connection in self._connections:
             mine = [index for index, held in self._held.items() if held is connection]
-            _send(connection, (mine, secrets))
+            _send(connection, (mine, context(mine)))
         kept, self._kept = self._kept, {}
-        return {index: self._fleet.finish(audited, secrets) for index, audited in kept.items()}
+        here = context(list(kept))
+        with quiet_stages():  # its own stages are not shown: the caller's stage is
+            return {index: self._fleet.finish(audited, here) for index, audited in kept.items()}
 
     def finished_there(self) -> dict[int, Any]:
         """The workers' servers as they finished them (`finish`): one reply each."""
@@ -346,11 +348,11 @@ def _died(when: str) -> AuditInputError:
 
 
 def _serve(connection: Connection, preload: tuple[str, ...]) -> None:
-    """A local worker process: the modules `preload` names imported, then each server it is
-    sent audited and kept, and finished when sent every server's secret values; its cycle
-    collector paused as the client's is (collector.paused: each pass would walk the servers
-    it keeps again; 0.1-0.4 s of a worker's 5-6 s CPU on a fleet of 8 servers of 2k runs,
-    against the command's thresholds)."""
+    """A local worker process: the modules `preload` names imported, then each task it is
+    sent audited and kept, and finished when sent their context (a fleet: every server's
+    secret values); its cycle collector paused as the client's is (collector.paused: each
+    pass would walk the servers it keeps again; 0.1-0.4 s of a worker's 5-6 s CPU on a fleet
+    of 8 servers of 2k runs, against the command's thresholds)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the client stops us
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     with paused():
@@ -371,8 +373,8 @@ def _served(connection: Connection) -> None:
                 kept[index] = fleet.audit(*arguments)
                 answer = kept[index].head
             else:
-                indexes, secrets = message
-                answer = {i: fleet.finish(kept.pop(i), secrets) for i in indexes}
+                indexes, context = message
+                answer = {i: fleet.finish(kept.pop(i), context) for i in indexes}
         except Exception as error:  # sent back whole: the client raises it
             _send_error(connection, error)
             continue

@@ -188,3 +188,31 @@ def test_ctrl_c_typed_while_the_workers_start_is_clean(tmp_path):
     while (left := still_running(workers)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not left
+
+
+def test_the_whole_inputs_learnt_in_two_parts_add_up_to_one_learning(tmp_path):
+    """`--workers` learns the whole inputs in two parts at once (LEARNING_PARTS), each in its
+    own process: together the parts hold every fact one learner learns, and only the split
+    part splits the run tables."""
+    from analyzer.sources import learn_whole_inputs
+    from analyzer.sources.base import LEARNING_PARTS, WholeInputFacts
+
+    db = CRASH / "server.db"
+    alone = WholeInputFacts(split=(2, tmp_path))
+    learn_whole_inputs(db, alone)
+    parts = {part: WholeInputFacts(split=(2, tmp_path), part=part) for part in LEARNING_PARTS}
+    for facts in parts.values():
+        learn_whole_inputs(db, facts)
+    assert parts["split"].known("buckets of 2", db) is not None
+    assert parts["whole"].known("buckets of 2", db) is None
+    assert parts["split"].known("sha256", db) is None
+    joined = WholeInputFacts()
+    for facts in parts.values():
+        joined.update(facts)
+    for name in ("latest", "sha256"):
+        assert joined.known(name, db) == alone.known(name, db) is not None, name
+    assert joined.known("runs by service", db).equals(alone.known("runs by service", db))
+    assert (
+        joined.known("buckets of 2", db).files.keys()
+        == alone.known("buckets of 2", db).files.keys()
+    )

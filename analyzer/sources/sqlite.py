@@ -551,9 +551,12 @@ def _read_database(
 
 def _learn(path: Path, shared: WholeInputFacts) -> None:
     """What every partition reads of the whole database, learnt once: its hash,
-    its runs by service, its latest times and the tables read whole (a database with a
-    write-ahead log is read from a fresh copy each time: only its hash is shared)."""
-    file_facts(path, "sqlite", shared)
+    its runs by service, its latest times and the tables read whole, and its run tables split
+    by bucket (the parts `shared` learns: LEARNING_PARTS; a database with a write-ahead log
+    is read from a fresh copy each time: only its hash is shared)."""
+    whole = shared.learns("whole")
+    if whole:
+        file_facts(path, "sqlite", shared)
     real = Path(os.path.realpath(path))
     if _is_wal(path) or real.with_name(real.name + "-wal").exists():
         return
@@ -563,10 +566,12 @@ def _learn(path: Path, shared: WholeInputFacts) -> None:
         if not looks_like_dstack(tables):
             return
         remembered(shared, "runs by service", path, reader._runs_by_service)
-        remembered(shared, "latest", path, reader.latest)
-        if shared.split is not None:
+        if shared.split is not None and shared.learns("split"):
             count, folder = shared.split
             remembered(shared, f"buckets of {count}", path, partial(reader.split, count, folder))
+        if not whole:
+            return
+        remembered(shared, "latest", path, reader.latest)
         for table in sorted((TABLE_COLUMNS.keys() & tables) - set(RUN_TABLES)):
             reader.read_slim(table, TABLE_COLUMNS[table], JSON_PATHS.get(table, {}))
         learn_fleet_tables(reader, learn_projects(reader))
