@@ -332,7 +332,7 @@ class Learning(NamedTuple):
         """Which of LEARNING_PARTS (None: all of them, a process alone; "": none)."""
         if self.parts == 1:
             return None
-        return LEARNING_PARTS[self.index] if self.index < len(LEARNING_PARTS) else ""
+        return list(LEARNING_PARTS)[self.index] if self.index < len(LEARNING_PARTS) else ""
 
     @property
     def partitions(self) -> range:

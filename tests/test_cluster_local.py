@@ -192,8 +192,8 @@ def test_ctrl_c_typed_while_the_workers_start_is_clean(tmp_path):
 
 def test_the_whole_inputs_learnt_in_two_parts_add_up_to_one_learning(tmp_path):
     """`--workers` learns the whole inputs in two parts at once (LEARNING_PARTS), each in its
-    own process: together the parts hold every fact one learner learns, and only the split
-    part splits the run tables."""
+    own process: together the parts hold every fact one learner learns, each part's run
+    tables split by bucket as one learner splits them."""
     from analyzer.sources import learn_whole_inputs
     from analyzer.sources.base import LEARNING_PARTS, WholeInputFacts
 
@@ -203,9 +203,10 @@ def test_the_whole_inputs_learnt_in_two_parts_add_up_to_one_learning(tmp_path):
     parts = {part: WholeInputFacts(split=(2, tmp_path), part=part) for part in LEARNING_PARTS}
     for facts in parts.values():
         learn_whole_inputs(db, facts)
-    assert parts["split"].known("buckets of 2", db) is not None
-    assert parts["whole"].known("buckets of 2", db) is None
-    assert parts["split"].known("sha256", db) is None
+    assert parts["events"].known("sha256", db) is None
+    split = {part: facts.known("buckets of 2", db) for part, facts in parts.items()}
+    assert split["events"].files.keys() == {"events", "event_targets"}
+    assert split["runs"].files.keys() == {"runs", "jobs", "probes"}
     joined = WholeInputFacts()
     for facts in parts.values():
         joined.update(facts)

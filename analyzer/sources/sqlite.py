@@ -345,8 +345,8 @@ class SqliteReader:
             frame = self._read_slim(table, columns, paths, where)
             yield frame.cast(dict.fromkeys(columns, pl.Binary))
 
-    def split(self, count: int, folder: Path) -> BucketFiles:
-        """The run tables written by bucket among `count` into a new folder in `folder`
+    def split(self, count: int, folder: Path, tables: tuple[str, ...] = RUN_TABLES) -> BucketFiles:
+        """The run `tables` written by bucket among `count` into a new folder in `folder`
         (analyzer.sources.buckets), as the partitions read them; with every secret value the
         database holds (load_tables collects them per partition), read on the way."""
         columns = {t: TABLE_COLUMNS[t] for t in RUN_TABLES if t in self._tables}
@@ -378,6 +378,7 @@ class SqliteReader:
             count,
             Path(tempfile.mkdtemp(dir=folder)),
             by_run_id=by_run_id,
+            tables=tables,
         )
         store.secrets = frozenset(secrets)
         store.damage = {table: parts for (_, table), parts in damage.found.items()}
@@ -554,8 +555,8 @@ def _learn(path: Path, shared: WholeInputFacts) -> None:
     its runs by service, its latest times and the tables read whole, and its run tables split
     by bucket (the parts `shared` learns: LEARNING_PARTS; a database with a write-ahead log
     is read from a fresh copy each time: only its hash is shared)."""
-    whole = shared.learns("whole")
-    if whole:
+    rest = shared.learns_rest
+    if rest:
         file_facts(path, "sqlite", shared)
     real = Path(os.path.realpath(path))
     if _is_wal(path) or real.with_name(real.name + "-wal").exists():
@@ -566,10 +567,12 @@ def _learn(path: Path, shared: WholeInputFacts) -> None:
         if not looks_like_dstack(tables):
             return
         remembered(shared, "runs by service", path, reader._runs_by_service)
-        if shared.split is not None and shared.learns("split"):
+        split = tuple(table for table in RUN_TABLES if shared.splits(table))
+        if shared.split is not None and split:
             count, folder = shared.split
-            remembered(shared, f"buckets of {count}", path, partial(reader.split, count, folder))
-        if not whole:
+            learn = partial(reader.split, count, folder, split)
+            remembered(shared, f"buckets of {count}", path, learn)
+        if not rest:
             return
         remembered(shared, "latest", path, reader.latest)
         for table in sorted((TABLE_COLUMNS.keys() & tables) - set(RUN_TABLES)):
