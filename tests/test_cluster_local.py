@@ -217,3 +217,50 @@ def test_the_whole_inputs_learnt_in_two_parts_add_up_to_one_learning(tmp_path):
         joined.known("buckets of 2", db).files.keys()
         == alone.known("buckets of 2", db).files.keys()
     )
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux's /proc")
+def test_ctrl_c_typed_while_one_server_s_partitions_are_audited_is_clean(tmp_path):
+    """Ctrl-C typed in a terminal while `--workers 2` audits one server's partitions (the
+    worker learning its part of the whole inputs or auditing its partition, the command its
+    own): exit 130, one line, no traceback from any process, no file, none left behind."""
+    from analyzer.synth import synthesize
+
+    synthesize(tmp_path / "server", 800, seed=5)
+    out = tmp_path / "report.json"
+    pid, leader = pty.fork()
+    if pid == 0:  # the child: a shell's foreground job
+        os.chdir(ROOT)
+        db = str(tmp_path / "server" / "server.db")
+        argv = [
+            sys.executable,
+            "-m",
+            "analyzer",
+            "audit",
+            db,
+            "--workers",
+            "2",
+            "-q",
+            "-o",
+            str(out),
+        ]
+        os.execv(sys.executable, argv)
+    deadline = time.monotonic() + 60
+    while not (workers := children_of(pid)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert workers, "no worker was started"
+    time.sleep(1.0)  # its imports done: learning or auditing
+    workers |= children_of(pid)
+    os.write(leader, b"\x03")  # Ctrl-C, as typed
+    screen = read_until_closed(leader)
+    _, status = os.waitpid(pid, 0)
+    os.close(leader)
+    if os.waitstatus_to_exitcode(status) == 0:
+        pytest.skip("the audit finished before the signal")
+    assert os.waitstatus_to_exitcode(status) == 130, screen
+    assert screen.replace(b"^C", b"").strip() == b"dstack-audit: interrupted"  # ^C: the echo
+    assert not out.exists()
+    deadline = time.monotonic() + 10
+    while (left := still_running(workers)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left
