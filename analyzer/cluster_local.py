@@ -134,9 +134,10 @@ class Local:
         return self
 
     def __exit__(self, kind: type | None, *_: object) -> None:
-        """The workers told they are done, or stopped on an error; not waited for: whoever
-        started them does (`started`), once the report is written, so that their exit (each
-        frees the servers it kept) never holds this process back."""
+        """The workers told they are done, not waited for: whoever started them does
+        (`started`), once the report is written, so that their exit (each frees the servers
+        it kept) never holds this process back. On an error they are stopped and waited for
+        here: none still writes into the audit's private folders as they are removed."""
         self._stop.set()
         if kind is None:
             self.release()
@@ -144,6 +145,8 @@ class Local:
             self._workers.terminate()  # its end of the pipe closes: the dispatcher stops
         if self._dispatcher is not None:
             self._dispatcher.join()
+        if kind is not None:
+            self._workers.join()
 
     def release(self) -> None:
         """Tell every worker it is done: they exit while this process merges."""

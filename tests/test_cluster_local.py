@@ -223,11 +223,14 @@ def test_the_whole_inputs_learnt_in_two_parts_add_up_to_one_learning(tmp_path):
 def test_ctrl_c_typed_while_one_server_s_partitions_are_audited_is_clean(tmp_path):
     """Ctrl-C typed in a terminal while `--workers 2` audits one server's partitions (the
     worker learning its part of the whole inputs or auditing its partition, the command its
-    own): exit 130, one line, no traceback from any process, no file, none left behind."""
+    own): exit 130, one line, no traceback from any process, no file, none left behind, and
+    nothing left of the private folders the workers write into (stopped before they go)."""
     from analyzer.synth import synthesize
 
     synthesize(tmp_path / "server", 800, seed=5)
     out = tmp_path / "report.json"
+    private = tmp_path / "tmp"
+    private.mkdir()
     pid, leader = pty.fork()
     if pid == 0:  # the child: a shell's foreground job
         os.chdir(ROOT)
@@ -244,7 +247,7 @@ def test_ctrl_c_typed_while_one_server_s_partitions_are_audited_is_clean(tmp_pat
             "-o",
             str(out),
         ]
-        os.execv(sys.executable, argv)
+        os.execve(sys.executable, argv, {**os.environ, "TMPDIR": str(private)})
     deadline = time.monotonic() + 60
     while not (workers := children_of(pid)) and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -260,6 +263,7 @@ def test_ctrl_c_typed_while_one_server_s_partitions_are_audited_is_clean(tmp_pat
     assert os.waitstatus_to_exitcode(status) == 130, screen
     assert screen.replace(b"^C", b"").strip() == b"dstack-audit: interrupted"  # ^C: the echo
     assert not out.exists()
+    assert list(private.iterdir()) == []
     deadline = time.monotonic() + 10
     while (left := still_running(workers)) and time.monotonic() < deadline:
         time.sleep(0.1)
