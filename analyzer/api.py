@@ -47,9 +47,14 @@ from analyzer.sources.base import LoadContext, ReadOptions, WholeInputFacts
 from analyzer.times import parse_time
 
 if TYPE_CHECKING:
-    from analyzer.cluster import FleetTasks
+    from analyzer.cluster import FleetTasks, Learning
     from analyzer.cluster_local import Workers
-    from analyzer.pipeline.partitions import ForesightPiece, MergedReport, PartitionResult
+    from analyzer.pipeline.partitions import (
+        ForesightPiece,
+        MergedReport,
+        PartitionResult,
+        SpilledPartition,
+    )
     from analyzer.pipeline.story import RunStory
 
 DEFAULT_SERVER = "default"
@@ -453,6 +458,59 @@ def audit_partition(
     return PartitionResult(opened.report, opened._foresight_piece(whole_tables=index == 0))
 
 
+@dataclass
+class LearntPart:
+    """One process's part of the learning of the whole inputs of an audit in partitions on
+    local workers (analyzer.cluster.audit_partitions_locally), kept where it was learnt to
+    audit the partitions that part goes with; its facts are all the client is sent."""
+
+    paths: list[str]
+    learning: Learning
+    options: dict
+    facts: WholeInputFacts
+
+    @property
+    def head(self) -> WholeInputFacts:
+        return self.facts
+
+
+def learn_part(paths: Sequence[str], learning: Learning, options: dict) -> LearntPart:
+    """Part `learning` of what every partition reads of the whole inputs, the first task a
+    local worker runs for an audit in partitions: the other part is learnt meanwhile by
+    another process."""
+    facts = WholeInputFacts(split=(learning.count, Path(learning.folder)), part=learning.part)
+    for path in paths:
+        learn_whole_inputs(path, facts)
+    return LearntPart(list(paths), learning, options, facts)
+
+
+def audit_learnt_part(learnt: LearntPart, others: WholeInputFacts) -> dict[int, SpilledPartition]:
+    """The partitions `learnt` goes with, audited where it was learnt, given what the other
+    processes learnt (`others`), each written to the merge's spill files there."""
+    from analyzer.pipeline.partitions import spilled
+
+    learnt.facts.update(others)
+    learning, options = learnt.learning, learnt.options
+    return {
+        index: spilled(
+            Path(learning.spill),
+            index,
+            audit_partition(learnt.paths, index, learning.count, options, learnt.facts),
+        )
+        for index in learning.partitions
+    }
+
+
+@cache
+def partition_tasks() -> FleetTasks:
+    """One audit's partitions on local workers: each process learns a part of the whole
+    inputs, then audits the partitions that part goes with; the client merges their results
+    in its ReportSpill, not by `merge` (made on first use, as report_fleet)."""
+    from analyzer.cluster import FleetTasks
+
+    return FleetTasks(learn_part, audit_learnt_part, list)
+
+
 @dataclass(frozen=True)
 class ServerHead:
     """What the client is sent of each server's audit as soon as it is done: the secret values
@@ -607,14 +665,14 @@ def cluster_merged(
     started: Workers | None = None,
     **options,
 ) -> Iterator[Report | MergedReport | Any]:
-    """Audit on a new local Dask cluster of `workers` processes or on the scheduler at
-    `address`, in `partitions` tasks (analyzer.cluster.PARTITIONS_PER_WORKER per worker thread
-    unless given), the partitions' runs and findings left in the merge's private folder until
-    the report is written (as `partitions_merged`). Several databases, each a server of its
-    own, are audited one server per task instead (unless --partitions or --server-label is
-    given): no task reads another's database, and nothing is learnt of the whole inputs first;
-    `fleet` says what those tasks do and what their merge yields (report_fleet(): the report);
-    `started`: the local workers the command started for them before its own imports
+    """Audit on `workers` local processes of our own or on the Dask scheduler at `address`,
+    in `partitions` tasks (analyzer.cluster.PARTITIONS_PER_WORKER per worker unless given),
+    the partitions' runs and findings left in the merge's private folder until the report is
+    written (as `partitions_merged`). Several databases, each a server of its own, are
+    audited one server per task instead (unless --partitions or --server-label is given): no
+    task reads another's database, and nothing is learnt of the whole inputs first; `fleet`
+    says what those tasks do and what their merge yields (report_fleet(): the report);
+    `started`: the local workers the command started before its own imports
     (analyzer.cluster_local.started)."""
     from analyzer.cluster import run_on_cluster
     from analyzer.pipeline.partitions import ReportSpill
@@ -629,6 +687,8 @@ def cluster_merged(
             spill,
             servers=servers,
             fleet=fleet or report_fleet(),
+            partition_tasks=partition_tasks(),
+            folder=folder,
             workers=workers,
             address=address,
             partitions=partitions,

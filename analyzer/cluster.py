@@ -21,13 +21,11 @@ Dask is imported only here, and only when a command asks for a cluster.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from analyzer._version import __version__
 from analyzer.cluster_local import Local, Servers, Workers
@@ -36,7 +34,7 @@ from analyzer.collector import paused
 from analyzer.errors import AuditInputError
 from analyzer.pipeline.partitions import MergedReport, PartitionResult, ReportSpill
 from analyzer.progress import stage
-from analyzer.sources.base import WholeInputFacts
+from analyzer.sources.base import LEARNING_PARTS, WholeInputFacts
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -51,8 +49,6 @@ also one more pass over every database's runs table). Measured then (benchmarks/
 2,000 runs, 2 workers, a shared 2-core machine): 2 / 4 / 8 partitions 9.1 / 9.3 / 18.8 s;
 `--partitions` sets more, to bound memory."""
 WORKER_WAIT_SECONDS = 30
-WORKER_PRELOAD = "analyzer.cluster_worker"
-"""Run by each local worker as it starts: the pipeline imported, Ctrl-C left to the client."""
 
 
 def _distributed():
@@ -66,31 +62,9 @@ def _distributed():
 
 
 @contextmanager
-def connect(*, workers: int | None = None, address: str | None = None) -> Iterator[Client]:
-    """A client of a new local cluster of `workers` processes (one thread each, 127.0.0.1,
-    no dashboard; the scheduler's own HTTP endpoint on a free port, not on the dashboard's
-    8787 another cluster may hold), or of the scheduler at `address`; closed (and the local
-    cluster stopped) on leaving. The local cluster's processes log only what is critical: a
-    task's error reaches the client as its exception, and a worker whose heartbeat meets the
-    scheduler already closing (a race of every shutdown) would otherwise print a traceback
-    after a finished audit."""
+def connect(address: str) -> Iterator[Client]:
+    """A client of the Dask scheduler at `address`, closed on leaving."""
     distributed = _distributed()
-    if address is None:
-        with (
-            distributed.LocalCluster(
-                n_workers=workers or 1,
-                threads_per_worker=1,
-                processes=True,
-                host="127.0.0.1",
-                dashboard_address=None,
-                scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
-                preload=[WORKER_PRELOAD],
-                silence_logs=logging.CRITICAL,
-            ) as cluster,
-            distributed.Client(cluster) as client,
-        ):
-            yield client
-        return
     try:
         client = distributed.Client(address)
     except (OSError, ValueError, TypeError) as error:
@@ -124,7 +98,7 @@ def _sendable(paths: Sequence[str | Path]) -> list[str]:
         )
     if "-" in given:
         raise AuditInputError(
-            "-", "standard input cannot be sent to Dask workers", "save it to a file they can read"
+            "-", "standard input cannot be sent to the workers", "save it to a file they can read"
         )
     return given
 
@@ -329,13 +303,82 @@ def _audited_locally(
         secrets = _every_secret(heads)
         if secrets is None:
             return None
-        finished = pool.finish(secrets)
+        finished = pool.finish(lambda _: secrets)
         merged = _merged(fleet, heads, finished)
         there = pool.finished_there()
         pool.release()
         if any(part is not None for part in there.values()):
             merged = _merged(fleet, heads, {**finished, **there})
         return merged
+
+
+class Learning(NamedTuple):
+    """Part `index` of `parts` of the learning of one audit's whole inputs (LEARNING_PARTS;
+    nothing past them), for its `count` partitions split into `folder`: whoever learns it
+    audits partitions `index`, `index + parts`, ... (`partitions`), written to the merge's
+    `spill` folder."""
+
+    index: int
+    parts: int
+    count: int
+    folder: str
+    spill: str
+
+    def __str__(self) -> str:
+        return f"part {self.index + 1}/{self.parts} of the whole inputs"
+
+    @property
+    def part(self) -> str | None:
+        """Which of LEARNING_PARTS (None: all of them, a process alone; "": none)."""
+        if self.parts == 1:
+            return None
+        return list(LEARNING_PARTS)[self.index] if self.index < len(LEARNING_PARTS) else ""
+
+    @property
+    def partitions(self) -> range:
+        return range(self.index, self.count, self.parts)
+
+
+def audit_partitions_locally(
+    given: list[str],
+    count: int,
+    tasks: FleetTasks,
+    spill: ReportSpill,
+    started: Workers,
+    folder: Path,
+    options: dict[str, Any],
+) -> MergedReport:
+    """The `count` partitions of one audit on this process and the `started` local workers
+    (analyzer.cluster_local): each process learns a part of the whole inputs at once
+    (`tasks.audit`, a `Learning`: the run tables split by bucket into `folder`, or the
+    rest), is sent what the others learnt, and audits the partitions its part goes with
+    (`tasks.finish`), writing each to `spill`'s files there; they are merged here as in one
+    process."""
+    processes = len(started.processes) + 1
+    learning: Servers = [
+        (given, Learning(k, processes, count, str(folder), str(spill.folder)))
+        for k in range(processes)
+    ]
+    with paused(keep=True), Local(tasks, started) as pool:
+        with stage("learning the whole inputs", total=processes, unit="parts") as step:
+            learnt = pool.audit(learning, list(range(processes)), options, step)
+
+        def others(mine: list[int]) -> WholeInputFacts:
+            facts = WholeInputFacts()
+            for index, part in learnt.items():
+                if index not in mine:
+                    facts.update(part)
+            return facts
+
+        with stage("auditing partitions"):
+            done = pool.finish(others)
+            done.update(pool.finished_there())
+        pool.release()
+    results = {index: result for part in done.values() for index, result in part.items()}
+    _same_version(result.head.generated_by for result in results.values())
+    for index in range(count):
+        spill.take(index, results.pop(index))
+    return spill.merged()
 
 
 def run_on_cluster(
@@ -346,47 +389,47 @@ def run_on_cluster(
     *,
     servers: Servers | None = None,
     fleet: FleetTasks | None = None,
+    partition_tasks: FleetTasks | None = None,
+    folder: Path | None = None,
     workers: int | None = None,
     address: str | None = None,
     partitions: int | None = None,
     started: Workers | None = None,
     **options: Any,
 ) -> Report | MergedReport | Any:
-    """Audit on a new local cluster of `workers` processes or on the scheduler at `address`,
-    in `partitions` tasks (PARTITIONS_PER_WORKER per worker thread unless given), the whole
-    inputs' shared facts learnt by `learn` in this process while the cluster starts, each
-    task's result written to `spill` as it arrives (the merged report reads it: use it inside
-    `spill`'s `with`). Given `servers` (a fleet of databases) and `fleet`, one server per
-    task, on local processes of our own (audit_servers_locally) or the scheduler's workers
-    (audit_servers): what `fleet.merge` returns, unless two servers prove to be one. The
-    local processes `started` for a fleet before the command's imports are stopped unused
-    when the inputs are no fleet after all."""
+    """Audit on `workers` local processes of our own (this one among them, the `started` ones
+    if the command started them before its imports) or on the Dask scheduler at `address`, in
+    `partitions` tasks (PARTITIONS_PER_WORKER per worker or worker thread unless given), each
+    task's result written to `spill` (the merged report reads it: use it inside `spill`'s
+    `with`). Local partitions are `partition_tasks` (analyzer.api.partition_tasks), the whole
+    inputs learnt in parts by the processes (the run tables split into `folder`); Dask's are
+    `task`, the whole inputs' shared facts learnt by `learn` in this process. Given `servers`
+    (a fleet of databases) and `fleet`, one server per task (audit_servers_locally or
+    audit_servers): what `fleet.merge` returns, unless two servers prove to be one."""
     given = _sendable(paths)
-    local = address is None
-    if started is not None and (servers is None or fleet is None or not local):
-        started.terminate()  # before a Dask cluster starts: they would share its cores
-    if servers is not None and fleet is not None:
-        merged = (
-            audit_servers_locally(workers or 1, servers, fleet, started=started, **options)
-            if local
-            else None
-        )
-        if merged is not None:
-            return merged
-        with connect(workers=workers, address=address) as client:
-            merged = None if local else audit_servers(client, servers, fleet, **options)
+    if address is None:
+        count = partitions or PARTITIONS_PER_WORKER * (workers or 1)
+        with ExitStack() as stack:
+            if servers is not None and fleet is not None:
+                merged = audit_servers_locally(
+                    workers or 1, servers, fleet, started=started, **options
+                )
+                if merged is not None:
+                    return merged
+                started = None  # told they are done: others take the partitions
+            if started is None:
+                started = stack.enter_context(local_workers(min(workers or 1, count) - 1))
+            if partition_tasks is None or folder is None:
+                raise ValueError("local partitions need their partition_tasks and a folder")
+            return audit_partitions_locally(
+                given, count, partition_tasks, spill, started, folder, options
+            )
+    with connect(address) as client:
+        if servers is not None and fleet is not None:
+            merged = audit_servers(client, servers, fleet, **options)
             if merged is not None:
                 return merged
-            count = partitions or default_partitions(client)
-            shared = learn(given, count if local else None)
-            audit_partitions(client, given, count, task, spill, shared=shared, **options)
-            return spill.merged()
-    # a local cluster has one thread per worker: the count is known before it starts
-    local_count = partitions or PARTITIONS_PER_WORKER * (workers or 1)
-    with ThreadPoolExecutor(1) as pool:
-        learning = pool.submit(learn, given, local_count if address is None else None)
-        with connect(workers=workers, address=address) as client:
-            count = partitions or default_partitions(client)
-            shared = learning.result()
-            audit_partitions(client, given, count, task, spill, shared=shared, **options)
-            return spill.merged()
+        count = partitions or default_partitions(client)
+        shared = learn(given, None)
+        audit_partitions(client, given, count, task, spill, shared=shared, **options)
+        return spill.merged()

@@ -1,6 +1,7 @@
-"""A fleet of dstack servers audited one server per task on local processes of our own
-(`--workers N` over several databases: analyzer.cluster.audit_servers_locally), with none of a
-local Dask cluster's start: no scheduler, no nanny, no Dask imported anywhere.
+"""A fleet of dstack servers audited one server per task, or one server's partitions one per
+task, on local processes of our own (`--workers N`: analyzer.cluster.audit_servers_locally and
+audit_partitions_locally), with none of a Dask cluster's start: no scheduler, no nanny, no Dask
+imported anywhere.
 
 This module imports the standard library and the base layer's light modules only, so that the
 command can start its workers before it imports the pipeline itself (`started`): their
@@ -35,8 +36,9 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 """A SQLite database file's first 16 bytes (analyzer.sources.sqlite.SQLITE_MAGIC, which cannot
 be imported here without the pipeline's imports)."""
 
-Servers = list[tuple[list[str], str]]
-"""Each server's paths and its label (analyzer.api.one_server_each)."""
+Servers = list[tuple[list[str], Any]]
+"""Each task's paths and what names it: a server's label (analyzer.api.one_server_each), or a
+partition (analyzer.cluster.Part)."""
 
 
 def may_be_a_fleet(sources: Sequence[str]) -> bool:
@@ -132,9 +134,10 @@ class Local:
         return self
 
     def __exit__(self, kind: type | None, *_: object) -> None:
-        """The workers told they are done, or stopped on an error; not waited for: whoever
-        started them does (`started`), once the report is written, so that their exit (each
-        frees the servers it kept) never holds this process back."""
+        """The workers told they are done, not waited for: whoever started them does
+        (`started`), once the report is written, so that their exit (each frees the servers
+        it kept) never holds this process back. On an error they are stopped and waited for
+        here: none still writes into the audit's private folders as they are removed."""
         self._stop.set()
         if kind is None:
             self.release()
@@ -142,6 +145,8 @@ class Local:
             self._workers.terminate()  # its end of the pipe closes: the dispatcher stops
         if self._dispatcher is not None:
             self._dispatcher.join()
+        if kind is not None:
+            self._workers.join()
 
     def release(self) -> None:
         """Tell every worker it is done: they exit while this process merges."""
@@ -245,15 +250,17 @@ class Local:
             heads[index] = answer
             step(note=f"audited {servers[index][1]}")
 
-    def finish(self, secrets: frozenset[str]) -> dict[int, Any]:
-        """Each server this process audited finished here, given every server's secret
-        values, after the workers are sent them (one message each) to finish theirs
-        meanwhile (`finished_there`)."""
+    def finish(self, context: Callable[[list[int]], Any]) -> dict[int, Any]:
+        """Each task this process audited finished here, given `context(its tasks)` (a fleet:
+        every server's secret values), after each worker is sent the context of its own tasks
+        (one message each) to finish them meanwhile (`finished_there`)."""
         for connection in self._connections:
             mine = [index for index, held in self._held.items() if held is connection]
-            _send(connection, (mine, secrets))
+            _send(connection, (mine, context(mine)))
         kept, self._kept = self._kept, {}
-        return {index: self._fleet.finish(audited, secrets) for index, audited in kept.items()}
+        here = context(list(kept))
+        with quiet_stages():  # its own stages are not shown: the caller's stage is
+            return {index: self._fleet.finish(audited, here) for index, audited in kept.items()}
 
     def finished_there(self) -> dict[int, Any]:
         """The workers' servers as they finished them (`finish`): one reply each."""
@@ -344,11 +351,11 @@ def _died(when: str) -> AuditInputError:
 
 
 def _serve(connection: Connection, preload: tuple[str, ...]) -> None:
-    """A local worker process: the modules `preload` names imported, then each server it is
-    sent audited and kept, and finished when sent every server's secret values; its cycle
-    collector paused as the client's is (collector.paused: each pass would walk the servers
-    it keeps again; 0.1-0.4 s of a worker's 5-6 s CPU on a fleet of 8 servers of 2k runs,
-    against the command's thresholds)."""
+    """A local worker process: the modules `preload` names imported, then each task it is
+    sent audited and kept, and finished when sent their context (a fleet: every server's
+    secret values); its cycle collector paused as the client's is (collector.paused: each
+    pass would walk the servers it keeps again; 0.1-0.4 s of a worker's 5-6 s CPU on a fleet
+    of 8 servers of 2k runs, against the command's thresholds)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the client stops us
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     with paused():
@@ -369,8 +376,8 @@ def _served(connection: Connection) -> None:
                 kept[index] = fleet.audit(*arguments)
                 answer = kept[index].head
             else:
-                indexes, secrets = message
-                answer = {i: fleet.finish(kept.pop(i), secrets) for i in indexes}
+                indexes, context = message
+                answer = {i: fleet.finish(kept.pop(i), context) for i in indexes}
         except Exception as error:  # sent back whole: the client raises it
             _send_error(connection, error)
             continue

@@ -1,9 +1,9 @@
 """The audit of one synthetic server's database in one process, in sequential partitions and on
-a local Dask cluster (not part of the test suite; needs the 'cluster' extra).
+local worker processes (`--workers`; not part of the test suite).
 
     python benchmarks/cluster.py [--runs 2000] [--seed 7] [--out DIR] [--repeat 3]
 
-Every audit is a whole `dstack-audit audit` process (start-up, and for --workers the cluster's
+Every audit is a whole `dstack-audit audit` process (start-up, and for --workers the workers'
 start and stop, included); each report must equal the one-process report. Prints one line per
 configuration: the fastest and every measured wall time, and the ratio to one process.
 """

@@ -24,8 +24,9 @@ part of the test suite).
 - report (only when asked): `dstack-audit report` (HTML) of >= 1,000 findings vs the same
   audit as JSON, its floor (target: <= 2x its wall time).
 - workers (only when asked): the 16k-run database (--quick: 4k) audited by one process and by
-  `--workers 2` on a local Dask cluster, the cluster's start included, run in turn; the two
-  reports must be byte-identical (target: the cluster takes <= 0.9x the wall time).
+  `--workers 2` (its partitions on two local processes), the worker's start included, run in
+  turn; the two reports must be byte-identical (target: the workers take <= 0.9x the wall
+  time).
 - servers (only when asked): a fleet of 8 servers of 2k runs (--quick: 500) audited by one
   process and by `--workers 2` (one server per task), the workers' start included, run in
   turn; the reports must be byte-identical (target: the workers take <= 0.65x the wall time).
@@ -386,7 +387,8 @@ def bench_report(ctx: argparse.Namespace) -> list[dict]:
 
 
 def bench_workers(ctx: argparse.Namespace) -> list[dict]:
-    """One process vs `--workers 2` (a local Dask cluster, started and stopped by the audit)."""
+    """One process vs `--workers 2` (one server's partitions on two local processes, the
+    worker started and stopped by the audit)."""
     runs = 4000 if ctx.quick else 16000
     folder = fleet(ctx.out, runs)
     options = ([], ["--workers", "2"])

@@ -13,7 +13,6 @@ import tempfile
 from pathlib import Path
 
 import polars as pl
-import pytest
 from conftest import ROOT, execute, interrupt_partitioned_audit, plant_env_secret
 
 from analyzer.api import audit_in_partitions, open_sources, whole_input_facts
@@ -136,7 +135,6 @@ def _damaged_fleet(tmp_path: Path) -> Path:
 def test_local_workers_give_the_one_process_report_of_a_damaged_database(tmp_path):
     """`--workers 2` (the same split, partitions on two local processes): the JSON report,
     damage accounting included, is the one process's, byte for byte."""
-    pytest.importorskip("distributed", reason="Dask distributed is not installed")
     (tmp_path / "evidence").mkdir()
     db = _damaged_fleet(tmp_path / "evidence")
     texts = []

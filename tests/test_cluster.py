@@ -1,5 +1,6 @@
-"""Partitions audited as tasks on a real Dask cluster: a scheduler and two workers started with
-the `dask scheduler` / `dask worker` commands on 127.0.0.1, and a LocalCluster (`--workers`).
+"""Partitions audited as tasks on a real Dask cluster (a scheduler and two workers started with
+the `dask scheduler` / `dask worker` commands on 127.0.0.1) and on local processes of our own
+(`--workers`).
 The merged report must be the single-process report, field for field."""
 
 from __future__ import annotations
@@ -143,7 +144,7 @@ def test_a_scheduler_and_two_workers_give_the_single_process_report(scheduler, s
     _assert_same_report(report, single)
 
 
-def test_a_local_cluster_of_two_workers_gives_the_single_process_report(sources, single):
+def test_two_local_workers_give_the_single_process_report(sources, single):
     result = _cli("audit", *_labels(sources), "--workers", "2", "--format", "json")
     assert result.returncode == 0, result.stderr
     _assert_same_report(json.loads(result.stdout), single)
@@ -175,32 +176,6 @@ def test_an_unreadable_input_on_a_worker_is_the_same_one_line_error(scheduler, t
     assert on_cluster.stderr == alone.stderr
     assert on_cluster.stderr.count("\n") == 1 and str(broken) in on_cluster.stderr
     assert "Traceback" not in on_cluster.stderr and not on_cluster.stdout
-
-
-def test_a_local_clusters_workers_print_only_what_is_critical():
-    """A worker whose heartbeat meets the scheduler already closing (a race at the end of a
-    local audit, about 1 in 4 at 2k runs) logs a traceback at ERROR: the workers print only
-    what is critical, as a task's error reaches the client as its exception."""
-    import logging
-
-    from analyzer.cluster import connect
-
-    with connect(workers=1) as client:
-        levels = client.run(lambda: [h.level for h in logging.getLogger("distributed").handlers])
-    assert list(levels.values()) == [[logging.CRITICAL]]
-
-
-def test_a_local_clusters_workers_leave_ctrl_c_to_the_client():
-    """A Ctrl-C typed in a terminal reaches the whole foreground group: a worker that took it
-    printed its KeyboardInterrupt traceback (2 runs in 5 at 2k runs); it ignores it, and the
-    client stops it."""
-    import signal
-
-    from analyzer.cluster import connect
-
-    with connect(workers=1) as client:
-        handlers = client.run(lambda: signal.getsignal(signal.SIGINT) == signal.SIG_IGN)
-    assert list(handlers.values()) == [True]
 
 
 def test_workers_of_another_version_are_refused(scheduler, sources):
@@ -270,7 +245,7 @@ def test_a_scheduler_without_workers_is_one_line_and_exit_2(sources, monkeypatch
 def test_standard_input_and_conflicting_options_are_refused(sources):
     stdin = _audit_in_process("-", "--workers", "2")
     assert stdin.exit_code == 2
-    assert stdin.stderr.startswith("dstack-audit: -: standard input cannot be sent to Dask workers")
+    assert stdin.stderr.startswith("dstack-audit: -: standard input cannot be sent to the workers")
     both = _audit_in_process(sources[1], "--workers", "2", "--cluster", "tcp://127.0.0.1:1")
     assert both.exit_code == 2 and "cannot be combined with --cluster" in both.stderr
 
@@ -278,12 +253,21 @@ def test_standard_input_and_conflicting_options_are_refused(sources):
 def test_without_distributed_the_error_names_the_extra(sources, monkeypatch):
     """The package hidden from the import system, as on an install without the extra."""
     monkeypatch.setitem(sys.modules, "distributed", None)
-    result = _audit_in_process(sources[1], "--workers", "2")
+    result = _audit_in_process(sources[1], "--cluster", "tcp://127.0.0.1:1")
     assert result.exit_code == 2
     assert result.stderr == (
         "dstack-audit: --workers/--cluster: Dask distributed is not installed "
         "(install the extra: pip install 'dstack-audit[cluster]')\n"
     )
+
+
+def test_local_workers_need_no_dask(sources, single, monkeypatch):
+    """`--workers` runs one server's partitions on local processes of its own, as a fleet's
+    servers: Dask hidden from the import system, the report is still the one process's."""
+    monkeypatch.setitem(sys.modules, "distributed", None)
+    result = _audit_in_process(*_labels(sources), "--workers", "2", "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    _assert_same_report(json.loads(result.stdout), single)
 
 
 def test_start_up_does_not_import_dask():

@@ -188,3 +188,83 @@ def test_ctrl_c_typed_while_the_workers_start_is_clean(tmp_path):
     while (left := still_running(workers)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not left
+
+
+def test_the_whole_inputs_learnt_in_two_parts_add_up_to_one_learning(tmp_path):
+    """`--workers` learns the whole inputs in two parts at once (LEARNING_PARTS), each in its
+    own process: together the parts hold every fact one learner learns, each part's run
+    tables split by bucket as one learner splits them."""
+    from analyzer.sources import learn_whole_inputs
+    from analyzer.sources.base import LEARNING_PARTS, WholeInputFacts
+
+    db = CRASH / "server.db"
+    alone = WholeInputFacts(split=(2, tmp_path))
+    learn_whole_inputs(db, alone)
+    parts = {part: WholeInputFacts(split=(2, tmp_path), part=part) for part in LEARNING_PARTS}
+    for facts in parts.values():
+        learn_whole_inputs(db, facts)
+    assert parts["events"].known("sha256", db) is None
+    split = {part: facts.known("buckets of 2", db) for part, facts in parts.items()}
+    assert split["events"].files.keys() == {"events", "event_targets"}
+    assert split["runs"].files.keys() == {"runs", "jobs", "probes"}
+    joined = WholeInputFacts()
+    for facts in parts.values():
+        joined.update(facts)
+    for name in ("latest", "sha256"):
+        assert joined.known(name, db) == alone.known(name, db) is not None, name
+    assert joined.known("runs by service", db).equals(alone.known("runs by service", db))
+    assert (
+        joined.known("buckets of 2", db).files.keys()
+        == alone.known("buckets of 2", db).files.keys()
+    )
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux's /proc")
+def test_ctrl_c_typed_while_one_server_s_partitions_are_audited_is_clean(tmp_path):
+    """Ctrl-C typed in a terminal while `--workers 2` audits one server's partitions (the
+    worker learning its part of the whole inputs or auditing its partition, the command its
+    own): exit 130, one line, no traceback from any process, no file, none left behind, and
+    nothing left of the private folders the workers write into (stopped before they go)."""
+    from analyzer.synth import synthesize
+
+    synthesize(tmp_path / "server", 800, seed=5)
+    out = tmp_path / "report.json"
+    private = tmp_path / "tmp"
+    private.mkdir()
+    pid, leader = pty.fork()
+    if pid == 0:  # the child: a shell's foreground job
+        os.chdir(ROOT)
+        db = str(tmp_path / "server" / "server.db")
+        argv = [
+            sys.executable,
+            "-m",
+            "analyzer",
+            "audit",
+            db,
+            "--workers",
+            "2",
+            "-q",
+            "-o",
+            str(out),
+        ]
+        os.execve(sys.executable, argv, {**os.environ, "TMPDIR": str(private)})
+    deadline = time.monotonic() + 60
+    while not (workers := children_of(pid)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert workers, "no worker was started"
+    time.sleep(1.0)  # its imports done: learning or auditing
+    workers |= children_of(pid)
+    os.write(leader, b"\x03")  # Ctrl-C, as typed
+    screen = read_until_closed(leader)
+    _, status = os.waitpid(pid, 0)
+    os.close(leader)
+    if os.waitstatus_to_exitcode(status) == 0:
+        pytest.skip("the audit finished before the signal")
+    assert os.waitstatus_to_exitcode(status) == 130, screen
+    assert screen.replace(b"^C", b"").strip() == b"dstack-audit: interrupted"  # ^C: the echo
+    assert not out.exists()
+    assert list(private.iterdir()) == []
+    deadline = time.monotonic() + 10
+    while (left := still_running(workers)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left

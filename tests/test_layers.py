@@ -46,7 +46,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "analyzer.cluster",
             "analyzer.cluster_local",
             "analyzer.cluster_local",
-            "analyzer.cluster_worker",
             "analyzer.synth",
         ),
     ),

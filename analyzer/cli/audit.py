@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 AUDIT_FORMATS = ("table", "markdown", "json", "csv", "jsonl")
 ROWS = ("findings", "victims")  # what csv and jsonl hold: one row a finding, or a victim
-FLEET_PRELOAD = ("analyzer.api", "analyzer.render.report_json")  # what a fleet's tasks import
+WORKER_PRELOAD = ("analyzer.api", "analyzer.render.report_json")  # what the tasks import
 
 
 def _markdown(report: Any) -> str:
@@ -126,9 +126,8 @@ RENDERERS: dict[str, Callable[[Any], Iterable[str]]] = {  # besides "table", the
 @click.option(
     "--workers",
     type=click.IntRange(min=1),
-    help="Audit on N local worker processes: several databases one server per process, else "
-    "the partitions as tasks on a new local Dask cluster (needs the 'cluster' extra; "
-    "--partitions defaults to one per worker thread).",
+    help="Audit on N local processes (this one among them): several databases one server "
+    "per task, else the partitions as tasks (--partitions defaults to one per worker).",
 )
 @click.option(
     "--cluster",
@@ -193,10 +192,14 @@ def audit(
     """
     if not (workers or cluster):  # before polars is imported
         polars_for_small_inputs(sources)
-    # a fleet's local workers, started before the pipeline is imported (none for an audit not
-    # one server per local process, or refused below)
-    other = cluster or partitions or server_labels or partition or quarantine or bundle
-    local = _fleet_workers(sources, workers) if workers and not other else None
+    # the local workers, started before the pipeline is imported (none for an audit refused
+    # below)
+    refused = cluster or partition or quarantine or bundle
+    local = (
+        _local_workers(sources, workers, partitions, server_labels)
+        if workers and not refused
+        else None
+    )
     # the library's objects live as long as the process: set aside, not walked by each pass
     with paused(keep=True):
         from analyzer.api import partitions_merged
@@ -379,18 +382,22 @@ def audit(
     _gate(report, fail_on_findings, allow_undecided)
 
 
-def _fleet_workers(sources: tuple[str, ...], workers: int) -> Workers | None:
-    """For what may be a fleet of databases audited one server per local process, those
-    processes started first, before this one imports the pipeline, so that theirs import
-    while it does (analyzer.cluster_local); stopped when the command ends, also on an error
-    or Ctrl-C. None when the sources cannot be such a fleet."""
+def _local_workers(
+    sources: tuple[str, ...], workers: int, partitions: int | None, labelled: tuple[str, ...]
+) -> Workers | None:
+    """The local processes a `--workers` audit runs on besides this one, started first,
+    before this one imports the pipeline, so that theirs import while it does
+    (analyzer.cluster_local): one a server for what may be a fleet of databases, else one a
+    partition; stopped when the command ends, also on an error or Ctrl-C. None when this
+    process alone is enough."""
     from analyzer.cluster_local import may_be_a_fleet, started
 
     distinct = list(dict.fromkeys(sources))
-    if workers < 2 or not may_be_a_fleet(distinct):
+    fleet = not partitions and not labelled and may_be_a_fleet(distinct)
+    count = min(workers, len(distinct) if fleet else partitions or workers) - 1
+    if count < 1:
         return None
-    count = min(workers, len(distinct)) - 1
-    return click.get_current_context().with_resource(started(count, FLEET_PRELOAD))
+    return click.get_current_context().with_resource(started(count, WORKER_PRELOAD))
 
 
 def _written_once(texts: list[str]) -> Iterator[str]:

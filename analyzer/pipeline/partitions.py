@@ -219,6 +219,37 @@ own, 512 at a time 2.5 s and 120 MB (the audit in 16 partitions: 542 MB peak; 1,
 676 MB); at 100k runs the merge's foresight is the audit's peak (docs/benchmarks.md)."""
 
 
+@dataclass
+class SpilledPartition:
+    """What the merge keeps of a partition written to its spill files (`spilled`): its report,
+    its findings slim (a verdict is small: held whole, for the summary and the order of the
+    runs), which of its findings ask for the capacity foresight, and its foresight piece."""
+
+    head: Report
+    wanted: list[int]
+    foresight: ForesightPiece
+
+
+def spilled(folder: Path, index: int, result: PartitionResult) -> SpilledPartition:
+    """Partition `index`'s report written to its files in the merge's `folder` (ReportSpill:
+    each run verdict and finding as its JSON text after its place in the report's order), in
+    whichever process audited it."""
+    report = result.report
+    _write(_spill_file(folder, "runs", index), [(run_order(v), _text(v)) for v in report.runs])
+    findings = [(impact_rank(f), _text(f)) for f in report.findings]
+    _write(_spill_file(folder, "findings", index), findings)
+    wanted = {id(f) for f in wanted_findings(report.findings)}
+    return SpilledPartition(
+        report.model_copy(update={"findings": [slim_finding(f) for f in report.findings]}),
+        [i for i, f in enumerate(report.findings) if id(f) in wanted],
+        result.foresight,
+    )
+
+
+def _spill_file(folder: Path, name: str, index: int) -> Path:
+    return folder / f"{name}-{index}.spill"
+
+
 class ReportSpill:
     """The reports of the partitions of one audit, each written to a private folder as soon
     as its partition is done, so that no list of every run and finding is held for the merge:
@@ -242,24 +273,25 @@ class ReportSpill:
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = None
 
-    def _file(self, name: str, index: int) -> Path:
+    @property
+    def folder(self) -> Path:
         if self._folder is None:
             raise RuntimeError("a ReportSpill is used inside `with`")
-        return self._folder / f"{name}-{index}.spill"
+        return self._folder
+
+    def _file(self, name: str, index: int) -> Path:
+        return _spill_file(self.folder, name, index)
 
     def add(self, index: int, result: PartitionResult) -> None:
         """Partition `index`'s report written out, its foresight piece kept (results may come
         in any order: the merge takes them in the partitions' order)."""
-        report = result.report
-        _write(self._file("runs", index), [(run_order(v), _text(v)) for v in report.runs])
-        _write(self._file("findings", index), [(impact_rank(f), _text(f)) for f in report.findings])
-        wanted = {id(f) for f in wanted_findings(report.findings)}
-        self._wanted[index] = [i for i, f in enumerate(report.findings) if id(f) in wanted]
-        # a verdict is small: held whole, for the summary and the order of the runs
-        self._heads[index] = report.model_copy(
-            update={"findings": [slim_finding(f) for f in report.findings]}
-        )
-        self._pieces.append(result.foresight)
+        self.take(index, spilled(self.folder, index, result))
+
+    def take(self, index: int, part: SpilledPartition) -> None:
+        """Partition `index`, written out already (`spilled`, where it was audited)."""
+        self._heads[index] = part.head
+        self._wanted[index] = part.wanted
+        self._pieces.append(part.foresight)
 
     def merged(self) -> MergedReport:
         """The merged report: the capacity foresight of every finding that asks for it worked

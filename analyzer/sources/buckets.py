@@ -13,7 +13,7 @@ would have read it from the database.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,6 +52,19 @@ class BucketFiles:
             self.folder.is_dir()
         )
 
+    def joined(self, other: BucketFiles) -> BucketFiles:
+        """These files and `other`'s, of other tables of the same database and buckets (split
+        by two processes at once: analyzer.sources.base.LEARNING_PARTS)."""
+        return BucketFiles(
+            self.folder,
+            self.count,
+            {**self.columns, **other.columns},
+            {**self.json_paths, **other.json_paths},
+            {**self.files, **other.files},
+            self.secrets | other.secrets,
+            {**self.damage, **other.damage},
+        )
+
     def read(self, table: str, index: int) -> pl.DataFrame:
         """Bucket `index`'s rows of `table`, in the table's order."""
         parts = [pl.read_ipc(path) for path in self.files.get(table, {}).get(index, [])]
@@ -78,22 +91,30 @@ def split_by_bucket(
     folder: Path,
     *,
     by_run_id: bool,
+    tables: Collection[str] = RUN_TABLES,
 ) -> BucketFiles:
     """Write the run tables `columns` names (runs and jobs at least) into `folder` by the
     bucket among `count` of each row's service: a run's by `runs_by_service` (its id and
     service hash), a job's by its run, a probe's by its job, an event's by every run and job
     it targets (and, `by_run_id`, every run its targets name as `entity_run_id`), as
-    dstack's targets point at them: entity_type RUN or JOB (the database's enum names)."""
+    dstack's targets point at them: entity_type RUN or JOB (the database's enum names). Only
+    the run tables among `tables` are written (the others another process splits)."""
     kept = {table: names for table, names in columns.items() if table in RUN_TABLES}
+    kept = {table: names for table, names in kept.items() if table in tables}
     store = BucketFiles(folder, count, kept, {table: json_paths[table] for table in kept})
     runs = runs_by_service.select(
         pl.col("id").cast(pl.Binary), (pl.col("service_hash") % count).alias(BUCKET)
     ).filter(pl.col("id").is_not_null())
-    _split(store, batches, "runs", runs, "id")
-    jobs = _split(store, batches, "jobs", runs, "run_id", keep="id")
+    if "runs" in store.columns:
+        _split(store, batches, "runs", runs, "id")
+    events = {"events", "event_targets"} <= store.columns.keys()
+    if "jobs" in store.columns:
+        jobs = _split(store, batches, "jobs", runs, "run_id", keep="id")
+    else:
+        jobs = _buckets_of(batches, "jobs", runs, "run_id", "id") if events else runs.clear()
     if "probes" in store.columns:
         _split(store, batches, "probes", jobs, "job_id")
-    if {"events", "event_targets"} <= store.columns.keys():
+    if events:
         events = _events_by_bucket(batches, runs, jobs, by_run_id=by_run_id)
         _split(store, batches, "event_targets", events, "event_id")
         _split(store, batches, "events", events, "id")
@@ -132,6 +153,20 @@ def _split(
     if keep is None:
         return buckets.clear()
     return pl.concat(kept).rename({keep: "id"}) if kept else buckets.clear()
+
+
+def _buckets_of(
+    batches: Batches, table: str, buckets: pl.DataFrame, key: str, keep: str
+) -> pl.DataFrame:
+    """(`keep`, bucket) of `table`'s rows by the bucket their `key` has in `buckets`, as
+    `_split` returns them, read from those two columns alone and written nowhere."""
+    found = [
+        batch.join(buckets.rename({"id": key}), on=key, maintain_order="left")
+        .select(pl.col(keep).alias("id"), BUCKET)
+        .filter(pl.col("id").is_not_null())
+        for batch in batches(table, [keep, key])
+    ]
+    return pl.concat(found) if found else buckets.clear()
 
 
 def _events_by_bucket(

@@ -345,8 +345,8 @@ class SqliteReader:
             frame = self._read_slim(table, columns, paths, where)
             yield frame.cast(dict.fromkeys(columns, pl.Binary))
 
-    def split(self, count: int, folder: Path) -> BucketFiles:
-        """The run tables written by bucket among `count` into a new folder in `folder`
+    def split(self, count: int, folder: Path, tables: tuple[str, ...] = RUN_TABLES) -> BucketFiles:
+        """The run `tables` written by bucket among `count` into a new folder in `folder`
         (analyzer.sources.buckets), as the partitions read them; with every secret value the
         database holds (load_tables collects them per partition), read on the way."""
         columns = {t: TABLE_COLUMNS[t] for t in RUN_TABLES if t in self._tables}
@@ -378,6 +378,7 @@ class SqliteReader:
             count,
             Path(tempfile.mkdtemp(dir=folder)),
             by_run_id=by_run_id,
+            tables=tables,
         )
         store.secrets = frozenset(secrets)
         store.damage = {table: parts for (_, table), parts in damage.found.items()}
@@ -551,9 +552,12 @@ def _read_database(
 
 def _learn(path: Path, shared: WholeInputFacts) -> None:
     """What every partition reads of the whole database, learnt once: its hash,
-    its runs by service, its latest times and the tables read whole (a database with a
-    write-ahead log is read from a fresh copy each time: only its hash is shared)."""
-    file_facts(path, "sqlite", shared)
+    its runs by service, its latest times and the tables read whole, and its run tables split
+    by bucket (the parts `shared` learns: LEARNING_PARTS; a database with a write-ahead log
+    is read from a fresh copy each time: only its hash is shared)."""
+    rest = shared.learns_rest
+    if rest:
+        file_facts(path, "sqlite", shared)
     real = Path(os.path.realpath(path))
     if _is_wal(path) or real.with_name(real.name + "-wal").exists():
         return
@@ -563,10 +567,14 @@ def _learn(path: Path, shared: WholeInputFacts) -> None:
         if not looks_like_dstack(tables):
             return
         remembered(shared, "runs by service", path, reader._runs_by_service)
-        remembered(shared, "latest", path, reader.latest)
-        if shared.split is not None:
+        split = tuple(table for table in RUN_TABLES if shared.splits(table))
+        if shared.split is not None and split:
             count, folder = shared.split
-            remembered(shared, f"buckets of {count}", path, partial(reader.split, count, folder))
+            learn = partial(reader.split, count, folder, split)
+            remembered(shared, f"buckets of {count}", path, learn)
+        if not rest:
+            return
+        remembered(shared, "latest", path, reader.latest)
         for table in sorted((TABLE_COLUMNS.keys() & tables) - set(RUN_TABLES)):
             reader.read_slim(table, TABLE_COLUMNS[table], JSON_PATHS.get(table, {}))
         learn_fleet_tables(reader, learn_projects(reader))
