@@ -32,13 +32,13 @@ _STD_HEAD_RE = re.sub(r"\(\?P<\w+>", "(?:", _STD_RE)
 # ASCII digits, where ``\d`` would take any script's): the lines the pre-filter may set aside
 # without parsing their time. A 29 February or a second 60 is not matched here (such a line is
 # classified like any other).
-_STD_VALID_HEAD_RE = (
-    rf"^(?:{LEVELS}) "
+_VALID_DATE = (
     r"(?:000[1-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-9][0-9]{3})-"
     r"(?:(?:0[1-9]|1[0-2])-(?:0[1-9]|1[0-9]|2[0-8])|(?:0[13-9]|1[0-2])-(?:29|30)"
     r"|(?:0[13578]|1[02])-31)"
-    r"T(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{3} \S+(?: |$)"
 )
+_VALID_CLOCK = r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]"
+_STD_VALID_HEAD_RE = rf"^(?:{LEVELS}) {_VALID_DATE}T{_VALID_CLOCK}\.[0-9]{{3}} \S+(?: |$)"
 
 # Where no line holds whitespace other than the space, the logger's first character is proof
 # enough: its ``\S+`` then ends at a space or at the line's end, and the rest of it is not
@@ -122,6 +122,26 @@ _JSON_HEAD_RE = (
 # between these, as a JSON parser would read it, so it is sliced without one.
 _JSON_MESSAGE = '"message": "'
 _JSON_PLAIN_REST_RE = "^" + re.escape(_JSON_MESSAGE) + r'[^"\\\x00-\x1f]*"\}$'
+
+
+# A whole line of dstack's own json layout with a real time and a message JSON escapes nothing
+# in: ``_json_fields`` reads it as a json record (its head, its plain message, its time).
+_JSON_VALID_LINE_RE = (
+    "^"
+    + re.escape(_JSON_TIMESTAMP)
+    + rf"{_VALID_DATE} {_VALID_CLOCK},[0-9]{{3}}"
+    + re.escape(_JSON_LOGGER)
+    + _JSON_VALUE
+    + re.escape(_JSON_LEVEL)
+    + _JSON_VALUE
+    + re.escape('", ')
+    + _JSON_PLAIN_REST_RE.removeprefix("^")
+)
+
+# A line that is a record of its own by its first characters alone (``classify_lines`` makes
+# it a record's start, whatever its neighbours): a standard record start with a real time
+# (``_STD_VALID_HEAD_RE``) or a whole plain json record (``_JSON_VALID_LINE_RE``).
+CERTAIN_RECORD_RE = f"(?:{_STD_VALID_HEAD_RE})|(?:{_JSON_VALID_LINE_RE})"
 
 
 _LONE_SURROGATE_RE = r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}"
