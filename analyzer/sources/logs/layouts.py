@@ -603,14 +603,19 @@ def _rich_pieces(frame: pl.DataFrame, width: int) -> pl.DataFrame:
     text = pl.col("content").str.slice(_RICH_INDENT)
     vis = pl.col("vis")
     body = pl.col("body")
-    # the first word's length: on ASCII text the byte offset of the first space is it (a
-    # search, several times cheaper than extracting the word); otherwise counted in characters
+    # the first word's length: on ASCII text the byte offset of the first whitespace is it (a
+    # search, several times cheaper than extracting the word), and where the only whitespace
+    # is the space, that of the first space (a search for a literal, cheaper again);
+    # otherwise counted in characters
+    content = pl.col("content")
     sizes = frame.select(
-        pl.col("content").str.len_bytes().sum(),
-        pl.col("content").str.len_chars().sum().alias("chars"),
-    )
-    if sizes.item(0, 0) == sizes.item(0, 1):
-        first_word = body.str.find(r"\s").fill_null(body.str.len_bytes())
+        content.str.len_bytes().sum(),
+        content.str.len_chars().sum().alias("chars"),
+        content.str.contains(r"[\t\x0b\x0c\r]").any().alias("other_spaces"),
+    ).row(0)
+    if sizes[0] == sizes[1]:
+        first_space = body.str.find(r"\s") if sizes[2] else body.str.find(" ", literal=True)
+        first_word = first_space.fill_null(body.str.len_bytes())
     else:
         first_word = body.str.extract(r"^\S*", 0).str.len_chars()
     frame = (
@@ -741,7 +746,8 @@ def fold_records(
     grouped = grouped.with_columns(
         logger_head=pl.when(is_rich).then(pl.col("message").str.extract(_RICH_LOGGER_RE, 0))
     ).with_columns(
-        rl_logger=logger_head.str.extract(r"^[^:]*", 0),  # a head always holds ":"
+        # what comes before the first ":" (a head always holds one), without a regex
+        rl_logger=logger_head.str.split_exact(":", 1).struct.field("field_0"),
         rl_msg=pl.col("message").str.slice(logger_head.str.len_chars()),
     )
 

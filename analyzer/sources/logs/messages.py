@@ -304,9 +304,12 @@ class EventCollector:
         self._explicit_version = explicit or self._explicit_version
         self._markers |= markers
         if relevant.height:
-            # the places are written anew (format), so only the kept columns need their own text
+            # the places are written anew (format), so only the kept columns need their own
+            # text; unless most of the chunk is kept and nothing was set aside from it: the
+            # chunk's text is then mostly theirs, and a copy would only double it for a while
+            mostly_kept = relevant.height * 2 >= records.height and not (aside and aside.height)
             self._kept.append(
-                detached(relevant).with_columns(
+                (relevant if mostly_kept else detached(relevant)).with_columns(
                     relevant.select(pl.concat_list([_PLACE]).alias("places"))
                 )
             )
