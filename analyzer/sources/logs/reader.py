@@ -442,11 +442,11 @@ class LogStream:
         """Count a chunk's settled lines, keep its unparsed lines, measure its rich lines."""
         if frame.height == 0:
             return frame
-        kinds = dict(frame.group_by("kind").len().iter_rows())
-        self.lines_irrelevant += kinds.get("irrelevant", 0)
+        self.lines_irrelevant += int((frame["kind"] == "irrelevant").sum())
         self.logo_lines += int(frame["logo"].sum())
         self.non_blank_lines += int((~frame["blank"]).sum())
-        flagged = dict(frame.group_by("flag").len().drop_nulls("flag").iter_rows())
+        flags = frame["flag"].drop_nulls()  # most lines have none (a log without wrapper: all)
+        flagged = dict(flags.value_counts().iter_rows()) if flags.len() else {}
         for flag, template in WRAPPER_DAMAGE.items():  # in the declared order, every time
             if flag in flagged:
                 self._count(template, flagged[flag])
