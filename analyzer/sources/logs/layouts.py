@@ -345,8 +345,9 @@ def quiet_standard_records(
     one; the last line never goes (its record may go on in the next chunk).
 
     A sample of the lines (``SAMPLE_LINES``, spread over the chunk) is matched first: a
-    chunk of few standard record starts (a rich or a json log) is not looked at further. Then
-    the words are looked for, in the whole line (one search for literals, no field parsed):
+    chunk of few standard record starts (a rich or a json log), or of few lines holding none
+    of the words (dstack's own lines, nearly all kept), is not looked at further. Then the
+    words are looked for, in the whole line (one search for literals, no field parsed):
     only when a good share of the chunk holds none of them (a busy server's access log) are
     the record starts matched, and only when a good share of those are standard record
     starts is anything more done. (Which chunks are looked at changes no result, only its
@@ -362,7 +363,10 @@ def quiet_standard_records(
     sample = content.gather_every(max(1, frame.height // SAMPLE_LINES))
     if sample.str.contains(head).sum() * QUIET_SHARE < sample.len():
         return frame, SetAside.none()
-    quiet = ~content.str.contains("|".join(map(re.escape, words)))
+    matter = "|".join(map(re.escape, words))
+    if (~sample.str.contains(matter)).sum() * QUIET_SHARE < sample.len():
+        return frame, SetAside.none()
+    quiet = ~content.str.contains(matter)
     if escapes:
         plain = ~content.str.contains("\x1b", literal=True)
         quiet &= plain
