@@ -747,6 +747,76 @@ def test_pre_check_holds_for_any_mix_of_lines(picked: list[str]) -> None:
     assert not parsed or reader._may_be_log(head)
 
 
+def test_certain_heads_are_logs() -> None:
+    """A head ``certainly_log`` takes for a log without parsing it is one the parse takes for
+    a log too: every fixture and capture, from its start and from the middle."""
+    fixtures = sorted(DATA.glob("*.log")) + sorted(DATA.glob("*.json"))
+    captures = CAPTURE_LOGS + sorted(p for d in CAPTURE_DIRS for p in d.glob("*.gz"))
+    certain = 0
+    for path in fixtures + captures:
+        data = path.read_bytes()
+        if data.startswith(b"\x1f\x8b"):
+            data = gzip.decompress(data)
+        for start in (0, *range(1, len(data), max(1, len(data) // 4))):
+            head = data[start : start + 65536]
+            if reader.certainly_log(head):
+                assert sniff_log(head), (path, start)
+                certain += 1
+    assert certain > 10
+
+
+def test_certainty_needs_records_by_their_first_characters() -> None:
+    """Only ASCII standard starts with a real time and whole plain json records count:
+    anything else (a 29 February, a line ending in CR, a wrapper's prefix, a rich record, an
+    escape, a line not ASCII) leaves the decision to the parse."""
+    standard = REAL_STANDARD[0]
+    plain_json = (
+        '{"timestamp": "2026-10-01 00:00:00,000", "logger": "dstack._internal.server.app", '
+        '"level": "INFO", "message": "The dstack server 0.20.3 is running at http://x"}'
+    )
+    assert reader.certainly_log(f"{standard}\nprose\n\n".encode())
+    assert reader.certainly_log(f"{plain_json}\nprose\n".encode())
+    assert not reader.certainly_log(f"{standard}\nprose\nprose\n".encode())  # under half
+    leap_day = re.sub(r"\d{4}-\d\d-\d\d", "2024-02-29", standard, count=1)
+    uncertain = [
+        leap_day,
+        " ".join(standard.split(" ")[:3]) + "\r",  # a CR where the logger ends
+        "2026-10-01T00:00:00.000000000Z " + standard,  # docker's prefix
+        lines_of("v0.22.5-multi-replica-crash.rich80.log")[0],
+        "\x1b[32m" + standard,
+        standard + " é",
+        plain_json.replace("http://x", 'say \\"x\\"'),  # an escape: parsed, not sliced
+    ]
+    for line in uncertain:
+        assert not reader.certainly_log(f"{line}\n".encode()), line
+    assert sniff_log(f"{leap_day}\n".encode())  # the parse decides
+    assert sniff_log(f"{uncertain[1]}\n".encode())
+
+
+@PROPERTY
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                *REAL_STANDARD,
+                *REAL_OTHER,
+                *lines_of("startup.json.log"),
+                *(f"2026-10-01T00:00:00Z {line}" for line in REAL_STANDARD[:5]),
+                *lines_of("journald.json")[:5],
+                "",
+                "prose",
+                "{",
+                "  x",
+            ]
+        ),
+        max_size=8,
+    )
+)
+def test_certainty_holds_for_any_mix_of_lines(picked: list[str]) -> None:
+    head = "".join(line + "\n" for line in picked).encode()
+    assert not reader.certainly_log(head) or sniff_log(head)
+
+
 @PROPERTY
 @given(st.binary(max_size=3000))
 def test_arbitrary_bytes_never_raise(data: bytes) -> None:

@@ -32,13 +32,13 @@ _STD_HEAD_RE = re.sub(r"\(\?P<\w+>", "(?:", _STD_RE)
 # ASCII digits, where ``\d`` would take any script's): the lines the pre-filter may set aside
 # without parsing their time. A 29 February or a second 60 is not matched here (such a line is
 # classified like any other).
-_STD_VALID_HEAD_RE = (
-    rf"^(?:{LEVELS}) "
+_VALID_DATE = (
     r"(?:000[1-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-9][0-9]{3})-"
     r"(?:(?:0[1-9]|1[0-2])-(?:0[1-9]|1[0-9]|2[0-8])|(?:0[13-9]|1[0-2])-(?:29|30)"
     r"|(?:0[13578]|1[02])-31)"
-    r"T(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{3} \S+(?: |$)"
 )
+_VALID_CLOCK = r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]"
+_STD_VALID_HEAD_RE = rf"^(?:{LEVELS}) {_VALID_DATE}T{_VALID_CLOCK}\.[0-9]{{3}} \S+(?: |$)"
 
 # Where no line holds whitespace other than the space, the logger's first character is proof
 # enough: its ``\S+`` then ends at a space or at the line's end, and the rest of it is not
@@ -122,6 +122,26 @@ _JSON_HEAD_RE = (
 # between these, as a JSON parser would read it, so it is sliced without one.
 _JSON_MESSAGE = '"message": "'
 _JSON_PLAIN_REST_RE = "^" + re.escape(_JSON_MESSAGE) + r'[^"\\\x00-\x1f]*"\}$'
+
+
+# A whole line of dstack's own json layout with a real time and a message JSON escapes nothing
+# in: ``_json_fields`` reads it as a json record (its head, its plain message, its time).
+_JSON_VALID_LINE_RE = (
+    "^"
+    + re.escape(_JSON_TIMESTAMP)
+    + rf"{_VALID_DATE} {_VALID_CLOCK},[0-9]{{3}}"
+    + re.escape(_JSON_LOGGER)
+    + _JSON_VALUE
+    + re.escape(_JSON_LEVEL)
+    + _JSON_VALUE
+    + re.escape('", ')
+    + _JSON_PLAIN_REST_RE.removeprefix("^")
+)
+
+# A line that is a record of its own by its first characters alone (``classify_lines`` makes
+# it a record's start, whatever its neighbours): a standard record start with a real time
+# (``_STD_VALID_HEAD_RE``) or a whole plain json record (``_JSON_VALID_LINE_RE``).
+CERTAIN_RECORD_RE = f"(?:{_STD_VALID_HEAD_RE})|(?:{_JSON_VALID_LINE_RE})"
 
 
 _LONE_SURROGATE_RE = r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}"
@@ -325,8 +345,9 @@ def quiet_standard_records(
     one; the last line never goes (its record may go on in the next chunk).
 
     A sample of the lines (``SAMPLE_LINES``, spread over the chunk) is matched first: a
-    chunk of few standard record starts (a rich or a json log) is not looked at further. Then
-    the words are looked for, in the whole line (one search for literals, no field parsed):
+    chunk of few standard record starts (a rich or a json log), or of few lines holding none
+    of the words (dstack's own lines, nearly all kept), is not looked at further. Then the
+    words are looked for, in the whole line (one search for literals, no field parsed):
     only when a good share of the chunk holds none of them (a busy server's access log) are
     the record starts matched, and only when a good share of those are standard record
     starts is anything more done. (Which chunks are looked at changes no result, only its
@@ -342,7 +363,10 @@ def quiet_standard_records(
     sample = content.gather_every(max(1, frame.height // SAMPLE_LINES))
     if sample.str.contains(head).sum() * QUIET_SHARE < sample.len():
         return frame, SetAside.none()
-    quiet = ~content.str.contains("|".join(map(re.escape, words)))
+    matter = "|".join(map(re.escape, words))
+    if (~sample.str.contains(matter)).sum() * QUIET_SHARE < sample.len():
+        return frame, SetAside.none()
+    quiet = ~content.str.contains(matter)
     if escapes:
         plain = ~content.str.contains("\x1b", literal=True)
         quiet &= plain
@@ -583,14 +607,19 @@ def _rich_pieces(frame: pl.DataFrame, width: int) -> pl.DataFrame:
     text = pl.col("content").str.slice(_RICH_INDENT)
     vis = pl.col("vis")
     body = pl.col("body")
-    # the first word's length: on ASCII text the byte offset of the first space is it (a
-    # search, several times cheaper than extracting the word); otherwise counted in characters
+    # the first word's length: on ASCII text the byte offset of the first whitespace is it (a
+    # search, several times cheaper than extracting the word), and where the only whitespace
+    # is the space, that of the first space (a search for a literal, cheaper again);
+    # otherwise counted in characters
+    content = pl.col("content")
     sizes = frame.select(
-        pl.col("content").str.len_bytes().sum(),
-        pl.col("content").str.len_chars().sum().alias("chars"),
-    )
-    if sizes.item(0, 0) == sizes.item(0, 1):
-        first_word = body.str.find(r"\s").fill_null(body.str.len_bytes())
+        content.str.len_bytes().sum(),
+        content.str.len_chars().sum().alias("chars"),
+        content.str.contains(r"[\t\x0b\x0c\r]").any().alias("other_spaces"),
+    ).row(0)
+    if sizes[0] == sizes[1]:
+        first_space = body.str.find(r"\s") if sizes[2] else body.str.find(" ", literal=True)
+        first_word = first_space.fill_null(body.str.len_bytes())
     else:
         first_word = body.str.extract(r"^\S*", 0).str.len_chars()
     frame = (
@@ -721,7 +750,8 @@ def fold_records(
     grouped = grouped.with_columns(
         logger_head=pl.when(is_rich).then(pl.col("message").str.extract(_RICH_LOGGER_RE, 0))
     ).with_columns(
-        rl_logger=logger_head.str.extract(r"^[^:]*", 0),  # a head always holds ":"
+        # what comes before the first ":" (a head always holds one), without a regex
+        rl_logger=logger_head.str.split_exact(":", 1).struct.field("field_0"),
         rl_msg=pl.col("message").str.slice(logger_head.str.len_chars()),
     )
 

@@ -304,9 +304,12 @@ class EventCollector:
         self._explicit_version = explicit or self._explicit_version
         self._markers |= markers
         if relevant.height:
-            # the places are written anew (format), so only the kept columns need their own text
+            # the places are written anew (format), so only the kept columns need their own
+            # text; unless most of the chunk is kept and nothing was set aside from it: the
+            # chunk's text is then mostly theirs, and a copy would only double it for a while
+            mostly_kept = relevant.height * 2 >= records.height and not (aside and aside.height)
             self._kept.append(
-                detached(relevant).with_columns(
+                (relevant if mostly_kept else detached(relevant)).with_columns(
                     relevant.select(pl.concat_list([_PLACE]).alias("places"))
                 )
             )
@@ -386,7 +389,7 @@ class EventCollector:
         out = relevant.rename({"places": "provenance"}).with_columns(
             pl.lit(self.server).alias("server"),
             pl.lit(self.source).alias("source"),
-            *_times(),
+            *_times(every_local=relevant["local_time"].null_count() == 0),
         )
         out, facts.probe_lines_unattributed = _attach_probe_results(out)
         attached = _attach_job_runs(out)
@@ -399,11 +402,15 @@ class EventCollector:
         return attached, facts
 
 
-def _times() -> list[pl.Expr]:
+def _times(*, every_local: bool = False) -> list[pl.Expr]:
+    """A record's time, its basis and its text as written. `every_local`: every record has
+    its local time (a standard or json log), the whole of its text (the text of a time of day
+    alone is not worked out)."""
     pseudo_day = pl.datetime(1970, 1, 1, time_zone="UTC") + pl.duration(
         days=pl.col("day_offset").fill_null(0)
     )
     time_of_day = pl.col("time_of_day").cast(pl.Duration("us"))
+    local_text = pl.col("local_time").dt.to_string("%Y-%m-%d %H:%M:%S%.3f")
     return [
         pl.when(pl.col("wrapper_time").is_not_null())
         .then(pl.col("wrapper_time"))
@@ -419,12 +426,16 @@ def _times() -> list[pl.Expr]:
         .then(pl.lit("log_local_unaligned"))
         .otherwise(pl.lit("time_of_day_only"))
         .alias("time_basis"),
-        pl.coalesce(
-            pl.col("local_time").dt.to_string("%Y-%m-%d %H:%M:%S%.3f"),
-            pl.col("time_of_day").dt.to_string("%H:%M:%S")
-            + pl.when(pl.col("day_offset").fill_null(0) > 0)
-            .then(pl.format(" (+{} days)", pl.col("day_offset")))
-            .otherwise(pl.lit("")),
+        (
+            local_text
+            if every_local
+            else pl.coalesce(
+                local_text,
+                pl.col("time_of_day").dt.to_string("%H:%M:%S")
+                + pl.when(pl.col("day_offset").fill_null(0) > 0)
+                .then(pl.format(" (+{} days)", pl.col("day_offset")))
+                .otherwise(pl.lit("")),
+            )
         ).alias("time_text"),
     ]
 

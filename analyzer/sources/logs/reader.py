@@ -38,6 +38,7 @@ from analyzer.model import LOG_RECORDS_SCHEMA
 from analyzer.sources.logs import lines
 from analyzer.sources.logs.layouts import (
     ANSI_RE,
+    CERTAIN_RECORD_RE,
     LEVELS,
     LOGO_LINES,
     STARTUP_RE,
@@ -162,12 +163,7 @@ def recognise_log(
     """``sniff_log``, parsed as a ``LogStream(display_path, matter_words=...)`` reads it: the
     records it sets aside are one-line standard records (dstack's own format), each a
     recognised line, so the answer is the same with or without ``matter_words``."""
-    head = head[:SNIFF_BYTES]
-    if head.startswith(b"\x1f\x8b"):
-        head = gunzip_prefix(head)
-    cut = head.rfind(b"\n")
-    if 0 <= cut < len(head) - 1:
-        head = head[: cut + 1]  # drop a partial last line
+    head = _whole_lines(head)
     if not head.strip() or not _may_be_log(head):
         return None
     stream = LogStream(display_path, matter_words=matter_words)
@@ -191,6 +187,38 @@ def recognise_log(
     if bool(dstack_like.any()) or aside or stream.logo_lines:
         return RecognisedLog(head, stream, chunks)
     return None
+
+
+def _whole_lines(head: bytes) -> bytes:
+    """The part of a file's first bytes that is sniffed: up to SNIFF_BYTES (of a gzip file,
+    decompressed), without a partial last line."""
+    head = head[:SNIFF_BYTES]
+    if head.startswith(b"\x1f\x8b"):
+        head = gunzip_prefix(head)
+    cut = head.rfind(b"\n")
+    if 0 <= cut < len(head) - 1:
+        head = head[: cut + 1]  # drop a partial last line
+    return head
+
+
+_CERTAIN_RECORD = re.compile(CERTAIN_RECORD_RE.encode(), re.MULTILINE)
+
+
+def certainly_log(head: bytes) -> bool:
+    """``sniff_log``'s True without parsing the head, where it is certain: an ASCII head
+    without escapes (its bytes are its lines' text, as classify_lines matches them) of whose
+    non-blank lines at least half are records by their first characters alone
+    (``CERTAIN_RECORD_RE``: standard and json, dstack's own formats). So no wrapper can carry a
+    majority of its lines, each such line is a record and at least half the lines are
+    recognised. False says nothing: ``recognise_log`` decides then."""
+    head = _whole_lines(head)
+    if not head.isascii() or b"\x1b" in head:
+        return False
+    certain = len(_CERTAIN_RECORD.findall(head))
+    if certain == 0:
+        return False
+    non_blank = sum(1 for line in head.split(b"\n") if line.strip())
+    return certain * 2 >= non_blank
 
 
 def read_log(path: str | Path, *, display_path: str | None = None) -> LogRead:
@@ -414,11 +442,11 @@ class LogStream:
         """Count a chunk's settled lines, keep its unparsed lines, measure its rich lines."""
         if frame.height == 0:
             return frame
-        kinds = dict(frame.group_by("kind").len().iter_rows())
-        self.lines_irrelevant += kinds.get("irrelevant", 0)
+        self.lines_irrelevant += int((frame["kind"] == "irrelevant").sum())
         self.logo_lines += int(frame["logo"].sum())
         self.non_blank_lines += int((~frame["blank"]).sum())
-        flagged = dict(frame.group_by("flag").len().drop_nulls("flag").iter_rows())
+        flags = frame["flag"].drop_nulls()  # most lines have none (a log without wrapper: all)
+        flagged = dict(flags.value_counts().iter_rows()) if flags.len() else {}
         for flag, template in WRAPPER_DAMAGE.items():  # in the declared order, every time
             if flag in flagged:
                 self._count(template, flagged[flag])

@@ -30,6 +30,7 @@ from analyzer.sources.logs.reader import (
     SNIFF_BYTES,
     LogStream,
     RecognisedLog,
+    certainly_log,
     file_blocks,
     recognise_log,
 )
@@ -63,6 +64,8 @@ def _sniff_file(path: Path, size: int, mtime_ns: int) -> bool:
             pass
     if not head.strip():
         return _empty_log_name(path)
+    if size > SNIFF_BYTES and certainly_log(head):  # the head's parse would not be used
+        return True
     recognised = recognise_log(head, str(path), MATTER_WORDS)
     if recognised is not None and len(recognised.head) == size:
         while len(_PARSED) >= _PARSED_KEPT:
