@@ -7,6 +7,7 @@ import io
 import json
 import re
 import sys
+from collections.abc import Iterator
 from datetime import UTC, datetime, time
 from pathlib import Path
 
@@ -693,20 +694,26 @@ def _parsed_as_log(head: bytes, monkeypatch: pytest.MonkeyPatch) -> bool:
 def test_pre_check_never_rejects_a_log(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every head the parse takes for a log passes the pre-check: from the file's start and
     from the middle of it (a rotated file begins anywhere, a traceback line first)."""
+    checked = 0
+    for place, head in _heads(fixture_starts=12, capture_starts=2):
+        if _parsed_as_log(head, monkeypatch):
+            assert reader._may_be_log(head), place
+            checked += 1
+    assert checked > 100
+
+
+def _heads(fixture_starts: int, capture_starts: int) -> Iterator[tuple[tuple[Path, int], bytes]]:
+    """Each fixture's and capture's log heads (64 KB) from its start and from `*_starts`
+    places in the middle (a rotated file begins anywhere, a traceback line first)."""
     fixtures = sorted(DATA.glob("*.log")) + sorted(DATA.glob("*.json"))
     captures = CAPTURE_LOGS + sorted(p for d in CAPTURE_DIRS for p in d.glob("*.gz"))
-    checked = 0
     for path in fixtures + captures:
         data = path.read_bytes()
         if data.startswith(b"\x1f\x8b"):
             data = gzip.decompress(data)
-        starts = 12 if path in fixtures else 2
+        starts = fixture_starts if path in fixtures else capture_starts
         for start in (0, *range(1, len(data), max(1, len(data) // starts))):
-            head = data[start : start + 65536]
-            if _parsed_as_log(head, monkeypatch):
-                assert reader._may_be_log(head), (path, start)
-                checked += 1
-    assert checked > 100
+            yield (path, start), data[start : start + 65536]
 
 
 def test_pre_check_rejects_documents_tables_and_databases() -> None:
@@ -750,18 +757,11 @@ def test_pre_check_holds_for_any_mix_of_lines(picked: list[str]) -> None:
 def test_certain_heads_are_logs() -> None:
     """A head ``certainly_log`` takes for a log without parsing it is one the parse takes for
     a log too: every fixture and capture, from its start and from the middle."""
-    fixtures = sorted(DATA.glob("*.log")) + sorted(DATA.glob("*.json"))
-    captures = CAPTURE_LOGS + sorted(p for d in CAPTURE_DIRS for p in d.glob("*.gz"))
     certain = 0
-    for path in fixtures + captures:
-        data = path.read_bytes()
-        if data.startswith(b"\x1f\x8b"):
-            data = gzip.decompress(data)
-        for start in (0, *range(1, len(data), max(1, len(data) // 4))):
-            head = data[start : start + 65536]
-            if reader.certainly_log(head):
-                assert sniff_log(head), (path, start)
-                certain += 1
+    for place, head in _heads(fixture_starts=4, capture_starts=4):
+        if reader.certainly_log(head):
+            assert sniff_log(head), place
+            certain += 1
     assert certain > 10
 
 
