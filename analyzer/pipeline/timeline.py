@@ -255,20 +255,21 @@ def evidence_gaps(
         ),
     )
     log_only = runs.filter(pl.col("provenance").str.contains(r"^[^#]*:\d+$"))
-    started_late = (
-        events.filter(pl.col("origin") == "event_line")
-        .group_by(["server", "run_id"])
-        .agg((pl.col("kind") == "run_submitted").any().alias("submitted"))
-        .filter(~pl.col("submitted"))
-        .join(log_only.select("server", "run_id"), on=["server", "run_id"])
-    )
-    add(
-        started_late,
-        lambda _: (
-            "the log starts after this run was submitted: its earlier history (and the "
-            "health of replicas started before the log) is not in the evidence"
-        ),
-    )
+    if log_only.height:  # no run known from a log alone (a database): none started late
+        started_late = (
+            events.filter(pl.col("origin") == "event_line")
+            .group_by(["server", "run_id"])
+            .agg((pl.col("kind") == "run_submitted").any().alias("submitted"))
+            .filter(~pl.col("submitted"))
+            .join(log_only.select("server", "run_id"), on=["server", "run_id"])
+        )
+        add(
+            started_late,
+            lambda _: (
+                "the log starts after this run was submitted: its earlier history (and the "
+                "health of replicas started before the log) is not in the evidence"
+            ),
+        )
     add(
         runs.filter(pl.col("status") == "terminating"),
         lambda _: "snapshot taken mid-cascade: the run is still TERMINATING",
