@@ -728,3 +728,55 @@ def test_room_promised_is_that_of_its_definition(updates, created, finished, min
     for minute in minutes:
         expected = _promised_by_hand(rows, subs, runs, ("s", "web", at(minute)))
         assert said.get(at(minute), []) == expected, minute
+
+
+@pytest.mark.parametrize("small_join", [placement.SMALL_JOIN, -1], ids=["joined", "descent"])
+@settings(max_examples=60, deadline=None)
+@given(
+    spans=st.lists(
+        st.tuples(
+            st.sampled_from(["f", "g"]),
+            st.one_of(st.none(), st.integers(0, 12)),
+            st.one_of(st.none(), st.integers(0, 14)),
+        ),
+        max_size=30,
+    ),
+    moments=st.lists(
+        st.tuples(st.sampled_from(["f", "g", "h"]), st.one_of(st.none(), st.integers(0, 14))),
+        min_size=1,
+        max_size=8,
+    ),
+)
+def test_spans_counted_at_a_moment_are_those_of_their_definition(small_join, spans, moments):
+    """count_at, by a join of few pairs or by sorted searches, counts the spans of the
+    moment's fleet begun by then and not ended by then: an open start never holds, an open
+    end always does, a span that ends before it begins never holds."""
+
+    def at(minute):
+        return None if minute is None else datetime(2026, 11, 2, 9, minute, tzinfo=UTC)
+
+    time = pl.Datetime("us", "UTC")
+    spans_frame = pl.DataFrame(
+        [(fleet, at(begin), at(end)) for fleet, begin, end in spans],
+        schema={"fleet_id": pl.String, "begin": time, "end": time},
+        orient="row",
+    )
+    moments_frame = pl.DataFrame(
+        [(fleet, at(minute)) for fleet, minute in moments],
+        schema={"fleet_id": pl.String, "as_of": time},
+        orient="row",
+    )
+    with mock.patch.object(placement, "SMALL_JOIN", small_join):
+        counted = placement.count_at(moments_frame, spans_frame, ("fleet_id",), "begin", "end")
+    expected = [
+        sum(
+            fleet == own
+            and minute is not None
+            and begin is not None
+            and begin <= minute
+            and (end is None or end > minute)
+            for fleet, begin, end in spans
+        )
+        for own, minute in moments
+    ]
+    assert counted.to_list() == expected

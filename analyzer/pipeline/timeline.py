@@ -224,10 +224,9 @@ def evidence_gaps(
     table_servers = pl.DataFrame(
         {"server": sorted(events_table_servers)}, schema={"server": pl.String}
     )
-    with_events = events.select("server", "run_id").unique()
     add(
         from_db.join(table_servers, on="server").join(
-            with_events, on=["server", "run_id"], how="anti"
+            events.select("server", "run_id"), on=["server", "run_id"], how="anti"
         ),
         lambda _: (
             "no events for this run in the events table (past the events TTL, 30 days by "
@@ -237,12 +236,12 @@ def evidence_gaps(
     orphans = (
         events.filter((pl.col("entity_type") == "job") & pl.col("entity_id").is_not_null())
         .select("server", "run_id", "entity_id")
-        .unique()
         .join(
             jobs.select("server", pl.col("job_id").alias("entity_id")),
             on=["server", "entity_id"],
             how="anti",
         )
+        .unique()  # of the few left: most events are of jobs whose rows are there
         .join(from_db.select("server", "run_id"), on=["server", "run_id"])
         .group_by(["server", "run_id"])
         .agg(pl.len().alias("n"), pl.col("entity_id").sort().alias("ids"))
