@@ -499,14 +499,10 @@ def _provider_history(
         pl.col("project").fill_null("").alias("_project"),
         pl.col("project").is_null().alias("_unnamed"),
     ]
+    message = pl.col("termination_reason_message").fill_null("")
+    fleet_level = pl.any_horizontal([message.str.starts_with(m) for m in FLEET_LEVEL_MESSAGES])
     refused = frames.submissions.filter(
-        (pl.col("termination_reason") == NO_CAPACITY)
-        & ~pl.any_horizontal(
-            [
-                pl.col("termination_reason_message").fill_null("").str.starts_with(m)
-                for m in FLEET_LEVEL_MESSAGES
-            ]
-        )
+        (pl.col("termination_reason") == NO_CAPACITY) & ~fleet_level
     )
     if refused.is_empty():  # the provider refused no placement: none by any T
         return latest, {}

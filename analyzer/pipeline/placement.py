@@ -559,7 +559,8 @@ def count_at(
     them), in the moments' order: those begun by then less those also ended by then, by two
     sorted searches per moment, never a row per (moment, span). A span that ends before it
     begins never holds: it ends as it begins. Few pairs (at most SMALL_JOIN): counted of a
-    join, which costs a third of ranking the times."""
+    join (0.7 ms against 2.1 ms for a 20-run server's refusals, 2.4-3.5 ms against 3.6 ms for
+    a 2k-run server's 88k pairs)."""
     if _pairs(moments, spans, by) <= SMALL_JOIN:
         return _count_joined(moments, spans, by, start, end)
     groups = moments.select(by).unique(maintain_order=True).with_row_index("_group")
