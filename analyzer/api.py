@@ -24,7 +24,7 @@ from analyzer.pipeline.assemble import (
     end_bounds,
     merge_reports,
 )
-from analyzer.pipeline.detect import detect
+from analyzer.pipeline.detect import dateless_runs, detect
 from analyzer.pipeline.evidence import Evidence, combine
 from analyzer.pipeline.exposure import frames_of
 from analyzer.pipeline.foresight import foresight
@@ -192,8 +192,7 @@ class Audit:
     @property
     def _dateless(self) -> set[tuple[str, str]]:
         """The runs whose update no date places among the tables' times (a rich log alone)."""
-        dateless = self.events.filter(pl.col("time_basis") == "time_of_day_only")
-        return set(dateless.select("server", "run_id").unique().iter_rows())
+        return dateless_runs(self.events)
 
     def _foresight_piece(self, *, whole_tables: bool) -> ForesightPiece:
         """What the merge of this partition with the others needs for the capacity foresight

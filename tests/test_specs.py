@@ -9,6 +9,7 @@ import json
 import shutil
 import sqlite3
 from datetime import UTC, datetime
+from unittest import mock
 
 import polars as pl
 import pytest
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 
 from analyzer import open_sources
 from analyzer.dstack import FINISHED_RUN_STATUSES
+from analyzer.pipeline import placement
 from analyzer.pipeline.exposure import exposure_report
 from analyzer.pipeline.placement import holders_at, parse_spec, placed_jobs
 from tests.conftest import CAPTURES
@@ -308,6 +310,9 @@ def _holders_by_hand(failures: list[dict], jobs: list[dict], first: int) -> list
     return rows
 
 
+# few pairs are joined (placement._ranked_joined), more are found by descent: both, whatever
+# the size of the example
+@pytest.mark.parametrize("small_join", [placement.SMALL_JOIN, -1], ids=["joined", "descent"])
 @settings(max_examples=60, deadline=None)
 @given(
     jobs=st.lists(
@@ -325,10 +330,11 @@ def _holders_by_hand(failures: list[dict], jobs: list[dict], first: int) -> list
         max_size=8,
     ),
 )
-def test_holders_are_those_of_their_definition(jobs, failures):
-    """The holders counted and the first named, found by descent (placement._first_alive),
-    are those of the definition on any fleet: ties in time, jobs stopped before they were
-    placed, a failing run's own jobs among the first placed, fleets with no job."""
+def test_holders_are_those_of_their_definition(small_join, jobs, failures):
+    """The holders counted and the first named, found by a join of few pairs or by descent
+    (placement._first_alive), are those of the definition on any fleet: ties in time, jobs
+    stopped before they were placed, a failing run's own jobs among the first placed, fleets
+    with no job."""
 
     def at(minute):
         return datetime(2026, 11, 2, 9, minute, tzinfo=UTC)
@@ -359,9 +365,10 @@ def test_holders_are_those_of_their_definition(jobs, failures):
     if subs is None:
         subs = pl.DataFrame(schema={**dict.fromkeys(_HOLDER_COLUMNS, pl.String), **schema})
     runs = pl.DataFrame({"server": ["s"] * 3, "run_id": ["web", "chat", "api"]})
-    held = holders_at(
-        pl.DataFrame(asked), placed_jobs(subs, runs.with_columns(run_name=pl.col("run_id"))), 3
-    )
+    with mock.patch.object(placement, "SMALL_JOIN", small_join):
+        held = holders_at(
+            pl.DataFrame(asked), placed_jobs(subs, runs.with_columns(run_name=pl.col("run_id"))), 3
+        )
     assert held.select("i", "job_id", "rank", "of").rows() == _holders_by_hand(asked, rows, 3)
 
 
@@ -721,3 +728,55 @@ def test_room_promised_is_that_of_its_definition(updates, created, finished, min
     for minute in minutes:
         expected = _promised_by_hand(rows, subs, runs, ("s", "web", at(minute)))
         assert said.get(at(minute), []) == expected, minute
+
+
+@pytest.mark.parametrize("small_join", [placement.SMALL_JOIN, -1], ids=["joined", "descent"])
+@settings(max_examples=60, deadline=None)
+@given(
+    spans=st.lists(
+        st.tuples(
+            st.sampled_from(["f", "g"]),
+            st.one_of(st.none(), st.integers(0, 12)),
+            st.one_of(st.none(), st.integers(0, 14)),
+        ),
+        max_size=30,
+    ),
+    moments=st.lists(
+        st.tuples(st.sampled_from(["f", "g", "h"]), st.one_of(st.none(), st.integers(0, 14))),
+        min_size=1,
+        max_size=8,
+    ),
+)
+def test_spans_counted_at_a_moment_are_those_of_their_definition(small_join, spans, moments):
+    """count_at, by a join of few pairs or by sorted searches, counts the spans of the
+    moment's fleet begun by then and not ended by then: an open start never holds, an open
+    end always does, a span that ends before it begins never holds."""
+
+    def at(minute):
+        return None if minute is None else datetime(2026, 11, 2, 9, minute, tzinfo=UTC)
+
+    time = pl.Datetime("us", "UTC")
+    spans_frame = pl.DataFrame(
+        [(fleet, at(begin), at(end)) for fleet, begin, end in spans],
+        schema={"fleet_id": pl.String, "begin": time, "end": time},
+        orient="row",
+    )
+    moments_frame = pl.DataFrame(
+        [(fleet, at(minute)) for fleet, minute in moments],
+        schema={"fleet_id": pl.String, "as_of": time},
+        orient="row",
+    )
+    with mock.patch.object(placement, "SMALL_JOIN", small_join):
+        counted = placement.count_at(moments_frame, spans_frame, ("fleet_id",), "begin", "end")
+    expected = [
+        sum(
+            fleet == own
+            and minute is not None
+            and begin is not None
+            and begin <= minute
+            and (end is None or end > minute)
+            for fleet, begin, end in spans
+        )
+        for own, minute in moments
+    ]
+    assert counted.to_list() == expected

@@ -816,12 +816,7 @@ def _detect(
         .join(run_columns, on=["server", "run_id"], maintain_order="left")
     )
     jobs_by_run = judged_jobs.drop(RULES_ONLY_COLUMNS).rows_by_key(["server", "run_id"], named=True)
-    dateless = set(
-        read.filter(pl.col("time_basis") == "time_of_day_only")
-        .select("server", "run_id")
-        .unique()
-        .iter_rows()
-    )
+    dateless = dateless_runs(read)
     deleted = deleted_failures(candidate_events, subs)
     deleted_by_run = deleted.rows_by_key(["server", "run_id"], named=True)
     # only the events the evidence chain quotes become rows, each with its item's columns
@@ -863,6 +858,15 @@ def _detect(
         verdicts.append(_verdict(run, judgement.verdict, judgement.why, gaps))
         findings.extend(judgement.findings)
     return verdicts, findings
+
+
+def dateless_runs(events: pl.DataFrame) -> set[tuple[str, str]]:
+    """The (server, run_id) of the runs `events` give times of day only (a rich log alone):
+    none, without a query, when every event is dated (a database)."""
+    dateless = events["time_basis"] == "time_of_day_only"
+    if not dateless.any():
+        return set()
+    return set(events.filter(dateless).select("server", "run_id").iter_rows())
 
 
 def _of_jobs(jobs: pl.DataFrame) -> pl.Expr:

@@ -499,17 +499,15 @@ def _provider_history(
         pl.col("project").fill_null("").alias("_project"),
         pl.col("project").is_null().alias("_unnamed"),
     ]
+    message = pl.col("termination_reason_message").fill_null("")
+    fleet_level = pl.any_horizontal([message.str.starts_with(m) for m in FLEET_LEVEL_MESSAGES])
+    refused = frames.submissions.filter(
+        (pl.col("termination_reason") == NO_CAPACITY) & ~fleet_level
+    )
+    if refused.is_empty():  # the provider refused no placement: none by any T
+        return latest, {}
     refused = (
-        frames.submissions.filter(
-            (pl.col("termination_reason") == NO_CAPACITY)
-            & ~pl.any_horizontal(
-                [
-                    pl.col("termination_reason_message").fill_null("").str.starts_with(m)
-                    for m in FLEET_LEVEL_MESSAGES
-                ]
-            )
-        )
-        .join(
+        refused.join(
             frames.runs.select("server", "run_id", "project"),
             on=["server", "run_id"],
             how="left",
@@ -994,6 +992,6 @@ def frames_of(audit) -> Frames:
         fleet_table_servers=evidence.fleet_table_servers,
         server_versions=evidence.server_versions,
         narrowed=evidence.narrowed,
-        evidence_ends=evidence.ends_by_server(),
+        evidence_ends=audit._ends,  # worked out once per audit (Audit._ends)
         updates=audit.events.filter(pl.col("kind") == "run_updated"),
     )

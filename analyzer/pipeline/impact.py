@@ -114,10 +114,11 @@ def _classify(failure: Culprit | EarlierFailure) -> tuple[str, str]:
     return "other", reason + suffix
 
 
-def _root_cause(finding: Finding) -> RootCause:
+def _root_cause(finding: Finding, fleets: list[str]) -> RootCause:
     """The first failure of the culprit's replica slot in its deployment is the root cause, the
     last (the culprit's own) the trigger: a crashed replica re-submitted by `retry.on_events`
-    whose re-submission found no room failed the run because it crashed (issue 22)."""
+    whose re-submission found no room failed the run because it crashed (issue 22); `fleets`,
+    its jobs' fleets."""
     culprit = finding.culprits[0]
     first = culprit.earlier_failures[0] if culprit.earlier_failures else culprit
     failure_class, detail = _classify(first)
@@ -136,7 +137,7 @@ def _root_cause(finding: Finding) -> RootCause:
         failure_class=failure_class,
         detail=detail,
         changed_fields=finding.changed_fields,
-        fleets=[],
+        fleets=fleets,
         trigger_class=trigger_class,
         trigger=trigger,
     )
@@ -402,7 +403,13 @@ def assess(
     """Each finding with its impact, counterfactuals and root-cause signature filled in."""
     if not findings:
         return []
-    prices = dict(subs.select("job_id", "price").filter(pl.col("price").is_not_null()).iter_rows())
+    # the victims' prices only (a dict of every job's would be built row by row)
+    victims = pl.Series([v.job_id for f in findings for v in f.victims], dtype=pl.String)
+    prices = dict(
+        subs.select("job_id", "price")
+        .filter(pl.col("price").is_not_null() & pl.col("job_id").is_in(victims.implode()))
+        .iter_rows()
+    )
     precisions = _stop_precisions(findings, events)
     starts = _run_outage_starts(findings, precisions)
     found = _lookups(findings, subs, runs, events, starts)
@@ -478,7 +485,7 @@ def assess(
             per_victim=per_victim,
             end_of_evidence=end_of_evidence,
         )
-        root_cause = _root_cause(finding).model_copy(update={"fleets": found.fleets.get(i, [])})
+        root_cause = _root_cause(finding, found.fleets.get(i, []))
         assessed.append(
             finding.model_copy(
                 update={

@@ -154,7 +154,7 @@ def spans_at(
     Rows (`_moment` and the spans' columns but `by`) in no order. Few moments and spans (at
     most SMALL_JOIN pairs): each moment joined with its group's spans and filtered, which
     costs a tenth of ranking the times."""
-    if moments.height * spans.height <= SMALL_JOIN:
+    if _pairs(moments, spans, by) <= SMALL_JOIN:
         return _spans_joined(moments, spans, by, start, end)
     groups = moments.lazy().select(by).unique(maintain_order=True).with_row_index("_group")
     moments_of, spans_of = (
@@ -430,6 +430,8 @@ def _ranked(moments: pl.DataFrame, held: pl.DataFrame, first: int) -> pl.DataFra
     `of`, how many held the room (`count_at`)."""
     # a fleet by its identity: names repeat across projects (unique only in one project)
     by = ("server", "fleet_id")
+    if _pairs(moments, held, by) <= SMALL_JOIN:
+        return _ranked_joined(moments, held, first)
     groups = moments.select(by).unique(maintain_order=True).with_row_index("_group")
     spans = held.join(groups, on=by).sort("_group", "_job")
     asked = moments.join(groups, on=by, maintain_order="left")
@@ -472,6 +474,63 @@ def _ranked(moments: pl.DataFrame, held: pl.DataFrame, first: int) -> pl.DataFra
     )
 
 
+def _pairs(moments: pl.DataFrame, spans: pl.DataFrame, by: tuple[str, ...]) -> int:
+    """How many (moment, span) pairs share their `by`: the rows a join on it makes (at most
+    moments x spans; counted by group only when that bound is above SMALL_JOIN)."""
+    bound = moments.height * spans.height
+    if bound <= SMALL_JOIN:
+        return bound
+    return (
+        moments.group_by(by)
+        .len()
+        .join(spans.group_by(by).len(), on=list(by))
+        .select((pl.col("len").cast(pl.Int64) * pl.col("len_right")).sum())
+        .item()
+    )
+
+
+def _ranked_joined(moments: pl.DataFrame, held: pl.DataFrame, first: int) -> pl.DataFrame:
+    """`_ranked` of few pairs (at most SMALL_JOIN moments x jobs of one fleet), its rows in
+    the same order: each moment joined with its fleet's jobs alive then (placed by T and not
+    stopped by T), other runs' first, each in placement order; six eager steps where the
+    descent runs a hundred queries (a job's `_job` is its placement order, as its position
+    is in the descent)."""
+    at = pl.col("as_of")
+    alive = (
+        moments.select("i", "_moment", "server", "fleet_id", "as_of", "own")
+        .join(
+            held.select("server", "fleet_id", "_job", "run_id", "created_at", "stopped_at"),
+            on=["server", "fleet_id"],
+        )
+        .filter(
+            (pl.col("created_at") <= at)
+            & (pl.col("stopped_at").is_null() | (pl.col("stopped_at") > at))
+        )
+        .select(
+            "i",
+            "_moment",
+            "_job",
+            (pl.col("run_id") == pl.col("own")).fill_null(False).alias("own"),
+        )
+    )
+    return (
+        alive.sort("_moment", "own", "_job")
+        .group_by("_moment", maintain_order=True)
+        .head(first)
+        .join(
+            alive.group_by("_moment").agg(pl.len().alias("of")), on="_moment", maintain_order="left"
+        )
+        .select(
+            "i",
+            "of",
+            pl.int_range(pl.len()).over("_moment").alias("rank"),
+            "_moment",
+            pl.col("_job").cast(pl.UInt32),
+        )
+        .sort("i", "rank")
+    )
+
+
 class _Clock:
     """Times as their ranks among every time asked about (as spans_at compares them), each
     group's in a block of its own above the previous group's: comparing two keys is
@@ -499,7 +558,11 @@ def count_at(
     """How many of the spans of each moment's `by` hold at its `as_of` (as spans_at finds
     them), in the moments' order: those begun by then less those also ended by then, by two
     sorted searches per moment, never a row per (moment, span). A span that ends before it
-    begins never holds: it ends as it begins."""
+    begins never holds: it ends as it begins. Few pairs (at most SMALL_JOIN): counted of a
+    join (0.7 ms against 2.1 ms for a 20-run server's refusals, 2.4-3.5 ms against 3.6 ms for
+    a 2k-run server's 88k pairs)."""
+    if _pairs(moments, spans, by) <= SMALL_JOIN:
+        return _count_joined(moments, spans, by, start, end)
     groups = moments.select(by).unique(maintain_order=True).with_row_index("_group")
     asked = moments.select(*by, "as_of").join(groups, on=by, how="left", maintain_order="left")
     spans = spans.filter(pl.col(start).is_not_null()).join(groups, on=by)
@@ -519,6 +582,25 @@ def count_at(
         ).cast(pl.Int64)
 
     return (held(begun) - held(gone)).cast(pl.UInt32).alias("count")
+
+
+def _count_joined(
+    moments: pl.DataFrame, spans: pl.DataFrame, by: tuple[str, ...], start: str, end: str
+) -> pl.Series:
+    """`count_at` as a join on `by`, a filter and a count per moment (a moment of no group
+    or no time holds nothing)."""
+    at = "\x00as_of"  # beside the spans' own columns
+    asked = moments.select(*by, pl.col("as_of").alias(at)).with_row_index("_moment")
+    held = (
+        asked.join(spans.select(*by, start, end), on=list(by))
+        .filter(
+            (pl.col(start) <= pl.col(at)) & (pl.col(end).is_null() | (pl.col(end) > pl.col(at)))
+        )
+        .group_by("_moment")
+        .len()
+    )
+    counted = asked.select("_moment").join(held, on="_moment", how="left", maintain_order="left")
+    return counted["len"].fill_null(0).cast(pl.UInt32).alias("count")
 
 
 def _first_alive(

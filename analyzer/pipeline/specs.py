@@ -112,9 +112,12 @@ def run_spec_at(
     only_resources = (
         changed.list.set_intersection(list(WHERE_CHANGES)).list.len() == 1
     ) & changed.list.contains("resources")
+    # the probes whose resources only an update after T changed (most often none: then the
+    # eight queries of _resources_at are not run)
+    asked_resources = later.filter(only_resources) if updates is not None else None
     resolved = (
-        _resources_at(later.filter(only_resources), submissions, updates)
-        if updates is not None
+        _resources_at(asked_resources, submissions, updates)
+        if asked_resources is not None and asked_resources.height
         else None
     )
     if resolved is not None and not resolved.is_empty():

@@ -671,6 +671,15 @@ def probe_state_at(frame: pl.DataFrame) -> pl.DataFrame:
     `probe_passing_at`: every probe seen passed and every declared probe was seen (or a
     dated readiness covers the unseen); `probe_line_at` / `probe_line`: the deciding line."""
     out = ("probe_passing_at", "probe_failing_at", "probe_line_at", "probe_line")
+    if not frame["probe_results"].list.len().max():
+        # no logged probe result (a database alone): no probe failed or passed by any T, and
+        # the eight queries below would say so of empty frames
+        return frame.drop(out, strict=False).with_columns(
+            pl.lit(False).alias("probe_failing_at"),
+            pl.lit(None, UTC_TIME).alias("probe_line_at"),
+            pl.lit(None, pl.String).alias("probe_line"),
+            pl.lit(False).alias("probe_passing_at"),
+        )
     indexed = frame.drop(out, strict=False).with_row_index("_row")
     as_of = pl.col("as_of")
     ready_after = pl.col("probe_ready_after")
