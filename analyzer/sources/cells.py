@@ -23,7 +23,7 @@ from functools import lru_cache
 
 import polars as pl
 
-from analyzer.model import id_hex, parse_db_time
+from analyzer.model import parse_db_time
 from analyzer.sources.base import InputInfo, Limitation, ReadOptions, SourceData
 
 TEXT_LIMIT = 16 * 1024
@@ -170,8 +170,7 @@ def checked(
     keep = None
     if columns.key is not None and columns.key in frame.columns:
         # an id that `normalise_id` makes nothing of ("-", " - ") is no id either
-        key = id_hex(pl.col(columns.key)).fill_null("") != ""
-        keep = frame.select(key).to_series()
+        keep = frame.select(has_id(pl.col(columns.key))).to_series()
         if not keep.all():
             parts.append(damage((~keep).arg_true(), columns.key, "no id", "no_id"))
         else:
@@ -181,6 +180,13 @@ def checked(
         placed = _placed(_one_per_key(rows, columns.key), frame, columns.key, first_row)
         ledger.add(where, table, placed, counted)
     return frame if keep is None else frame.filter(keep)
+
+
+def has_id(key: pl.Expr) -> pl.Expr:
+    """Whether `id_hex` leaves any text of `key` (text): a character neither whitespace nor a
+    dash, or whitespace between two others (which no strip reaches). One regex, where
+    `id_hex` writes each id anew three times."""
+    return key.str.contains(r"[^\s-]|\S\s+\S").fill_null(False)
 
 
 def checked_as_read(
@@ -451,6 +457,29 @@ CERTAIN_TIME = (
     r"(?:0[13578]|1[02])-31) (?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,6})?$"
 )
 CERTAIN_INTEGER = r"^-?[0-9]{1,18}$"
+
+
+def times(column: pl.Series) -> pl.Series:
+    """`parse_db_time` of the text `column`, at a third of its cost on what a dstack server
+    writes: a value CERTAIN_TIME vouches for is its fixed-width date and time (polars parses a
+    format without `%.f` by position, `%.f` through chrono: 0.04 s against 0.15 s at 608k
+    events) and its fraction as microseconds; only the others go through `parse_db_time`."""
+    text = pl.col(column.name)
+    frame = column.to_frame()
+    certain = frame.select(text.str.contains(CERTAIN_TIME).fill_null(False)).to_series()
+    fraction = text.str.slice(20).str.pad_end(6, "0").cast(pl.Int64)
+    whole = text.str.slice(0, 19).str.to_datetime("%Y-%m-%d %H:%M:%S", time_unit="us")
+    parsed = frame.select(
+        pl.when(certain)
+        .then(whole + pl.duration(microseconds=fraction))
+        .dt.replace_time_zone("UTC")
+        .alias(column.name)
+    ).to_series()
+    others = (~certain & column.is_not_null()).arg_true()
+    if others.len():
+        slow = frame.select(parse_db_time(text.gather(others))).to_series()
+        parsed = parsed.scatter(others, slow)
+    return parsed
 
 
 @dataclass(frozen=True)

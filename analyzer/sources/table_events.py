@@ -16,7 +16,8 @@ from datetime import datetime
 import polars as pl
 
 import analyzer.catalogue as catalogue
-from analyzer.model import normalise_enum, normalise_id, parse_db_time
+from analyzer.model import normalise_enum, normalise_id
+from analyzer.sources import cells
 from analyzer.sources.adbc import release_freed
 from analyzer.sources.attach import attach_job_runs
 from analyzer.sources.cells import written_anew
@@ -59,7 +60,7 @@ def map_events(
     """The events of runs and jobs from the checked text of both tables (cells.checked), and
     the latest moment any event of the table speaks of (a project's, a fleet's or a user's too:
     the server was at work then). `users`: id -> user name."""
-    times = events.select(parse_db_time(pl.col("recorded_at")).alias("time")).to_series()
+    times = cells.times(events["recorded_at"]).alias("time")
     entity_type = per_value(targets["entity_type"], normalise_enum)
     kept = (
         targets.select("event_id")
