@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from analyzer.model import normalise_enum, normalise_id
-from analyzer.sources.table_events import in_order, map_events, per_value
+from analyzer.sources.table_events import ID_STEPS, in_order, map_events, per_value
 
 KEYS = ["time", "event_id", "entity_type", "entity_id"]
 _ROWS = st.lists(
@@ -72,6 +72,9 @@ def test_a_mapping_per_distinct_value_is_the_mapping_of_every_row(values):
     for mapped in (normalise_enum, normalise_id, system):
         expected = column.to_frame().select(mapped(pl.col("c")).alias("c")).to_series()
         assert per_value(column, mapped).equals(expected)
+    # in steps: normalise_id's two, then one of their result
+    expected = column.to_frame().select(system(normalise_id(pl.col("c"))).alias("c")).to_series()
+    assert per_value(column, *ID_STEPS, system).equals(expected)
 
 
 def _events_of(events: dict, targets: dict, users: dict | None = None):

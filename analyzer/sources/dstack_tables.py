@@ -313,7 +313,7 @@ def _with_ids(frame: pl.LazyFrame, columns: dict[str, str]) -> pl.LazyFrame:
 
 def _with_project(frame: pl.LazyFrame, projects: pl.DataFrame) -> pl.LazyFrame:
     """`frame` with its `project_id` normalised and the project's name beside it."""
-    return frame.with_columns(normalise_id(pl.col("project_id")).alias("project_id")).join(
+    return _with_ids(frame, {"project_id": "project_id"}).join(
         projects.lazy(), left_on="project_id", right_on="id", how="left", maintain_order="left"
     )
 
