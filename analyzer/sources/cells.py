@@ -521,27 +521,20 @@ def _bad(frame: pl.DataFrame, checks: dict[str, _Check]) -> pl.DataFrame:
         if check.certain
     }
     first = frame.select(
-        *(
-            (doubt[name] if name in doubt else _present(name) & ~check.ok.fill_null(False)).alias(
-                name
-            )
-            for name, check in checks.items()
-        ),
-        *([pl.any_horizontal(doubt.values()).alias(_DOUBTED)] if doubt else []),
+        (doubt[name] if name in doubt else _present(name) & ~check.ok.fill_null(False)).alias(name)
+        for name, check in checks.items()
     )
     bad = {name: first[name] for name in checks}
     doubted = [name for name in doubt if bad[name].any()]
     if doubted:  # the full checks over those rows (a value a regex vouches for passes them)
-        rows = first[_DOUBTED].arg_true()
+        # of the columns found (each regex run once: an expression used twice runs twice)
+        rows = first.select(pl.any_horizontal(doubted)).to_series().arg_true()
         judged = frame.select(pl.col(doubted).gather(rows)).select(
             (_present(name) & ~checks[name].ok.fill_null(False)).alias(name) for name in doubted
         )
         nothing = pl.Series(dtype=pl.Boolean).extend_constant(False, frame.height)
         bad |= {name: nothing.clone().scatter(rows, judged[name]).alias(name) for name in doubted}
     return pl.DataFrame(list(bad.values()))
-
-
-_DOUBTED = "\x00doubted"  # beside the table's columns: whether any regex doubts the row
 
 
 def _typed(frame: pl.DataFrame, columns: Columns) -> tuple[pl.DataFrame, list[pl.DataFrame]]:
