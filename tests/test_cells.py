@@ -87,12 +87,16 @@ def test_a_value_the_shortcut_does_not_vouch_for_is_still_named():
 )
 def test_times_parses_every_value_as_parse_db_time_does(values):
     """`cells.times` (fixed-width fields for the values CERTAIN_TIME vouches for) gives what
-    `parse_db_time` gives of every value, the others' too."""
-    column = pl.Series("t", values, dtype=pl.String)
-    parsed = cells.times(column)
-    full = column.to_frame().select(parse_db_time(pl.col("t"))).to_series()
-    assert parsed.dtype == full.dtype and parsed.name == "t"
-    assert parsed.to_physical().to_list() == full.to_physical().to_list()  # year 0 too
+    `parse_db_time` gives of every value, the others' too, of several columns at once (another
+    column, not parsed, kept as it is)."""
+    frame = pl.DataFrame({"t": values, "u": values[::-1], "v": values}, schema=dict.fromkeys("tuv"))
+    frame = frame.cast(pl.String)
+    parsed = cells.times(frame, ("t", "u"))
+    assert parsed.columns == ["t", "u", "v"] and parsed["v"].equals(frame["v"])
+    for name in ("t", "u"):
+        full = frame.select(parse_db_time(pl.col(name))).to_series()
+        assert parsed[name].dtype == full.dtype
+        assert parsed[name].to_physical().to_list() == full.to_physical().to_list()  # year 0
 
 
 _NEAR_ID = st.text(st.sampled_from("-a0 \t\u00a0\u2003\n_"), max_size=6)

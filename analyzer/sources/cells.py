@@ -459,27 +459,31 @@ CERTAIN_TIME = (
 CERTAIN_INTEGER = r"^-?[0-9]{1,18}$"
 
 
-def times(column: pl.Series) -> pl.Series:
-    """`parse_db_time` of the text `column`, at a third of its cost on what a dstack server
-    writes: a value CERTAIN_TIME vouches for is its fixed-width date and time (polars parses a
-    format without `%.f` by position, `%.f` through chrono: 0.04 s against 0.15 s at 608k
-    events) and its fraction as microseconds; only the others go through `parse_db_time`."""
-    text = pl.col(column.name)
-    frame = column.to_frame()
-    certain = frame.select(text.str.contains(CERTAIN_TIME).fill_null(False)).to_series()
-    fraction = text.str.slice(20).str.pad_end(6, "0").cast(pl.Int64)
-    whole = text.str.slice(0, 19).str.to_datetime("%Y-%m-%d %H:%M:%S", time_unit="us")
-    parsed = frame.select(
-        pl.when(certain)
-        .then(whole + pl.duration(microseconds=fraction))
-        .dt.replace_time_zone("UTC")
-        .alias(column.name)
-    ).to_series()
-    others = (~certain & column.is_not_null()).arg_true()
-    if others.len():
-        slow = frame.select(parse_db_time(text.gather(others))).to_series()
-        parsed = parsed.scatter(others, slow)
-    return parsed
+def times(frame: pl.DataFrame, names: tuple[str, ...]) -> pl.DataFrame:
+    """`frame` with its text columns `names` parsed as `parse_db_time` parses them, at a third
+    of its cost on what a dstack server writes: a value CERTAIN_TIME vouches for is its
+    fixed-width date and time (polars parses a format without `%.f` by position, `%.f` through
+    chrono: 0.04 s against 0.15 s at 608k events) and its fraction as microseconds; only the
+    others go through `parse_db_time`. One query for every column's regex, one for the parse."""
+    if not names:
+        return frame
+    certain = frame.select(
+        pl.col(name).str.contains(CERTAIN_TIME).fill_null(False) for name in names
+    )
+
+    def fixed(name: str) -> pl.Expr:
+        text = pl.col(name)
+        whole = text.str.slice(0, 19).str.to_datetime("%Y-%m-%d %H:%M:%S", time_unit="us")
+        fraction = text.str.slice(20).str.pad_end(6, "0").cast(pl.Int64)
+        return pl.when(certain[name]).then(whole + pl.duration(microseconds=fraction))
+
+    parsed = frame.select(fixed(name).dt.replace_time_zone("UTC").alias(name) for name in names)
+    for name in names:
+        others = (~certain[name] & frame[name].is_not_null()).arg_true()
+        if others.len():
+            slow = frame.select(parse_db_time(pl.col(name).gather(others))).to_series()
+            parsed = parsed.with_columns(parsed[name].scatter(others, slow))
+    return frame.with_columns(parsed)
 
 
 @dataclass(frozen=True)

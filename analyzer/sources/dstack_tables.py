@@ -279,7 +279,7 @@ def _timed(frame: pl.DataFrame | None, table: str) -> pl.DataFrame | None:
     and instances' are read by two mappings (the tables, and the latest moment alive)."""
     if frame is None:
         return None
-    return frame.with_columns(cells.times(frame[name]) for name in TIME_COLUMNS.get(table, ()))
+    return cells.times(frame, TIME_COLUMNS.get(table, ()))
 
 
 def _names(frame: pl.DataFrame | None, alias: str) -> pl.DataFrame:

@@ -62,7 +62,7 @@ def map_events(
     """The events of runs and jobs from the checked text of both tables (cells.checked), and
     the latest moment any event of the table speaks of (a project's, a fleet's or a user's too:
     the server was at work then). `users`: id -> user name."""
-    times = cells.times(events["recorded_at"]).alias("time")
+    times = cells.times(events.select("recorded_at"), ("recorded_at",)).to_series().alias("time")
     entity_type = per_value(targets["entity_type"], normalise_enum)
     kept = (
         targets.select("event_id")
