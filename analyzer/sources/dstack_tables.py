@@ -379,8 +379,8 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
             normalise_enum(pl.col("status")).alias("status"),
             normalise_enum(pl.col("termination_reason")).alias("termination_reason"),
             integer(pl.col("deployment_num")).alias("deployment_num"),
-            pl.col("submitted_at").alias("submitted_at"),
-            pl.col("last_processed_at").alias("last_processed_at"),
+            "submitted_at",
+            "last_processed_at",
             _bool(pl.col("deleted")).alias("deleted"),
             pl.col("user"),
             normalise_id(pl.col("fleet_id")).alias("fleet_id"),
@@ -522,7 +522,7 @@ def _fleets(
     raw: dict[str, pl.DataFrame | None], server: str, projects: pl.DataFrame
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Fleets (nodes range from the spec) and instances (times, blocks, offer resources), from
-    the `raw` rows of both tables (None: the database has no such table)."""
+    the `raw` rows of both tables, their times parsed (`_timed`; None: no such table)."""
     fleets, instances = raw["fleets"], raw["instances"]
     fleet_frame = pl.DataFrame()
     instance_frame = pl.DataFrame()
@@ -543,7 +543,7 @@ def _fleets(
                 "project",
                 pl.col("name").alias("fleet_name"),
                 normalise_enum(pl.col("status")).alias("status"),
-                pl.col("created_at").alias("created_at"),
+                "created_at",
                 pl.when(_bool(pl.col("deleted")))
                 .then(
                     pl.coalesce(
@@ -591,8 +591,8 @@ def _fleets(
                 "project",
                 status.alias("status"),
                 normalise_enum(pl.col("backend")).alias("backend"),
-                pl.col("created_at").alias("created_at"),
-                pl.col("started_at").alias("started_at"),
+                "created_at",
+                "started_at",
                 pl.coalesce(
                     pl.col("finished_at"),
                     pl.col("deleted_at"),
@@ -688,7 +688,8 @@ def _fleet_tables(reader: TableReader, projects: pl.DataFrame) -> _FleetTables:
 
 def _alive_in(reader: TableReader, raw: dict[str, pl.DataFrame | None]) -> pl.DataFrame | None:
     """The latest time the raw instances and fleets rows show (TABLE_COLUMNS holds their
-    ALIVE_COLUMNS), as one row; None: neither table has such a column."""
+    ALIVE_COLUMNS, TIME_COLUMNS all of them: `_timed` parsed them), as one row; None: neither
+    table has such a column."""
     frames = []
     for table in ("instances", "fleets"):
         times = raw[table]
@@ -869,8 +870,8 @@ def _jobs(
         .otherwise(pl.col("termination_reason_message"))
         .alias("termination_reason_message"),
         integer(pl.col("exit_status")).alias("exit_status"),
-        pl.col("submitted_at").alias("submitted_at"),
-        pl.col("last_processed_at").alias("last_processed_at"),
+        "submitted_at",
+        "last_processed_at",
         (pl.col("job_provisioning_data").fill_null("").str.strip_chars().is_in(["", "null"]))
         .not_()
         .alias("has_provisioning_data"),
@@ -883,8 +884,8 @@ def _jobs(
         "replica_group",
         (_bool(pl.col("ready")) if has_ready else pl.lit(None, pl.Boolean)).alias("ready"),
         integer(pl.col("graceful_termination_attempts")).alias("graceful_termination_attempts"),
-        pl.col("remove_at").alias("remove_at"),
-        pl.col("running_at").alias("running_at"),
+        "remove_at",
+        "running_at",
         pl.col("_probe_specs").list.len().fill_null(0).cast(pl.Int64).alias("probe_count"),
         "probe_rows",
         "probes_below_ready_after",
