@@ -7,6 +7,7 @@ import polars as pl
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from analyzer.model import id_hex, parse_db_time
 from analyzer.sources import cells
 
 # near what a server writes: every part a few characters either side of its range, other
@@ -69,3 +70,43 @@ def test_a_value_the_shortcut_does_not_vouch_for_is_still_named():
     (rows,) = [part for parts in ledger.found.values() for part in parts]
     assert rows["place"].to_list() == ["row 2 (id b)"]
     assert "'2026-02-30 10:00:00' is not a time between years 1 and 9999" in rows["problem"][0]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.none() | st.text(max_size=30) | _NEAR_TIME, max_size=40))
+@example(
+    [
+        "2026-11-02 09:09:20.483",
+        "2026-11-02 09:09:20",
+        "2026-11-02 09:09:20.",
+        "0001-01-01 00:00:00",
+    ]
+)
+@example(
+    ["2024-02-29 00:00:00", "2026-02-29 00:00:00", " 2026-11-02 09:09:20", "2026-11-02T09:09:20Z"]
+)
+def test_times_parses_every_value_as_parse_db_time_does(values):
+    """`cells.times` (fixed-width fields for the values CERTAIN_TIME vouches for) gives what
+    `parse_db_time` gives of every value, the others' too, of several columns at once (another
+    column, not parsed, kept as it is)."""
+    frame = pl.DataFrame({"t": values, "u": values[::-1], "v": values}, schema=dict.fromkeys("tuv"))
+    frame = frame.cast(pl.String)
+    parsed = cells.times(frame, ("t", "u"))
+    assert parsed.columns == ["t", "u", "v"] and parsed["v"].equals(frame["v"])
+    for name in ("t", "u"):
+        full = frame.select(parse_db_time(pl.col(name))).to_series()
+        assert parsed[name].dtype == full.dtype
+        assert parsed[name].to_physical().to_list() == full.to_physical().to_list()  # year 0
+
+
+_NEAR_ID = st.text(st.sampled_from("-a0 \t\u00a0\u2003\n_"), max_size=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.none() | st.text(max_size=12) | _NEAR_ID, max_size=40))
+@example([" - ", "- -", "-\u00a0-", "\u2003", "", "-", "--a", " A ", "\u00a0-\u00a0"])
+def test_has_id_says_what_normalise_id_makes_something_of(values):
+    """`cells.has_id` (one regex) is true exactly where `id_hex` leaves some text."""
+    frame = pl.DataFrame({"id": values}, schema={"id": pl.String})
+    expected = frame.select(id_hex(pl.col("id")).fill_null("") != "").to_series().to_list()
+    assert frame.select(cells.has_id(pl.col("id"))).to_series().to_list() == expected

@@ -1,6 +1,6 @@
 """analyzer.sources.table_events: the events' order (time first, then the event and its
 target), whatever order the join of events and targets gave, and a mapping done once per
-distinct value."""
+distinct value; analyzer.sources.dstack_tables: the time columns it parses once."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from analyzer.model import normalise_enum, normalise_id
-from analyzer.sources.table_events import in_order, map_events, per_value
+from analyzer.sources.dstack_tables import ALIVE_COLUMNS, TIME_COLUMNS
+from analyzer.sources.table_events import ID_STEPS, in_order, map_events, per_value
 
 KEYS = ["time", "event_id", "entity_type", "entity_id"]
 _ROWS = st.lists(
@@ -72,6 +73,9 @@ def test_a_mapping_per_distinct_value_is_the_mapping_of_every_row(values):
     for mapped in (normalise_enum, normalise_id, system):
         expected = column.to_frame().select(mapped(pl.col("c")).alias("c")).to_series()
         assert per_value(column, mapped).equals(expected)
+    # in steps: normalise_id's two, then one of their result
+    expected = column.to_frame().select(system(normalise_id(pl.col("c"))).alias("c")).to_series()
+    assert per_value(column, *ID_STEPS, system).equals(expected)
 
 
 def _events_of(events: dict, targets: dict, users: dict | None = None):
@@ -138,3 +142,10 @@ def test_an_unknown_actor_is_named_by_its_id_and_no_run_or_job_event_gives_no_la
     assert latest.isoformat() == "2026-01-01T00:00:05+00:00"
     _, latest = _events_of(events, {**targets, "entity_type": ["FLEET", "USER"]})
     assert latest is None
+
+
+def test_every_column_alive_in_reads_is_a_time_column_timed_parses():
+    """`_alive_in` takes the instances' and fleets' ALIVE_COLUMNS as `_timed` parsed them: a
+    column added to one list and not the other would compare text with times."""
+    for table in ("instances", "fleets"):
+        assert set(ALIVE_COLUMNS[table]) <= set(TIME_COLUMNS[table]), table

@@ -23,7 +23,7 @@ from functools import lru_cache
 
 import polars as pl
 
-from analyzer.model import id_hex, parse_db_time
+from analyzer.model import parse_db_time
 from analyzer.sources.base import InputInfo, Limitation, ReadOptions, SourceData
 
 TEXT_LIMIT = 16 * 1024
@@ -170,8 +170,7 @@ def checked(
     keep = None
     if columns.key is not None and columns.key in frame.columns:
         # an id that `normalise_id` makes nothing of ("-", " - ") is no id either
-        key = id_hex(pl.col(columns.key)).fill_null("") != ""
-        keep = frame.select(key).to_series()
+        keep = frame.select(has_id(pl.col(columns.key))).to_series()
         if not keep.all():
             parts.append(damage((~keep).arg_true(), columns.key, "no id", "no_id"))
         else:
@@ -181,6 +180,13 @@ def checked(
         placed = _placed(_one_per_key(rows, columns.key), frame, columns.key, first_row)
         ledger.add(where, table, placed, counted)
     return frame if keep is None else frame.filter(keep)
+
+
+def has_id(key: pl.Expr) -> pl.Expr:
+    """Whether `id_hex` leaves any text of `key` (text): a character neither whitespace nor a
+    dash, or whitespace between two others (which no strip reaches). One regex, where
+    `id_hex` writes each id anew three times."""
+    return key.str.contains(r"[^\s-]|\S\s+\S").fill_null(False)
 
 
 def checked_as_read(
@@ -453,6 +459,33 @@ CERTAIN_TIME = (
 CERTAIN_INTEGER = r"^-?[0-9]{1,18}$"
 
 
+def times(frame: pl.DataFrame, names: tuple[str, ...]) -> pl.DataFrame:
+    """`frame` with its text columns `names` parsed as `parse_db_time` parses them, at a third
+    of its cost on what a dstack server writes: a value CERTAIN_TIME vouches for is its
+    fixed-width date and time (polars parses a format without `%.f` by position, `%.f` through
+    chrono: 0.04 s against 0.15 s at 608k events) and its fraction as microseconds; only the
+    others go through `parse_db_time`. One query for every column's regex, one for the parse."""
+    if not names:
+        return frame
+    certain = frame.select(
+        pl.col(name).str.contains(CERTAIN_TIME).fill_null(False) for name in names
+    )
+
+    def fixed(name: str) -> pl.Expr:
+        text = pl.col(name)
+        whole = text.str.slice(0, 19).str.to_datetime("%Y-%m-%d %H:%M:%S", time_unit="us")
+        fraction = text.str.slice(20).str.pad_end(6, "0").cast(pl.Int64)
+        return pl.when(certain[name]).then(whole + pl.duration(microseconds=fraction))
+
+    parsed = frame.select(fixed(name).dt.replace_time_zone("UTC").alias(name) for name in names)
+    for name in names:
+        others = (~certain[name] & frame[name].is_not_null()).arg_true()
+        if others.len():
+            slow = frame.select(parse_db_time(pl.col(name).gather(others))).to_series()
+            parsed = parsed.with_columns(parsed[name].scatter(others, slow))
+    return frame.with_columns(parsed)
+
+
 @dataclass(frozen=True)
 class _Check:
     ok: pl.Expr  # whether a present value is acceptable
@@ -492,27 +525,20 @@ def _bad(frame: pl.DataFrame, checks: dict[str, _Check]) -> pl.DataFrame:
         if check.certain
     }
     first = frame.select(
-        *(
-            (doubt[name] if name in doubt else _present(name) & ~check.ok.fill_null(False)).alias(
-                name
-            )
-            for name, check in checks.items()
-        ),
-        *([pl.any_horizontal(doubt.values()).alias(_DOUBTED)] if doubt else []),
+        (doubt[name] if name in doubt else _present(name) & ~check.ok.fill_null(False)).alias(name)
+        for name, check in checks.items()
     )
     bad = {name: first[name] for name in checks}
     doubted = [name for name in doubt if bad[name].any()]
     if doubted:  # the full checks over those rows (a value a regex vouches for passes them)
-        rows = first[_DOUBTED].arg_true()
+        # of the columns found (each regex run once: an expression used twice runs twice)
+        rows = first.select(pl.any_horizontal(doubted)).to_series().arg_true()
         judged = frame.select(pl.col(doubted).gather(rows)).select(
             (_present(name) & ~checks[name].ok.fill_null(False)).alias(name) for name in doubted
         )
         nothing = pl.Series(dtype=pl.Boolean).extend_constant(False, frame.height)
         bad |= {name: nothing.clone().scatter(rows, judged[name]).alias(name) for name in doubted}
     return pl.DataFrame(list(bad.values()))
-
-
-_DOUBTED = "\x00doubted"  # beside the table's columns: whether any regex doubts the row
 
 
 def _typed(frame: pl.DataFrame, columns: Columns) -> tuple[pl.DataFrame, list[pl.DataFrame]]:

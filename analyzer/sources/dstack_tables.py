@@ -27,7 +27,6 @@ from analyzer.model import (
     id_hex,
     normalise_enum,
     normalise_id,
-    parse_db_time,
 )
 from analyzer.redact import Redactor, json_secret_values
 from analyzer.sources import cells
@@ -185,6 +184,13 @@ JSON_PATHS: dict[str, dict[str, tuple[str, ...]]] = {
 }
 
 
+MAPPING_ENGINE = "in-memory"
+"""The polars engine each table's mapping runs on, whatever the input's size: its queries join
+on every row and keep the left order, which the in-memory engine does at less cost than
+polars' own choice (`auto`, the streaming one): at 16k runs the jobs' mapping takes 0.35 s of
+CPU against 0.45 s, the whole load 0.1 s less."""
+
+
 class TableReader(Protocol):
     """A backend: which tables exist, and a table's columns as text (absent ones are null)."""
 
@@ -268,6 +274,14 @@ def _read(reader: TableReader, table: str, ledger: cells.Ledger) -> pl.DataFrame
     return cells.checked_as_read(reader, frame, table, CELLS[table], ledger)
 
 
+def _timed(frame: pl.DataFrame | None, table: str) -> pl.DataFrame | None:
+    """`frame` (a table as `_read` gives it) with its time columns parsed, once: the fleets'
+    and instances' are read by two mappings (the tables, and the latest moment alive)."""
+    if frame is None:
+        return None
+    return cells.times(frame, TIME_COLUMNS.get(table, ()))
+
+
 def _names(frame: pl.DataFrame | None, alias: str) -> pl.DataFrame:
     """id -> display name for projects/users (a deleted one shows its original name)."""
     if frame is None:
@@ -299,7 +313,7 @@ def _with_ids(frame: pl.LazyFrame, columns: dict[str, str]) -> pl.LazyFrame:
 
 def _with_project(frame: pl.LazyFrame, projects: pl.DataFrame) -> pl.LazyFrame:
     """`frame` with its `project_id` normalised and the project's name beside it."""
-    return frame.with_columns(normalise_id(pl.col("project_id")).alias("project_id")).join(
+    return _with_ids(frame, {"project_id": "project_id"}).join(
         projects.lazy(), left_on="project_id", right_on="id", how="left", maintain_order="left"
     )
 
@@ -339,8 +353,8 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
     raw_users = _read(reader, "users", ledger)
     users = _names(raw_users, "user")
 
-    raw_runs = _read(reader, "runs", ledger)
-    raw_jobs = _read(reader, "jobs", ledger)
+    raw_runs = _timed(_read(reader, "runs", ledger), "runs")
+    raw_jobs = _timed(_read(reader, "jobs", ledger), "jobs")
     assert raw_runs is not None and raw_jobs is not None
     data.secrets = _secrets(raw_runs, raw_jobs, raw_users)  # each table read once
     runs = (
@@ -365,8 +379,8 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
             normalise_enum(pl.col("status")).alias("status"),
             normalise_enum(pl.col("termination_reason")).alias("termination_reason"),
             integer(pl.col("deployment_num")).alias("deployment_num"),
-            parse_db_time(pl.col("submitted_at")).alias("submitted_at"),
-            parse_db_time(pl.col("last_processed_at")).alias("last_processed_at"),
+            "submitted_at",
+            "last_processed_at",
             _bool(pl.col("deleted")).alias("deleted"),
             pl.col("user"),
             normalise_id(pl.col("fleet_id")).alias("fleet_id"),
@@ -374,7 +388,7 @@ def load_tables(reader: TableReader, server: str) -> SourceData:
             "placement_spec",
             pl.concat_str([pl.lit("runs:"), pl.col("id")]).alias("provenance"),
         )
-        .collect()
+        .collect(engine=MAPPING_ENGINE)
     )
     data.runs = cells.owned(_named(runs, raw_jobs))
     del raw_runs, raw_users  # read once, mapped: the raw rows are not held while events load
@@ -508,7 +522,7 @@ def _fleets(
     raw: dict[str, pl.DataFrame | None], server: str, projects: pl.DataFrame
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Fleets (nodes range from the spec) and instances (times, blocks, offer resources), from
-    the `raw` rows of both tables (None: the database has no such table)."""
+    the `raw` rows of both tables, their times parsed (`_timed`; None: no such table)."""
     fleets, instances = raw["fleets"], raw["instances"]
     fleet_frame = pl.DataFrame()
     instance_frame = pl.DataFrame()
@@ -529,12 +543,12 @@ def _fleets(
                 "project",
                 pl.col("name").alias("fleet_name"),
                 normalise_enum(pl.col("status")).alias("status"),
-                parse_db_time(pl.col("created_at")).alias("created_at"),
+                "created_at",
                 pl.when(_bool(pl.col("deleted")))
                 .then(
                     pl.coalesce(
-                        parse_db_time(pl.col("deleted_at")),
-                        parse_db_time(pl.col("last_processed_at")),
+                        pl.col("deleted_at"),
+                        pl.col("last_processed_at"),
                     )
                 )
                 .alias("deleted_at"),
@@ -544,7 +558,7 @@ def _fleets(
                 spec.str.json_path_match("$.configuration.placement").alias("placement"),
                 pl.concat_str([pl.lit("fleets:"), pl.col("id")]).alias("provenance"),
             )
-            .collect()
+            .collect(engine=MAPPING_ENGINE)
         )
     if instances is not None:
         resources = pl.coalesce(
@@ -577,12 +591,12 @@ def _fleets(
                 "project",
                 status.alias("status"),
                 normalise_enum(pl.col("backend")).alias("backend"),
-                parse_db_time(pl.col("created_at")).alias("created_at"),
-                parse_db_time(pl.col("started_at")).alias("started_at"),
+                "created_at",
+                "started_at",
                 pl.coalesce(
-                    parse_db_time(pl.col("finished_at")),
-                    parse_db_time(pl.col("deleted_at")),
-                    pl.when(finished).then(parse_db_time(pl.col("last_processed_at"))),
+                    pl.col("finished_at"),
+                    pl.col("deleted_at"),
+                    pl.when(finished).then(pl.col("last_processed_at")),
                 ).alias("ended_at"),
                 normalise_enum(pl.col("termination_reason")).alias("termination_reason"),
                 integer(pl.col("total_blocks")).fill_null(1).alias("total_blocks"),
@@ -595,7 +609,7 @@ def _fleets(
                 _finite(pl.col("price")).alias("price"),
                 pl.concat_str([pl.lit("instances:"), pl.col("id")]).alias("provenance"),
             )
-            .collect()
+            .collect(engine=MAPPING_ENGINE)
         )
     return fleet_frame, instance_frame
 
@@ -649,7 +663,7 @@ def learn_projects(reader: TableReader, ledger: cells.Ledger | None = None) -> p
 
 def _fleet_tables(reader: TableReader, projects: pl.DataFrame) -> _FleetTables:
     damage = cells.Ledger()
-    raw = {table: _read(reader, table, damage) for table in ("fleets", "instances")}
+    raw = {table: _timed(_read(reader, table, damage), table) for table in ("fleets", "instances")}
     fleets, instances = _fleets(raw, "", projects)
     names = (
         raw["fleets"].select(
@@ -665,7 +679,7 @@ def _fleet_tables(reader: TableReader, projects: pl.DataFrame) -> _FleetTables:
             .lazy()
             .pipe(_with_ids, {"iid": "id", "instance_fleet_id": "fleet_id"})
             .select("iid", pl.col("name").alias("instance_name"), "instance_fleet_id")
-            .collect()
+            .collect(engine=MAPPING_ENGINE)
         )
     fleets, instances, names = cells.owned(fleets), cells.owned(instances), cells.owned(names)
     instance_names = None if instance_names is None else cells.owned(instance_names)
@@ -674,7 +688,8 @@ def _fleet_tables(reader: TableReader, projects: pl.DataFrame) -> _FleetTables:
 
 def _alive_in(reader: TableReader, raw: dict[str, pl.DataFrame | None]) -> pl.DataFrame | None:
     """The latest time the raw instances and fleets rows show (TABLE_COLUMNS holds their
-    ALIVE_COLUMNS), as one row; None: neither table has such a column."""
+    ALIVE_COLUMNS, TIME_COLUMNS all of them: `_timed` parsed them), as one row; None: neither
+    table has such a column."""
     frames = []
     for table in ("instances", "fleets"):
         times = raw[table]
@@ -682,11 +697,7 @@ def _alive_in(reader: TableReader, raw: dict[str, pl.DataFrame | None]) -> pl.Da
             continue
         columns = [c for c in ALIVE_COLUMNS[table] if c in reader.columns(table)]
         if columns:
-            frames.append(
-                times.select(
-                    pl.max_horizontal(parse_db_time(pl.col(c)) for c in columns).alias("t")
-                )
-            )
+            frames.append(times.select(pl.max_horizontal(columns).alias("t")))
     return pl.concat(frames, how="vertical_relaxed").select(pl.max("t")) if frames else None
 
 
@@ -859,8 +870,8 @@ def _jobs(
         .otherwise(pl.col("termination_reason_message"))
         .alias("termination_reason_message"),
         integer(pl.col("exit_status")).alias("exit_status"),
-        parse_db_time(pl.col("submitted_at")).alias("submitted_at"),
-        parse_db_time(pl.col("last_processed_at")).alias("last_processed_at"),
+        "submitted_at",
+        "last_processed_at",
         (pl.col("job_provisioning_data").fill_null("").str.strip_chars().is_in(["", "null"]))
         .not_()
         .alias("has_provisioning_data"),
@@ -873,8 +884,8 @@ def _jobs(
         "replica_group",
         (_bool(pl.col("ready")) if has_ready else pl.lit(None, pl.Boolean)).alias("ready"),
         integer(pl.col("graceful_termination_attempts")).alias("graceful_termination_attempts"),
-        parse_db_time(pl.col("remove_at")).alias("remove_at"),
-        parse_db_time(pl.col("running_at")).alias("running_at"),
+        "remove_at",
+        "running_at",
         pl.col("_probe_specs").list.len().fill_null(0).cast(pl.Int64).alias("probe_count"),
         "probe_rows",
         "probes_below_ready_after",
@@ -886,7 +897,7 @@ def _jobs(
         "spec_fingerprint",
         "resources",
         pl.concat_str([pl.lit("jobs:"), pl.col("id")]).alias("provenance"),
-    ).collect()
+    ).collect(engine=MAPPING_ENGINE)
 
 
 def _events(

@@ -16,7 +16,8 @@ from datetime import datetime
 import polars as pl
 
 import analyzer.catalogue as catalogue
-from analyzer.model import normalise_enum, normalise_id, parse_db_time
+from analyzer.model import id_from_hex, id_hex, normalise_enum
+from analyzer.sources import cells
 from analyzer.sources.adbc import release_freed
 from analyzer.sources.attach import attach_job_runs
 from analyzer.sources.cells import written_anew
@@ -27,6 +28,8 @@ RUN_OR_JOB = ["run", "job"]
 # Ties in time are broken by the event and its target, so the order (and `seq`) is the
 # content's, not whatever order the join gave.
 ORDER_KEYS = ["time", "event_id", "entity_type", "entity_id"]
+# `normalise_id` in its two steps, each once per distinct id (per_value)
+ID_STEPS = (id_hex, id_from_hex)
 # What the mapping gives, in this order (the catalogue adds what each message says).
 EVENT_COLUMNS = [
     "message",
@@ -59,7 +62,7 @@ def map_events(
     """The events of runs and jobs from the checked text of both tables (cells.checked), and
     the latest moment any event of the table speaks of (a project's, a fleet's or a user's too:
     the server was at work then). `users`: id -> user name."""
-    times = events.select(parse_db_time(pl.col("recorded_at")).alias("time")).to_series()
+    times = cells.times(events.select("recorded_at"), ("recorded_at",)).to_series().alias("time")
     entity_type = per_value(targets["entity_type"], normalise_enum)
     kept = (
         targets.select("event_id")
@@ -83,9 +86,9 @@ def map_events(
     from_targets = pl.select(
         pl.lit(target),
         pl.lit(entity_type.gather(target)),
-        pl.lit(per_value(targets["entity_id"].gather(target), normalise_id)),
+        pl.lit(per_value(targets["entity_id"].gather(target), *ID_STEPS)),
         written_anew(pl.lit(targets["entity_name"].gather(target))),
-        pl.lit(per_value(targets["entity_run_id"].gather(target), normalise_id)),
+        pl.lit(per_value(targets["entity_run_id"].gather(target), *ID_STEPS)),
     )
     del targets, entity_type, target
     release_freed()
@@ -94,7 +97,9 @@ def map_events(
         written_anew(pl.lit(events["id"].gather(event))).alias("event_id"),
         written_anew(pl.lit(events["message"].gather(event))),
         written_anew(pl.lit(events["recorded_at"].gather(event))).alias("time_text"),
-        pl.lit(per_value(events["actor_user_id"].gather(event), _actor(users))).alias("actor"),
+        pl.lit(per_value(events["actor_user_id"].gather(event), *ID_STEPS, _actor(users))).alias(
+            "actor"
+        ),
     ).hstack(from_targets)
     del events, times, event, from_targets
     release_freed()
@@ -129,13 +134,12 @@ def _uuid(raw: pl.Expr) -> pl.Expr:
 
 
 def _actor(users: pl.DataFrame) -> Callable[[pl.Expr], pl.Expr]:
-    """Who recorded an event, of its `actor_user_id`: `user <name>`, the id where no user row
-    names it, and `system` where no user did (dstack's background tasks). `users`: id -> user
-    (a duplicated id: its first row)."""
+    """Who recorded an event, of its `actor_user_id` normalised (`ID_STEPS`): `user <name>`, the
+    id where no user row names it, and `system` where no user did (dstack's background tasks).
+    `users`: id -> user (a duplicated id: its first row)."""
     named = users.unique("id", keep="first", maintain_order=True)
 
-    def actor(ids: pl.Expr) -> pl.Expr:
-        actor_id = normalise_id(ids)
+    def actor(actor_id: pl.Expr) -> pl.Expr:
         name = actor_id.replace_strict(named["id"], named["user"], default=None)
         return (
             pl.when(actor_id.is_null())
@@ -146,23 +150,29 @@ def _actor(users: pl.DataFrame) -> Callable[[pl.Expr], pl.Expr]:
     return actor
 
 
-def per_value(column: pl.Series, mapped: Callable[[pl.Expr], pl.Expr]) -> pl.Series:
-    """`mapped` (text to text) of each value of `column`, computed once per distinct value:
-    the column is made categorical (each value hashed once, a code per row), its distinct
-    values mapped and the results gathered by code."""
+def per_value(column: pl.Series, *steps: Callable[[pl.Expr], pl.Expr]) -> pl.Series:
+    """`steps` (text to text, one after the other) of each value of `column`, computed once per
+    distinct value: the column is made categorical (each value hashed once, a code per row),
+    its distinct values mapped and the results gathered by code. Each step is a query of its
+    own, so that a step that reads its input several times (`id_from_hex`) reads it computed."""
     codes = column.cast(pl.Categorical(pl.Categories.random()))
     distinct = codes.unique().drop_nulls()
     name = column.name
-    values = distinct.cast(pl.String).to_frame(name).select(mapped(pl.col(name)).alias(name))
+    values = distinct.cast(pl.String).to_frame(name)
+    of_null = pl.DataFrame({name: [None]}, schema={name: pl.String})
+    for step in steps:
+        values = values.select(step(pl.col(name)).alias(name))
+        of_null = of_null.select(step(pl.col(name)).alias(name))
     places = distinct.to_physical()
     table = pl.Series(name, [None], dtype=pl.String)
     if places.len():
         table = table.extend_constant(None, places.max()).scatter(places, values.to_series())
     gathered = table.gather(codes.to_physical())
-    of_null = pl.select(mapped(pl.lit(None, pl.String))).item()
-    if of_null is None:
+    if of_null.item() is None:
         return gathered
-    return pl.select(pl.when(codes.is_null()).then(pl.lit(of_null)).otherwise(gathered)).to_series()
+    return pl.select(
+        pl.when(codes.is_null()).then(pl.lit(of_null.item())).otherwise(gathered)
+    ).to_series()
 
 
 def in_order(frame: pl.DataFrame, keys: list[str]) -> pl.Series:
