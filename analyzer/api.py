@@ -23,6 +23,7 @@ from analyzer.pipeline.assemble import (
     assemble,
     end_bounds,
     merge_reports,
+    refuse_unsplit,
 )
 from analyzer.pipeline.detect import dateless_runs, detect
 from analyzer.pipeline.evidence import Evidence, combine
@@ -421,6 +422,8 @@ def open_sources(
                 + ", ".join(f"{i.path} ({i.kind}, {i.records} records)" for i in read[:20])
                 + (f" and {len(read) - 20} more" if len(read) > 20 else ""),
             )
+    if partition is not None:
+        refuse_unsplit(part for parts, _label in loaded for part in parts)
     with stage("combining and aligning clocks"):
         parts = assign_servers(loaded, server, partitioned=partition is not None)
         evidence = reconcile(combine(parts), TimeOptions(log_tz=log_tz, log_date=log_date))

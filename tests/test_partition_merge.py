@@ -6,6 +6,7 @@ Whole processes, as a user runs them."""
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 from analyzer.sources.partition import service_bucket
 from analyzer.synth import synthesize
 from tests.conftest import (
+    CAPTURES,
     interrupt_partitioned_audit,
     plant_env_secret,
     plant_failure_message,
@@ -109,3 +111,36 @@ def test_ctrl_c_during_the_partitions_leaves_no_spill_folder(tmp_path):
     assert not list(temporary.iterdir())
     assert not out.exists()
     assert {p.name for p in db.parent.iterdir()} == {"server.db", "truth.json", "logs"}
+
+
+def test_a_log_beside_its_database_is_refused_in_partitions_and_a_dataset_is_not(tmp_path):
+    """A log is read whole by every partition: its runs of the other partitions would be runs
+    of the log alone, under other ids, in each (the merge cannot see them twice). Refused as
+    one line naming the log, no report; ingested into a dataset, the same inputs audit in
+    partitions as in one process."""
+    seed = CAPTURES / "v0.22.5" / "seed"
+    folder = tmp_path / "server"
+    folder.mkdir()
+    shutil.copyfile(seed / "server.db", folder / "server.db")
+    log = folder / "server.log"
+    shutil.copyfile(seed / "logs" / "server-info.standard.log", log)
+    report = tmp_path / "partitions.json"
+    done = _command("audit", str(folder), "--partitions", "2", "-q", "-o", str(report))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert str(log) in done.stderr and "one partition at a time" in done.stderr
+    assert not report.exists()
+    dataset = tmp_path / "dataset"
+    assert _command("ingest", str(folder), "--to", str(dataset), "-q").returncode == 0
+    whole, merged = tmp_path / "whole.json", tmp_path / "merged.json"
+    assert _command("audit", str(dataset), "-q", "-o", str(whole)).returncode == 0
+    assert (
+        _command("audit", str(dataset), "--partitions", "2", "-q", "-o", str(merged)).returncode
+        == 0
+    )
+    assert merged.read_bytes() == whole.read_bytes()
+
+
+def _command(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "analyzer", *args], capture_output=True, text=True, check=False
+    )

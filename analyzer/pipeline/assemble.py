@@ -11,6 +11,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from analyzer._version import __version__
 from analyzer.contract import (
@@ -25,6 +26,9 @@ from analyzer.errors import AuditInputError
 from analyzer.pipeline.counterfactual import describe_models
 from analyzer.pipeline.impact import impact_rank, summarise
 from analyzer.redact import RULE_SET
+
+if TYPE_CHECKING:
+    from analyzer.sources.base import InputInfo, SourceData
 
 END_BOUND = "end_of_evidence_lower_bound"
 NO_RUN_EVIDENCE = "no_run_evidence"
@@ -147,21 +151,43 @@ def _refuse_overlap(reports: list[Report]) -> None:
     for report in reports:
         runs = {(v.server, v.run_id) for v in report.runs}
         if runs & seen:
-            whole = [
-                i.path
-                for i in report.inputs
-                if i.records
-                and not _PARTITION_KIND.search(i.kind)
-                and not any(_PARTITION_NOTE.fullmatch(note) for note in i.notes)
-            ]
-            raise AuditInputError(
-                whole[0] if whole else "--partitions",
-                "cannot be read one partition at a time (only databases and ingested datasets "
-                "can): every partition would count its runs again",
-                "audit without --partitions/--workers/--cluster, or `dstack-audit ingest` the "
-                "inputs into a dataset and audit the dataset in partitions",
-            )
+            whole = _read_whole(report.inputs)
+            raise _unsplittable(whole[0] if whole else "--partitions")
         seen |= runs
+
+
+def refuse_unsplit(parts: Iterable[SourceData]) -> None:
+    """A partition's inputs, before it is audited: one that holds runs, jobs or events yet is
+    read whole by every partition is refused. A log beside a database is the case the merge's
+    check of the runs cannot see: its runs of this partition join the database's, its runs of
+    the others become runs of the log alone, under other ids, in every partition."""
+    for part in parts:
+        if any(map(_shared, part.inputs)) or not (whole := _read_whole(part.inputs)):
+            continue
+        if part.runs.height or part.jobs.height or part.events.height:
+            raise _unsplittable(whole[0])
+
+
+def _shared(item: InputInfo | InputRecord) -> bool:
+    """Whether a partition read its share of this input only (a database, a dataset)."""
+    return bool(_PARTITION_KIND.search(item.kind)) or any(
+        _PARTITION_NOTE.fullmatch(note) for note in item.notes
+    )
+
+
+def _read_whole(inputs: Iterable[InputInfo | InputRecord]) -> list[str]:
+    """The paths of the inputs with records that no partition read a share of."""
+    return [i.path for i in inputs if i.records and not _shared(i)]
+
+
+def _unsplittable(path: str) -> AuditInputError:
+    return AuditInputError(
+        path,
+        "cannot be read one partition at a time (only databases and ingested datasets "
+        "can): every partition would count its runs again",
+        "audit without --partitions/--workers/--cluster, or `dstack-audit ingest` the "
+        "inputs into a dataset and audit the dataset in partitions",
+    )
 
 
 def _merge_inputs(reports: list[Report]) -> list[InputRecord]:
