@@ -501,14 +501,30 @@ def audit_learnt_part(learnt: LearntPart, others: WholeInputFacts) -> dict[int, 
     }
 
 
+def foresight_of_part(
+    parts: dict[int, SpilledPartition], others: tuple[str, dict[int, ForesightPiece]]
+) -> dict[int, SpilledPartition]:
+    """The capacity foresight of the findings of the partitions one process audited
+    (`parts`), worked out there given the other processes' pieces of its facts (`others`:
+    the merge's spill folder, each of their partitions' piece), and written into their
+    files; the rest of the merge is the client's."""
+    from analyzer.pipeline.partitions import foresight_written, known_secrets
+
+    folder, theirs = others
+    pieces = {index: part.foresight for index, part in parts.items()} | theirs
+    every = [pieces[index] for index in sorted(pieces)]  # as one process reads them
+    return foresight_written(Path(folder), parts, every, known_secrets(every))
+
+
 @cache
 def partition_tasks() -> FleetTasks:
     """One audit's partitions on local workers: each process learns a part of the whole
-    inputs, then audits the partitions that part goes with; the client merges their results
-    in its ReportSpill, not by `merge` (made on first use, as report_fleet)."""
+    inputs, audits the partitions that part goes with, then works out their capacity
+    foresight; the client merges their results in its ReportSpill, not by `merge` (made on
+    first use, as report_fleet)."""
     from analyzer.cluster import FleetTasks
 
-    return FleetTasks(learn_part, audit_learnt_part, list)
+    return FleetTasks(learn_part, audit_learnt_part, list, foresight_of_part)
 
 
 @dataclass(frozen=True)
