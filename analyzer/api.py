@@ -504,16 +504,17 @@ def audit_learnt_part(learnt: LearntPart, others: WholeInputFacts) -> dict[int, 
 def foresight_of_part(
     parts: dict[int, SpilledPartition], others: tuple[str, dict[int, ForesightPiece]]
 ) -> dict[int, SpilledPartition]:
-    """The capacity foresight of the findings of the partitions one process audited
-    (`parts`), worked out there given the other processes' pieces of its facts (`others`:
-    the merge's spill folder, each of their partitions' piece), and written into their
-    files; the rest of the merge is the client's."""
-    from analyzer.pipeline.partitions import foresight_written, known_secrets
+    """The partitions one process audited (`parts`) finished there, given the other processes'
+    pieces of the capacity foresight's facts (`others`: the merge's spill folder, each of
+    their partitions' piece): their foresight worked out and their files masked with every
+    partition's secret values (finished_where_audited); the rest of the merge is the
+    client's."""
+    from analyzer.pipeline.partitions import finished_where_audited
 
     folder, theirs = others
     pieces = {index: part.foresight for index, part in parts.items()} | theirs
     every = [pieces[index] for index in sorted(pieces)]  # as one process reads them
-    return foresight_written(Path(folder), parts, every, known_secrets(every))
+    return finished_where_audited(Path(folder), parts, every)
 
 
 @cache

@@ -401,8 +401,9 @@ def audit_partitions_locally(
         pool.release()
     every = _partitions(done)
     for index in range(count):
-        # its foresight answered where it was audited, its piece kept for its secret values
-        spill.take(index, SpilledPartition(answered[index].head, [], every[index].foresight))
+        # finished where it was audited, its piece kept for its secret values
+        finished = answered[index]
+        spill.take(index, SpilledPartition(finished.head, [], every[index].foresight, True))
     return spill.merged()
 
 

@@ -223,12 +223,14 @@ own, 512 at a time 2.5 s and 120 MB (the audit in 16 partitions: 542 MB peak; 1,
 class SpilledPartition:
     """What the merge keeps of a partition written to its spill files (`spilled`): its report,
     its findings slim (a verdict is small: held whole, for the summary and the order of the
-    runs), which of its findings ask for the capacity foresight, and its foresight piece
-    (None once taken by the merge)."""
+    runs), which of its findings ask for the capacity foresight, its foresight piece (None
+    once taken by the merge), and whether its files are masked with every partition's secret
+    values already (`finished_where_audited`)."""
 
     head: Report
     wanted: list[int]
     foresight: ForesightPiece | None
+    guarded: bool = False
 
 
 def spilled(folder: Path, index: int, result: PartitionResult) -> SpilledPartition:
@@ -292,21 +294,21 @@ class ReportSpill:
         foresight answered there already when its `wanted` is empty (foresight_written)."""
         if part.foresight is not None:
             self._pieces.append(part.foresight)
-        self._parts[index] = SpilledPartition(part.head, part.wanted, None)
+        self._parts[index] = SpilledPartition(part.head, part.wanted, None, part.guarded)
 
     def merged(self) -> MergedReport:
         """The merged report: the capacity foresight of every finding that asks for it worked
         out once over every partition's facts (and written into its partition's file; unless
-        the processes that audited the partitions did, `answered_there`), every text masked
-        with every partition's known secret values: the report one process gives."""
+        the processes that audited the partitions did, `finished_where_audited`), every text
+        masked with every partition's known secret values: the report one process gives."""
         pieces, self._pieces = self._pieces, []
         known = known_secrets(pieces)
         self._parts = foresight_written(self.folder, self._parts, pieces, known)
         order = sorted(self._parts)
         with stage("merging: every partition's secrets masked in the others"):
             for index in order:
-                for name, model in (("runs", RunVerdict), ("findings", Finding)):
-                    self._guard(self._file(name, index), model, known)
+                if not self._parts[index].guarded:
+                    _guard(self.folder, index, known)
         whole = merge_reports([self._parts[i].head for i in order])
         head = known.guard_model(whole.model_copy(update={name: [] for name in STREAMED}))
         return MergedReport(
@@ -315,17 +317,34 @@ class ReportSpill:
             files={name: [self._file(name, i) for i in order] for name in STREAMED},
         )
 
-    def _guard(self, path: Path, model: type[BaseModel], known: Redactor) -> None:
-        """The items of one file as the merged report's secret guard leaves them
-        (Redactor.guard_model), rewritten only when a text holds a known value or a hidden
-        character (a value one partition's runs hold, repeated in another's): one look at
-        the texts first, the items read only then."""
+
+def _guard(folder: Path, index: int, known: Redactor) -> None:
+    """Partition `index`'s files as the merged report's secret guard leaves them
+    (Redactor.guard_model), each rewritten only when a text holds a known value or a hidden
+    character (a value one partition's runs hold, repeated in another's): one look at the
+    texts first, the items read only then."""
+    for name, model in (("runs", RunVerdict), ("findings", Finding)):
+        path = _spill_file(folder, name, index)
         if not known.holds_known_or_hidden(path.read_text()):
-            return
+            continue
         lines = _read(path)
         items = [model.model_validate_json(text) for _, text in lines]
         guarded = known.guard_model(_Items(items=items)).items
         _write(path, [(key, _text(item)) for (key, _), item in zip(lines, guarded, strict=True)])
+
+
+def finished_where_audited(
+    folder: Path, parts: dict[int, SpilledPartition], pieces: list[ForesightPiece]
+) -> dict[int, SpilledPartition]:
+    """`parts` finished in the process that audited them, given every partition's foresight
+    `pieces` (in the partitions' order): their capacity foresight worked out
+    (`foresight_written`) and their files masked with every partition's secret values, so
+    that the merge has neither left to do alone."""
+    known = known_secrets(pieces)
+    answered = foresight_written(folder, parts, pieces, known)
+    for index in answered:
+        _guard(folder, index, known)
+    return {i: SpilledPartition(p.head, [], None, guarded=True) for i, p in answered.items()}
 
 
 def known_secrets(pieces: list[ForesightPiece]) -> Redactor:
