@@ -365,6 +365,8 @@ def audit_partitions_locally(
     (`tasks.then`: each process's pieces sent to the others, as the secret values of a
     fleet's servers are), so that this process does not work it out alone at the end; they
     are merged here as in one process."""
+    if tasks.then is None:
+        raise ValueError("local partitions need their tasks' second step (then)")
     processes = len(started.processes) + 1
     learning: Servers = [
         (given, Learning(k, processes, count, str(folder), str(spill.folder)))
@@ -390,12 +392,10 @@ def audit_partitions_locally(
 
         def pieces(learnt: list[int]) -> tuple[str, dict[int, Any]]:
             """The foresight's pieces of the partitions the others audited."""
-            others = [index for index in done if index not in learnt]
-            return spilling, {i: part.foresight for i, part in _partitions(done, others).items()}
+            theirs = [index for index in done if index not in learnt]
+            return spilling, {i: part.foresight for i, part in _partitions(done, theirs).items()}
 
         pool.then(pieces)
-        if tasks.then is None:
-            raise ValueError("local partitions need their tasks' second step (then)")
         answered = tasks.then(_partitions(done, mine), pieces(mine))
         answered.update(_partitions(pool.finished_there()))
         pool.release()
