@@ -32,7 +32,12 @@ from analyzer.cluster_local import Local, Servers, Workers
 from analyzer.cluster_local import started as local_workers
 from analyzer.collector import paused
 from analyzer.errors import AuditInputError
-from analyzer.pipeline.partitions import MergedReport, PartitionResult, ReportSpill
+from analyzer.pipeline.partitions import (
+    MergedReport,
+    PartitionResult,
+    ReportSpill,
+    SpilledPartition,
+)
 from analyzer.progress import stage
 from analyzer.sources.base import LEARNING_PARTS, WholeInputFacts
 
@@ -202,11 +207,14 @@ class FleetTasks:
     secret values, its runs, the version, its part of the merge); `finish(audited, secrets)`
     runs where `audit` ran, given every server's secret values, and returns its part again
     only when they changed it (else None); `merge` puts the parts together here, in the order
-    the servers were given."""
+    the servers were given. `then(finished, context)`, when given, is a second step run where
+    `finish` ran, on what it returned (one audit's partitions: their capacity foresight, given
+    every partition's facts)."""
 
     audit: Callable[[Sequence[str], str, dict[str, Any]], Any]
-    finish: Callable[[Any, frozenset[str]], Any]
+    finish: Callable[[Any, Any], Any]
     merge: Callable[[list[Any]], Any]
+    then: Callable[[Any, Any], Any] | None = None
 
 
 def _head(audited: Any) -> Any:
@@ -352,8 +360,13 @@ def audit_partitions_locally(
     (analyzer.cluster_local): each process learns a part of the whole inputs at once
     (`tasks.audit`, a `Learning`: the run tables split by bucket into `folder`, or the
     rest), is sent what the others learnt, and audits the partitions its part goes with
-    (`tasks.finish`), writing each to `spill`'s files there; they are merged here as in one
-    process."""
+    (`tasks.finish`), writing each to `spill`'s files there; then each works out the
+    capacity foresight of its own partitions' findings, given every partition's facts
+    (`tasks.then`: each process's pieces sent to the others, as the secret values of a
+    fleet's servers are), so that this process does not work it out alone at the end; they
+    are merged here as in one process."""
+    if tasks.then is None:
+        raise ValueError("local partitions need their tasks' second step (then)")
     processes = len(started.processes) + 1
     learning: Servers = [
         (given, Learning(k, processes, count, str(folder), str(spill.folder)))
@@ -372,13 +385,38 @@ def audit_partitions_locally(
 
         with stage("auditing partitions"):
             done = pool.finish(others)
+            mine = list(done)
             done.update(pool.finished_there())
+        _same_version(part.head.generated_by for part in _partitions(done).values())
+        spilling = str(spill.folder)
+
+        def pieces(learnt: list[int]) -> tuple[str, dict[int, Any]]:
+            """The foresight's pieces of the partitions the others audited."""
+            theirs = [index for index in done if index not in learnt]
+            return spilling, {i: part.foresight for i, part in _partitions(done, theirs).items()}
+
+        pool.then(pieces)
+        answered = tasks.then(_partitions(done, mine), pieces(mine))
+        answered.update(_partitions(pool.finished_there()))
         pool.release()
-    results = {index: result for part in done.values() for index, result in part.items()}
-    _same_version(result.head.generated_by for result in results.values())
+    every = _partitions(done)
     for index in range(count):
-        spill.take(index, results.pop(index))
+        # finished where it was audited, its piece kept for its secret values
+        finished = answered[index]
+        spill.take(index, SpilledPartition(finished.head, [], every[index].foresight, True))
     return spill.merged()
+
+
+def _partitions(
+    done: dict[int, dict[int, Any]], parts: Iterable[int] | None = None
+) -> dict[int, Any]:
+    """The partitions audited with the learning `parts` (None: all of them), together."""
+    return {
+        index: part
+        for learnt, audited in done.items()
+        if parts is None or learnt in parts
+        for index, part in audited.items()
+    }
 
 
 def run_on_cluster(

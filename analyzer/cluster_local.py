@@ -36,6 +36,7 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 """A SQLite database file's first 16 bytes (analyzer.sources.sqlite.SQLITE_MAGIC, which cannot
 be imported here without the pipeline's imports)."""
 
+THEN = "then"  # a message to a worker: the second step of the tasks it finished
 Servers = list[tuple[list[str], Any]]
 """Each task's paths and what names it: a server's label (analyzer.api.one_server_each), or a
 partition (analyzer.cluster.Part)."""
@@ -262,8 +263,18 @@ class Local:
         with quiet_stages():  # its own stages are not shown: the caller's stage is
             return {index: self._fleet.finish(audited, here) for index, audited in kept.items()}
 
+    def then(self, context: Callable[[list[int]], Any]) -> None:
+        """Each worker sent the context of its tasks' second step (FleetTasks.then: one
+        audit's partitions, their capacity foresight given every partition's facts), once
+        their finish was read (`finished_there`: a message is never sent to a worker still
+        sending its answer, which would wait for the other); their answers are read by
+        `finished_there` again."""
+        for connection in self._connections:
+            mine = [index for index, held in self._held.items() if held is connection]
+            _send(connection, (THEN, mine, context(mine)))
+
     def finished_there(self) -> dict[int, Any]:
-        """The workers' servers as they finished them (`finish`): one reply each."""
+        """The workers' servers as they finished them (`finish`, or `then`): one reply each."""
         finished: dict[int, Any] = {}
         for connection in self._connections:
             finished.update(_received(connection))
@@ -366,7 +377,8 @@ def _serve(connection: Connection, preload: tuple[str, ...]) -> None:
 
 def _served(connection: Connection) -> None:
     """`_serve`'s loop: the fleet's tasks, then one message after another until told it is
-    done."""
+    done. A task finished is kept for its second step when the fleet's tasks have one
+    (FleetTasks.then)."""
     fleet = connection.recv()
     kept: dict[int, Any] = {}
     while fleet is not None and (message := connection.recv()) is not None:
@@ -375,9 +387,14 @@ def _served(connection: Connection) -> None:
                 index, arguments = message
                 kept[index] = fleet.audit(*arguments)
                 answer = kept[index].head
+            elif message[0] == THEN:
+                _, indexes, context = message
+                answer = {i: fleet.then(kept.pop(i), context) for i in indexes}
             else:
                 indexes, context = message
                 answer = {i: fleet.finish(kept.pop(i), context) for i in indexes}
+                if fleet.then is not None:
+                    kept.update(answer)
         except Exception as error:  # sent back whole: the client raises it
             _send_error(connection, error)
             continue

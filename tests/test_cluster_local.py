@@ -268,3 +268,20 @@ def test_ctrl_c_typed_while_one_server_s_partitions_are_audited_is_clean(tmp_pat
     while (left := still_running(workers)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not left
+
+
+def test_a_learnt_part_sends_the_fleet_tables_mapped_not_as_read(tmp_path):
+    """The part that learns the tables read whole sends the other process what the mapping
+    made of the fleets and instances, not the tables as read, which no partition reads again
+    (the reports stay byte-identical: tests/test_partition_merge.py, the benchmarks' check)."""
+    from analyzer.api import RAW_FLEET_TABLES, learn_part
+    from analyzer.cluster import Learning
+
+    db = CRASH / "server.db"
+    learnt = learn_part([str(db)], Learning(1, 2, 2, str(tmp_path), str(tmp_path)), {})
+    kept = {key[0] for key in learnt.facts._facts}
+    sent = {key[0] for key in learnt.head._facts}
+    assert {name for name in kept if name.startswith(RAW_FLEET_TABLES)} == kept - sent
+    assert len(kept - sent) == 2
+    assert learnt.head.known("fleets and instances", db) is not None
+    assert learnt.head.known("latest", db) == learnt.facts.known("latest", db) is not None

@@ -80,7 +80,9 @@ def test_peak_memory_does_not_grow_with_the_number_of_buckets(tmp_path):
 
 def test_a_secret_one_partition_knows_is_masked_in_the_others(tmp_path):
     """A token in the job specs of one partition's runs, repeated in the failure messages of
-    another partition's: one process masks it in both, and so does the merge."""
+    another partition's: one process masks it in both, and so does the merge, also when
+    each partition is finished in the process that audited it (--workers 2: the other's
+    secret values reach it with the foresight's pieces)."""
     secret = "hf_PlantedAcrossPartitions_4242"
     synthesize(tmp_path / "server", 60, seed=7, log_formats=(), mix=MIX)
     db = tmp_path / "server" / "server.db"
@@ -96,6 +98,8 @@ def test_a_secret_one_partition_knows_is_masked_in_the_others(tmp_path):
     _audit([str(db), "--partitions", "2", "-o", str(merged)])
     text = whole.read_text()
     assert secret not in text and "token *** rejected" in text
+    assert merged.read_bytes() == whole.read_bytes()
+    _audit([str(db), "--workers", "2", "-o", str(merged)])
     assert merged.read_bytes() == whole.read_bytes()
 
 

@@ -223,11 +223,14 @@ own, 512 at a time 2.5 s and 120 MB (the audit in 16 partitions: 542 MB peak; 1,
 class SpilledPartition:
     """What the merge keeps of a partition written to its spill files (`spilled`): its report,
     its findings slim (a verdict is small: held whole, for the summary and the order of the
-    runs), which of its findings ask for the capacity foresight, and its foresight piece."""
+    runs), which of its findings ask for the capacity foresight, its foresight piece (None
+    once taken by the merge), and whether its files are masked with every partition's secret
+    values already (`finished_where_audited`)."""
 
     head: Report
     wanted: list[int]
-    foresight: ForesightPiece
+    foresight: ForesightPiece | None
+    guarded: bool = False
 
 
 def spilled(folder: Path, index: int, result: PartitionResult) -> SpilledPartition:
@@ -260,8 +263,7 @@ class ReportSpill:
 
     def __init__(self) -> None:
         self._folder: Path | None = None
-        self._heads: dict[int, Report] = {}  # each partition's report, its items slim
-        self._wanted: dict[int, list[int]] = {}  # per partition: its findings' foresight asks
+        self._parts: dict[int, SpilledPartition] = {}  # each partition, its items slim
         self._pieces: list[ForesightPiece] = []
 
     def __enter__(self) -> ReportSpill:
@@ -288,42 +290,26 @@ class ReportSpill:
         self.take(index, spilled(self.folder, index, result))
 
     def take(self, index: int, part: SpilledPartition) -> None:
-        """Partition `index`, written out already (`spilled`, where it was audited)."""
-        self._heads[index] = part.head
-        self._wanted[index] = part.wanted
-        self._pieces.append(part.foresight)
+        """Partition `index`, written out already (`spilled`, where it was audited), its
+        foresight answered there already when its `wanted` is empty (foresight_written)."""
+        if part.foresight is not None:
+            self._pieces.append(part.foresight)
+        self._parts[index] = SpilledPartition(part.head, part.wanted, None, part.guarded)
 
     def merged(self) -> MergedReport:
         """The merged report: the capacity foresight of every finding that asks for it worked
-        out once over every partition's facts (and written into its partition's file), every
-        text masked with every partition's known secret values: the report one process
-        gives."""
+        out once over every partition's facts (and written into its partition's file; unless
+        the processes that audited the partitions did, `finished_where_audited`), every text
+        masked with every partition's known secret values: the report one process gives."""
         pieces, self._pieces = self._pieces, []
-        known = Redactor(values=set().union(*(p.secrets for p in pieces)))
-        order = sorted(self._heads)
-        asked = [(i, k) for i in order for k in self._wanted[i]]
-        if asked:
-            with stage("merging: the capacity foresight over every partition"):
-                facts = foresight_frames(pieces)
-                del pieces
-                answers: dict[tuple[int, int], Finding] = {}
-                # who held the room at each failure, found for every finding at once: the
-                # jobs placed on instances are every partition's, whatever the chunk
-                holders = capacity_holders([self._heads[i].findings[k] for i, k in asked], facts[0])
-                for chunk in _chunks(order, self._heads, self._wanted):
-                    # the foresight reads what the slim findings keep (culprits, root cause):
-                    # its answer is copied into the whole finding
-                    slim = [self._heads[i].findings[k] for i, k in chunk]
-                    answered = foresight_answered(slim, facts, known, holders)
-                    answers.update(zip(chunk, answered, strict=True))
-                del facts
-                for index in order:
-                    self._answer(index, answers)
+        known = known_secrets(pieces)
+        self._parts = foresight_written(self.folder, self._parts, pieces, known)
+        order = sorted(self._parts)
         with stage("merging: every partition's secrets masked in the others"):
             for index in order:
-                for name, model in (("runs", RunVerdict), ("findings", Finding)):
-                    self._guard(self._file(name, index), model, known)
-        whole = merge_reports([self._heads[i] for i in order])
+                if not self._parts[index].guarded:
+                    _guard(self.folder, index, known)
+        whole = merge_reports([self._parts[i].head for i in order])
         head = known.guard_model(whole.model_copy(update={name: [] for name in STREAMED}))
         return MergedReport(
             head=head,
@@ -331,40 +317,104 @@ class ReportSpill:
             files={name: [self._file(name, i) for i in order] for name in STREAMED},
         )
 
-    def _answer(self, index: int, answers: dict[tuple[int, int], Finding]) -> None:
-        """Partition `index`'s findings with their capacity foresight (and the root cause it
-        may name), written out again; what the summary reads of them kept."""
-        head = self._heads[index]
-        changed = {
-            k: answers[index, k]
-            for k in self._wanted[index]
-            if answers[index, k] is not head.findings[k]
-        }
-        if not changed:
-            return
-        path = self._file("findings", index)
-        lines = _read(path)
-        slim = list(head.findings)
-        for k, answer in changed.items():
-            update = {"capacity_foresight": answer.capacity_foresight}
-            update["root_cause"] = answer.root_cause
-            finding = Finding.model_validate_json(lines[k][1]).model_copy(update=update)
-            lines[k] = (lines[k][0], _text(finding))
-            slim[k] = slim_finding(answer)
-        self._heads[index] = head.model_copy(update={"findings": slim})
-        _write(path, lines)
 
-    def _guard(self, path: Path, model: type[BaseModel], known: Redactor) -> None:
-        """The items of one file as the merged report's secret guard leaves them
-        (Redactor.guard_model), rewritten only when a text holds a known value or a hidden
-        character (a value one partition's runs hold, repeated in another's): one look at
-        the texts first, the items read only then."""
+def _guard(folder: Path, index: int, known: Redactor) -> None:
+    """Partition `index`'s files as the merged report's secret guard leaves them
+    (Redactor.guard_model), each rewritten only when a text holds a known value or a hidden
+    character (a value one partition's runs hold, repeated in another's): one look at the
+    texts first, the items read only then."""
+    for name, model in (("runs", RunVerdict), ("findings", Finding)):
+        path = _spill_file(folder, name, index)
         if not known.holds_known_or_hidden(path.read_text()):
-            return
+            continue
         lines = _read(path)
         items = [model.model_validate_json(text) for _, text in lines]
         guarded = known.guard_model(_Items(items=items)).items
         _write(path, [(key, _text(item)) for (key, _), item in zip(lines, guarded, strict=True)])
+
+
+def finished_where_audited(
+    folder: Path, parts: dict[int, SpilledPartition], pieces: list[ForesightPiece]
+) -> dict[int, SpilledPartition]:
+    """`parts` finished in the process that audited them, given every partition's foresight
+    `pieces` (in the partitions' order): their capacity foresight worked out
+    (`foresight_written`) and their files masked with every partition's secret values, so
+    that the merge has neither left to do alone."""
+    known = known_secrets(pieces)
+    answered = foresight_written(folder, parts, pieces, known)
+    for index in answered:
+        _guard(folder, index, known)
+    return {i: SpilledPartition(p.head, [], None, guarded=True) for i, p in answered.items()}
+
+
+def known_secrets(pieces: list[ForesightPiece]) -> Redactor:
+    """Every partition's known secret values: each text of the merged report is masked with
+    them all, as one process masks it."""
+    return Redactor(values=set().union(*(p.secrets for p in pieces)))
+
+
+def foresight_written(
+    folder: Path,
+    parts: dict[int, SpilledPartition],
+    pieces: list[ForesightPiece],
+    known: Redactor,
+) -> dict[int, SpilledPartition]:
+    """`parts` with the capacity foresight of each finding that asks for it worked out over
+    every partition's `pieces` (emptied once read: they are freed) and masked with every
+    partition's secret values (`known`), written into its partition's file in `folder`: the
+    foresight of a finding depends on its own run and the shared facts alone, so the
+    partitions may be answered together or a share in each process that audited them
+    (analyzer.cluster.audit_partitions_locally)."""
+    order = sorted(parts)
+    asked = [(i, k) for i in order for k in parts[i].wanted]
+    if not asked:
+        pieces.clear()
+        return parts
+    heads = {i: parts[i].head for i in order}
+    with stage("merging: the capacity foresight over every partition"):
+        facts = foresight_frames(pieces)
+        pieces.clear()
+        answers: dict[tuple[int, int], Finding] = {}
+        # who held the room at each failure, found for every finding at once: the jobs
+        # placed on instances are every partition's, whatever the chunk
+        holders = capacity_holders([heads[i].findings[k] for i, k in asked], facts[0])
+        wanted = {i: parts[i].wanted for i in order}
+        for chunk in _chunks(order, heads, wanted):
+            # the foresight reads what the slim findings keep (culprits, root cause): its
+            # answer is copied into the whole finding
+            slim = [heads[i].findings[k] for i, k in chunk]
+            answered = foresight_answered(slim, facts, known, holders)
+            answers.update(zip(chunk, answered, strict=True))
+        del facts
+        return {
+            i: SpilledPartition(_answer(folder, i, heads[i], wanted[i], answers), [], None)
+            for i in order
+        }
+
+
+def _answer(
+    folder: Path,
+    index: int,
+    head: Report,
+    wanted: list[int],
+    answers: dict[tuple[int, int], Finding],
+) -> Report:
+    """Partition `index`'s findings with their capacity foresight (and the root cause it may
+    name), written out again in `folder`; what the summary reads of them kept (its head)."""
+    changed = {k: answers[index, k] for k in wanted if answers[index, k] is not head.findings[k]}
+    if not changed:
+        return head
+    path = _spill_file(folder, "findings", index)
+    lines = _read(path)
+    slim = list(head.findings)
+    for k, answer in changed.items():
+        update = {"capacity_foresight": answer.capacity_foresight}
+        update["root_cause"] = answer.root_cause
+        finding = Finding.model_validate_json(lines[k][1]).model_copy(update=update)
+        lines[k] = (lines[k][0], _text(finding))
+        slim[k] = slim_finding(answer)
+    _write(path, lines)
+    return head.model_copy(update={"findings": slim})
 
 
 def _chunks(order: list[int], heads: dict[int, Report], wanted: dict[int, list[int]]):

@@ -84,6 +84,19 @@ class WholeInputFacts:
             joined = isinstance(mine, BucketFiles) and isinstance(fact, BucketFiles)
             self._facts[key] = mine.joined(fact) if joined else fact
 
+    def without(self, names: tuple[str, ...], instead: str) -> WholeInputFacts:
+        """A copy of these facts, for another process, without those named with one of the
+        prefixes `names` of a file whose fact `instead` is learnt (made from them: they are
+        never read again)."""
+        made = {key[1:] for key in self._facts if key[0] == instead}
+        kept = WholeInputFacts(self.split, self.part)
+        kept._facts = {
+            key: fact
+            for key, fact in self._facts.items()
+            if not (key[0].startswith(names) and key[1:] in made)
+        }
+        return kept
+
     def get(self, name: str, path: Path, compute: Callable[[], object]) -> object:
         key = self._key(name, path)
         if key not in self._facts:
