@@ -227,7 +227,7 @@ def test_ctrl_c_typed_while_one_server_s_partitions_are_audited_is_clean(tmp_pat
     nothing left of the private folders the workers write into (stopped before they go)."""
     from analyzer.synth import synthesize
 
-    synthesize(tmp_path / "server", 800, seed=5)
+    synthesize(tmp_path / "server", 2000, seed=5)  # ~3 s of auditing: still going at the signal
     out = tmp_path / "report.json"
     private = tmp_path / "tmp"
     private.mkdir()
