@@ -464,9 +464,10 @@ def _run_rules(texts: pl.Series, only: frozenset[int] | None) -> pl.Series:
         .collect()
     )
     rows_of_rule: dict[int, set[int]] = {}
-    every = set(range(texts.len()))
-    for index in always:
-        if wanted(index):
+    every_row = [index for index in always if wanted(index)]  # rules without a keyword
+    if every_row:
+        every = set(range(texts.len()))
+        for index in every_row:
             rows_of_rule[index] = every
     for keyword, rows in found.iter_rows():
         for index in triggered[keyword.lower()]:

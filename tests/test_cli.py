@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -159,3 +160,15 @@ def test_several_servers_stay_apart(tmp_path):
     assert sorted(f["server"] for f in report["findings"]) == ["prod", "staging"]
     assert {g["key"] for g in report["summary"]["by_server"]} == {"prod", "staging"}
     assert run("audit", "--server-label", "nonsense").exit_code == 2
+
+
+def test_polars_allocator_gets_an_arena_per_cpu_unless_told(monkeypatch):
+    """A command sets jemalloc's option before polars loads (Linux: it needs sched_getcpu),
+    keeping a value the user set."""
+    monkeypatch.delenv("_RJEM_MALLOC_CONF", raising=False)
+    assert run("audit", "--help").exit_code == 0
+    expected = "percpu_arena:phycpu" if sys.platform == "linux" else None
+    assert os.environ.get("_RJEM_MALLOC_CONF") == expected
+    monkeypatch.setenv("_RJEM_MALLOC_CONF", "narenas:1")
+    assert run("audit", "--help").exit_code == 0
+    assert os.environ["_RJEM_MALLOC_CONF"] == "narenas:1"

@@ -6,6 +6,7 @@ the record it belongs to.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import time
 
@@ -122,6 +123,9 @@ _JSON_HEAD_RE = (
 # between these, as a JSON parser would read it, so it is sliced without one.
 _JSON_MESSAGE = '"message": "'
 _JSON_PLAIN_REST_RE = "^" + re.escape(_JSON_MESSAGE) + r'[^"\\\x00-\x1f]*"\}$'
+# Such a line whole, and where its level's value ends: before its message's key.
+_JSON_PLAIN_LINE_RE = _JSON_HEAD_RE + _JSON_PLAIN_REST_RE.removeprefix("^")
+_JSON_LEVEL_END = '", ' + _JSON_MESSAGE
 
 
 # A whole line of dstack's own json layout with a real time and a message JSON escapes nothing
@@ -265,11 +269,14 @@ def classify_lines(frame: pl.DataFrame) -> pl.DataFrame:
         rec_id=start.cast(pl.Int64).cum_sum().set_sorted(),
         rec_fmt=pl.col("fmt").forward_fill(),
     )
+    # only a line inside a standard record that does not start one is asked whether it looks
+    # damaged (a rich or json log holds none: not a line is matched)
+    suspect = _where((frame["rec_fmt"] == "standard") & ~frame["start"], frame["content"], _suspect)
     accept = (
         pl.when(pl.col("rec_fmt") == "rich")
         .then(content.str.starts_with(" " * _RICH_INDENT) & ~pl.col("blank"))
         .when(pl.col("rec_fmt") == "standard")
-        .then(~pl.col("blank") & ~pl.col("logo") & ~content.str.contains(_SUSPECT_RE))
+        .then(~pl.col("blank") & ~pl.col("logo") & ~suspect)
         .otherwise(pl.lit(False))
         .fill_null(False)
     )
@@ -490,10 +497,10 @@ def _json_fields(frame: pl.DataFrame) -> pl.DataFrame:
     """python-json-logger fields of lines that start with ``{`` (others get nulls).
 
     The message of a line of dstack's own layout that holds nothing JSON escapes is sliced off
-    (``_plain_message``: such a line is valid JSON); any other line's goes through a JSON parser
-    (``json_path_match``, null when the line is not valid JSON, so it also validates the line);
-    timestamp, level and logger never need escapes
-    and come from a regex anchored at a key position; exc_info and stack_info are parsed only on
+    (``_JSON_PLAIN_LINE_RE``: such a line is valid JSON); any other line's goes through a JSON
+    parser (``json_path_match``, null when the line is not valid JSON, so it also validates the
+    line); timestamp, level and logger never need escapes and come from a regex anchored at a
+    key position; exc_info and stack_info are parsed only on
     the few lines that carry them.
     """
     names = ("j_ts", "j_level", "j_logger", "j_msg", "j_exc", "j_stack")
@@ -508,21 +515,35 @@ def _json_fields(frame: pl.DataFrame) -> pl.DataFrame:
     # dstack's own layout first: the head matched whole and its fields cut at the literal
     # separators (ASCII values: byte offsets are character offsets); what each plain() regex
     # finds there, since no earlier position can hold a quote. Other lines get the regexes.
+    # A whole line of that layout whose message JSON escapes nothing (one match: most lines)
+    # is cut at its separators alone, its own head: no quote but theirs is in it, so each is
+    # found first where the head's match puts it. Only the other lines' heads are matched.
+    whole = pl.col("j_plain")
     head = pl.col("j_head")
     logger_at = head.str.find(_JSON_LOGGER, literal=True)
     level_at = head.str.find(_JSON_LEVEL, literal=True)
-    candidates = candidates.with_columns(j_head=content.str.extract(_JSON_HEAD_RE, 0)).select(
-        "line",
-        "content",
-        j_ts=head.str.slice(len(_JSON_TIMESTAMP), logger_at - len(_JSON_TIMESTAMP)),
-        j_level=head.str.slice(
-            level_at + len(_JSON_LEVEL), head.str.len_bytes() - 3 - level_at - len(_JSON_LEVEL)
-        ),
-        j_logger=head.str.slice(
-            logger_at + len(_JSON_LOGGER), level_at - logger_at - len(_JSON_LOGGER)
-        ),
-        j_msg=_plain_message(head),
-        j_other=head.is_null(),
+    message_at = head.str.find(_JSON_LEVEL_END, literal=True)
+    level_end = pl.when(whole).then(message_at).otherwise(head.str.len_bytes() - 3)
+    candidates = (
+        candidates.with_columns(j_plain=content.str.contains(_JSON_PLAIN_LINE_RE))
+        .with_columns(
+            j_head=pl.when(whole).then(content).otherwise(content.str.extract(_JSON_HEAD_RE, 0))
+        )
+        .select(
+            "line",
+            "content",
+            j_ts=head.str.slice(len(_JSON_TIMESTAMP), logger_at - len(_JSON_TIMESTAMP)),
+            j_level=head.str.slice(
+                level_at + len(_JSON_LEVEL), level_end - level_at - len(_JSON_LEVEL)
+            ),
+            j_logger=head.str.slice(
+                logger_at + len(_JSON_LOGGER), level_at - logger_at - len(_JSON_LOGGER)
+            ),
+            j_msg=pl.when(whole).then(
+                head.str.slice(message_at + len(_JSON_LEVEL_END)).str.strip_suffix('"}')
+            ),
+            j_other=head.is_null(),
+        )
     )
     parsed = candidates["j_msg"].is_null().arg_true()  # the others: through a JSON parser
     if parsed.len():
@@ -569,18 +590,6 @@ def _json_fields(frame: pl.DataFrame) -> pl.DataFrame:
     return frame.join(candidates.drop("content"), on="line", how="left", maintain_order="left")
 
 
-def _plain_message(head: pl.Expr) -> pl.Expr:
-    """The message of a line of dstack's own layout (``head``: its head) that holds nothing
-    JSON escapes, sliced off (null for any other line): a JSON parser of every line costs
-    several times the check. The head is ASCII, so its byte length is a character offset."""
-    rest = pl.col("content").str.slice(head.str.len_bytes())
-    return (
-        pl.when(rest.str.contains(_JSON_PLAIN_REST_RE))
-        .then(rest.str.slice(len(_JSON_MESSAGE)).str.strip_suffix('"}'))
-        .otherwise(pl.lit(None, pl.String))
-    )
-
-
 def _rich_pieces(frame: pl.DataFrame, width: int) -> pl.DataFrame:
     """Message-column text of each rich line and the separator that re-joins it (line and
     piece).
@@ -604,37 +613,34 @@ def _rich_pieces(frame: pl.DataFrame, width: int) -> pl.DataFrame:
     characters alone on a line (taken as a fold), or runs of several spaces at a wrap.
     """
     column = max(width - _RICH_INDENT, 1)
-    text = pl.col("content").str.slice(_RICH_INDENT)
     vis = pl.col("vis")
-    body = pl.col("body")
-    # the first word's length: on ASCII text the byte offset of the first whitespace is it (a
-    # search, several times cheaper than extracting the word), and where the only whitespace
-    # is the space, that of the first space (a search for a literal, cheaper again);
-    # otherwise counted in characters
-    content = pl.col("content")
-    sizes = frame.select(
-        content.str.len_bytes().sum(),
-        content.str.len_chars().sum().alias("chars"),
-        content.str.contains(r"[\t\x0b\x0c\r]").any().alias("other_spaces"),
-    ).row(0)
-    if sizes[0] == sizes[1]:
-        first_space = body.str.find(r"\s") if sizes[2] else body.str.find(" ", literal=True)
-        first_word = first_space.fill_null(body.str.len_bytes())
-    else:
-        first_word = body.str.extract(r"^\S*", 0).str.len_chars()
-    frame = (
+    rows = (
         frame.lazy()
-        .select("line", "start", text.str.strip_chars_end().alias("vis"))
-        .with_columns(body=vis.str.strip_chars_start())
+        .select(
+            "line",
+            "start",
+            pl.col("content").str.slice(_RICH_INDENT).str.strip_chars_end().alias("vis"),
+        )
         .with_columns(
             vis_len=vis.str.len_chars().cast(pl.Int64),
-            lead=(vis.str.len_chars() - body.str.len_chars()).cast(pl.Int64),
-            has_space=body.str.contains(" ", literal=True),
-            first_word=first_word.cast(pl.Int64),
-            path_only=pl.col("start") & vis.str.contains(r"^[A-Za-z_][\w.]*:\d+$"),
-            digit_first=vis.str.contains(r"^\d"),
+            indented=vis.str.contains(r"^\s"),
             traceback_part=vis.str.contains(_TRACEBACK_PART_RE),
+            first_word=_first_word(frame).cast(pl.Int64),
         )
+        .collect()
+    )
+    # A full line's facts are read only where its successor asks for them (a record's first
+    # line holding only ``logger:lineno``, whether the line holds a space, whether its
+    # successor opens with a digit): a few lines of a folded log, each matched alone.
+    full = rows["vis_len"] >= column
+    decided = rows["start"] | (rows["vis_len"] == 0) | rows["indented"]
+    path_only = _where(rows["start"] & full, rows["vis"], _path_only)
+    rows = rows.with_columns(
+        has_space=_where(full, rows["vis"], _has_space),
+        path_only=path_only,
+        digit_first=_where(
+            ~decided & full.shift(1) & path_only.shift(1), rows["vis"], _digit_first
+        ),
     )
     # rows are the record lines in file order; a start ignores its predecessor
     prev_len = pl.col("vis_len").shift(1)
@@ -643,7 +649,7 @@ def _rich_pieces(frame: pl.DataFrame, width: int) -> pl.DataFrame:
     separator = (
         pl.when(pl.col("start"))
         .then(pl.lit(""))
-        .when((pl.col("vis_len") == 0) | (pl.col("lead") > 0))
+        .when((pl.col("vis_len") == 0) | pl.col("indented"))
         .then(pl.lit("\n"))
         .when((prev_len >= column) & prev_path_only & ~pl.col("digit_first"))
         .then(pl.lit(" "))
@@ -657,7 +663,52 @@ def _rich_pieces(frame: pl.DataFrame, width: int) -> pl.DataFrame:
         .then(pl.lit("\n"))
         .otherwise(pl.lit(" "))
     )
-    return frame.select("line", (separator + vis).alias("piece")).collect()
+    return rows.select("line", (separator + vis).alias("piece"))
+
+
+def _where(rows: pl.Series, texts: pl.Series, fact: Callable[[pl.Series], pl.Series]) -> pl.Series:
+    """``fact`` (true or false) of the ``texts`` at ``rows`` (a mask, null as false); false
+    elsewhere, where nothing reads it."""
+    at = rows.fill_null(False).arg_true()
+    blank = pl.repeat(False, texts.len(), dtype=pl.Boolean, eager=True)
+    if at.len() == 0:
+        return blank
+    return blank.scatter(at, fact(texts.gather(at)))
+
+
+def _suspect(lines: pl.Series) -> pl.Series:
+    return lines.str.contains(_SUSPECT_RE)
+
+
+def _path_only(vis: pl.Series) -> pl.Series:
+    return vis.str.contains(r"^[A-Za-z_][\w.]*:\d+$")
+
+
+def _digit_first(vis: pl.Series) -> pl.Series:
+    return vis.str.contains(r"^\d")
+
+
+def _has_space(vis: pl.Series) -> pl.Series:
+    return vis.str.strip_chars_start().str.contains(" ", literal=True)
+
+
+def _first_word(frame: pl.DataFrame) -> pl.Expr:
+    """The length of the message column's first word, where it opens with one (an indented
+    line's is never read). On ASCII text the byte offset of the first whitespace is it (a
+    search, several times cheaper than extracting the word), and where the only whitespace is
+    the space, that of the first space (a search for a literal, cheaper again); otherwise
+    counted in characters."""
+    vis = pl.col("vis")
+    content = pl.col("content")
+    sizes = frame.select(
+        content.str.len_bytes().sum(),
+        content.str.len_chars().sum().alias("chars"),
+        content.str.contains(r"[\t\x0b\x0c\r]").any().alias("other_spaces"),
+    ).row(0)
+    if sizes[0] != sizes[1]:
+        return vis.str.extract(r"^\S*", 0).str.len_chars()
+    first_space = vis.str.find(r"\s") if sizes[2] else vis.str.find(" ", literal=True)
+    return first_space.fill_null(vis.str.len_bytes())
 
 
 def fold_records(
