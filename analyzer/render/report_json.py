@@ -95,31 +95,39 @@ _UNMERGED_RUN = {"why": "", "gaps": []}
 @dataclass
 class ServerJson:
     """One server's report as its task sends it: its runs and findings rendered and redacted
-    (`runs`, `findings`, in the report's order), and the report with them cut down to what
-    the merge reads."""
+    (`runs`, `findings`, in the report's order), and the report, its runs and findings cut
+    down to what the merge reads once it leaves its process (pickled: `__reduce__`). The
+    servers the command audits itself are merged as they are: never sent, they need no
+    cutting (some 3,000 model copies a server of 2k runs, 0.01 s)."""
 
     report: Report
     runs: list[str]
     findings: list[str]
 
+    def __reduce__(self) -> tuple[type[ServerJson], tuple[Report, list[str], list[str]]]:
+        return ServerJson, (_merged_only(self.report), self.runs, self.findings)
+
+
+def _merged_only(report: Report) -> Report:
+    """`report` with its runs and findings cut down to what the merge reads."""
+    from analyzer.pipeline.partitions import slim_finding
+
+    return report.model_copy(
+        update={
+            "runs": [v.model_copy(update=_UNMERGED_RUN) for v in report.runs],
+            "findings": [slim_finding(f) for f in report.findings],
+        }
+    )
+
 
 def server_json(report: Report, rendered: ItemPieces | None = None) -> ServerJson:
     """`report`'s runs and findings rendered (or as `rendered` already holds them), each
     through the final redaction pass (every secret shape, every control character) the
-    command gives the whole text."""
-    from analyzer.pipeline.partitions import slim_finding
-
+    command gives the whole text: both in one pass, whose fixed cost is a third of a server's
+    runs' (0.01-0.02 s a server of 2k runs)."""
     runs, findings = rendered or ItemPieces.of(report)
-    return ServerJson(
-        report.model_copy(
-            update={
-                "runs": [v.model_copy(update=_UNMERGED_RUN) for v in report.runs],
-                "findings": [slim_finding(f) for f in report.findings],
-            }
-        ),
-        _redacted(runs),
-        _redacted(findings),
-    )
+    redacted = _redacted([*runs, *findings])
+    return ServerJson(report, redacted[: len(runs)], redacted[len(runs) :])
 
 
 class ItemPieces(NamedTuple):
