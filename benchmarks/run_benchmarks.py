@@ -48,10 +48,12 @@ Every audit's findings are checked against the generated truth: precision and re
 from __future__ import annotations
 
 import argparse
+import atexit
 import itertools
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -65,6 +67,7 @@ sys.path.insert(0, str(ROOT))
 
 AUDIT_EXITS = (0, 1)  # 1: the audit reported findings
 REPORTS = Path(tempfile.mkdtemp(prefix="dstack-audit-bench-"))  # never beside an input
+atexit.register(shutil.rmtree, REPORTS, ignore_errors=True)  # the reports: up to 0.3 GB a run
 SEED_SAMPLE = ROOT / "samples" / "v0.22.5" / "seed"
 LOG_FORMATS = ("standard", "json", "rich")
 
