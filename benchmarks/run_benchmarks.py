@@ -35,7 +35,7 @@ part of the test suite).
   of the commit to compare with), run by run in turn so a shared machine's load falls on both
   alike; the least CPU of each (target: not above the baseline's).
 - huge (only when asked; minutes): 100k runs (--quick: 20k) in one process with `--partitions
-  64` vs its ADBC floor (target <= 7.5x its CPU and <= 0.7x its peak RSS).
+  64` vs its ADBC floor, the least of two runs (target <= 7.5x its CPU and <= 0.7x its peak RSS).
 
 Each row names its target (issue 26) and whether this run met it.
 
@@ -459,7 +459,9 @@ def bench_huge(ctx: argparse.Namespace) -> list[dict]:
     runs = 20000 if ctx.quick else 100000
     folder = fleet(ctx.out, runs)
     db = folder / "server.db"
-    floor = measure([sys.executable, "-c", DB_TABLES, str(db), str(ROOT)])
+    # the floor's least of two: a first read of the 4.7 GB file may come from the disk, cold
+    # (11.9 s CPU against 5.9 s warm on 2026-12-05), and the audit after it reads it warm
+    floor = best_of(2, [sys.executable, "-c", DB_TABLES, str(db), str(ROOT)])
     report = REPORTS / "huge.json"
     argv = cli("audit", str(db), "--partitions", "64", "--format", "json", "-q", "-o", str(report))
     audit = {**measure(argv, allowed=AUDIT_EXITS), **accuracy(report, folder / "truth.json")}
