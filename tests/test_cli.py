@@ -165,7 +165,8 @@ def test_several_servers_stay_apart(tmp_path):
 def test_polars_allocator_gets_an_arena_per_cpu_unless_told(monkeypatch):
     """A command sets jemalloc's option before polars loads (Linux: it needs sched_getcpu),
     keeping a value the user set."""
-    monkeypatch.delenv("_RJEM_MALLOC_CONF", raising=False)
+    monkeypatch.setenv("_RJEM_MALLOC_CONF", "")  # recorded as it was: restored after the test
+    monkeypatch.delenv("_RJEM_MALLOC_CONF")
     assert run("audit", "--help").exit_code == 0
     expected = "percpu_arena:phycpu" if sys.platform == "linux" else None
     assert os.environ.get("_RJEM_MALLOC_CONF") == expected
