@@ -25,7 +25,14 @@ from pydantic import BaseModel, SerializeAsAny
 from analyzer.contract import Finding, Report, RunVerdict
 from analyzer.pipeline.assemble import merge_reports, run_order
 from analyzer.pipeline.exposure import Frames
-from analyzer.pipeline.foresight import capacity_holders, facts_of, foresight, wanted_findings
+from analyzer.pipeline.foresight import (
+    RowKeys,
+    capacity_holders,
+    facts_of,
+    foresight,
+    row_keys,
+    wanted_findings,
+)
 from analyzer.pipeline.impact import impact_rank
 from analyzer.pipeline.placement import placed_jobs
 from analyzer.progress import stage
@@ -181,13 +188,14 @@ def foresight_answered(
     facts: tuple[Frames, pl.DataFrame, set],
     redactor: Redactor,
     holders: dict[tuple, list[str]] | None = None,
+    keys: RowKeys | None = None,
 ) -> list[Finding]:
     """`foresight` over findings of any partitions, from the `foresight_frames` of every
     partition's piece (each finding's answer depends on its own run and the shared facts
     alone; who held the room, `holders`, found for them all at once when given), each new
     answer masked with every partition's known secrets, as the partitions masked the rest of
-    their findings."""
-    narrowed = facts_of(facts[0], findings)
+    their findings (`keys`: the row_keys of the facts' frames, found once for every call)."""
+    narrowed = facts_of(facts[0], findings, keys)
     answered = list(foresight(narrowed, findings, facts[1], facts[2], holders))
     worked = [
         i
@@ -378,14 +386,15 @@ def foresight_written(
         # who held the room at each failure, found for every finding at once: the jobs
         # placed on instances are every partition's, whatever the chunk
         holders = capacity_holders([heads[i].findings[k] for i, k in asked], facts[0])
+        keys = row_keys(facts[0])
         wanted = {i: parts[i].wanted for i in order}
         for chunk in _chunks(order, heads, wanted):
             # the foresight reads what the slim findings keep (culprits, root cause): its
             # answer is copied into the whole finding
             slim = [heads[i].findings[k] for i, k in chunk]
-            answered = foresight_answered(slim, facts, known, holders)
+            answered = foresight_answered(slim, facts, known, holders, keys)
             answers.update(zip(chunk, answered, strict=True))
-        del facts
+        del facts, keys
         return {
             i: SpilledPartition(_answer(folder, i, heads[i], wanted[i], answers), [], None)
             for i in order
