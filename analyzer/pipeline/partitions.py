@@ -14,7 +14,7 @@ import json
 import shutil
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import NamedTuple
@@ -78,13 +78,15 @@ class ForesightPiece:
     waited for (and of those runs), the whole rows of its runs with a no-capacity culprit, and
     (the first partition, or each server of a fleet) the fleets and instances it read."""
 
-    runs: pl.DataFrame
-    submissions: pl.DataFrame
-    deployments: pl.DataFrame
+    # frames, or (once written to the merge's folder: `spilled_piece`) the scans of their files
+    runs: pl.DataFrame | pl.LazyFrame
+    submissions: pl.DataFrame | pl.LazyFrame
+    deployments: pl.DataFrame | pl.LazyFrame
     dateless: set[tuple[str, str]]
-    updates: pl.DataFrame | None  # the "Run updated" events of its runs (specs.run_spec_at)
-    fleets: pl.DataFrame | None
-    instances: pl.DataFrame | None
+    # the "Run updated" events of its runs (specs.run_spec_at)
+    updates: pl.DataFrame | pl.LazyFrame | None
+    fleets: pl.DataFrame | pl.LazyFrame | None
+    instances: pl.DataFrame | pl.LazyFrame | None
     fleet_table_servers: set[str]
     server_versions: dict[str, str]
     evidence_ends: dict[str, datetime]
@@ -154,32 +156,57 @@ def _own(frame: pl.DataFrame) -> pl.DataFrame:
     return pl.read_ipc(buffer)
 
 
+_PIECE_FRAMES = ("runs", "submissions", "deployments", "updates", "fleets", "instances")
+
+
+def spilled_piece(folder: Path, index: int, piece: ForesightPiece) -> ForesightPiece:
+    """Partition `index`'s piece, its frames written to `folder` (IPC files) and read back
+    only by the merge, as scans: a partition's piece is 2 MB a thousand runs (100k runs:
+    250 MB), no longer held while the other partitions are audited."""
+    scans = {}
+    for name in _PIECE_FRAMES:
+        frame = getattr(piece, name)
+        if isinstance(frame, pl.DataFrame):
+            path = folder / f"foresight-{index}-{name}.ipc"
+            frame.write_ipc(path)
+            scans[name] = pl.scan_ipc(path, glob=False)
+    return replace(piece, **scans)
+
+
+def _concat(frames: list[pl.DataFrame | pl.LazyFrame]) -> pl.LazyFrame:
+    return pl.concat([frame.lazy() for frame in frames], how="diagonal_relaxed")
+
+
 def foresight_frames(pieces: list[ForesightPiece]) -> tuple[Frames, pl.DataFrame, set]:
     """What `foresight` reads, from every partition's piece: the same facts, in the same
     order, as one process reads (its frames, the deployments, the dateless runs)."""
     # every piece that read fleets and instances: the first partition's, or each server's
     whole = [p for p in pieces if p.fleets is not None]
+    updated = [p.updates for p in pieces if p.updates is not None]
+    runs, submissions, fleets, instances, deployments, *updates = pl.collect_all(
+        [
+            _concat([p.runs for p in pieces]),
+            _concat([p.submissions for p in pieces]).sort(_TIMELINE_ORDER, maintain_order=True),
+            _concat([p.fleets for p in whole]),
+            _concat([p.instances for p in whole]),
+            _concat([p.deployments for p in pieces]),
+            *([_concat(updated)] if updated else []),
+        ]
+    )
     frames = Frames(
-        runs=pl.concat([p.runs for p in pieces], how="diagonal_relaxed"),
-        submissions=pl.concat([p.submissions for p in pieces], how="diagonal_relaxed").sort(
-            _TIMELINE_ORDER, maintain_order=True
-        ),
-        fleets=pl.concat([p.fleets for p in whole], how="diagonal_relaxed"),
-        instances=pl.concat([p.instances for p in whole], how="diagonal_relaxed"),
+        runs=runs,
+        submissions=submissions,
+        fleets=fleets,
+        instances=instances,
         fleet_table_servers=set().union(*(p.fleet_table_servers for p in pieces)),
         server_versions={k: v for p in pieces for k, v in p.server_versions.items()},
         narrowed=any(p.narrowed for p in pieces),
         evidence_ends={k: v for p in pieces for k, v in p.evidence_ends.items()},
-        updates=pl.concat(
-            [p.updates for p in pieces if p.updates is not None], how="diagonal_relaxed"
-        )
-        if any(p.updates is not None for p in pieces)
-        else None,
+        updates=updates[0] if updates else None,
     )
     # who held a fleet's room is looked for among every partition's jobs, found once here
     # (facts_of narrows the rest to each chunk's projects)
     frames.placed = placed_jobs(frames.submissions, frames.runs)
-    deployments = pl.concat([p.deployments for p in pieces], how="diagonal_relaxed")
     return frames, deployments, set().union(*(p.dateless for p in pieces))
 
 
@@ -301,7 +328,7 @@ class ReportSpill:
         """Partition `index`, written out already (`spilled`, where it was audited), its
         foresight answered there already when its `wanted` is empty (foresight_written)."""
         if part.foresight is not None:
-            self._pieces.append(part.foresight)
+            self._pieces.append(spilled_piece(self.folder, index, part.foresight))
         self._parts[index] = SpilledPartition(part.head, part.wanted, None, part.guarded)
 
     def merged(self) -> MergedReport:
