@@ -444,13 +444,26 @@ def _answer(
     lines = _read(path)
     slim = list(head.findings)
     for k, answer in changed.items():
-        update = {"capacity_foresight": answer.capacity_foresight}
-        update["root_cause"] = answer.root_cause
-        finding = Finding.model_validate_json(lines[k][1]).model_copy(update=update)
-        lines[k] = (lines[k][0], _text(finding))
-        slim[k] = slim_finding(answer)
+        lines[k] = (lines[k][0], _answered_text(lines[k][1], answer, head.findings[k]))
+        # the answer is a slim finding's copy: slim already, but for the answer itself
+        slim[k] = answer.model_copy(update={"capacity_foresight": None})
     _write(path, lines)
     return head.model_copy(update={"findings": slim})
+
+
+_UNANSWERED = '\n  "capacity_foresight": null'
+
+
+def _answered_text(text: str, answer: Finding, slim: Finding) -> str:
+    """A finding's JSON `text` with the `answer`'s capacity foresight: put in the place of
+    its null one as `model_dump_json(indent=2)` writes it there (a field of the finding: its
+    lines two spaces further in), when that is all the answer changed (not its root cause);
+    else the finding read, updated and written again whole."""
+    if answer.root_cause is slim.root_cause and text.count(_UNANSWERED) == 1:
+        shown = _text(answer.capacity_foresight).replace("\n", "\n  ")
+        return text.replace(_UNANSWERED, f'\n  "capacity_foresight": {shown}')
+    update = {"capacity_foresight": answer.capacity_foresight, "root_cause": answer.root_cause}
+    return _text(Finding.model_validate_json(text).model_copy(update=update))
 
 
 def _chunks(order: list[int], heads: dict[int, Report], wanted: dict[int, list[int]]):
