@@ -117,7 +117,7 @@ class RowKeys:
     """The rows of a merge's whole frames, their keys as integers, found once for every chunk
     of findings (facts_of): a chunk's rows are picked by integer look-ups, not by joins on the
     texts of every row of every partition. A key's code is that of its (server, value) pair,
-    a null value's too (facts_of matches a null with a null)."""
+    a null value's too (facts_of matches a null with a null), but a null project's: null."""
 
     runs: pl.DataFrame  # per run: _run, _project (null: no project), _fleet
     submissions: pl.DataFrame  # per job: _run, _instance, _fleet, _unheld (its run not held)
@@ -140,9 +140,11 @@ def row_keys(frames: Frames) -> RowKeys:
         "fleet_id": [f for f in (runs, subs, instances, frames.fleets) if "fleet_id" in f.columns],
         "instance_id": [subs, instances],
     }
+    # a run of no project is kept for every chunk (facts_of): its project's code is null
     codes = {
         column: pl.concat([f.select("server", column) for f in frames_with])
         .unique()
+        .filter(pl.col(column).is_not_null() if column == "project" else pl.lit(True))
         .with_row_index(_CODE[column])
         .with_columns(pl.col(_CODE[column]).cast(pl.Int64))
         for column, frames_with in named.items()
@@ -211,7 +213,8 @@ def facts_of(frames: Frames, findings: list[Finding], keys: RowKeys | None = Non
     code = keys.codes
     asked = pl.Series([code["_run"].get((f.server, f.run_id)) for f in wanted], dtype=pl.Int64)
     runs, subs = frames.runs, frames.submissions
-    own = runs.filter(keys.runs["_run"].is_in(asked.drop_nulls()))
+    asked = asked.drop_nulls()
+    own = runs.filter(_among(keys.runs["_run"], asked))
     projects = own.select("server", "project").drop_nulls().unique()
     fleets = frames.fleets.join(projects, on=["server", "project"], how="semi")
     fleet_ids = pl.concat(
@@ -219,30 +222,35 @@ def facts_of(frames: Frames, findings: list[Finding], keys: RowKeys | None = Non
     ).drop_nulls()
     in_fleets = pl.Series(map(code["_fleet"].get, fleet_ids.iter_rows()), dtype=pl.Int64)
     in_projects = pl.Series(map(code["_project"].get, projects.iter_rows()), dtype=pl.Int64)
-    on_instances = keys.instances["_fleet"].is_in(in_fleets)
+    on_instances = _among(keys.instances["_fleet"], in_fleets)
     instances = frames.instances.filter(on_instances)
     by_run = keys.runs
     kept = by_run.filter(
         by_run["_project"].is_null()
-        | by_run["_project"].is_in(in_projects)
-        | by_run["_fleet"].is_in(in_fleets)
+        | _among(by_run["_project"], in_projects)
+        | _among(by_run["_fleet"], in_fleets)
     )["_run"]
     by_job = keys.submissions
     jobs = (
-        by_job["_run"].is_in(kept)
+        _among(by_job["_run"], kept)
         | by_job["_unheld"]
-        | by_job["_instance"].is_in(keys.instances.filter(on_instances)["_instance"])
+        | _among(by_job["_instance"], keys.instances.filter(on_instances)["_instance"])
     )
     if "_fleet" in by_job.columns:
-        jobs = jobs | by_job["_fleet"].is_in(in_fleets)
+        jobs = jobs | _among(by_job["_fleet"], in_fleets)
     subs = subs.filter(jobs)
-    runs = runs.filter(by_run["_run"].is_in(kept.append(by_job.filter(jobs)["_run"])))
+    runs = runs.filter(_among(by_run["_run"], pl.concat([kept, by_job.filter(jobs)["_run"]])))
     updates = frames.updates
     if keys.updates is not None:
-        updates = updates.filter(keys.updates["_run"].is_in(kept.append(asked.drop_nulls())))
+        updates = updates.filter(_among(keys.updates["_run"], pl.concat([kept, asked])))
     return replace(
         frames, runs=runs, submissions=subs, fleets=fleets, instances=instances, updates=updates
     )
+
+
+def _among(codes: pl.Series, wanted: pl.Series) -> pl.Series:
+    """Whether each of `codes` is one of `wanted` (null for a null code)."""
+    return codes.is_in(wanted.implode())
 
 
 HOLDERS_NAMED = 3  # per finding: the jobs that held the room, the rest counted
