@@ -210,3 +210,31 @@ def test_each_chunk_of_the_merges_foresight_reads_only_its_projects_facts(tmp_pa
     monkeypatch.setattr(partitions, "FORESIGHT_CHUNK", 1)
     merged = audit_in_partitions([db], 3)
     assert merged.model_dump_json() == whole.model_dump_json()
+
+
+def test_a_run_of_no_project_is_in_every_chunks_facts(tmp_path):
+    """A run the tables give no project is kept in the facts of every chunk of the merge's
+    foresight (foresight.facts_of), whether its rows are picked by texts or by the integer
+    keys a merge finds once (foresight.row_keys): its refusal is one of no known project."""
+    from dataclasses import replace
+
+    import polars as pl
+
+    from analyzer.pipeline.exposure import frames_of
+    from analyzer.pipeline.foresight import facts_of, row_keys, wanted_findings
+    from analyzer.synth import synthesize
+
+    synthesize(tmp_path / "fleet", 200, seed=3)
+    audit = open_sources([tmp_path / "fleet" / "server.db"])
+    frames = frames_of(audit)
+    projects: dict[str | None, list] = {}
+    for finding in wanted_findings(audit.report.findings):
+        projects.setdefault(finding.project, []).append(finding)
+    asked = {f.run_id for f in projects[next(iter(projects))]}
+    loose = frames.runs.filter(~pl.col("run_id").is_in(sorted(asked)))["run_id"][0]
+    no_project = pl.when(pl.col("run_id") == loose).then(None).otherwise(pl.col("project"))
+    frames = replace(frames, runs=frames.runs.with_columns(no_project.alias("project")))
+    keys = row_keys(frames)
+    for findings in projects.values():
+        for given in (None, keys):
+            assert loose in facts_of(frames, findings, given).runs["run_id"].to_list()

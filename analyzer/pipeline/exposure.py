@@ -241,32 +241,15 @@ def assess_states(
         )
     )
     key = ["server", "fleet_id", "as_of"]
-    moments = fleets_at.select(key).unique()
+    moments = fleets_at.select(key).unique().sort("as_of")
     instances = frames.instances.with_row_index("_row")
     # each instance's shape (what decides whether it takes a replica, but its busy blocks)
     kinds = instances.select(STATIC_SHAPE).unique(maintain_order=True).with_row_index("_kind")
     instances = instances.join(
         kinds, on=list(STATIC_SHAPE), how="left", nulls_equal=True, maintain_order="left"
     )
-    # the instances alive at each fleet's moments, in the instances' order
-    instances_at = (
-        spans_at(
-            moments,
-            instances.select("server", "fleet_id", "_row", "created_at", "ended_at"),
-            ("server", "fleet_id"),
-            start="created_at",
-            end="ended_at",
-        )
-        .select("_moment", "_row")
-        .with_columns(
-            pl.lit(moments["as_of"]).gather(pl.col("_moment")).alias("as_of"),
-            pl.lit(instances["_kind"]).gather(pl.col("_row")),
-            pl.lit(instances["started_at"]).gather(pl.col("_row")),
-            (pl.lit(instances["backend"]).gather(pl.col("_row")) == "remote").alias("remote"),
-        )
-    )
     # blocks held on each instance at T: what the jobs placed on it by T and not stopped by
-    # T hold, a running sum over the times jobs took and left it
+    # T hold, a running sum over the times jobs took and left it (its steps)
     holds = (
         frames.submissions.select(
             "server",
@@ -294,11 +277,28 @@ def assess_states(
         .group_by("_row", "at")
         .agg(pl.col("held").sum())
         .sort("_row", "at")
-        .select("_row", "at", pl.col("held").cum_sum().over("_row").alias("busy_blocks"))
-        .sort("at", maintain_order=True)
+        .select("_row", "at", _running_sum("held", "_row").alias("busy_blocks"))
     )
+    # the instances alive at each fleet's moments, each moment's in the instances' order: the
+    # moments are numbered in time order, so each instance's moments are in time order too,
+    # as its steps are, and the step in force at each (the last by T) is found in each
+    # instance's own steps, not by ordering every instance alive at every moment by time
     instances_at = (
-        instances_at.sort("as_of")
+        spans_at(
+            moments,
+            instances.select("server", "fleet_id", "_row", "created_at", "ended_at"),
+            ("server", "fleet_id"),
+            start="created_at",
+            end="ended_at",
+        )
+        .select("_moment", "_row")
+        .sort(pl.col("_moment").cast(pl.Int64) * instances.height + pl.col("_row"))
+        .with_columns(
+            pl.lit(moments["as_of"]).gather(pl.col("_moment")).alias("as_of"),
+            pl.lit(instances["_kind"]).gather(pl.col("_row")),
+            pl.lit(instances["started_at"]).gather(pl.col("_row")),
+            (pl.lit(instances["backend"]).gather(pl.col("_row")) == "remote").alias("remote"),
+        )
         .join_asof(
             steps,
             left_on="as_of",
@@ -317,7 +317,6 @@ def assess_states(
                 "provisioning"
             ),
         )
-        .sort("_moment", "_row")
     )
     # the instances that place a replica alike, in order of their first one: the first that
     # fits is the first instance that fits
@@ -388,6 +387,15 @@ def assess_states(
         _assess_one(row, fleets_of.get((row["server"], row["run_id"], row["as_of"]), []), context)
         for row in runs.iter_rows(named=True)
     ]
+
+
+def _running_sum(column: str, by: str) -> pl.Expr:
+    """`column`'s running sum within each run of equal `by` values (rows ordered by `by`):
+    the running sum of every row less its value before the run's first row (a window
+    `over(by)` hashes every row of the group again)."""
+    total = pl.col(column).cum_sum()
+    first = (pl.col(by) != pl.col(by).shift(1)).fill_null(True)
+    return total - pl.when(first).then(total - pl.col(column)).forward_fill()
 
 
 def _group(frame: pl.DataFrame, key: tuple[str, ...]) -> dict[tuple, list[dict]]:

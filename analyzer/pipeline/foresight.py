@@ -7,7 +7,7 @@ analyzer.pipeline.specs)."""
 from __future__ import annotations
 
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import polars as pl
 
@@ -112,7 +112,88 @@ def foresight(
     return updated
 
 
-def facts_of(frames: Frames, findings: list[Finding]) -> Frames:
+@dataclass
+class RowKeys:
+    """The rows of a merge's whole frames, their keys as integers, found once for every chunk
+    of findings (facts_of): a chunk's rows are picked by integer look-ups, not by joins on the
+    texts of every row of every partition. A key's code is that of its (server, value) pair,
+    a null value's too (facts_of matches a null with a null), but a null project's: null."""
+
+    runs: pl.DataFrame  # per run: _run, _project (null: no project), _fleet
+    submissions: pl.DataFrame  # per job: _run, _instance, _fleet, _unheld (its run not held)
+    instances: pl.DataFrame  # per instance: _fleet
+    updates: pl.DataFrame | None  # per update: _run
+    codes: dict[str, dict[tuple, int]]  # "_run", "_project", "_fleet": (server, value) -> code
+
+
+def row_keys(frames: Frames) -> RowKeys:
+    """`frames`' RowKeys."""
+    runs, subs, instances, updates = (
+        frames.runs,
+        frames.submissions,
+        frames.instances,
+        frames.updates,
+    )
+    named = {
+        "run_id": [runs, subs, *([updates] if updates is not None else [])],
+        "project": [runs],
+        "fleet_id": [f for f in (runs, subs, instances, frames.fleets) if "fleet_id" in f.columns],
+        "instance_id": [subs, instances],
+    }
+    # a run of no project is kept for every chunk (facts_of): its project's code is null
+    codes = {
+        column: pl.concat([f.select("server", column) for f in frames_with])
+        .unique()
+        .filter(pl.col(column).is_not_null() if column == "project" else pl.lit(True))
+        .with_row_index(_CODE[column])
+        .with_columns(pl.col(_CODE[column]).cast(pl.Int64))
+        for column, frames_with in named.items()
+    }
+
+    def coded(frame: pl.DataFrame, *columns: str) -> pl.DataFrame:
+        out = frame.select("server", *columns)
+        for column in columns:
+            out = out.join(
+                codes[column],
+                on=["server", column],
+                how="left",
+                nulls_equal=True,
+                maintain_order="left",
+            )
+        return out.select(_CODE[c] for c in columns)
+
+    held = runs.select("server", "run_id").unique().with_columns(pl.lit(False).alias("_unheld"))
+    unheld = (
+        subs.select("server", "run_id")
+        .join(held, on=["server", "run_id"], how="left", maintain_order="left")
+        .select(pl.col("_unheld").fill_null(True))
+    )
+    return RowKeys(
+        runs=coded(runs, "run_id", "project", "fleet_id"),
+        submissions=pl.concat(
+            [
+                coded(
+                    subs, "run_id", "instance_id", *(["fleet_id"] * ("fleet_id" in subs.columns))
+                ),
+                unheld,
+            ],
+            how="horizontal",
+        ),
+        instances=coded(instances, "instance_id", "fleet_id"),
+        updates=coded(updates, "run_id") if updates is not None else None,
+        codes={
+            _CODE[column]: {
+                (server, value): code for code, server, value in codes[column].iter_rows()
+            }
+            for column in ("run_id", "project", "fleet_id")
+        },
+    )
+
+
+_CODE = {"run_id": "_run", "project": "_project", "fleet_id": "_fleet", "instance_id": "_instance"}
+
+
+def facts_of(frames: Frames, findings: list[Finding], keys: RowKeys | None = None) -> Frames:
     """The rows of `frames` that can change the foresight of `findings` (whole runs'
     findings), every other row left out: a merge asks it a chunk of findings at a time, and
     each chunk read every job of every partition. Kept, by what `assess_states` and the
@@ -123,64 +204,53 @@ def facts_of(frames: Frames, findings: list[Finding]) -> Frames:
     the jobs of runs the tables do not hold (a refusal of no known project), and the jobs on
     those instances (blocks held) or in those fleets (refused 'Fleet is at capacity':
     specs.nodes_contradicted), with their runs. Who held the room (`capacity_holders`) is
-    read from `frames.placed`, left whole: found once per merge, for every finding."""
+    read from `frames.placed`, left whole: found once per merge, for every finding. Rows are
+    picked by their `keys` (row_keys of `frames`, given when asked again and again)."""
     wanted = wanted_findings(findings)
     if not wanted:
         return frames
-    asked = pl.DataFrame(
-        [(f.server, f.run_id) for f in wanted],
-        schema={"server": pl.String, "run_id": pl.String},
-        orient="row",
-    )
+    keys = keys or row_keys(frames)
+    code = keys.codes
+    asked = pl.Series([code["_run"].get((f.server, f.run_id)) for f in wanted], dtype=pl.Int64)
     runs, subs = frames.runs, frames.submissions
-    own = runs.join(asked, on=["server", "run_id"], how="semi")
+    asked = asked.drop_nulls()
+    own = runs.filter(_among(keys.runs["_run"], asked))
     projects = own.select("server", "project").drop_nulls().unique()
     fleets = frames.fleets.join(projects, on=["server", "project"], how="semi")
     fleet_ids = pl.concat(
         [fleets.select("server", "fleet_id"), own.select("server", "fleet_id")]
     ).drop_nulls()
-    instances = frames.instances.join(fleet_ids, on=["server", "fleet_id"], how="semi")
-    kept = _rows_of(
-        runs,
-        (("project",), pl.DataFrame({"project": [None]}, schema={"project": pl.String})),
-        (("server", "project"), projects),
-        (("server", "fleet_id"), fleet_ids),
-    ).select("server", "run_id")
-    # a job of a run the tables do not hold stays: its refusal is one of no known project
-    unheld = subs.join(runs, on=["server", "run_id"], how="anti").select("server", "run_id")
-    subs = _rows_of(
-        subs,
-        (("server", "run_id"), pl.concat([kept, unheld])),
-        (("server", "instance_id"), instances.select("server", "instance_id")),
-        *([(("server", "fleet_id"), fleet_ids)] if "fleet_id" in subs.columns else []),
+    in_fleets = pl.Series(map(code["_fleet"].get, fleet_ids.iter_rows()), dtype=pl.Int64)
+    in_projects = pl.Series(map(code["_project"].get, projects.iter_rows()), dtype=pl.Int64)
+    on_instances = _among(keys.instances["_fleet"], in_fleets)
+    instances = frames.instances.filter(on_instances)
+    by_run = keys.runs
+    kept = by_run.filter(
+        by_run["_project"].is_null()
+        | _among(by_run["_project"], in_projects)
+        | _among(by_run["_fleet"], in_fleets)
+    )["_run"]
+    by_job = keys.submissions
+    jobs = (
+        _among(by_job["_run"], kept)
+        | by_job["_unheld"]
+        | _among(by_job["_instance"], keys.instances.filter(on_instances)["_instance"])
     )
-    runs = _rows_of(
-        runs, (("server", "run_id"), pl.concat([kept, subs.select("server", "run_id")]))
-    )
+    if "_fleet" in by_job.columns:
+        jobs = jobs | _among(by_job["_fleet"], in_fleets)
+    subs = subs.filter(jobs)
+    runs = runs.filter(_among(by_run["_run"], pl.concat([kept, by_job.filter(jobs)["_run"]])))
     updates = frames.updates
-    if updates is not None:
-        updates = _rows_of(updates, (("server", "run_id"), pl.concat([kept, asked])))
+    if keys.updates is not None:
+        updates = updates.filter(_among(keys.updates["_run"], pl.concat([kept, asked])))
     return replace(
         frames, runs=runs, submissions=subs, fleets=fleets, instances=instances, updates=updates
     )
 
 
-def _rows_of(frame: pl.DataFrame, *matches: tuple) -> pl.DataFrame:
-    """The rows of `frame` whose columns match a row of any of `matches` ((columns, rows)
-    pairs; a null key matches a null, as `is_in` of nulls would not), in `frame`'s order."""
-    numbered = frame.with_row_index("_kept")
-    rows = pl.concat(
-        [
-            numbered.join(
-                keys.rename(dict(zip(keys.columns, on, strict=True))).unique(),
-                on=list(on),
-                how="semi",
-                nulls_equal=True,
-            ).select("_kept")
-            for on, keys in matches
-        ]
-    )
-    return frame[rows["_kept"].unique().sort()]
+def _among(codes: pl.Series, wanted: pl.Series) -> pl.Series:
+    """Whether each of `codes` is one of `wanted` (null for a null code)."""
+    return codes.is_in(wanted.implode())
 
 
 HOLDERS_NAMED = 3  # per finding: the jobs that held the room, the rest counted

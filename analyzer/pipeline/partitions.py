@@ -14,7 +14,7 @@ import json
 import shutil
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import NamedTuple
@@ -25,7 +25,14 @@ from pydantic import BaseModel, SerializeAsAny
 from analyzer.contract import Finding, Report, RunVerdict
 from analyzer.pipeline.assemble import merge_reports, run_order
 from analyzer.pipeline.exposure import Frames
-from analyzer.pipeline.foresight import capacity_holders, facts_of, foresight, wanted_findings
+from analyzer.pipeline.foresight import (
+    RowKeys,
+    capacity_holders,
+    facts_of,
+    foresight,
+    row_keys,
+    wanted_findings,
+)
 from analyzer.pipeline.impact import impact_rank
 from analyzer.pipeline.placement import placed_jobs
 from analyzer.progress import stage
@@ -71,13 +78,15 @@ class ForesightPiece:
     waited for (and of those runs), the whole rows of its runs with a no-capacity culprit, and
     (the first partition, or each server of a fleet) the fleets and instances it read."""
 
-    runs: pl.DataFrame
-    submissions: pl.DataFrame
-    deployments: pl.DataFrame
+    # frames, or (once written to the merge's folder: `spilled_piece`) the scans of their files
+    runs: pl.DataFrame | pl.LazyFrame
+    submissions: pl.DataFrame | pl.LazyFrame
+    deployments: pl.DataFrame | pl.LazyFrame
     dateless: set[tuple[str, str]]
-    updates: pl.DataFrame | None  # the "Run updated" events of its runs (specs.run_spec_at)
-    fleets: pl.DataFrame | None
-    instances: pl.DataFrame | None
+    # the "Run updated" events of its runs (specs.run_spec_at)
+    updates: pl.DataFrame | pl.LazyFrame | None
+    fleets: pl.DataFrame | pl.LazyFrame | None
+    instances: pl.DataFrame | pl.LazyFrame | None
     fleet_table_servers: set[str]
     server_versions: dict[str, str]
     evidence_ends: dict[str, datetime]
@@ -147,32 +156,57 @@ def _own(frame: pl.DataFrame) -> pl.DataFrame:
     return pl.read_ipc(buffer)
 
 
+_PIECE_FRAMES = ("runs", "submissions", "deployments", "updates", "fleets", "instances")
+
+
+def spilled_piece(folder: Path, index: int, piece: ForesightPiece) -> ForesightPiece:
+    """Partition `index`'s piece, its frames written to `folder` (IPC files) and read back
+    only by the merge, as scans: a partition's piece is 2 MB a thousand runs (100k runs:
+    250 MB), no longer held while the other partitions are audited."""
+    scans = {}
+    for name in _PIECE_FRAMES:
+        frame = getattr(piece, name)
+        if isinstance(frame, pl.DataFrame):
+            path = folder / f"foresight-{index}-{name}.ipc"
+            frame.write_ipc(path)
+            scans[name] = pl.scan_ipc(path, glob=False)
+    return replace(piece, **scans)
+
+
+def _concat(frames: list[pl.DataFrame | pl.LazyFrame]) -> pl.LazyFrame:
+    return pl.concat([frame.lazy() for frame in frames], how="diagonal_relaxed")
+
+
 def foresight_frames(pieces: list[ForesightPiece]) -> tuple[Frames, pl.DataFrame, set]:
     """What `foresight` reads, from every partition's piece: the same facts, in the same
     order, as one process reads (its frames, the deployments, the dateless runs)."""
     # every piece that read fleets and instances: the first partition's, or each server's
     whole = [p for p in pieces if p.fleets is not None]
+    updated = [p.updates for p in pieces if p.updates is not None]
+    runs, submissions, fleets, instances, deployments, *updates = pl.collect_all(
+        [
+            _concat([p.runs for p in pieces]),
+            _concat([p.submissions for p in pieces]).sort(_TIMELINE_ORDER, maintain_order=True),
+            _concat([p.fleets for p in whole]),
+            _concat([p.instances for p in whole]),
+            _concat([p.deployments for p in pieces]),
+            *([_concat(updated)] if updated else []),
+        ]
+    )
     frames = Frames(
-        runs=pl.concat([p.runs for p in pieces], how="diagonal_relaxed"),
-        submissions=pl.concat([p.submissions for p in pieces], how="diagonal_relaxed").sort(
-            _TIMELINE_ORDER, maintain_order=True
-        ),
-        fleets=pl.concat([p.fleets for p in whole], how="diagonal_relaxed"),
-        instances=pl.concat([p.instances for p in whole], how="diagonal_relaxed"),
+        runs=runs,
+        submissions=submissions,
+        fleets=fleets,
+        instances=instances,
         fleet_table_servers=set().union(*(p.fleet_table_servers for p in pieces)),
         server_versions={k: v for p in pieces for k, v in p.server_versions.items()},
         narrowed=any(p.narrowed for p in pieces),
         evidence_ends={k: v for p in pieces for k, v in p.evidence_ends.items()},
-        updates=pl.concat(
-            [p.updates for p in pieces if p.updates is not None], how="diagonal_relaxed"
-        )
-        if any(p.updates is not None for p in pieces)
-        else None,
+        updates=updates[0] if updates else None,
     )
     # who held a fleet's room is looked for among every partition's jobs, found once here
     # (facts_of narrows the rest to each chunk's projects)
     frames.placed = placed_jobs(frames.submissions, frames.runs)
-    deployments = pl.concat([p.deployments for p in pieces], how="diagonal_relaxed")
     return frames, deployments, set().union(*(p.dateless for p in pieces))
 
 
@@ -181,13 +215,14 @@ def foresight_answered(
     facts: tuple[Frames, pl.DataFrame, set],
     redactor: Redactor,
     holders: dict[tuple, list[str]] | None = None,
+    keys: RowKeys | None = None,
 ) -> list[Finding]:
     """`foresight` over findings of any partitions, from the `foresight_frames` of every
     partition's piece (each finding's answer depends on its own run and the shared facts
     alone; who held the room, `holders`, found for them all at once when given), each new
     answer masked with every partition's known secrets, as the partitions masked the rest of
-    their findings."""
-    narrowed = facts_of(facts[0], findings)
+    their findings (`keys`: the row_keys of the facts' frames, found once for every call)."""
+    narrowed = facts_of(facts[0], findings, keys)
     answered = list(foresight(narrowed, findings, facts[1], facts[2], holders))
     worked = [
         i
@@ -293,7 +328,7 @@ class ReportSpill:
         """Partition `index`, written out already (`spilled`, where it was audited), its
         foresight answered there already when its `wanted` is empty (foresight_written)."""
         if part.foresight is not None:
-            self._pieces.append(part.foresight)
+            self._pieces.append(spilled_piece(self.folder, index, part.foresight))
         self._parts[index] = SpilledPartition(part.head, part.wanted, None, part.guarded)
 
     def merged(self) -> MergedReport:
@@ -378,14 +413,15 @@ def foresight_written(
         # who held the room at each failure, found for every finding at once: the jobs
         # placed on instances are every partition's, whatever the chunk
         holders = capacity_holders([heads[i].findings[k] for i, k in asked], facts[0])
+        keys = row_keys(facts[0])
         wanted = {i: parts[i].wanted for i in order}
         for chunk in _chunks(order, heads, wanted):
             # the foresight reads what the slim findings keep (culprits, root cause): its
             # answer is copied into the whole finding
             slim = [heads[i].findings[k] for i, k in chunk]
-            answered = foresight_answered(slim, facts, known, holders)
+            answered = foresight_answered(slim, facts, known, holders, keys)
             answers.update(zip(chunk, answered, strict=True))
-        del facts
+        del facts, keys
         return {
             i: SpilledPartition(_answer(folder, i, heads[i], wanted[i], answers), [], None)
             for i in order
@@ -408,13 +444,26 @@ def _answer(
     lines = _read(path)
     slim = list(head.findings)
     for k, answer in changed.items():
-        update = {"capacity_foresight": answer.capacity_foresight}
-        update["root_cause"] = answer.root_cause
-        finding = Finding.model_validate_json(lines[k][1]).model_copy(update=update)
-        lines[k] = (lines[k][0], _text(finding))
-        slim[k] = slim_finding(answer)
+        lines[k] = (lines[k][0], _answered_text(lines[k][1], answer, head.findings[k]))
+        # the answer is a slim finding's copy: slim already, but for the answer itself
+        slim[k] = answer.model_copy(update={"capacity_foresight": None})
     _write(path, lines)
     return head.model_copy(update={"findings": slim})
+
+
+_UNANSWERED = '\n  "capacity_foresight": null'
+
+
+def _answered_text(text: str, answer: Finding, slim: Finding) -> str:
+    """A finding's JSON `text` with the `answer`'s capacity foresight: put in the place of
+    its null one as `model_dump_json(indent=2)` writes it there (a field of the finding: its
+    lines two spaces further in), when that is all the answer changed (not its root cause);
+    else the finding read, updated and written again whole."""
+    if answer.root_cause is slim.root_cause and text.count(_UNANSWERED) == 1:
+        shown = _text(answer.capacity_foresight).replace("\n", "\n  ")
+        return text.replace(_UNANSWERED, f'\n  "capacity_foresight": {shown}')
+    update = {"capacity_foresight": answer.capacity_foresight, "root_cause": answer.root_cause}
+    return _text(Finding.model_validate_json(text).model_copy(update=update))
 
 
 def _chunks(order: list[int], heads: dict[int, Report], wanted: dict[int, list[int]]):
