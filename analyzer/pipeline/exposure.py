@@ -45,6 +45,7 @@ from analyzer.pipeline.placement import (
     place_queue,
     queued_at,
     queued_first,
+    running_sum,
     spans_at,
 )
 from analyzer.pipeline.specs import fleet_nodes_at, promised_surges, run_spec_at
@@ -277,7 +278,7 @@ def assess_states(
         .group_by("_row", "at")
         .agg(pl.col("held").sum())
         .sort("_row", "at")
-        .select("_row", "at", _running_sum("held", "_row").alias("busy_blocks"))
+        .select("_row", "at", running_sum("held", "_row").alias("busy_blocks"))
     )
     # the instances alive at each fleet's moments, each moment's in the instances' order: the
     # moments are numbered in time order, so each instance's moments are in time order too,
@@ -387,15 +388,6 @@ def assess_states(
         _assess_one(row, fleets_of.get((row["server"], row["run_id"], row["as_of"]), []), context)
         for row in runs.iter_rows(named=True)
     ]
-
-
-def _running_sum(column: str, by: str) -> pl.Expr:
-    """`column`'s running sum within each run of equal `by` values (rows ordered by `by`):
-    the running sum of every row less its value before the run's first row (a window
-    `over(by)` hashes every row of the group again)."""
-    total = pl.col(column).cum_sum()
-    first = (pl.col(by) != pl.col(by).shift(1)).fill_null(True)
-    return total - pl.when(first).then(total - pl.col(column)).forward_fill()
 
 
 def _group(frame: pl.DataFrame, key: tuple[str, ...]) -> dict[tuple, list[dict]]:

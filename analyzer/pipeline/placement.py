@@ -144,6 +144,15 @@ SHAPE = (
 STATIC_SHAPE = SHAPE[:-1]  # all but the busy blocks: what an instance is, not what it holds
 
 
+def running_sum(column: str, by: str) -> pl.Expr:
+    """`column`'s running sum within each run of equal `by` values (rows ordered by `by`):
+    the running sum of every row less its value before the run's first row (a window
+    `over(by)` hashes every row of the group again)."""
+    total = pl.col(column).cum_sum()
+    first = (pl.col(by) != pl.col(by).shift(1)).fill_null(True)
+    return total - pl.when(first).then(total - pl.col(column)).forward_fill()
+
+
 def spans_at(
     moments: pl.DataFrame, spans: pl.DataFrame, by: tuple[str, ...], start: str, end: str
 ) -> pl.DataFrame:
