@@ -267,8 +267,9 @@ def bench_biglog(ctx: argparse.Namespace) -> list[dict]:
     folder = fleet(ctx.out, ctx.runs)
     gigabytes = 0.2 if ctx.quick else 1
     log = padded_to_size(folder / "logs" / "server.standard.log", gigabytes, ctx.out)
-    floor = best_of(1, [sys.executable, "-c", LIFECYCLE_LINES, str(log)])
-    audit = audited(1, folder / "truth.json", log)
+    # the least of two runs each: one run of the floor read 0.78 s or 1.35 s of CPU by chance
+    floor = best_of(2, [sys.executable, "-c", LIFECYCLE_LINES, str(log)])
+    audit = audited(2, folder / "truth.json", log)
     row = _against(f"log of {log.stat().st_size / 1e9:.1f} GB vs keyword filter", audit, floor)
     met = row["cpu_ratio"] <= 2 and audit["peak_rss_mb"] <= 500
     return [_target(row, "CPU <= 2x the floor, <= 500 MB", met)]
