@@ -326,9 +326,13 @@ class ReportSpill:
 
     def take(self, index: int, part: SpilledPartition) -> None:
         """Partition `index`, written out already (`spilled`, where it was audited), its
-        foresight answered there already when its `wanted` is empty (foresight_written)."""
+        foresight answered there already when its `wanted` is empty (foresight_written).
+        Its piece is written out for the merge's foresight (`spilled_piece`), but for a
+        partition finished where it was audited (`guarded`): the merge reads only the secret
+        values of that one, which its caller holds already."""
         if part.foresight is not None:
-            self._pieces.append(spilled_piece(self.folder, index, part.foresight))
+            piece = part.foresight
+            self._pieces.append(piece if part.guarded else spilled_piece(self.folder, index, piece))
         self._parts[index] = SpilledPartition(part.head, part.wanted, None, part.guarded)
 
     def merged(self) -> MergedReport:
