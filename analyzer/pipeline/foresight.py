@@ -123,7 +123,11 @@ class RowKeys:
     submissions: pl.DataFrame  # per job: _run, _instance, _fleet, _unheld (its run not held)
     instances: pl.DataFrame  # per instance: _fleet
     updates: pl.DataFrame | None  # per update: _run
-    codes: dict[str, dict[tuple, int]]  # "_run", "_project", "_fleet": (server, value) -> code
+    codes: dict[str, pl.DataFrame]  # "run_id", "project", "fleet_id": server, value, its code
+
+    def code_of(self, column: str, rows: pl.DataFrame) -> pl.Series:
+        """The codes of `rows` (server and `column`), those the frames hold."""
+        return rows.join(self.codes[column], on=["server", column], how="inner")[_CODE[column]]
 
 
 def row_keys(frames: Frames) -> RowKeys:
@@ -181,12 +185,7 @@ def row_keys(frames: Frames) -> RowKeys:
         ),
         instances=coded(instances, "instance_id", "fleet_id"),
         updates=coded(updates, "run_id") if updates is not None else None,
-        codes={
-            _CODE[column]: {
-                (server, value): code for code, server, value in codes[column].iter_rows()
-            }
-            for column in ("run_id", "project", "fleet_id")
-        },
+        codes={column: codes[column] for column in ("run_id", "project", "fleet_id")},
     )
 
 
@@ -210,18 +209,23 @@ def facts_of(frames: Frames, findings: list[Finding], keys: RowKeys | None = Non
     if not wanted:
         return frames
     keys = keys or row_keys(frames)
-    code = keys.codes
-    asked = pl.Series([code["_run"].get((f.server, f.run_id)) for f in wanted], dtype=pl.Int64)
+    asked = keys.code_of(
+        "run_id",
+        pl.DataFrame(
+            [(f.server, f.run_id) for f in wanted],
+            schema={"server": pl.String, "run_id": pl.String},
+            orient="row",
+        ),
+    )
     runs, subs = frames.runs, frames.submissions
-    asked = asked.drop_nulls()
     own = runs.filter(_among(keys.runs["_run"], asked))
     projects = own.select("server", "project").drop_nulls().unique()
     fleets = frames.fleets.join(projects, on=["server", "project"], how="semi")
     fleet_ids = pl.concat(
         [fleets.select("server", "fleet_id"), own.select("server", "fleet_id")]
     ).drop_nulls()
-    in_fleets = pl.Series(map(code["_fleet"].get, fleet_ids.iter_rows()), dtype=pl.Int64)
-    in_projects = pl.Series(map(code["_project"].get, projects.iter_rows()), dtype=pl.Int64)
+    in_fleets = keys.code_of("fleet_id", fleet_ids)
+    in_projects = keys.code_of("project", projects)
     on_instances = _among(keys.instances["_fleet"], in_fleets)
     instances = frames.instances.filter(on_instances)
     by_run = keys.runs
