@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -448,3 +449,56 @@ def test_an_interrupted_write_to_redirected_stdout_leaves_the_file_as_it_was(tmp
         outputs.write_pieces(None, pieces(interrupt=False))
     assert target.read_text().startswith("an earlier run's line\n0000x")
     assert target.stat().st_size == len("an earlier run's line\n") + 64 * (4 + 65536 + 1)
+
+
+def test_a_full_device_is_named_by_the_real_errors_that_say_so():
+    """ENOSPC as Python's own write, polars' and SQLite's say it, all real, each seen as a full
+    disk (not a bug of ours); an error that is not one is not."""
+    from analyzer.errors import out_of_room
+
+    errors = []
+    with pytest.raises(OSError) as python_write, open("/dev/full", "wb") as device:
+        device.write(b"x" * 65536)
+        device.flush()
+    errors.append(python_write.value)
+    import polars as pl
+
+    with pytest.raises(OSError) as polars_write:
+        pl.DataFrame({"a": range(100_000)}).write_ipc("/dev/full")
+    errors.append(polars_write.value)
+    import sqlite3
+
+    database = sqlite3.connect(":memory:")
+    database.executescript("PRAGMA max_page_count = 2; CREATE TABLE t (x)")
+    with pytest.raises(sqlite3.OperationalError) as sqlite_write:
+        database.executemany("INSERT INTO t VALUES (?)", [("x" * 1000,)] * 100)
+    errors.append(sqlite_write.value)
+    assert [out_of_room(error) for error in errors] == ["no space left on device"] * 3
+    assert out_of_room(FileNotFoundError(2, "No such file or directory")) is None
+    assert out_of_room(ValueError("database or disk is full")) is None
+
+
+def test_a_full_working_folder_is_one_line_naming_it_and_left_empty(tmp_path):
+    """A partitioned audit whose TMPDIR is a real 16 KiB tmpfs (mounted in a user and mount
+    namespace of its own): the disk fills as the partitions are written, and the command says
+    so in one line that names the folder and what to do, exits 2, and leaves nothing there."""
+    full = tmp_path / "full"
+    full.mkdir()
+    script = (
+        f"mount -t tmpfs -o size=16k tmpfs {full} && TMPDIR={full} "
+        f"{sys.executable} -m analyzer audit {SEED / 'server.db'} --partitions 2 "
+        f"-q -o {tmp_path / 'report.json'}; echo exit=$?; ls -A {full}"
+    )
+    done = subprocess.run(
+        ["unshare", "-Urm", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+    )
+    assert done.stdout.splitlines() == ["exit=2"]  # nothing left in the folder
+    assert done.stderr == (
+        f"dstack-audit: no space left on device while writing an output or a working file "
+        f"(under {full}): free some space, or set TMPDIR to a folder with room\n"
+    )
+    assert not (tmp_path / "report.json").exists()

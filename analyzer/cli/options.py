@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from analyzer.errors import AuditInputError, Terminated
+from analyzer.errors import AuditInputError, Terminated, out_of_room
 from analyzer.terminal import SETTINGS, reporting
 from analyzer.times import EXAMPLES, parse_time
 
@@ -103,13 +103,29 @@ def clean_errors(command: Command) -> Command:
             _fail(f"dstack-audit: {error}")
         except (click.exceptions.Exit, click.ClickException, SystemExit):
             raise
-        except Exception as error:  # a bug of ours: still one line, still exit 2
-            _fail(
+        except Exception as error:
+            if full := out_of_room(error):  # the machine's, not ours
+                _fail(_no_room(error, full))
+            _fail(  # a bug of ours: still one line, still exit 2
                 f"dstack-audit: internal error while auditing ({type(error).__name__}: "
                 f"{error}); please report it with the command line"
             )
 
     return wrapper
+
+
+def _no_room(error: Exception, full: str) -> str:
+    """What to say of a full disk met while writing (`full`: how): the file when the error
+    names it, else where the working files go (an output's own write names it itself:
+    analyzer.outputs)."""
+    import tempfile
+
+    if getattr(error, "filename", None):
+        return f"dstack-audit: cannot write {error.filename}: {full}"
+    return (
+        f"dstack-audit: {full} while writing an output or a working file (under "
+        f"{tempfile.gettempdir()}): free some space, or set TMPDIR to a folder with room"
+    )
 
 
 def _fail(message: str) -> None:
