@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -36,7 +36,6 @@ from analyzer.pipeline.partitions import (
     MergedReport,
     PartitionResult,
     ReportSpill,
-    SpilledPartition,
 )
 from analyzer.progress import stage
 from analyzer.sources.base import LEARNING_PARTS, WholeInputFacts
@@ -402,8 +401,7 @@ def audit_partitions_locally(
     every = _partitions(done)
     for index in range(count):
         # finished where it was audited, its piece kept for its secret values
-        finished = answered[index]
-        spill.take(index, SpilledPartition(finished.head, [], every[index].foresight, True))
+        spill.take(index, replace(answered[index], foresight=every[index].foresight))
     return spill.merged()
 
 

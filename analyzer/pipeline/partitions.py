@@ -13,7 +13,7 @@ import io
 import json
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -259,13 +259,15 @@ class SpilledPartition:
     """What the merge keeps of a partition written to its spill files (`spilled`): its report,
     its findings slim (a verdict is small: held whole, for the summary and the order of the
     runs), which of its findings ask for the capacity foresight, its foresight piece (None
-    once taken by the merge), and whether its files are masked with every partition's secret
-    values already (`finished_where_audited`)."""
+    once taken by the merge), whether its files are masked with every partition's secret
+    values already (`finished_where_audited`), and whether their texts passed the JSON
+    report's final pass already, as the report's pieces (`texts_passed`)."""
 
     head: Report
     wanted: list[int]
     foresight: ForesightPiece | None
     guarded: bool = False
+    passed: bool = False
 
 
 def spilled(folder: Path, index: int, result: PartitionResult) -> SpilledPartition:
@@ -333,7 +335,7 @@ class ReportSpill:
         if part.foresight is not None:
             piece = part.foresight
             self._pieces.append(piece if part.guarded else spilled_piece(self.folder, index, piece))
-        self._parts[index] = SpilledPartition(part.head, part.wanted, None, part.guarded)
+        self._parts[index] = replace(part, foresight=None)
 
     def merged(self) -> MergedReport:
         """The merged report: the capacity foresight of every finding that asks for it worked
@@ -354,6 +356,7 @@ class ReportSpill:
             head=head,
             counts={"runs": whole.summary.runs, "findings": whole.summary.findings},
             files={name: [self._file(name, i) for i in order] for name in STREAMED},
+            passed=all(self._parts[i].passed for i in order),
         )
 
 
@@ -384,6 +387,28 @@ def finished_where_audited(
     for index in answered:
         _guard(folder, index, known)
     return {i: SpilledPartition(p.head, [], None, guarded=True) for i, p in answered.items()}
+
+
+def texts_passed(folder: Path, index: int, final: Callable[[pl.Series], pl.Series | None]) -> bool:
+    """Partition `index`'s runs' and findings' texts in `folder` through `final` together
+    (the JSON report's final pass, in the process that audited the partition:
+    analyzer.render.report_json), each file written again only when a text changed; False
+    when `final` could not give them back (None), the files left as they were."""
+    records = {name: _read(_spill_file(folder, name, index)) for name in STREAMED}
+    given = pl.Series([text for name in STREAMED for _, text in records[name]], dtype=pl.String)
+    passed = final(given)
+    if passed is None:
+        return False
+    start = 0
+    for name in STREAMED:
+        lines = records[name]
+        mine = slice(start, start + len(lines))
+        start = mine.stop
+        if not (passed[mine] != given[mine]).any():
+            continue
+        keys = (key for key, _ in lines)
+        _write(_spill_file(folder, name, index), list(zip(keys, passed[mine], strict=True)))
+    return True
 
 
 def known_secrets(pieces: list[ForesightPiece]) -> Redactor:
@@ -572,11 +597,14 @@ def _records(path: Path) -> Iterator[tuple[list, str]]:
 class MergedReport:
     """The merged report of partitions: every field but the runs and findings (`head`, with
     the summary of them all), and the runs and findings as their JSON texts, read from the
-    partitions' files in the report's order (`texts`) or into a whole Report (`report`)."""
+    partitions' files in the report's order (`texts`) or into a whole Report (`report`);
+    `passed`: those texts passed the JSON report's final pass in their partitions' processes
+    (`texts_passed`), and are no longer the model's."""
 
     head: Report
     counts: dict[str, int]
     files: dict[str, list[Path]] = field(repr=False)
+    passed: bool = False
 
     def texts(self, name: str) -> Iterator[str]:
         """Each item of the list `name` as `model_dump_json(indent=2)` gives it, in order."""
