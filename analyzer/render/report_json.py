@@ -193,16 +193,17 @@ def _head_passed(lines: Iterator[str]) -> Iterator[str]:
 
 
 def finished_json(merged: Any) -> tuple[Report, Iterator[str]] | None:
-    """The merged report's head and its JSON pieces ready to write, when its runs and
-    findings were rendered and passed the final pass in their tasks (a fleet's servers:
-    FleetJson; partitions on local workers: `json_partitions`); None: the command's final
-    pass is left to give the whole text."""
+    """The merged report's head and its JSON text ready to write (in chunks: a write a
+    piece is 20k writes at 16k runs), when its runs and findings were rendered and passed the
+    final pass in their tasks (a fleet's servers: FleetJson; partitions on local workers:
+    `json_partitions`); None: the command's final pass is left to give the whole text."""
     from analyzer.pipeline.partitions import MergedReport
+    from analyzer.redact import chunked
 
     if isinstance(merged, FleetJson):
-        return merged.report, merged.pieces()
+        return merged.report, chunked(merged.pieces())
     if isinstance(merged, MergedReport) and merged.passed:
-        return merged.head, _head_passed(json_pieces(merged))
+        return merged.head, chunked(_head_passed(json_pieces(merged)))
     return None
 
 
