@@ -8,7 +8,9 @@ the report lies on one line, inside one piece (analyzer.redact.redact_pieces rel
 
 A fleet of servers audited one server per task (analyzer.cluster.audit_servers) renders and
 redacts each server's runs and findings in its task (`server_json`); this process only puts
-the pieces in the one-process order after the head it renders (`fleet_json`).
+the pieces in the one-process order after the head it renders (`fleet_json`). One audit's
+partitions on local workers likewise pass their runs and findings through the final pass in
+their processes, in the merge's spill files (`json_partitions`): the command passes the head.
 """
 
 from __future__ import annotations
