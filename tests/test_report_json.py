@@ -109,11 +109,14 @@ def _texts(report) -> pl.Series:
     return pl.Series([item.model_dump_json(indent=2) for item in items], dtype=pl.String)
 
 
-def test_items_passed_where_audited_are_the_pieces_passed_one_by_one(fleet_report):
+@pytest.mark.parametrize("hidden", ["", "\x7f", "\u200b"])  # none, in ASCII text, or not
+def test_items_passed_where_audited_are_the_pieces_passed_one_by_one(fleet_report, hidden):
     """A partition's runs and findings through the final pass in its own process
     (json_partitions): each comes back as the text whose piece is that piece passed alone,
-    the command's pass over the pieces one chunk each."""
-    report = _planted(fleet_report, SECRETS, where=(0, -1))
+    the command's pass over the pieces one chunk each (a hidden character inside a secret
+    removed first)."""
+    token = GITHUB_TOKEN[:12] + hidden + GITHUB_TOKEN[12:]
+    report = _planted(fleet_report, [*SECRETS, f"again {token}"], where=(0, -1))
     texts = _texts(report)
     passed = _passed_texts(texts)
     assert passed is not None and (passed != texts).sum() == 2

@@ -155,14 +155,18 @@ def _redacted(pieces: Sequence[str]) -> list[str]:
 
 
 def _final_pass(pieces: pl.Series) -> pl.Series:
-    """The final redaction pass over each piece, as `without_controls` then `Redactor.apply`
-    with no known value give it: the hidden characters (`without_controls`' own) removed in
-    one column, then every secret shape masked (all `apply` has left to do then), each piece
-    on its own (items are distinct: none to find first, 0.04 s of 0.13 s a partition of 8k
-    runs)."""
+    """The final redaction pass over each piece of JSON, as `without_controls` then
+    `Redactor.apply` with no known value give it: the hidden characters (`without_controls`'
+    own) removed in one column, then every secret shape masked (all `apply` has left to do
+    then), each piece on its own (items are distinct: none to find first, 0.04 s of 0.13 s a
+    partition of 8k runs). JSON escapes every C0 control: in ASCII pieces only DEL can stand
+    raw, which a plain search finds (the class of every hidden character, 0.03 s more)."""
     from analyzer.redact import HIDDEN, redact_shapes
 
-    return redact_shapes(pieces.str.replace_all(HIDDEN, ""), dedupe=False)
+    ascii = (pieces.str.len_bytes() == pieces.str.len_chars()).all()
+    if not ascii or pieces.str.contains("\x7f", literal=True).any():
+        pieces = pieces.str.replace_all(HIDDEN, "")
+    return redact_shapes(pieces, dedupe=False)
 
 
 @dataclass
