@@ -697,6 +697,7 @@ def cluster_merged(
     address: str | None = None,
     partitions: int | None = None,
     fleet: FleetTasks | None = None,
+    partitioned: FleetTasks | None = None,
     started: Workers | None = None,
     **options,
 ) -> Iterator[Report | MergedReport | Any]:
@@ -707,7 +708,8 @@ def cluster_merged(
     audited one server per task instead (unless --partitions or --server-label is given): no
     task reads another's database, and nothing is learnt of the whole inputs first; `fleet`
     says what those tasks do and what their merge yields (report_fleet(): the report);
-    `started`: the local workers the command started before its own imports
+    `partitioned`, what the local partitions' tasks do (partition_tasks(): their files for the
+    merge); `started`: the local workers the command started before its own imports
     (analyzer.cluster_local.started)."""
     from analyzer.cluster import run_on_cluster
     from analyzer.pipeline.partitions import ReportSpill
@@ -722,7 +724,7 @@ def cluster_merged(
             spill,
             servers=servers,
             fleet=fleet or report_fleet(),
-            partition_tasks=partition_tasks(),
+            partition_tasks=partitioned or partition_tasks(),
             folder=folder,
             workers=workers,
             address=address,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import polars as pl
 import pytest
 from click.testing import CliRunner
 from test_secrets import AWS_SECRET, GITHUB_TOKEN, JWT, KEY_BODY, PRIVATE_KEY, SLACK_TOKEN
@@ -15,7 +16,7 @@ from analyzer.api import audit_in_partitions, open_sources
 from analyzer.cli import main
 from analyzer.outputs import plan
 from analyzer.redact import MASK, Redactor, redact_pieces, without_controls
-from analyzer.render.report_json import json_pieces
+from analyzer.render.report_json import _as_piece, _passed_texts, item_piece, json_pieces
 
 FLEET = Path(__file__).resolve().parents[1] / "samples" / "fleet"
 
@@ -103,7 +104,36 @@ def test_a_key_block_cut_before_its_end_is_masked_within_its_chunk(fleet_report)
     assert chunks[-1] == "}\n"
 
 
-@pytest.mark.parametrize("partitions", [[], ["--partitions", "3"]])
+def _texts(report) -> pl.Series:
+    items = [*report.runs, *report.findings]
+    return pl.Series([item.model_dump_json(indent=2) for item in items], dtype=pl.String)
+
+
+@pytest.mark.parametrize("hidden", ["", "\x7f", "\u200b"])  # none, in ASCII text, or not
+def test_items_passed_where_audited_are_the_pieces_passed_one_by_one(fleet_report, hidden):
+    """A partition's runs and findings through the final pass in its own process
+    (json_partitions): each comes back as the text whose piece is that piece passed alone,
+    the command's pass over the pieces one chunk each (a hidden character inside a secret
+    removed first)."""
+    token = GITHUB_TOKEN[:12] + hidden + GITHUB_TOKEN[12:]
+    report = _planted(fleet_report, [*SECRETS, f"again {token}"], where=(0, -1))
+    texts = _texts(report)
+    passed = _passed_texts(texts)
+    assert passed is not None and (passed != texts).sum() == 2
+    items = [*report.runs, *report.findings]
+    clean = [Redactor().apply(without_controls(item_piece(item))) for item in items]
+    assert [_as_piece(text) for text in passed] == clean
+    assert not [secret for secret in GIVEN_AWAY if any(secret in text for text in passed)]
+
+
+def test_an_item_whose_mask_crosses_its_lines_is_left_to_the_command(fleet_report):
+    """A key block cut before its end is masked to the end of its piece, closing lines and
+    all: no longer an item's text, so the whole partition is left to the command's pass."""
+    cut = PRIVATE_KEY.split("-----END")[0]
+    assert _passed_texts(_texts(_planted(fleet_report, [cut]))) is None
+
+
+@pytest.mark.parametrize("partitions", [[], ["--partitions", "3"], ["--workers", "2"]])
 def test_the_cli_writes_the_whole_json_report(tmp_path, partitions):
     """Streamed, the report is the bytes of the report rendered whole (partitions merged)."""
     target = tmp_path / "report.json"

@@ -287,7 +287,7 @@ def audit(
         def clean(text: str) -> str:
             return shapes.apply(without_controls(text))
 
-        from analyzer.render.report_json import FleetJson, json_fleet
+        from analyzer.render.report_json import finished_json, json_fleet, json_partitions
 
         if workers or cluster:
             from analyzer.api import cluster_merged
@@ -298,16 +298,18 @@ def audit(
                 address=cluster,
                 partitions=partitions,
                 fleet=json_fleet() if fmt == "json" else None,
+                partitioned=json_partitions() if fmt == "json" else None,
                 started=local,
                 **options,
             )
         else:
             merging = partitions_merged(sources, partitions, **options)
         with merging as merged:
-            if isinstance(merged, FleetJson):  # rendered and redacted in the servers' tasks
-                head = merged.report
+            # rendered and redacted in the servers' or the partitions' tasks, but the head
+            if (finished := finished_json(merged)) is not None:
+                head, pieces = finished
                 outputs.add_inputs(i.path for i in head.inputs)
-                outputs.write_pieces(output, merged.pieces())
+                outputs.write_pieces(output, pieces)
                 wrote(output)
             else:
                 head = merged if isinstance(merged, Report) else merged.head

@@ -8,12 +8,10 @@ works the foresight out once over every partition's findings and pieces.
 
 from __future__ import annotations
 
-import heapq
 import io
-import json
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -23,7 +21,7 @@ import polars as pl
 from pydantic import BaseModel, SerializeAsAny
 
 from analyzer.contract import Finding, Report, RunVerdict
-from analyzer.pipeline.assemble import merge_reports, run_order
+from analyzer.pipeline.assemble import merge_reports
 from analyzer.pipeline.exposure import Frames
 from analyzer.pipeline.foresight import (
     RowKeys,
@@ -33,7 +31,6 @@ from analyzer.pipeline.foresight import (
     row_keys,
     wanted_findings,
 )
-from analyzer.pipeline.impact import impact_rank
 from analyzer.pipeline.placement import placed_jobs
 from analyzer.progress import stage
 from analyzer.redact import Redactor
@@ -259,23 +256,24 @@ class SpilledPartition:
     """What the merge keeps of a partition written to its spill files (`spilled`): its report,
     its findings slim (a verdict is small: held whole, for the summary and the order of the
     runs), which of its findings ask for the capacity foresight, its foresight piece (None
-    once taken by the merge), and whether its files are masked with every partition's secret
-    values already (`finished_where_audited`)."""
+    once taken by the merge), whether its files are masked with every partition's secret
+    values already (`finished_where_audited`), and whether their texts passed the JSON
+    report's final pass already, as the report's pieces (`texts_passed`)."""
 
     head: Report
     wanted: list[int]
     foresight: ForesightPiece | None
     guarded: bool = False
+    passed: bool = False
 
 
 def spilled(folder: Path, index: int, result: PartitionResult) -> SpilledPartition:
     """Partition `index`'s report written to its files in the merge's `folder` (ReportSpill:
-    each run verdict and finding as its JSON text after its place in the report's order), in
-    whichever process audited it."""
+    each run verdict and finding as its JSON text, in the report's order), in whichever
+    process audited it."""
     report = result.report
-    _write(_spill_file(folder, "runs", index), [(run_order(v), _text(v)) for v in report.runs])
-    findings = [(impact_rank(f), _text(f)) for f in report.findings]
-    _write(_spill_file(folder, "findings", index), findings)
+    _write(_spill_file(folder, "runs", index), [_text(v) for v in report.runs])
+    _write(_spill_file(folder, "findings", index), [_text(f) for f in report.findings])
     wanted = {id(f) for f in wanted_findings(report.findings)}
     return SpilledPartition(
         report.model_copy(update={"findings": [slim_finding(f) for f in report.findings]}),
@@ -291,10 +289,11 @@ def _spill_file(folder: Path, name: str, index: int) -> Path:
 class ReportSpill:
     """The reports of the partitions of one audit, each written to a private folder as soon
     as its partition is done, so that no list of every run and finding is held for the merge:
-    each run verdict and each finding as its JSON text after its place in the report's order
-    (`_write`), beside what the merge reads of them (the summary's few fields) and the
-    partition's whole-report facts. The folder is made by `tempfile` (never in or beside the
-    evidence) and removed on leaving, also on an error or Ctrl-C."""
+    each run verdict and each finding as its JSON text, in the partition's order (`_write`;
+    the merge's order of them all is the merged head's), beside what the merge reads of them
+    (the summary's few fields) and the partition's whole-report facts. The folder is made by
+    `tempfile` (never in or beside the evidence) and removed on leaving, also on an error or
+    Ctrl-C."""
 
     def __init__(self) -> None:
         self._folder: Path | None = None
@@ -333,7 +332,7 @@ class ReportSpill:
         if part.foresight is not None:
             piece = part.foresight
             self._pieces.append(piece if part.guarded else spilled_piece(self.folder, index, piece))
-        self._parts[index] = SpilledPartition(part.head, part.wanted, None, part.guarded)
+        self._parts[index] = replace(part, foresight=None)
 
     def merged(self) -> MergedReport:
         """The merged report: the capacity foresight of every finding that asks for it worked
@@ -350,10 +349,21 @@ class ReportSpill:
                     _guard(self.folder, index, known)
         whole = merge_reports([self._parts[i].head for i in order])
         head = known.guard_model(whole.model_copy(update={name: [] for name in STREAMED}))
+        # which partition's file holds each merged item: the merge keeps the items themselves
+        source = {
+            id(item): position
+            for position, index in enumerate(order)
+            for name in STREAMED
+            for item in getattr(self._parts[index].head, name)
+        }
         return MergedReport(
             head=head,
             counts={"runs": whole.summary.runs, "findings": whole.summary.findings},
             files={name: [self._file(name, i) for i in order] for name in STREAMED},
+            sources={
+                name: [source[id(item)] for item in getattr(whole, name)] for name in STREAMED
+            },
+            passed=all(self._parts[i].passed for i in order),
         )
 
 
@@ -366,10 +376,8 @@ def _guard(folder: Path, index: int, known: Redactor) -> None:
         path = _spill_file(folder, name, index)
         if not known.holds_known_or_hidden(path.read_text()):
             continue
-        lines = _read(path)
-        items = [model.model_validate_json(text) for _, text in lines]
-        guarded = known.guard_model(_Items(items=items)).items
-        _write(path, [(key, _text(item)) for (key, _), item in zip(lines, guarded, strict=True)])
+        items = [model.model_validate_json(text) for text in _read(path)]
+        _write(path, [_text(item) for item in known.guard_model(_Items(items=items)).items])
 
 
 def finished_where_audited(
@@ -384,6 +392,25 @@ def finished_where_audited(
     for index in answered:
         _guard(folder, index, known)
     return {i: SpilledPartition(p.head, [], None, guarded=True) for i, p in answered.items()}
+
+
+def texts_passed(folder: Path, index: int, final: Callable[[pl.Series], pl.Series | None]) -> bool:
+    """Partition `index`'s runs' and findings' texts in `folder` through `final` together
+    (the JSON report's final pass, in the process that audited the partition:
+    analyzer.render.report_json), each file written again only when a text changed; False
+    when `final` could not give them back (None), the files left as they were."""
+    texts = {name: _read(_spill_file(folder, name, index)) for name in STREAMED}
+    given = pl.Series([text for name in STREAMED for text in texts[name]], dtype=pl.String)
+    passed = final(given)
+    if passed is None:
+        return False
+    start = 0
+    for name in STREAMED:
+        mine = slice(start, start + len(texts[name]))
+        start = mine.stop
+        if (passed[mine] != given[mine]).any():
+            _write(_spill_file(folder, name, index), passed[mine].to_list())
+    return True
 
 
 def known_secrets(pieces: list[ForesightPiece]) -> Redactor:
@@ -448,7 +475,7 @@ def _answer(
     lines = _read(path)
     slim = list(head.findings)
     for k, answer in changed.items():
-        lines[k] = (lines[k][0], _answered_text(lines[k][1], answer, head.findings[k]))
+        lines[k] = _answered_text(lines[k], answer, head.findings[k])
         # the answer is a slim finding's copy: slim already, but for the answer itself
         slim[k] = answer.model_copy(update={"capacity_foresight": None})
     _write(path, lines)
@@ -540,47 +567,51 @@ def _text(item: BaseModel) -> str:
     return item.model_dump_json(indent=2)
 
 
-# A spill file is records of an item's place in the report (its sort key as one line of
-# JSON) and its JSON text (`indent=2`, which never holds an empty line: a string's newlines
-# are escaped), each record ended by an empty line. The texts lie in the file as they are, so
-# the secret guard looks at the file's text itself, and only the keys are parsed to merge.
+# A spill file is the JSON texts of a partition's items in its report's order (`indent=2`,
+# which never holds an empty line: a string's newlines are escaped), each ended by an empty
+# line. The texts lie in the file as they are, so the secret guard looks at the file's text
+# itself; nothing in it is parsed to merge (the merged head's order says which partition's
+# file holds each next item: MergedReport.sources).
 _END = "\n\n"
 
 
-def _write(path: Path, records: list[tuple]) -> None:
+def _write(path: Path, texts: list[str]) -> None:
     with path.open("w") as handle:
-        for key, text in records:
-            handle.write(json.dumps(key) + "\n" + text + _END)
+        handle.writelines(text + _END for text in texts)
 
 
-def _read(path: Path) -> list[tuple]:
+def _read(path: Path) -> list[str]:
     return list(_records(path))
 
 
-def _records(path: Path) -> Iterator[tuple[list, str]]:
-    """The records of a spill file in order, read a block at a time."""
+def _records(path: Path) -> Iterator[str]:
+    """The texts of a spill file in order, read a block at a time."""
     with path.open() as handle:
         rest = ""
         while block := handle.read(1 << 20):
             *whole, rest = (rest + block).split(_END)
-            for record in whole:
-                key, text = record.split("\n", 1)
-                yield json.loads(key), text
+            yield from whole
 
 
 @dataclass
 class MergedReport:
     """The merged report of partitions: every field but the runs and findings (`head`, with
     the summary of them all), and the runs and findings as their JSON texts, read from the
-    partitions' files in the report's order (`texts`) or into a whole Report (`report`)."""
+    partitions' files in the report's order (`texts`) or into a whole Report (`report`);
+    `passed`: those texts passed the JSON report's final pass in their partitions' processes
+    (`texts_passed`), and are no longer the model's. `sources`: for each item of each list,
+    in the report's order, which of its `files` holds it (the next text of that file)."""
 
     head: Report
     counts: dict[str, int]
     files: dict[str, list[Path]] = field(repr=False)
+    sources: dict[str, list[int]] = field(repr=False)
+    passed: bool = False
 
     def texts(self, name: str) -> Iterator[str]:
         """Each item of the list `name` as `model_dump_json(indent=2)` gives it, in order."""
-        return (text for _, text in heapq.merge(*map(_records, self.files[name]), key=_key))
+        files = [_records(path) for path in self.files[name]]
+        return (next(files[source]) for source in self.sources[name])
 
     def report(self) -> Report:
         """The whole report, every item read back."""
@@ -589,7 +620,3 @@ class MergedReport:
             "findings": [Finding.model_validate_json(t) for t in self.texts("findings")],
         }
         return self.head.model_copy(update=lists)
-
-
-def _key(item: tuple[list, str]) -> list:
-    return item[0]
