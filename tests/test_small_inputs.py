@@ -1,8 +1,7 @@
 """A small input is audited on one polars thread and polars' in-memory engine (issue 38 §6): its
 audit is a couple of thousand queries of a few rows each, and waking the pool's threads, or
-setting up a streaming pipeline, for each cost CPU; a middling one (a log of a few thousand
-runs) on one thread. Both are chosen before polars is imported, so each case runs in a fresh
-interpreter."""
+setting up a streaming pipeline, for each cost CPU. Both are chosen before polars is imported,
+so each case runs in a fresh interpreter."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ import sys
 
 from conftest import ROOT
 
-from analyzer.cli.options import ONE_THREAD_BYTES, SMALL_INPUT_BYTES
+from analyzer.cli.options import SMALL_INPUT_BYTES
 
 SEED = ROOT / "samples" / "v0.22.5" / "seed"
 SIZED = (
@@ -116,24 +115,11 @@ def test_a_larger_input_keeps_every_core(tmp_path):
     default = _threads()  # nothing given: polars' own default
     big = tmp_path / "server.db"
     with big.open("wb") as handle:  # sparse: as large as it says, without writing it
-        handle.truncate(ONE_THREAD_BYTES)
+        handle.truncate(SMALL_INPUT_BYTES)
     assert _threads(str(big)) == default
     assert _threads(str(SEED), str(big)) == default  # the inputs together count
     assert _polars(str(SEED)) == (1, "in-memory")
     assert _polars(str(big)) == (default, "None")  # polars' own choice
-
-
-def test_a_middling_input_runs_on_one_thread_on_polars_own_engine(tmp_path):
-    """From SMALL_INPUT_BYTES to ONE_THREAD_BYTES (a log of a few thousand runs): one thread,
-    polars' own choice of engine."""
-    log = tmp_path / "server.log"
-    with log.open("wb") as handle:
-        handle.truncate(SMALL_INPUT_BYTES)
-    assert _polars(str(log)) == (1, "None")
-    assert _polars(str(SEED), str(log)) == (1, "None")
-    with log.open("wb") as handle:
-        handle.truncate(ONE_THREAD_BYTES - 1)
-    assert _polars(str(log)) == (1, "None")
 
 
 def test_what_cannot_be_sized_keeps_every_core(tmp_path):

@@ -368,31 +368,22 @@ the pool's threads cannot share out (waking them for each query cost the seed sa
 CPU time: 0.70 s against 0.76 s, best of 7), and polars' own choice of engine (`auto`) runs
 each as the streaming engine does, at several times the cost of the in-memory one (a query of
 10 rows, measured: 50-275 us in memory, 130-600 us on `auto`; the seed sample's audit, warm:
-0.31 s against 0.35 s). Larger inputs keep polars' own choice of engine, and every core from
-ONE_THREAD_BYTES."""
-ONE_THREAD_BYTES = 32 << 20
-"""Inputs smaller than this in all (a server log of a few thousand runs) keep polars' own choice
-of engine but are audited on one polars thread: their reading is a few chunks, and the rest of
-their audit the same some 800 small queries as a small input's, for each of which the pool's
-threads were woken (a 2k-run log, 16-22 MB: 0.05-0.07 s of 0.89-0.94 s CPU saved, best of 6
-in turn with the pool; wall time 0.02 s less to 0.04 s more)."""
+0.31 s against 0.35 s). Larger inputs keep every core and polars' own choice of engine."""
 _SMALL_INPUT_ENTRIES = 1_000  # a folder of more files than this is not looked through first
 _SMALL_INPUT_POLARS = {"POLARS_MAX_THREADS": "1", "POLARS_ENGINE_AFFINITY": "in-memory"}
-_ONE_THREAD_POLARS = {"POLARS_MAX_THREADS": "1"}
 
 
 def polars_for_small_inputs(sources: tuple[str, ...]) -> None:
     """Size polars' thread pool and choose its engine for `sources` before polars is imported
-    (it reads POLARS_MAX_THREADS then, once): when every source is a local file or folder, one
-    thread and the in-memory engine if they hold fewer than SMALL_INPUT_BYTES, one thread if
-    fewer than ONE_THREAD_BYTES; a pool or an engine the user chose, and a URL or standard
-    input (whose size is not known), leave them as they are."""
+    (it reads POLARS_MAX_THREADS then, once): one thread and the in-memory engine when every
+    source is a local file or folder and they hold fewer than SMALL_INPUT_BYTES; a pool or an
+    engine the user chose, and a URL or standard input (whose size is not known), leave them
+    as they are."""
     if "polars" in sys.modules or not sources or _SMALL_INPUT_POLARS.keys() <= os.environ.keys():
         return
-    budget = [ONE_THREAD_BYTES, _SMALL_INPUT_ENTRIES]
+    budget = [SMALL_INPUT_BYTES, _SMALL_INPUT_ENTRIES]
     if all(_fits(Path(source), budget) for source in sources):
-        small = ONE_THREAD_BYTES - budget[0] < SMALL_INPUT_BYTES
-        for name, value in (_SMALL_INPUT_POLARS if small else _ONE_THREAD_POLARS).items():
+        for name, value in _SMALL_INPUT_POLARS.items():
             os.environ.setdefault(name, value)
 
 
