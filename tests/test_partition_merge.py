@@ -25,11 +25,15 @@ from tests.conftest import (
 # reports the merge used to hold for every partition are large, so holding them shows
 MIX = {"seed": 1, "multi-replica-crash": 1, "two-updates": 1, "rollout-partial-fails": 1}
 RUNS_PER_BUCKET = 150
-TOLERANCE_MB = 60
+TOLERANCE_MB = 75
 """How much more the peak may be with 8 buckets than with 2 (4x the runs): what grows with the
 input by design (the fleets and instances every partition reads whole, each run's verdict and
-each finding's summary figures for the merge) and the allocator's slack. Measured on this
-machine: +22 to +36 MB; the merge that held every partition's report (8becd73): +92 to +99 MB."""
+each finding's summary figures for the merge, the final pass's chunk of the report text until
+it reaches redact.CHUNK_CHARS) and the allocator's slack. Measured on this machine: +22 to +36
+MB on 73640cc, +32 to +58 MB from 63ccce8 on (+62 once, under load: 60 MB was too near); the
+merge that held every partition's report (8becd73): +92 to +99 MB. At a fixed input the peak
+does not grow with the partitions: 2,400 runs in 8, 16 and 32 partitions peak at 279, 295 and
+291 MB."""
 
 
 # the audit as `dstack-audit` runs it, saying its own peak at the end: the high-water mark of
