@@ -40,11 +40,11 @@ def write_dataset(evidence: Evidence, folder: Path, *, buckets: int = 16) -> dic
             .join(bucket_of_run, on=["server", "run_id"], how="left", maintain_order="left")
             .with_columns(pl.col("bucket").fill_null(-1))
         )
-        frame.write_parquet(folder / table, partition_by="bucket")
+        _write_buckets(frame, folder / table)
         written[table] = frame.height
     for table in FLEET_TABLES:
         frame = getattr(evidence, table).with_columns(pl.lit(-1).alias("bucket"))
-        frame.write_parquet(folder / table, partition_by="bucket")
+        _write_buckets(frame, folder / table)
         written[table] = frame.height
     manifest = {
         "format": FORMAT,
@@ -62,3 +62,14 @@ def write_dataset(evidence: Evidence, folder: Path, *, buckets: int = 16) -> dic
     manifest = evidence.redactor.apply_data(json.loads(json.dumps(manifest, default=str)))
     pl.DataFrame({"manifest": [json.dumps(manifest)]}).write_parquet(folder / MANIFEST)
     return written
+
+
+def _write_buckets(frame: pl.DataFrame, folder: Path) -> None:
+    """`frame` as a Parquet folder hive-partitioned by its bucket, one file a bucket written in
+    turn: polars' partitioned writer (`partition_by`) raises its first error (a full disk)
+    while its other buckets' threads still write, into a folder the caller has removed by then
+    (analyzer.outputs.build: a failed ingest must leave nothing beside its target)."""
+    for bucket in frame["bucket"].unique().sort():
+        where = folder / f"bucket={bucket}"
+        where.mkdir(parents=True)
+        frame.filter(pl.col("bucket") == bucket).write_parquet(where / "00000000.parquet")

@@ -27,19 +27,20 @@ class Terminated(KeyboardInterrupt):
         super().__init__(signum)
 
 
-# errno's ENOSPC and EDQUOT on Linux (polars words them "(os error 28)" in an OSError of no errno)
+# errno's ENOSPC and EDQUOT on Linux, and their texts (polars words them "(os error 28)" in an
+# OSError of no errno, or only "No space left on device" in a parquet writer's ComputeError)
 _FULL = {28: "no space left on device", 122: "disk quota exceeded"}
 
 
 def out_of_room(error: BaseException) -> str | None:
     """How `error` says a disk (or a quota) is full, or None when it does not: an OSError of
-    ENOSPC or EDQUOT, from Python's own writes or from polars' (which gives no errno, only
-    "(os error 28)" in its text), or SQLite's SQLITE_FULL from a database written in a working
-    folder. Not a bug of ours: the machine's, and the user can act on it."""
-    if isinstance(error, OSError):
-        for code, words in _FULL.items():
-            if error.errno == code or f"(os error {code})" in str(error):
-                return words
+    ENOSPC or EDQUOT from Python's own writes, polars' errors that say one in their text, or
+    SQLite's SQLITE_FULL from a database written in a working folder. Not a bug of ours: the
+    machine's, and the user can act on it."""
+    said = str(error).lower()
+    for code, words in _FULL.items():
+        if getattr(error, "errno", None) == code or f"(os error {code})" in said or words in said:
+            return words
     if getattr(error, "sqlite_errorname", None) == "SQLITE_FULL":
         return _FULL[28]
     return None

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import unquote, urlsplit
 
-from analyzer.errors import AuditInputError
+from analyzer.errors import AuditInputError, out_of_room
 
 STDOUT = "-"
 Identity = tuple[int, int]  # (st_dev, st_ino): the same file or folder whatever path reaches it
@@ -507,6 +507,10 @@ class Outputs:
             _swap_in(staging, final, remove=drop_if_empty and not any(staging.iterdir()))
         except OSError as error:
             raise cannot_write(output.given, error.strerror or str(error)) from None
+        except Exception as error:  # a writer's own error (polars': a ComputeError)
+            if full := out_of_room(error) or _out_of_room_at(staging):
+                raise cannot_write(output.given, full) from None
+            raise
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
@@ -526,6 +530,16 @@ def plan(
         if given is not None:
             outputs.folder(given, force=force)
     return outputs
+
+
+def _out_of_room_at(folder: Path) -> str | None:
+    """Why a write into `folder` failed when its writer's error does not say (polars' Parquet
+    writer on a full disk raises "Invalid thrift: transport error"): no block of its device
+    left for us; None otherwise."""
+    with suppress(OSError):
+        if os.statvfs(folder).f_bavail == 0:
+            return "no space left on device"
+    return None
 
 
 def _swap_in(staging: Path, final: Path, *, remove: bool) -> None:

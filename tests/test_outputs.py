@@ -478,23 +478,42 @@ def test_a_full_device_is_named_by_the_real_errors_that_say_so():
     assert out_of_room(ValueError("database or disk is full")) is None
 
 
+def _on_a_full_disk(folder: Path, command: str) -> subprocess.CompletedProcess:
+    """`command` (a shell's) run with `folder` a real 16 KiB tmpfs, mounted in a user and mount
+    namespace of its own; it prints its exit status, then what is left in the folder."""
+    script = f"mount -t tmpfs -o size=16k tmpfs {folder} && {command}; echo exit=$?; ls -A {folder}"
+    return subprocess.run(
+        ["unshare", "-Urm", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+    )
+
+
+def test_an_ingest_onto_a_full_disk_is_one_line_and_leaves_nothing_beside_its_target(tmp_path):
+    """The dataset's Parquet files fill the disk: the command names its target and why, exits
+    2, and no staging folder is left (polars' partitioned writer went on writing after its
+    error, into the folder removed by then: 1 run in 3 left one)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    done = _on_a_full_disk(
+        disk, f"{sys.executable} -m analyzer ingest {SEED / 'server.db'} --to {disk}/dataset -q"
+    )
+    assert done.stdout.splitlines() == ["exit=2"]  # nothing left on the disk
+    assert done.stderr == f"dstack-audit: cannot write {disk}/dataset: no space left on device\n"
+
+
 def test_a_full_working_folder_is_one_line_naming_it_and_left_empty(tmp_path):
     """A partitioned audit whose TMPDIR is a real 16 KiB tmpfs (mounted in a user and mount
     namespace of its own): the disk fills as the partitions are written, and the command says
     so in one line that names the folder and what to do, exits 2, and leaves nothing there."""
     full = tmp_path / "full"
     full.mkdir()
-    script = (
-        f"mount -t tmpfs -o size=16k tmpfs {full} && TMPDIR={full} "
-        f"{sys.executable} -m analyzer audit {SEED / 'server.db'} --partitions 2 "
-        f"-q -o {tmp_path / 'report.json'}; echo exit=$?; ls -A {full}"
-    )
-    done = subprocess.run(
-        ["unshare", "-Urm", "sh", "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+    done = _on_a_full_disk(
+        full,
+        f"TMPDIR={full} {sys.executable} -m analyzer audit {SEED / 'server.db'} --partitions 2 "
+        f"-q -o {tmp_path / 'report.json'}",
     )
     assert done.stdout.splitlines() == ["exit=2"]  # nothing left in the folder
     assert done.stderr == (
