@@ -277,27 +277,30 @@ class Audit:
 
     @cached_property
     def _assembled(self) -> Report:
-        """The report before its guard (a fleet's server is guarded once, with every server's
-        secret values: finish_server)."""
+        """The report before its guard."""
+        return self._assemble()
+
+    def _assemble(self, *, figures: bool = True) -> Report:
+        """The report before its guard; without the summary's `figures` when it is a part of
+        a merge (a fleet's server: guarded once, with every server's secret values, and
+        summed up with the others: finish_server, merge_reports)."""
         verdicts, findings = self._detected
         with paused():
-            return self._assemble(verdicts, findings)
-
-    def _assemble(self, verdicts: list[RunVerdict], findings: list[Finding]) -> Report:
-        limitations = [
-            LimitationRecord(code=lim.code, message=lim.message, source=lim.source)
-            for lim in self.evidence.limitations
-        ]
-        limitations += end_bounds(self._ends, findings)
-        if not self.evidence.runs.height and not self.evidence.events.height:
-            limitations.append(NO_RUN_EVIDENCE_RECORD)
-        return assemble(
-            inputs=[_input_record(i) for i in self.evidence.inputs],
-            limitations=limitations,
-            verdicts=verdicts,
-            findings=findings,
-            end_of_evidence=self.end_of_evidence,
-        )
+            limitations = [
+                LimitationRecord(code=lim.code, message=lim.message, source=lim.source)
+                for lim in self.evidence.limitations
+            ]
+            limitations += end_bounds(self._ends, findings)
+            if not self.evidence.runs.height and not self.evidence.events.height:
+                limitations.append(NO_RUN_EVIDENCE_RECORD)
+            return assemble(
+                inputs=[_input_record(i) for i in self.evidence.inputs],
+                limitations=limitations,
+                verdicts=verdicts,
+                findings=findings,
+                end_of_evidence=self.end_of_evidence,
+                figures=figures,
+            )
 
     def redact(self, text: str, *, keep_styles: bool = False) -> str:
         """Mask every secret the inputs hold (and every secret-shaped string) in `text`, and
@@ -556,10 +559,11 @@ class ServerHead:
 class ServerAudit:
     """One server of a fleet audited whole where its task ran: its report (the capacity
     foresight worked out in the task, as in one process: servers share no fleet and no
-    instance) built from texts masked with its own secret values, not yet guarded (that is
-    done once, with every server's: `finish_server`), and those values. `dumped` is the
-    report's JSON, written in the task (in parallel with the other servers') for the guard's
-    one look, which waits for every server's secret values."""
+    instance) built from texts masked with its own secret values, its summary's counts alone
+    (the merge works out the fleet's figures), not yet guarded (that is done once, with every
+    server's: `finish_server`), and those values. `dumped` is the report's JSON, written in
+    the task (in parallel with the other servers') for the guard's one look, which waits for
+    every server's secret values."""
 
     report: Report
     secrets: frozenset[str]
@@ -586,7 +590,7 @@ def audit_server(
     `render`: the report's JSON as the task writes it anyway (in consecutive whole lines),
     the guard's look then (no dump of its own)."""
     opened = open_sources(paths, **{**options, "server_labels": dict.fromkeys(paths, label)})
-    report = opened._assembled
+    report = opened._assemble(figures=False)
     dumped = report.model_dump_json() if render is None else render(report)
     return ServerAudit(report, frozenset(opened.evidence.redactor.values), dumped)
 

@@ -34,15 +34,19 @@ END_BOUND = "end_of_evidence_lower_bound"
 NO_RUN_EVIDENCE = "no_run_evidence"
 
 
-def summary_of(findings: list[Finding], verdicts: list[RunVerdict]) -> Summary:
-    """The counts and the fleet-wide figures of a report (analyzer.pipeline.impact)."""
+def summary_of(
+    findings: list[Finding], verdicts: list[RunVerdict], *, figures: bool = True
+) -> Summary:
+    """The counts and the fleet-wide figures of a report (analyzer.pipeline.impact); without
+    `figures`, the counts alone: a part of a merge, which works the figures out again over
+    every part's findings (merge_reports)."""
     base = Summary(
         runs=len(verdicts),
         findings=len(findings),
         victims=sum(len(f.victims) for f in findings),
         by_verdict=dict(Counter(v.verdict for v in verdicts)),
     )
-    return summarise(findings, verdicts, base)
+    return summarise(findings, verdicts, base) if figures else base
 
 
 def end_bounds(ends: dict[str, datetime], findings: list[Finding]) -> list[LimitationRecord]:
@@ -97,9 +101,11 @@ def assemble(
     verdicts: Iterable[RunVerdict],
     findings: Iterable[Finding],
     end_of_evidence: datetime | None,
+    figures: bool = True,
 ) -> Report:
     """The report: runs by server, project and name; findings worst first (impact_rank);
-    what a finding cannot prove said for the whole audit too; the summary of both."""
+    what a finding cannot prove said for the whole audit too; the summary of both (without
+    its `figures`: a part of a merge, summary_of)."""
     runs = sorted(verdicts, key=run_order)
     ranked = sorted(findings, key=impact_rank)
     said = [*limitations, *(lim for f in ranked for lim in f.limitations)]
@@ -108,7 +114,7 @@ def assemble(
         redaction_rules=RULE_SET,
         inputs=inputs,
         limitations=_ordered_limitations(said, has_runs=bool(runs)),
-        summary=summary_of(ranked, runs),
+        summary=summary_of(ranked, runs, figures=figures),
         end_of_evidence=end_of_evidence,
         counterfactual_models=describe_models(),
         runs=runs,
