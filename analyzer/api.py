@@ -568,6 +568,7 @@ class ServerAudit:
     report: Report
     secrets: frozenset[str]
     dumped: str | Sequence[str]
+    looked: frozenset[str] | None = None  # values the guard found none of, nor a hidden character
 
     @property
     def head(self) -> ServerHead:
@@ -601,8 +602,23 @@ def finish_server(audited: ServerAudit, secrets: frozenset[str]) -> Report | Non
     masks every text with all the inputs' values (a token one server's job spec holds,
     repeated in another's failure message); None when the guard changes nothing in it: its
     head's part stands."""
+    looked = audited.looked
+    if looked is not None and looked <= secrets:
+        rest = secrets - looked
+        if not rest or not _fleet_guard(rest).holds_known_or_hidden(audited.dumped):
+            return None
     report = _fleet_guard(secrets).guard_model(audited.report, audited.dumped)
     return None if report is audited.report else report
+
+
+def look_ahead(audited: ServerAudit, secrets: frozenset[str]) -> None:
+    """`finish_server`'s look at the server's JSON for the secret values known so far
+    (`secrets`: those of the servers done by then), taken while its process waits for the
+    others (FleetTasks.ahead): when it finds none of them and no hidden character, the
+    finish looks only for the values it was not given (a text holds a value of a set when
+    it holds one of either part)."""
+    if not _fleet_guard(secrets).holds_known_or_hidden(audited.dumped):
+        audited.looked = secrets
 
 
 @lru_cache(maxsize=1)
@@ -619,7 +635,7 @@ def report_fleet() -> FleetTasks:
     (analyzer.cluster)."""
     from analyzer.cluster import FleetTasks
 
-    return FleetTasks(audit_server, finish_server, merge_reports)
+    return FleetTasks(audit_server, finish_server, merge_reports, ahead=look_ahead)
 
 
 def one_server_each(paths: Sequence[str | Path]) -> list[tuple[list[str], str]] | None:

@@ -209,12 +209,16 @@ class FleetTasks:
     only when they changed it (else None); `merge` puts the parts together here, in the order
     the servers were given. `then(finished, context)`, when given, is a second step run where
     `finish` ran, on what it returned (one audit's partitions: their capacity foresight, given
-    every partition's facts)."""
+    every partition's facts). `ahead(audited, known)`, when given, takes `finish`'s look with
+    what is known so far (a fleet: the secret values of the servers done by then) while the
+    command's own process waits for the workers' last tasks (analyzer.cluster_local), so
+    that `finish` looks only for the rest."""
 
     audit: Callable[[Sequence[str], str, dict[str, Any]], Any]
     finish: Callable[[Any, Any], Any]
     merge: Callable[[list[Any]], Any]
     then: Callable[[Any, Any], Any] | None = None
+    ahead: Callable[[Any, Any], None] | None = None
 
 
 def _head(audited: Any) -> Any:
@@ -268,6 +272,11 @@ def _every_secret(heads: dict[int, Any]) -> frozenset[str] | None:
     return frozenset().union(*(head.secrets for head in heads.values()))
 
 
+def _secrets_so_far(heads: dict[int, Any]) -> frozenset[str]:
+    """The secret values of the servers whose heads are in (FleetTasks.ahead)."""
+    return frozenset().union(*(head.secrets for head in heads.values()))
+
+
 def _merged(fleet: FleetTasks, heads: dict[int, Any], finished: dict[int, Any]) -> Any:
     """`fleet.merge` of each server's part, in the order given: the head's, or the one its
     finish rendered again (a server not in `finished`: its head's)."""
@@ -307,7 +316,7 @@ def _audited_locally(
     """`audit_servers_locally` on the `started` workers."""
     with paused(keep=True), Local(fleet, started) as pool:
         with stage("auditing servers", total=len(servers), unit="servers") as step:
-            heads = pool.audit(servers, _largest_first(servers), options, step)
+            heads = pool.audit(servers, _largest_first(servers), options, step, _secrets_so_far)
         secrets = _every_secret(heads)
         if secrets is None:
             return None

@@ -158,10 +158,17 @@ class Local:
                 connection.close()
 
     def audit(
-        self, servers: Servers, order: list[int], options: dict[str, Any], step: Callable
+        self,
+        servers: Servers,
+        order: list[int],
+        options: dict[str, Any],
+        step: Callable,
+        known: Callable[[dict[int, Any]], Any] | None = None,
     ) -> dict[int, Any]:
         """Each server's head, the servers taken in `order` by whichever process is free,
-        this one included (`step`: a server done)."""
+        this one included (`step`: a server done). Once none is left for this process, its
+        own servers are looked at `ahead` (FleetTasks) with what the heads in by then tell
+        (`known`), one at a time while a worker still audits: the wait is otherwise idle."""
         pending = deque(order)
         arrived: SimpleQueue[tuple[int | None, Any]] = SimpleQueue()
         heads: dict[int, Any] = {}
@@ -180,6 +187,7 @@ class Local:
                     self._kept[index] = self._fleet.audit(*servers[index], options)
                 heads[index] = self._kept[index].head
                 step(note=f"audited {servers[index][1]}")
+            self._ahead(known, heads)
             while self._dispatcher.is_alive():  # woken often: Ctrl-C is raised here
                 self._dispatcher.join(SIGNAL_SECONDS)
             self._take(arrived, heads, servers, step)
@@ -187,6 +195,19 @@ class Local:
             self._stop.set()  # no more servers to the workers
             raise
         return heads
+
+    def _ahead(self, known: Callable[[dict[int, Any]], Any] | None, heads: dict[int, Any]) -> None:
+        """This process's servers looked at ahead (FleetTasks.ahead) while the workers' last
+        servers are audited; none once they are done (`finish` then looks once, not twice)."""
+        ahead = self._fleet.ahead
+        if ahead is None or known is None or not self._dispatcher.is_alive():
+            return
+        context = known(heads)
+        with quiet_stages():
+            for audited in self._kept.values():
+                if not self._dispatcher.is_alive():
+                    return
+                ahead(audited, context)
 
     def _dispatch(
         self,

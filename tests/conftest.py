@@ -227,3 +227,24 @@ def where_sent(paths, label, options):
 def left_unchanged(audited, secrets):
     """A fleet's finishing task that finds nothing more to mask."""
     return None
+
+
+def slower_in_a_worker(paths, label, options):
+    """`where_sent`, a second longer in a worker process than in the command's own, its head
+    holding a secret value of its own."""
+    import multiprocessing
+
+    if multiprocessing.parent_process() is not None:
+        time.sleep(1.0)
+    audited = where_sent(paths, label, options)
+    audited.head.secrets = frozenset({f"secret-of-{label}"})
+    return audited
+
+
+LOOKED_AHEAD: list[tuple[str, frozenset[str]]] = []
+
+
+def noted_ahead(audited, known):
+    """A fleet's look-ahead (FleetTasks.ahead) that notes which server it was given, and
+    what was known then, in LOOKED_AHEAD."""
+    LOOKED_AHEAD.append((audited.head.part[0], known))

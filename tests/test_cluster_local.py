@@ -14,14 +14,20 @@ from pathlib import Path
 import pytest
 from conftest import (
     CAPTURES,
+    LOOKED_AHEAD,
     ROOT,
     children_of,
     left_unchanged,
+    noted_ahead,
+    plant_env_secret,
+    plant_failure_message,
     read_until_closed,
+    slower_in_a_worker,
     still_running,
     where_sent,
 )
 
+from analyzer.api import audit_server, finish_server, look_ahead
 from analyzer.cluster import FleetTasks, audit_servers_locally
 from analyzer.cluster_local import SQLITE_MAGIC, may_be_a_fleet, started
 from analyzer.collector import paused
@@ -69,6 +75,44 @@ def test_a_worker_dead_before_its_work_is_one_error_naming_workers():
             audit_servers_locally(
                 2, servers, FleetTasks(where_sent, left_unchanged, list), started=workers
             )
+
+
+def test_the_command_s_own_servers_are_looked_at_ahead_while_a_worker_still_audits():
+    """Once no server is left for the command's own process and a worker still audits one,
+    each server it audited itself is looked at ahead (FleetTasks.ahead) with the secret
+    values of the heads in by then: its own servers', not the worker's."""
+    servers = [([f"/nowhere/{n}.db"], f"s{n}") for n in range(3)]
+    LOOKED_AHEAD.clear()
+    with started(1) as workers:
+        fleet = FleetTasks(slower_in_a_worker, left_unchanged, list, ahead=noted_ahead)
+        parts = audit_servers_locally(2, servers, fleet, started=workers)
+    mine = {label for label, pid in parts if pid == os.getpid()}
+    assert len(mine) == 2  # the worker audited one server meanwhile
+    assert sorted(label for label, _ in LOOKED_AHEAD) == sorted(mine)
+    assert {known for _, known in LOOKED_AHEAD} == {frozenset(f"secret-of-{s}" for s in mine)}
+
+
+def test_a_secret_only_another_server_knows_is_masked_after_a_look_ahead(tmp_path):
+    """A token in one server's job spec, repeated in another's failure message: the other
+    server's look ahead with its own secret values finds nothing, and its finish, given every
+    server's, still masks the token (it looks for the values the look ahead was not given)."""
+    secret = "hf_PlantedAcrossServers_4242"
+    seed, crash = tmp_path / "seed.db", tmp_path / "crash.db"
+    seed.write_bytes((SEED / "server.db").read_bytes())
+    crash.write_bytes((CRASH / "server.db").read_bytes())
+    plant_env_secret(seed, secret)
+    plant_failure_message(crash, f"exited: token {secret} rejected")
+    holder = audit_server([str(seed)], "seed", {})
+    every = holder.secrets | audit_server([str(crash)], "crash", {}).secrets
+    finished = []
+    for ahead in (frozenset(), every - holder.secrets, every):
+        repeater = audit_server([str(crash)], "crash", {})
+        assert secret in repeater.report.model_dump_json()
+        look_ahead(repeater, ahead)
+        assert repeater.looked == (None if secret in ahead else ahead)
+        finished.append(finish_server(repeater, every).model_dump_json())
+    assert secret not in finished[0] and "token *** rejected" in finished[0]
+    assert finished.count(finished[0]) == 3
 
 
 def test_workers_started_for_no_fleet_are_stopped_unused():

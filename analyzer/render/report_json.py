@@ -262,6 +262,13 @@ def finish_server_json(rendered: RenderedServer, secrets: frozenset[str]) -> Ser
     return None if report is None else server_json(report)
 
 
+def look_ahead_json(rendered: RenderedServer, secrets: frozenset[str]) -> None:
+    """analyzer.api.look_ahead, for a server rendered in its task."""
+    from analyzer.api import look_ahead
+
+    look_ahead(rendered.audited, secrets)
+
+
 @cache
 def json_fleet() -> FleetTasks:
     """A fleet's servers audited one per task into the JSON report one process writes; made
@@ -269,7 +276,7 @@ def json_fleet() -> FleetTasks:
     (analyzer.cluster)."""
     from analyzer.cluster import FleetTasks
 
-    return FleetTasks(audit_server_json, finish_server_json, fleet_json)
+    return FleetTasks(audit_server_json, finish_server_json, fleet_json, ahead=look_ahead_json)
 
 
 def _passed_texts(texts: pl.Series) -> pl.Series | None:
