@@ -558,7 +558,14 @@ def _summary_frames(findings: list[Finding]) -> tuple[pl.DataFrame, pl.DataFrame
         for i, f in enumerate(findings)
         for v in (f.impact.per_victim if f.impact else f.victims)
     ]
-    return found, pl.DataFrame(parts, schema=_PARTS_SCHEMA, orient="row")
+    return found, _frame(parts, _PARTS_SCHEMA)
+
+
+def _frame(rows: list[tuple], schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    """Rows of Python values as a frame, built column by column (polars builds one from rows
+    several times slower: 0.02 s of a fleet's summary of 4k findings)."""
+    columns = zip(*rows, strict=True) if rows else ([] for _ in schema)
+    return pl.DataFrame(dict(zip(schema, columns, strict=True)), schema=schema)
 
 
 _GROUP = ["grouping", "key"]
@@ -642,16 +649,15 @@ def _groups(
 ) -> dict[str, list[GroupSummary]]:
     """Per grouping, the summary of each name it gives the findings (a finding with none:
     "(unknown)"), worst first; all groupings in one pass."""
-    named = pl.DataFrame(
-        [
-            (grouping, i, name)
-            for grouping, keys in groupings.items()
-            for i, names in enumerate(keys)
-            for name in names or ["(unknown)"]
-        ],
-        schema={"grouping": pl.String, "i": pl.Int64, "key": pl.String},
-        orient="row",
-    ).join(found, on="i", maintain_order="left")
+    rows = [
+        (grouping, i, name)
+        for grouping, keys in groupings.items()
+        for i, names in enumerate(keys)
+        for name in names or ["(unknown)"]
+    ]
+    named = _frame(rows, {"grouping": pl.String, "i": pl.Int64, "key": pl.String}).join(
+        found, on="i", maintain_order="left"
+    )
     summaries: dict[str, list[GroupSummary]] = {grouping: [] for grouping in groupings}
     for row in _totals_by(named, parts).iter_rows(named=True):
         summaries[row.pop("grouping")].append(GroupSummary(**row))
@@ -673,7 +679,7 @@ def _days(findings: list[Finding]) -> list[str]:
     """Each finding's UTC day the incident began: its outage's start, else the earliest dated
     moment it records (a culprit's failure, a victim's stop); unknown only when none is dated
     (a rich log alone gives times of day, on a pseudo date)."""
-    moments = pl.DataFrame(
+    moments = _frame(
         [
             (i, moment)
             for i, f in enumerate(findings)
@@ -683,8 +689,7 @@ def _days(findings: list[Finding]) -> list[str]:
             )
             if moment is not None
         ],
-        schema={"i": pl.Int64, "moment": UTC_TIME},
-        orient="row",
+        {"i": pl.Int64, "moment": UTC_TIME},
     )
     starts = pl.DataFrame(
         {
