@@ -528,6 +528,12 @@ def foresight_of_part(
     return finished_where_audited(Path(folder), parts, every)
 
 
+def foresight_pieces(parts: dict[int, SpilledPartition]) -> dict[int, ForesightPiece]:
+    """What the other processes are sent of the partitions one process audited before their
+    second step: their foresight pieces (FleetTasks.shared)."""
+    return {index: part.foresight for index, part in parts.items()}
+
+
 @cache
 def partition_tasks() -> FleetTasks:
     """One audit's partitions on local workers: each process learns a part of the whole
@@ -536,7 +542,7 @@ def partition_tasks() -> FleetTasks:
     first use, as report_fleet)."""
     from analyzer.cluster import FleetTasks
 
-    return FleetTasks(learn_part, audit_learnt_part, list, foresight_of_part)
+    return FleetTasks(learn_part, audit_learnt_part, list, foresight_of_part, foresight_pieces)
 
 
 @dataclass(frozen=True)
