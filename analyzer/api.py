@@ -6,7 +6,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime
 from functools import cache, cached_property, lru_cache, partial
 from pathlib import Path
@@ -500,19 +500,21 @@ def learn_part(paths: Sequence[str], learning: Learning, options: dict) -> Learn
 
 def audit_learnt_part(learnt: LearntPart, others: WholeInputFacts) -> dict[int, SpilledPartition]:
     """The partitions `learnt` goes with, audited where it was learnt, given what the other
-    processes learnt (`others`), each written to the merge's spill files there."""
-    from analyzer.pipeline.partitions import spilled
+    processes learnt (`others`), each written to the merge's spill files there, its foresight
+    piece too (spilled_piece): every process reads the others' pieces from those files, not
+    from pickles sent through the pipes (16k runs on --workers 2: 0.01-0.03 s to write a
+    partition's piece against 0.08 s to pickle and unpickle its 40 MB, and no wait for the
+    pipe between the audit and the foresight: 0.16 s of wall time to 0.005 s)."""
+    from analyzer.pipeline.partitions import spilled, spilled_piece
 
     learnt.facts.update(others)
-    learning, options = learnt.learning, learnt.options
-    return {
-        index: spilled(
-            Path(learning.spill),
-            index,
-            audit_partition(learnt.paths, index, learning.count, options, learnt.facts),
-        )
-        for index in learning.partitions
-    }
+    learning, options, folder = learnt.learning, learnt.options, Path(learnt.learning.spill)
+    parts = {}
+    for index in learning.partitions:
+        result = audit_partition(learnt.paths, index, learning.count, options, learnt.facts)
+        part = spilled(folder, index, result)
+        parts[index] = replace(part, foresight=spilled_piece(folder, index, part.foresight))
+    return parts
 
 
 def foresight_of_part(
@@ -531,6 +533,12 @@ def foresight_of_part(
     return finished_where_audited(Path(folder), parts, every)
 
 
+def foresight_pieces(parts: dict[int, SpilledPartition]) -> dict[int, ForesightPiece]:
+    """What the other processes are sent of the partitions one process audited before their
+    second step: their foresight pieces (FleetTasks.shared)."""
+    return {index: part.foresight for index, part in parts.items()}
+
+
 @cache
 def partition_tasks() -> FleetTasks:
     """One audit's partitions on local workers: each process learns a part of the whole
@@ -539,7 +547,7 @@ def partition_tasks() -> FleetTasks:
     first use, as report_fleet)."""
     from analyzer.cluster import FleetTasks
 
-    return FleetTasks(learn_part, audit_learnt_part, list, foresight_of_part)
+    return FleetTasks(learn_part, audit_learnt_part, list, foresight_of_part, foresight_pieces)
 
 
 @dataclass(frozen=True)

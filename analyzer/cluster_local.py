@@ -399,7 +399,7 @@ def _serve(connection: Connection, preload: tuple[str, ...]) -> None:
 def _served(connection: Connection) -> None:
     """`_serve`'s loop: the fleet's tasks, then one message after another until told it is
     done. A task finished is kept for its second step when the fleet's tasks have one
-    (FleetTasks.then)."""
+    (FleetTasks.then), and only its `shared` part sent then."""
     fleet = connection.recv()
     kept: dict[int, Any] = {}
     while fleet is not None and (message := connection.recv()) is not None:
@@ -416,6 +416,7 @@ def _served(connection: Connection) -> None:
                 answer = {i: fleet.finish(kept.pop(i), context) for i in indexes}
                 if fleet.then is not None:
                     kept.update(answer)
+                    answer = {i: fleet.shared(part) for i, part in answer.items()}
         except Exception as error:  # sent back whole: the client raises it
             _send_error(connection, error)
             continue

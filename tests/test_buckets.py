@@ -80,6 +80,27 @@ def test_each_partition_reads_from_its_files_the_rows_it_selects_in_the_database
             selected.close()
 
 
+def test_event_targets_are_asked_of_the_database_once(tmp_path, monkeypatch):
+    """The split reads event_targets from SQLite once: its batches are kept in files while
+    every event's buckets are found, split from there, and gone after (only the bucket files
+    are left in the split's folder)."""
+    db = _fleet(tmp_path)
+    asked = []
+    original = SqliteReader.batches
+    monkeypatch.setattr(
+        SqliteReader,
+        "batches",
+        lambda self, table, columns: asked.append(table) or original(self, table, columns),
+    )
+    with tempfile.TemporaryDirectory(dir=tmp_path) as folder:
+        split = whole_input_facts([db], COUNT, Path(folder)).known(f"buckets of {COUNT}", db)
+        assert sorted(asked) == sorted(RUN_TABLES)
+        written = {
+            path for table in split.files.values() for paths in table.values() for path in paths
+        }
+        assert set(split.folder.iterdir()) == written
+
+
 def test_partitions_read_the_files_and_leave_no_folder(tmp_path, monkeypatch):
     """The audit in partitions reads every partition's run tables from the files, gives the
     one-process report, and removes the folder (made in TMPDIR, never beside the evidence)."""

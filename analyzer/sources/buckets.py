@@ -13,7 +13,7 @@ would have read it from the database.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -106,18 +106,24 @@ def split_by_bucket(
         pl.col("id").cast(pl.Binary), (pl.col("service_hash") % count).alias(BUCKET)
     ).filter(pl.col("id").is_not_null())
     if "runs" in store.columns:
-        _split(store, batches, "runs", runs, "id")
+        _split(store, batches("runs", store.columns["runs"]), "runs", runs, "id")
     events = {"events", "event_targets"} <= store.columns.keys()
     if "jobs" in store.columns:
-        jobs = _split(store, batches, "jobs", runs, "run_id", keep="id")
+        jobs = _split(
+            store, batches("jobs", store.columns["jobs"]), "jobs", runs, "run_id", keep="id"
+        )
     else:
         jobs = _buckets_of(batches, "jobs", runs, "run_id", "id") if events else runs.clear()
     if "probes" in store.columns:
-        _split(store, batches, "probes", jobs, "job_id")
+        _split(store, batches("probes", store.columns["probes"]), "probes", jobs, "job_id")
     if events:
-        events = _events_by_bucket(batches, runs, jobs, by_run_id=by_run_id)
-        _split(store, batches, "event_targets", events, "event_id")
-        _split(store, batches, "events", events, "id")
+        read: list[Path] = []
+        targets = _kept(batches("event_targets", store.columns["event_targets"]), folder, read)
+        events = _events_by_bucket(targets, runs, jobs, by_run_id=by_run_id)
+        _split(store, map(pl.read_ipc, read), "event_targets", events, "event_id")
+        for path in read:
+            path.unlink()
+        _split(store, batches("events", store.columns["events"]), "events", events, "id")
     else:
         store.columns.pop("events", None)
         store.columns.pop("event_targets", None)
@@ -126,17 +132,17 @@ def split_by_bucket(
 
 def _split(
     store: BucketFiles,
-    batches: Batches,
+    batches: Iterable[pl.DataFrame],
     table: str,
     buckets: pl.DataFrame,
     key: str,
     keep: str | None = None,
 ) -> pl.DataFrame:
-    """`table` written by the bucket its `key` has in `buckets` (id, bucket); a row whose
-    key has several buckets is written to each. Returns (`keep`, bucket) of the rows written:
-    the buckets of what points at them."""
+    """`table`'s `batches` written by the bucket its `key` has in `buckets` (id, bucket); a
+    row whose key has several buckets is written to each. Returns (`keep`, bucket) of the rows
+    written: the buckets of what points at them."""
     kept = []
-    for number, batch in enumerate(batches(table, store.columns[table])):
+    for number, batch in enumerate(batches):
         rows = (
             batch.select(key)
             .with_row_index(ROW)
@@ -169,14 +175,27 @@ def _buckets_of(
     return pl.concat(found) if found else buckets.clear()
 
 
+def _kept(
+    batches: Iterator[pl.DataFrame], folder: Path, read: list[Path]
+) -> Iterator[pl.DataFrame]:
+    """Each batch, also written to a file of `folder` (its path added to `read`): the split
+    reads event_targets again once the buckets of every event are known, from these files,
+    not from the database (16k runs: 0.3 s of CPU less), a batch at a time."""
+    for number, batch in enumerate(batches):
+        path = folder / f"read-{number}.arrow"
+        batch.write_ipc(path, compression="uncompressed")
+        read.append(path)
+        yield batch
+
+
 def _events_by_bucket(
-    batches: Batches, runs: pl.DataFrame, jobs: pl.DataFrame, *, by_run_id: bool
+    targets: Iterable[pl.DataFrame], runs: pl.DataFrame, jobs: pl.DataFrame, *, by_run_id: bool
 ) -> pl.DataFrame:
     """(event id, bucket) of every event that targets a run or a job of a bucket, once per
-    bucket."""
+    bucket, from event_targets' `targets` batches."""
     columns = ["event_id", "entity_type", "entity_id"] + (["entity_run_id"] if by_run_id else [])
     found = []
-    for batch in batches("event_targets", columns):
+    for batch in (whole.select(columns) for whole in targets):
         kind = pl.col("entity_type")
         hits = [
             batch.filter(kind == pl.lit(b"RUN"))
