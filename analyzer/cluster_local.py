@@ -37,6 +37,7 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 be imported here without the pipeline's imports)."""
 
 THEN = "then"  # a message to a worker: the second step of the tasks it finished
+AUDITED = "audited"  # a worker's word that a task is done, before its head (pickled meanwhile)
 Servers = list[tuple[list[str], Any]]
 """Each task's paths and what names it: a server's label (analyzer.api.one_server_each), or a
 partition (analyzer.cluster.Part)."""
@@ -216,10 +217,11 @@ class Local:
         options: dict[str, Any],
         arrived: SimpleQueue[tuple[int | None, Any]],
     ) -> None:
-        """The dispatcher thread: each worker sent the next server as soon as it is done with
-        one, before its head is read (it starts on the next while its head comes through the
-        pipe and is unpickled here), each head put in `arrived` as it comes (an error as
-        `(None, error)`, and no more sent)."""
+        """The dispatcher thread: each worker sent the next server as soon as it says it is
+        done with one (AUDITED), before its head is pickled there and read here (it starts on
+        the next while its head is pickled, comes through the pipe and is unpickled here),
+        each head put in `arrived` as it comes (an error as `(None, error)`, and no more
+        sent)."""
         busy: dict[Connection, int] = {}
         try:
             for connection in self._connections:
@@ -227,9 +229,10 @@ class Local:
             while busy:
                 for connection in _ready(list(busy)):
                     index = busy.pop(connection)
+                    _received(connection)  # AUDITED, or the error its task raised
                     try:
                         self._give(connection, servers, pending, options, busy)
-                    except AuditInputError:  # it died: while auditing (no head), or after
+                    except AuditInputError:  # it died after its audit: no head
                         _received(connection)
                         raise
                     arrived.put((index, _received(connection)))
@@ -407,6 +410,7 @@ def _served(connection: Connection) -> None:
             if isinstance(message[0], int):
                 index, arguments = message
                 kept[index] = fleet.audit(*arguments)
+                connection.send((True, AUDITED))  # the next task is sent meanwhile
                 answer = kept[index].head
             elif message[0] == THEN:
                 _, indexes, context = message

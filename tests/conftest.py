@@ -241,6 +241,23 @@ def slower_in_a_worker(paths, label, options):
     return audited
 
 
+class LateHead:
+    """A task's result whose head says whether the worker's word that the task is done
+    (analyzer.cluster_local.AUDITED) was waiting at the client's end of the pipe (`client`,
+    set by the test) when the head was built."""
+
+    client = None
+
+    @property
+    def head(self) -> bool:
+        return LateHead.client.poll()
+
+
+def with_late_head(paths, label, options):
+    """A fleet's server task whose result is a LateHead."""
+    return LateHead()
+
+
 LOOKED_AHEAD: list[tuple[str, frozenset[str]]] = []
 
 

@@ -4,10 +4,12 @@ command before it imports the pipeline: their start-up overlaps the command's ow
 from __future__ import annotations
 
 import gc
+import multiprocessing
 import os
 import pty
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from conftest import (
     CAPTURES,
     LOOKED_AHEAD,
     ROOT,
+    LateHead,
     children_of,
     left_unchanged,
     noted_ahead,
@@ -25,11 +28,12 @@ from conftest import (
     slower_in_a_worker,
     still_running,
     where_sent,
+    with_late_head,
 )
 
 from analyzer.api import audit_server, finish_server, look_ahead
 from analyzer.cluster import FleetTasks, audit_servers_locally
-from analyzer.cluster_local import SQLITE_MAGIC, may_be_a_fleet, started
+from analyzer.cluster_local import AUDITED, SQLITE_MAGIC, _served, may_be_a_fleet, started
 from analyzer.collector import paused
 from analyzer.errors import AuditInputError
 from analyzer.sources.sqlite import SQLITE_MAGIC as READ_AS_SQLITE
@@ -113,6 +117,24 @@ def test_a_secret_only_another_server_knows_is_masked_after_a_look_ahead(tmp_pat
         finished.append(finish_server(repeater, every).model_dump_json())
     assert secret not in finished[0] and "token *** rejected" in finished[0]
     assert finished.count(finished[0]) == 3
+
+
+def test_a_worker_says_a_task_is_done_before_it_builds_and_sends_its_head():
+    """The dispatcher sends a worker its next server on that word: the worker pickles and
+    sends its head while the next server waits for it in the pipe, not a round trip after."""
+    client, worker = multiprocessing.Pipe()
+    LateHead.client = client
+    serving = threading.Thread(target=_served, args=(worker,))
+    serving.start()
+    try:
+        client.send(FleetTasks(with_late_head, left_unchanged, list))
+        client.send((0, (["/nowhere/0.db"], "s0", {})))
+        assert client.recv() == (True, AUDITED)
+        assert client.recv() == (True, True)  # the word was waiting when the head was built
+    finally:
+        client.send(None)
+        serving.join(10)
+    assert not serving.is_alive()
 
 
 def test_workers_started_for_no_fleet_are_stopped_unused():
