@@ -273,7 +273,7 @@ def _every_secret(heads: dict[int, Any]) -> frozenset[str] | None:
     runs = [head.runs for head in heads.values()]
     if not all(runs) or len(set().union(*runs)) < sum(map(len, runs)):
         return None
-    return frozenset().union(*(head.secrets for head in heads.values()))
+    return _secrets_so_far(heads)
 
 
 def _secrets_so_far(heads: dict[int, Any]) -> frozenset[str]:
