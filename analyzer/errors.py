@@ -29,7 +29,8 @@ class Terminated(KeyboardInterrupt):
 
 # errno's ENOSPC and EDQUOT on Linux, and their texts (polars words them "(os error 28)" in an
 # OSError of no errno, or only "No space left on device" in a parquet writer's ComputeError)
-_FULL = {28: "no space left on device", 122: "disk quota exceeded"}
+NO_SPACE = "no space left on device"
+_FULL = {28: NO_SPACE, 122: "disk quota exceeded"}
 
 
 def out_of_room(error: BaseException) -> str | None:
@@ -42,5 +43,5 @@ def out_of_room(error: BaseException) -> str | None:
         if getattr(error, "errno", None) == code or f"(os error {code})" in said or words in said:
             return words
     if getattr(error, "sqlite_errorname", None) == "SQLITE_FULL":
-        return _FULL[28]
+        return NO_SPACE
     return None

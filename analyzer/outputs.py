@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import unquote, urlsplit
 
-from analyzer.errors import AuditInputError, out_of_room
+from analyzer.errors import NO_SPACE, AuditInputError, out_of_room
 
 STDOUT = "-"
 Identity = tuple[int, int]  # (st_dev, st_ino): the same file or folder whatever path reaches it
@@ -538,7 +538,7 @@ def _out_of_room_at(folder: Path) -> str | None:
     left for us; None otherwise."""
     with suppress(OSError):
         if os.statvfs(folder).f_bavail == 0:
-            return "no space left on device"
+            return NO_SPACE
     return None
 
 

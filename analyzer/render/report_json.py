@@ -327,10 +327,8 @@ def finish_partitions_json(
 
 @cache
 def json_partitions() -> FleetTasks:
-    """One audit's partitions on local workers for the JSON report (analyzer.api
-    partition_tasks, and `finish_partitions_json` for their second step)."""
-    from analyzer.api import audit_learnt_part, foresight_pieces, learn_part
-    from analyzer.cluster import FleetTasks
+    """One audit's partitions on local workers for the JSON report: analyzer.api
+    partition_tasks, with `finish_partitions_json` for their second step."""
+    from analyzer.api import partition_tasks
 
-    tasks = (learn_part, audit_learnt_part, list, finish_partitions_json, foresight_pieces)
-    return FleetTasks(*tasks)
+    return replace(partition_tasks(), then=finish_partitions_json)
