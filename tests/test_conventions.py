@@ -151,7 +151,12 @@ def test_format_given_or_no_extension_writes_as_told(tmp_path):
 
 def _screen(*args: str, columns: int = 100) -> str:
     """The CLI typed in a terminal `columns` wide (stdin, stdout and stderr on a
-    pseudo-terminal of that size; no COLUMNS to hint at it)."""
+    pseudo-terminal of that size; no COLUMNS to hint at it), its escape sequences removed."""
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", _terminal(*args, columns=columns))
+
+
+def _terminal(*args: str, columns: int = 100) -> str:
+    """What the CLI typed in a terminal `columns` wide sends it, escape sequences and all."""
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
     env = {**os.environ, "TERM": "xterm"}
@@ -168,7 +173,17 @@ def _screen(*args: str, columns: int = 100) -> str:
     screen = read_terminal(leader, process)
     process.wait(timeout=60)
     os.close(leader)
-    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.decode("utf-8", "replace"))
+    return screen.decode("utf-8", "replace")
+
+
+@pytest.mark.parametrize("split", [[], ["--partitions", "2"]])
+def test_the_table_on_a_terminal_keeps_its_own_styles(split):
+    """The table's colours reach the terminal whole, in one process as in partitions: the
+    final pass keeps the renderer's own SGR sequences, never a bare `[1m` whose escape it
+    removed (the partitions' pass once did)."""
+    screen = _terminal("audit", SEED_DB, *split)
+    assert "\x1b[1mFINDINGS" in screen
+    assert not re.search(r"(?<!\x1b)\[[0-9;]*m", screen), screen[:2000]
 
 
 def test_reading_a_folder_counts_its_files():

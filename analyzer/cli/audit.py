@@ -273,6 +273,7 @@ def audit(
         "since": since,
         "until": until,
     }
+    styled = fmt == "table" and (output is None or str(output) == "-")  # colour on a terminal
     if (partitions and partitions > 1) or workers or cluster:
         if partition or quarantine or bundle:
             raise AuditInputError(
@@ -285,7 +286,7 @@ def audit(
         shapes = Redactor()  # each partition's report is redacted already: secret shapes only
 
         def clean(text: str) -> str:
-            return shapes.apply(without_controls(text))
+            return shapes.apply(without_controls(text, keep_styles=styled))
 
         from analyzer.render.report_json import finished_json, json_fleet, json_partitions
 
@@ -319,7 +320,6 @@ def audit(
                 write(merged if streamed else merged.report(), clean)
         _gate(head, fail_on_findings, allow_undecided)
         return
-    styled = fmt == "table" and (output is None or str(output) == "-")  # colour on a terminal
     rendered = None
     with paused(keep=True):  # the audit and its report live as long as the command
         opened = open_audit(
