@@ -1,7 +1,7 @@
-"""A small input is audited on one polars thread and polars' in-memory engine (issue 38 §6): its
-audit is a couple of thousand queries of a few rows each, and waking the pool's threads, or
-setting up a streaming pipeline, for each cost CPU. Both are chosen before polars is imported,
-so each case runs in a fresh interpreter."""
+"""A small input is audited on one polars thread, on one core, and polars' in-memory engine
+(issue 38 §6): its audit is a couple of thousand queries of a few rows each, and waking the
+pool's threads on another core, or setting up a streaming pipeline, for each cost CPU. All are
+chosen before polars is imported, so each case runs in a fresh interpreter."""
 
 from __future__ import annotations
 
@@ -9,16 +9,21 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT
 
-from analyzer.cli.options import SMALL_INPUT_BYTES
+from analyzer.cli.options import ONE_CORE_BYTES, SMALL_INPUT_BYTES
 
 SEED = ROOT / "samples" / "v0.22.5" / "seed"
+# the cores: the most any thread of the process may run on, once a query has started the pool
 SIZED = (
-    "import sys; from analyzer.cli.options import polars_for_small_inputs as size; "
-    "size(tuple(sys.argv[1:])); import polars; print(polars.thread_pool_size(), "
-    "polars.Config.state(if_set=True).get('POLARS_ENGINE_AFFINITY'))"
+    "import os, sys; from analyzer.cli.options import polars_for_small_inputs as size; "
+    "size(tuple(sys.argv[1:])); import polars; polars.LazyFrame({'a': [1]}).collect(); "
+    "print(polars.thread_pool_size(), "
+    "polars.Config.state(if_set=True).get('POLARS_ENGINE_AFFINITY'), "
+    "max(len(os.sched_getaffinity(int(t))) for t in os.listdir('/proc/self/task')))"
 )
+CORES = len(os.sched_getaffinity(0))  # every core this process may run on
 SETTINGS = ("POLARS_MAX_THREADS", "POLARS_ENGINE_AFFINITY")
 
 
@@ -36,10 +41,16 @@ def _run(argv: list[str], **env: str) -> subprocess.CompletedProcess:
 
 def _polars(*sources: str, **env: str) -> tuple[int, str]:
     """The thread pool's size and the engine polars runs a query on (`None`: its own choice)."""
+    return _sized(*sources, **env)[:2]
+
+
+def _sized(*sources: str, **env: str) -> tuple[int, str, int]:
+    """`_polars`, and how many cores the process's threads may run on."""
     result = _run(["-c", SIZED, *sources], **env)
     assert result.returncode == 0, result.stderr
-    threads, engine = result.stdout.split()
-    return int(threads), engine
+    assert not result.stderr  # polars' allocator did not see fewer cores than there are
+    threads, engine, cores = result.stdout.split()
+    return int(threads), engine, int(cores)
 
 
 def _threads(*sources: str, **env: str) -> int:
@@ -57,6 +68,18 @@ def test_the_seed_sample_s_audit_runs_on_one_thread_in_memory(tmp_path):
         "file=sys.stderr)); ",
     )
     assert said == "1 in-memory"
+
+
+@pytest.mark.skipif(CORES < 2, reason="one core: nothing to keep to")
+def test_the_seed_sample_s_audit_keeps_to_one_core(tmp_path):
+    """Every thread of the audit's process, polars' pool among them, on the one core."""
+    said = _seed_audit_saying(
+        tmp_path,
+        "import atexit, os, sys; "
+        "atexit.register(lambda: print(sorted({len(os.sched_getaffinity(int(t))) "
+        "for t in os.listdir('/proc/self/task')}), file=sys.stderr)); ",
+    )
+    assert said == "[1]"
 
 
 def _seed_audit_saying(tmp_path, probe: str) -> str:
@@ -111,15 +134,27 @@ def test_the_audit_does_not_search_the_installed_packages_for_pydantic_plugins(t
     assert said == "None"  # never searched (an empty search leaves {})
 
 
+def _sparse(path, size: int) -> str:
+    """A file as large as it says, without writing it."""
+    with path.open("wb") as handle:
+        handle.truncate(size)
+    return str(path)
+
+
 def test_a_larger_input_keeps_every_core(tmp_path):
     default = _threads()  # nothing given: polars' own default
-    big = tmp_path / "server.db"
-    with big.open("wb") as handle:  # sparse: as large as it says, without writing it
-        handle.truncate(SMALL_INPUT_BYTES)
-    assert _threads(str(big)) == default
-    assert _threads(str(SEED), str(big)) == default  # the inputs together count
-    assert _polars(str(SEED)) == (1, "in-memory")
-    assert _polars(str(big)) == (default, "None")  # polars' own choice
+    big = _sparse(tmp_path / "server.db", ONE_CORE_BYTES)
+    assert _sized(big) == (default, "None", CORES)  # polars' own choice
+    assert _sized(str(SEED), big) == (default, "None", CORES)  # the inputs together count
+    assert _sized(str(SEED)) == (1, "in-memory", 1)
+
+
+def test_a_middling_input_keeps_one_core_and_polars_own_engine(tmp_path):
+    """Up to a server log of a few thousand runs: one thread, one core, and the engine polars
+    chooses (the streaming one pays for itself on a scan of some megabytes)."""
+    log = _sparse(tmp_path / "server.log", SMALL_INPUT_BYTES)
+    assert _sized(log) == (1, "None", 1)
+    assert _sized(_sparse(tmp_path / "bigger.log", ONE_CORE_BYTES - 1)) == (1, "None", 1)
 
 
 def test_what_cannot_be_sized_keeps_every_core(tmp_path):
@@ -143,3 +178,4 @@ def test_a_pool_or_an_engine_the_user_chose_is_kept():
     assert _polars(str(SEED), POLARS_ENGINE_AFFINITY="streaming") == (1, "streaming")
     both = {"POLARS_MAX_THREADS": "2", "POLARS_ENGINE_AFFINITY": "auto"}
     assert _polars(str(SEED), **both) == (2, "auto")
+    assert _sized(str(SEED), POLARS_MAX_THREADS="2")[2] == CORES  # two threads: every core

@@ -362,29 +362,59 @@ def parse_partition(text: str | None) -> tuple[int, int] | None:
 
 
 SMALL_INPUT_BYTES = 4 << 20
-"""Inputs smaller than this in all (a capture, a sample) are audited on one polars thread and on
-polars' in-memory engine: their audit is a couple of thousand queries of a few rows each, which
-the pool's threads cannot share out (waking them for each query cost the seed sample 8% of its
-CPU time: 0.70 s against 0.76 s, best of 7), and polars' own choice of engine (`auto`) runs
-each as the streaming engine does, at several times the cost of the in-memory one (a query of
-10 rows, measured: 50-275 us in memory, 130-600 us on `auto`; the seed sample's audit, warm:
-0.31 s against 0.35 s). Larger inputs keep every core and polars' own choice of engine."""
+"""Inputs smaller than this in all (a capture, a sample) are audited on polars' in-memory
+engine: their audit is a couple of thousand queries of a few rows each, and polars' own choice
+of engine (`auto`) runs each as the streaming engine does, at several times the cost of the
+in-memory one (a query of 10 rows, measured: 50-275 us in memory, 130-600 us on `auto`; the
+seed sample's audit, warm: 0.31 s against 0.35 s)."""
+ONE_CORE_BYTES = 32 << 20
+"""Inputs smaller than this in all (up to a server log of 2k-3k runs) are audited on one polars
+thread, on one core (`_on_one_core`): their queries are too small for the pool's threads to
+share out, and waking a thread for each costs CPU time (the seed sample: 8%, 0.70 s against
+0.76 s, best of 7, at one thread; 2k runs' standard and json logs, 16-20 MB: 0.84-0.93 s
+against 0.97-1.07 s on one core, the same wall time). Larger inputs keep every core and
+polars' own choice of engine: a 2k-run database (93 MB) took 5% more wall time on one core."""
 _SMALL_INPUT_ENTRIES = 1_000  # a folder of more files than this is not looked through first
-_SMALL_INPUT_POLARS = {"POLARS_MAX_THREADS": "1", "POLARS_ENGINE_AFFINITY": "in-memory"}
+_ONE_THREAD = {"POLARS_MAX_THREADS": "1"}
+_SMALL_INPUT_POLARS = {**_ONE_THREAD, "POLARS_ENGINE_AFFINITY": "in-memory"}
 
 
 def polars_for_small_inputs(sources: tuple[str, ...]) -> None:
     """Size polars' thread pool and choose its engine for `sources` before polars is imported
-    (it reads POLARS_MAX_THREADS then, once): one thread and the in-memory engine when every
-    source is a local file or folder and they hold fewer than SMALL_INPUT_BYTES; a pool or an
-    engine the user chose, and a URL or standard input (whose size is not known), leave them
-    as they are."""
+    (it reads POLARS_MAX_THREADS then, once): one thread on one core when every source is a
+    local file or folder and they hold fewer than ONE_CORE_BYTES, and the in-memory engine too
+    under SMALL_INPUT_BYTES; a pool or an engine the user chose, and a URL or standard input
+    (whose size is not known), leave them as they are."""
     if "polars" in sys.modules or not sources or _SMALL_INPUT_POLARS.keys() <= os.environ.keys():
         return
-    budget = [SMALL_INPUT_BYTES, _SMALL_INPUT_ENTRIES]
-    if all(_fits(Path(source), budget) for source in sources):
-        for name, value in _SMALL_INPUT_POLARS.items():
-            os.environ.setdefault(name, value)
+    budget = [ONE_CORE_BYTES, _SMALL_INPUT_ENTRIES]
+    if not all(_fits(Path(source), budget) for source in sources):
+        return
+    small = ONE_CORE_BYTES - budget[0] < SMALL_INPUT_BYTES
+    for name, value in (_SMALL_INPUT_POLARS if small else _ONE_THREAD).items():
+        os.environ.setdefault(name, value)
+    if os.environ["POLARS_MAX_THREADS"] == "1":
+        _on_one_core()
+
+
+def _on_one_core() -> None:
+    """Every thread of this process kept on the core it runs on: the main thread waits for
+    polars' one thread at each query, and a wait across two cores costs a wake-up of the other
+    core and the pool thread's spinning there (the seed sample's audit: 0.53-0.57 s of CPU
+    against 0.44-0.46 s on one core, its wall time as much less). Polars is imported first:
+    its allocator counts the cores as it loads, and would warn if it found fewer than the
+    machine has; its pool's threads, started with the first query, take the core on."""
+    if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2:
+        return
+    import polars  # noqa: F401
+
+    try:
+        with open("/proc/self/stat", "rb") as stat:  # the 39th field: the core it last ran on
+            core = int(stat.read().rsplit(b")", 1)[1].split()[36])
+        for thread in os.listdir("/proc/self/task"):
+            os.sched_setaffinity(int(thread), {core})
+    except (OSError, ValueError, IndexError):  # no /proc, or a thread gone meanwhile
+        return
 
 
 def _fits(path: Path, budget: list[int]) -> bool:
