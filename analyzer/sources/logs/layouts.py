@@ -222,11 +222,14 @@ def classify_lines(frame: pl.DataFrame) -> pl.DataFrame:
         content.str.contains(rf"^(?:{LEVELS}) ").any().alias("standard"),
         content.str.contains(r"^(?:\[| {10} )").any().alias("rich"),
     ).row(0, named=True)
+    # a line is blank when nothing is left of it stripped at its end alone: one strip for both
+    # (a rich log's lines are padded to its width)
+    stripped = frame["content"].str.strip_chars_end()
     frame = frame.with_columns(
         _standard_head(may_start["standard"]).alias("std_head"),
         _groups(_RICH_RE, ("r_time", "r_level"), may_start["rich"]).alias("r"),
-        blank=(content.str.strip_chars() == "").fill_null(False),
-        logo=content.str.strip_chars_end().is_in(LOGO_LINES).fill_null(False),
+        blank=(stripped == "").fill_null(False),
+        logo=stripped.is_in(LOGO_LINES).fill_null(False),
     ).unnest("r")
     frame = _json_fields(frame)
     # the standard fields sliced off the matched start ("LEVEL yyyy-mm-ddTHH:MM:SS.fff logger"
