@@ -29,11 +29,13 @@ from conftest import (
     load_truth,
     truth_files,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from analyzer import AuditInputError, open_sources
 from analyzer.sources import load_path, of_kind
 from analyzer.sources.api import EVENT_TEXT, KIND, classify
-from analyzer.sources.api.recognise import FLEETS_PAGE, INSTANCES_PAGE
+from analyzer.sources.api.recognise import DAMAGED, FLEETS_PAGE, INSTANCES_PAGE, _no_json_early
 from analyzer.sources.base import LoadContext
 
 SOURCE = of_kind(KIND)
@@ -285,6 +287,38 @@ def test_logs_and_databases_are_not_claimed():
     for path in [seed / "server.db", seed / "tables", seed / "logs", seed, *seed.glob("logs/*")]:
         assert not SOURCE.sniff(path), path
     assert SOURCE.sniff(seed / "api") and SOURCE.sniff(seed / "cli")
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_JSON, st.sampled_from([None, 0, 2]), st.booleans(), st.data())
+def test_a_json_document_is_never_taken_for_no_json_by_its_head(doc, indent, ascii_only, data):
+    """The head of a file that is one JSON document never fails early (``_no_json_early``):
+    it would be read whole and found an export otherwise."""
+    text = json.dumps([doc], indent=indent, ensure_ascii=ascii_only).encode()
+    cut = data.draw(st.integers(0, len(text)))
+    assert not _no_json_early(text[:cut])
+
+
+def test_a_large_file_that_fails_as_json_early_is_not_read_whole(tmp_path, monkeypatch):
+    """A log whose lines open with ``[`` (rich) is not read whole to learn it is no JSON; a
+    large export is, and what fails only later in it is damaged all the same."""
+    rich = tmp_path / "server.log"
+    rich.write_text("[00:00:00] INFO     dstack._internal.server.app:1 up\n" * 4_000)
+    path, runs = _runs_page(tmp_path)
+    path.write_text(json.dumps(runs * 40))
+    cut = tmp_path / "cut.json"
+    cut.write_text(json.dumps(runs * 40)[:-2])
+    monkeypatch.setattr(Path, "read_bytes", lambda self: pytest.fail(f"{self} read whole"))
+    assert classify(rich) is None
+    monkeypatch.undo()
+    assert classify(path) is not None and classify(cut) == DAMAGED
 
 
 def test_empty_list_is_not_claimed_alone(tmp_path):

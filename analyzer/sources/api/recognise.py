@@ -201,10 +201,31 @@ def _classify(path: Path, size: int) -> str | None:
     if _json_lines(head):
         return None  # one JSON value per line (a json-format log): never an API export
     try:
-        doc = json.loads(whole if len(whole) < HEAD_BYTES else path.read_bytes())
+        doc = json.loads(
+            whole if len(whole) < HEAD_BYTES or _no_json_early(whole) else path.read_bytes()
+        )
     except (ValueError, OSError, RecursionError):
         return DAMAGED if looks_like_export else None
     return shape_of(doc)
+
+
+# How far from where a head was cut a JSON error may depend on what follows (an escape, a
+# number, a literal such as -Infinity are read a few characters ahead)
+_CUT_MARGIN = 64
+
+
+def _no_json_early(head: bytes) -> bool:
+    """Whether a file's head is no JSON well before where it was cut: the whole file fails
+    alike at the same place, so it is not read whole to learn that (a rich log's lines open
+    with ``[``: 22 MB read and decoded for nothing). A string left open may close later."""
+    try:
+        json.loads(head)
+    except json.JSONDecodeError as error:
+        open_string = error.msg.startswith("Unterminated string")
+        return not open_string and error.pos + _CUT_MARGIN < len(error.doc)
+    except (ValueError, RecursionError):  # a character cut in two, a deep nesting
+        return False
+    return False
 
 
 def _json_lines(head: bytes) -> bool:
