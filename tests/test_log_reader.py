@@ -766,9 +766,10 @@ def test_certain_heads_are_logs() -> None:
 
 
 def test_certainty_needs_records_by_their_first_characters() -> None:
-    """Only ASCII standard starts with a real time and whole plain json records count:
-    anything else (a 29 February, a line ending in CR, a wrapper's prefix, a rich record, an
-    escape, a line not ASCII) leaves the decision to the parse."""
+    """Only ASCII standard starts with a real time, whole plain json records and the lines of
+    rich records opening with ``logger:lineno`` count: anything else (a 29 February, a line
+    ending in CR, a wrapper's prefix, a rich record without dstack's logger, an escape, a line
+    not ASCII) leaves the decision to the parse."""
     standard = REAL_STANDARD[0]
     plain_json = (
         '{"timestamp": "2026-10-01 00:00:00,000", "logger": "dstack._internal.server.app", '
@@ -777,12 +778,20 @@ def test_certainty_needs_records_by_their_first_characters() -> None:
     assert reader.certainly_log(f"{standard}\nprose\n\n".encode())
     assert reader.certainly_log(f"{plain_json}\nprose\n".encode())
     assert not reader.certainly_log(f"{standard}\nprose\nprose\n".encode())  # under half
+    rich = lines_of("v0.22.5-multi-replica-crash.rich80.log")[:3]  # a record of three lines
+    for head in (f"{rich[0]}\nprose\n", f"{rich[0]}\n{rich[1]}\n{rich[2]}\nprose\nprose\n"):
+        assert reader.certainly_log(head.encode()) and sniff_log(head.encode())
+    assert not reader.certainly_log(f"{rich[0]}\nprose\n{rich[1]}\nprose\n".encode())
+    journal_key = " " * 20 + '{"__REALTIME_TIMESTAMP": "1"}'  # an indented line may be an entry
+    assert not reader.certainly_log(f"{rich[0]}\n{journal_key}\n".encode())
     leap_day = re.sub(r"\d{4}-\d\d-\d\d", "2024-02-29", standard, count=1)
     uncertain = [
         leap_day,
         " ".join(standard.split(" ")[:3]) + "\r",  # a CR where the logger ends
         "2026-10-01T00:00:00.000000000Z " + standard,  # docker's prefix
-        lines_of("v0.22.5-multi-replica-crash.rich80.log")[0],
+        "[10:30:00] INFO     Emitting event: User created.",  # a rich record without a logger
+        "[24:00:00] INFO     dstack._internal.server.app:1 at no time of day",
+        " " * 10 + " INFO     dstack._internal.server.app:1",  # nothing after the logger
         "\x1b[32m" + standard,
         standard + " é",
         plain_json.replace("http://x", 'say \\"x\\"'),  # an escape: parsed, not sliced
@@ -807,6 +816,8 @@ def test_certainty_needs_records_by_their_first_characters() -> None:
                 "prose",
                 "{",
                 "  x",
+                " " * 20 + "x",
+                " " * 20 + '{"__REALTIME_TIMESTAMP": "1", "MESSAGE": "x"}',
             ]
         ),
         max_size=8,

@@ -82,6 +82,16 @@ _RICH_LOGGER_RE = r"^[A-Za-z_][\w.]*:\d+(?:\s|$)"
 
 _RICH_INDENT = 20  # time (10) + space + level (8) + space
 
+# A rich record whose first line opens with ``logger:lineno``, a space and more (its record's
+# logger is read off its message), with a real time of day or none, then the lines that go on
+# with it (indented to the message column, not blank): each line of it is a recognised line of
+# a record, whatever the console's width (``certainly_log`` counts them without a parse).
+CERTAIN_RICH_RE = (
+    rf"^(?:\[{_VALID_CLOCK}\]| {{10}}) (?:DEBUG   |INFO    |WARNING |ERROR   |CRITICAL) "
+    r"[A-Za-z_][A-Za-z0-9_.]*:[0-9]+ [^\n]*[^\s][^\n]*\n"
+    rf"(?: {{{_RICH_INDENT}}}[^\n]*[^\s][^\n]*\n)*"
+)
+
 
 ANSI_RE = r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]"
 

@@ -39,6 +39,7 @@ from analyzer.sources.logs import lines
 from analyzer.sources.logs.layouts import (
     ANSI_RE,
     CERTAIN_RECORD_RE,
+    CERTAIN_RICH_RE,
     LEVELS,
     LOGO_LINES,
     STARTUP_RE,
@@ -202,23 +203,26 @@ def _whole_lines(head: bytes) -> bytes:
 
 
 _CERTAIN_RECORD = re.compile(CERTAIN_RECORD_RE.encode(), re.MULTILINE)
+_CERTAIN_RICH = re.compile(CERTAIN_RICH_RE.encode(), re.MULTILINE)
 
 
 def certainly_log(head: bytes) -> bool:
     """``sniff_log``'s True without parsing the head, where it is certain: an ASCII head
     without escapes (its bytes are its lines' text, as classify_lines matches them) of whose
     non-blank lines at least half are records by their first characters alone
-    (``CERTAIN_RECORD_RE``: standard and json, dstack's own formats). So no wrapper can carry a
-    majority of its lines, each such line is a record and at least half the lines are
-    recognised. False says nothing: ``recognise_log`` decides then."""
+    (``CERTAIN_RECORD_RE``: standard and json, dstack's own formats) or lines of rich records
+    with dstack's ``logger:lineno`` (``CERTAIN_RICH_RE``, looked for only in a head without the
+    journal's key: a rich record's indented line may hold a journal entry). So no wrapper can
+    carry a majority of its lines, each such line is a record's and at least half the lines
+    are recognised. False says nothing: ``recognise_log`` decides then."""
     head = _whole_lines(head)
     if not head.isascii() or b"\x1b" in head:
         return False
     certain = len(_CERTAIN_RECORD.findall(head))
-    if certain == 0:
-        return False
     non_blank = sum(1 for line in head.split(b"\n") if line.strip())
-    return certain * 2 >= non_blank
+    if certain * 2 < non_blank and b"__REALTIME_TIMESTAMP" not in head:
+        certain += sum(block.count(b"\n") for block in _CERTAIN_RICH.findall(head))
+    return certain > 0 and certain * 2 >= non_blank
 
 
 def read_log(path: str | Path, *, display_path: str | None = None) -> LogRead:
