@@ -288,8 +288,14 @@ def _lookups(
         {"i": pl.Int64, "server": pl.String, "job_id": pl.String},
     )
     healthy = (
-        subs.filter(pl.col("health") == "healthy")
-        .select("server", "run_id", pl.coalesce("healthy_since", "running_at").alias("since"))
+        subs.select(
+            "server",
+            "run_id",
+            "health",
+            pl.coalesce("healthy_since", "running_at").alias("since"),
+        )
+        .filter(pl.col("health") == "healthy")
+        .drop("health")
         .drop_nulls("since")
         .join(runs.select("server", "run_id", "run_name", "project"), on=["server", "run_id"])
         .rename({"run_id": "by_run"})
