@@ -763,10 +763,11 @@ def _detect(
     keys = candidate_runs.select("server", "run_id")
     # each job's health at the run's failure, from what the evidence dates by then
     failure_moments = candidate_runs.select("server", "run_id", pl.col("failed_at").alias("as_of"))
-    # the candidate runs' events, picked once: every read of the events below is of them
-    candidate_events = _of_runs(events, keys)
+    # the candidate runs' events of the kinds read, picked once (one copy of their rows):
+    # every read of the events below is of them
+    read = _of_runs(events, keys, pl.col("kind").is_in(DETECTION_KINDS))
     with_status = (
-        candidate_events.filter((pl.col("kind") == "job_status") & (pl.col("entity_type") == "job"))
+        read.filter((pl.col("kind") == "job_status") & (pl.col("entity_type") == "job"))
         .select(
             "server", "run_id", pl.col("entity_id").alias("job_id"), pl.lit(True).alias("_status")
         )
@@ -776,7 +777,6 @@ def _detect(
     at_moment = probe_state_at(
         subs.join(failure_moments, on=["server", "run_id"], maintain_order="left")
     )
-    read = candidate_events.filter(pl.col("kind").is_in(DETECTION_KINDS))
     # the run's first TERMINATING as the evidence chain reads it (its first such event)
     went_terminating = (
         read.filter((pl.col("kind") == "run_status") & (pl.col("new_status") == "terminating"))
@@ -819,7 +819,7 @@ def _detect(
     )
     jobs_by_run = _rows_by_key(judged_jobs.drop(RULES_ONLY_COLUMNS), ["server", "run_id"])
     dateless = dateless_runs(read)
-    deleted = deleted_failures(candidate_events, subs)
+    deleted = deleted_failures(read, subs)  # of created and status events, which are read
     deleted_by_run = _rows_by_key(deleted, ["server", "run_id"])
     # only the events the evidence chain quotes become rows, each with its item's columns
     failed = pl.concat(
@@ -908,12 +908,13 @@ def _of_jobs(jobs: pl.DataFrame) -> pl.Expr:
     return (pl.col("entity_type") == "job") & key.is_in(wanted).fill_null(False)
 
 
-def _of_runs(frame: pl.DataFrame, keys: pl.DataFrame) -> pl.DataFrame:
-    """`frame`'s rows of the runs `keys` names (unique), in their order: what an inner join on
-    (server, run_id) keeps, by a lookup (the join cost six times as much over the events)."""
+def _of_runs(frame: pl.DataFrame, keys: pl.DataFrame, where: pl.Expr) -> pl.DataFrame:
+    """`frame`'s rows of the runs `keys` names (unique) where `where` holds, in their order:
+    what an inner join on (server, run_id) keeps, by a lookup (the join cost six times as
+    much over the events)."""
     wanted = keys.select(pl.struct("server", "run_id")).to_series().implode()
     known = pl.col("server").is_not_null() & pl.col("run_id").is_not_null()
-    return frame.filter(known & pl.struct("server", "run_id").is_in(wanted))
+    return frame.filter(known & pl.struct("server", "run_id").is_in(wanted) & where)
 
 
 VERDICT_COLUMNS = (

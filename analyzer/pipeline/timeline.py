@@ -105,7 +105,8 @@ def _creation_deployments(subs: pl.DataFrame, events: pl.DataFrame) -> pl.DataFr
         "server", "run_id", "job_id", pl.coalesce("created_event_at", "submitted_at").alias("_c")
     )
     has_events = (
-        events.filter(pl.col("kind").is_in(["run_submitted", "run_updated", "job_created"]))
+        events.select("server", "run_id", "kind")
+        .filter(pl.col("kind").is_in(["run_submitted", "run_updated", "job_created"]))
         .select("server", "run_id")
         .unique()
         .with_columns(pl.lit(True).alias("_seen"))
