@@ -76,7 +76,8 @@ RETRY_DEFAULT_SECONDS = 3600  # reference 4.1: a retry without duration lasts 36
 
 
 class _Record(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # built on first use: an audit imports this module for the foresight, which builds none
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
 
 class InstanceAtT(_Record):

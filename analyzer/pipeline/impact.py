@@ -8,8 +8,9 @@ never served again is "not recovered as of the end of the evidence".
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import polars as pl
 
@@ -162,30 +163,32 @@ def _precision_us() -> pl.Expr:
 
 def _stop_precisions(findings: list[Finding], events: pl.DataFrame) -> dict[tuple[int, str], int]:
     """(finding index, victim job id) -> the precision of its recorded stop, from the most
-    precise sighting of that moment among the job's events (none: a table time, exact)."""
-    stops = pl.DataFrame(
+    precise sighting of that moment among the job's events (none: a table time, exact; a
+    precision of 0 is left out, as every reader takes a missing one for 0)."""
+    if "time_text" not in events.columns or _all_exact(events):
+        return {}
+    stops = _frame(
         [
             (i, f.server, v.job_id, v.terminated_at)
             for i, f in enumerate(findings)
             for v in f.victims
             if v.terminated_at is not None
         ],
-        schema={"i": pl.Int64, "server": pl.String, "job_id": pl.String, "stop": UTC_TIME},
-        orient="row",
+        {"i": pl.Int64, "server": pl.String, "job_id": pl.String, "stop": UTC_TIME},
     )
-    if stops.height == 0 or "time_text" not in events.columns:
+    if stops.height == 0:
         return {}
-    # only the victims' own events are copied out of the events table (the join keeps no other)
+    # only the victims' own events, in the columns read, are copied out of the events table
+    # (the join keeps no other)
     victims = stops["job_id"].unique().implode()
-    sightings = events.filter(
-        (pl.col("entity_type") == "job") & pl.col("entity_id").is_in(victims)
-    ).select(
+    sightings = events.select(
         "server",
+        "entity_type",
         pl.col("entity_id").alias("job_id"),
         pl.col("time").alias("stop"),
         "time_text",
         "time_basis",
-    )
+    ).filter((pl.col("entity_type") == "job") & pl.col("job_id").is_in(victims))
     # the precision read only of the sightings of a stop, not of every job event
     found = (
         stops.join(sightings, on=["server", "job_id", "stop"])
@@ -193,6 +196,12 @@ def _stop_precisions(findings: list[Finding], events: pl.DataFrame) -> dict[tupl
         .agg(_precision_us().min().alias("precision"))
     )
     return {(i, job): p for i, job, p in found.iter_rows()}
+
+
+def _all_exact(events: pl.DataFrame) -> bool:
+    """Whether every event's time is a database time: exact, every stop's precision 0 (a lone
+    database: no sighting need be looked up)."""
+    return bool((events["time_basis"] == "db_utc").fill_null(False).all())
 
 
 @dataclass(frozen=True)
@@ -244,7 +253,7 @@ def _lookups(
 ) -> _Lookups:
     """One join each, for all findings at once: recovery, update time, fleets, and what the
     update's deployment did (bumped in place; replicas available before the first failure)."""
-    keys = pl.DataFrame(
+    keys = _frame(
         [
             (
                 i,
@@ -258,7 +267,7 @@ def _lookups(
             )
             for i, f in enumerate(findings)
         ],
-        schema={
+        {
             "i": pl.Int64,
             "server": pl.String,
             "run_id": pl.String,
@@ -268,21 +277,25 @@ def _lookups(
             "dep": pl.Int64,
             "failed": UTC_TIME,
         },
-        orient="row",
     )
     # each finding's victims and culprits, one row each (a list per finding costs a Series each)
-    jobs = pl.DataFrame(
+    jobs = _frame(
         [
             (i, f.server, job.job_id)
             for i, f in enumerate(findings)
             for job in (*f.victims, *f.culprits)
         ],
-        schema={"i": pl.Int64, "server": pl.String, "job_id": pl.String},
-        orient="row",
+        {"i": pl.Int64, "server": pl.String, "job_id": pl.String},
     )
     healthy = (
-        subs.filter(pl.col("health") == "healthy")
-        .select("server", "run_id", pl.coalesce("healthy_since", "running_at").alias("since"))
+        subs.select(
+            "server",
+            "run_id",
+            "health",
+            pl.coalesce("healthy_since", "running_at").alias("since"),
+        )
+        .filter(pl.col("health") == "healthy")
+        .drop("health")
         .drop_nulls("since")
         .join(runs.select("server", "run_id", "run_name", "project"), on=["server", "run_id"])
         .rename({"run_id": "by_run"})
@@ -563,9 +576,28 @@ def _summary_frames(findings: list[Finding]) -> tuple[pl.DataFrame, pl.DataFrame
 
 def _frame(rows: list[tuple], schema: dict[str, pl.DataType]) -> pl.DataFrame:
     """Rows of Python values as a frame, built column by column (polars builds one from rows
-    several times slower: 0.02 s of a fleet's summary of 4k findings)."""
+    several times slower: 0.02 s of a fleet's summary of 4k findings), its times by
+    `utc_times`."""
     columns = zip(*rows, strict=True) if rows else ([] for _ in schema)
-    return pl.DataFrame(dict(zip(schema, columns, strict=True)), schema=schema)
+    return pl.DataFrame(
+        {
+            name: utc_times(values) if schema[name] == UTC_TIME else values
+            for name, values in zip(schema, columns, strict=True)
+        },
+        schema=schema,
+    )
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def utc_times(values: Iterable[datetime | None]) -> pl.Series:
+    """Aware datetimes (or None) as a UTC_TIME column, from their microseconds since the
+    epoch: polars turns each datetime object into its value six times slower."""
+    return pl.Series(
+        [None if v is None else (v - _EPOCH) // _MICROSECOND for v in values], dtype=pl.Int64
+    ).cast(UTC_TIME)
 
 
 _GROUP = ["grouping", "key"]
@@ -694,7 +726,7 @@ def _days(findings: list[Finding]) -> list[str]:
     starts = pl.DataFrame(
         {
             "i": range(len(findings)),
-            "start": [f.impact.outage_start if f.impact else None for f in findings],
+            "start": utc_times(f.impact.outage_start if f.impact else None for f in findings),
         },
         schema={"i": pl.Int64, "start": UTC_TIME},
     )

@@ -148,12 +148,27 @@ def deleted_failures(events: pl.DataFrame, subs: pl.DataFrame) -> pl.DataFrame:
     its events, judged by the reason its TERMINATING event carries (`own_failure`)."""
     kind, new = pl.col("kind"), pl.col("new_status")
     terminating = (kind == "job_status") & (new == "terminating")
-    orphans = events.filter(
-        (pl.col("entity_type") == "job") & kind.is_in(["job_created", "job_status"])
-    ).join(
-        subs.select("server", pl.col("job_id").alias("entity_id")),
-        on=["server", "entity_id"],
-        how="anti",
+    # the columns read, picked before the filter: it copies only those of the jobs' events
+    orphans = (
+        events.select(
+            "server",
+            "run_id",
+            "entity_type",
+            "entity_id",
+            "entity_name",
+            "kind",
+            "new_status",
+            "time",
+            "termination_reason",
+            "termination_message",
+            "provenance",
+        )
+        .filter((pl.col("entity_type") == "job") & kind.is_in(["job_created", "job_status"]))
+        .join(
+            subs.select("server", pl.col("job_id").alias("entity_id")),
+            on=["server", "entity_id"],
+            how="anti",
+        )
     )
     return (
         orphans.group_by(["server", "run_id", "entity_id"])

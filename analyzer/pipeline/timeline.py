@@ -54,7 +54,20 @@ UNHEALTHY_PROOFS = {
 
 
 def _job_event_facts(events: pl.DataFrame) -> pl.DataFrame:
-    jobs = events.filter(pl.col("entity_type") == "job")
+    # the columns read, picked before the filter: it copies only those of the jobs' events
+    jobs = events.select(
+        "server",
+        "entity_type",
+        "entity_id",
+        "kind",
+        "time",
+        "seq",
+        "old_status",
+        "new_status",
+        "termination_reason",
+        "termination_message",
+        "deployment_num",
+    ).filter(pl.col("entity_type") == "job")
     t = pl.col("time")
     new = pl.col("new_status")
     terminating = new == "terminating"
@@ -92,7 +105,8 @@ def _creation_deployments(subs: pl.DataFrame, events: pl.DataFrame) -> pl.DataFr
         "server", "run_id", "job_id", pl.coalesce("created_event_at", "submitted_at").alias("_c")
     )
     has_events = (
-        events.filter(pl.col("kind").is_in(["run_submitted", "run_updated", "job_created"]))
+        events.select("server", "run_id", "kind")
+        .filter(pl.col("kind").is_in(["run_submitted", "run_updated", "job_created"]))
         .select("server", "run_id")
         .unique()
         .with_columns(pl.lit(True).alias("_seen"))
@@ -234,8 +248,9 @@ def evidence_gaps(
         ),
     )
     orphans = (
-        events.filter((pl.col("entity_type") == "job") & pl.col("entity_id").is_not_null())
-        .select("server", "run_id", "entity_id")
+        events.select("server", "run_id", "entity_type", "entity_id")
+        .filter((pl.col("entity_type") == "job") & pl.col("entity_id").is_not_null())
+        .drop("entity_type")
         .join(
             jobs.select("server", pl.col("job_id").alias("entity_id")),
             on=["server", "entity_id"],
