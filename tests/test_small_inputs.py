@@ -82,6 +82,37 @@ def test_the_seed_sample_s_audit_keeps_to_one_core(tmp_path):
     assert said == "[1]"
 
 
+# what a process's polars runs with, said at its exit: the pool, the engine, the cores
+_SETTINGS_AT_EXIT = (
+    "import atexit, os, sys; "
+    "atexit.register(lambda: print(sys.modules['polars'].thread_pool_size(), "
+    "sys.modules['polars'].Config.state(if_set=True).get('POLARS_ENGINE_AFFINITY'), "
+    "max(len(os.sched_getaffinity(int(t))) for t in os.listdir('/proc/self/task')), "
+    "file=sys.stderr)); "
+)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["timeline", "web"],
+        ["report", "-o", "{tmp}/report.html"],
+        ["exposure", "--format", "json"],
+        ["ingest", "--to", "{tmp}/dataset"],
+    ],
+    ids=lambda command: command[0],
+)
+def test_every_command_reading_a_small_input_sizes_polars_for_it(tmp_path, command):
+    """Not the audit alone: each command that reads SOURCE... gives the seed sample one
+    thread, the in-memory engine and one core (not `plot`, whose arguments are RUN and SOURCE...
+    or, with --fleet, SOURCE... alone)."""
+    argv = [part.format(tmp=tmp_path) for part in command]
+    code = _SETTINGS_AT_EXIT + "from analyzer.cli import main; main()"
+    result = _run(["-c", code, *argv, str(SEED), "-q"])
+    assert result.returncode in (0, 1), result.stderr  # 1: a report of findings
+    assert result.stderr.splitlines()[-1] == "1 in-memory 1"
+
+
 def _seed_audit_saying(tmp_path, probe: str) -> str:
     """What `probe` (Python run before the CLI, printing to standard error at exit) says of the
     seed sample's audit as a whole process, the audit's report checked."""

@@ -193,10 +193,13 @@ def token_option(command: Command) -> Command:
 
 def source_token_option(command: Command) -> Command:
     """--token on every command that reads SOURCE...: any SOURCE may be a server URL, which
-    reads the token given here in preference to DSTACK_TOKEN while the command runs."""
+    reads the token given here in preference to DSTACK_TOKEN while the command runs. Polars
+    is sized for the SOURCE... first (`polars_for_small_inputs`: the token's module imports
+    it)."""
 
     @wraps(command)
     def wrapper(*args: Any, token: str | None, **kwargs: Any) -> Any:
+        polars_for_small_inputs(kwargs.get("sources", ()))
         from analyzer.sources.live import use_token
 
         reset = use_token(token)
