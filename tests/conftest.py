@@ -224,6 +224,16 @@ def where_sent(paths, label, options):
     return SimpleNamespace(head=head)
 
 
+def where_kept(paths, label, options):
+    """`where_sent`, its head's part also saying the cores each thread of its process may run
+    on then."""
+    audited = where_sent(paths, label, options)
+    threads = os.listdir("/proc/self/task")
+    kept = frozenset(frozenset(os.sched_getaffinity(int(thread))) for thread in threads)
+    audited.head.part = (*audited.head.part, kept)
+    return audited
+
+
 def left_unchanged(audited, secrets):
     """A fleet's finishing task that finds nothing more to mask."""
     return None

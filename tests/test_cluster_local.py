@@ -27,10 +27,12 @@ from conftest import (
     read_until_closed,
     slower_in_a_worker,
     still_running,
+    where_kept,
     where_sent,
     with_late_head,
 )
 
+from analyzer import cores
 from analyzer.api import audit_server, finish_server, look_ahead
 from analyzer.cluster import FleetTasks, audit_servers_locally
 from analyzer.cluster_local import AUDITED, SQLITE_MAGIC, _served, may_be_a_fleet, started
@@ -67,6 +69,22 @@ def test_workers_started_beforehand_audit_the_fleet_and_are_stopped_after():
     assert [label for label, _ in parts] == [label for _, label in servers]
     assert {pid for _, pid in parts} == {os.getpid(), worker.pid}
     assert worker.exitcode is not None
+
+
+@pytest.mark.skipif(len(cores.usable()) < 2, reason="one core: nothing to share out")
+def test_as_many_processes_as_cores_each_keep_to_a_core_of_their_own():
+    """Each process runs polars on one thread then: its threads kept on one core, its own, so
+    that its thread and its pool's hand over in place; the command's cores given back after."""
+    usable = cores.usable()
+    servers = [([f"/nowhere/{n}.db"], f"s{n}") for n in range(2 * len(usable))]
+    with started(len(usable) - 1) as workers:
+        fleet = FleetTasks(where_kept, left_unchanged, list)
+        parts = audit_servers_locally(len(usable), servers, fleet, started=workers)
+    kept = {pid: seen for _, pid, seen in parts}
+    assert len(kept) == len(usable)  # every process audited servers
+    assert all(len(seen) == 1 and len(next(iter(seen))) == 1 for seen in kept.values())
+    assert sorted(next(iter(next(iter(seen)))) for seen in kept.values()) == usable
+    assert os.sched_getaffinity(0) == set(usable)
 
 
 def test_a_worker_dead_before_its_work_is_one_error_naming_workers():

@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "analyzer.dstack",
             "analyzer.catalogue",
             "analyzer.collector",
+            "analyzer.cores",
             "analyzer.gitleaks",
             "analyzer.redact",
             "analyzer.times",

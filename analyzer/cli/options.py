@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 
+from analyzer import cores
 from analyzer.errors import AuditInputError, Terminated, out_of_room
 from analyzer.terminal import SETTINGS, reporting
 from analyzer.times import EXAMPLES, parse_time
@@ -401,23 +402,14 @@ def polars_for_small_inputs(sources: tuple[str, ...]) -> None:
 
 
 def _on_one_core() -> None:
-    """Every thread of this process kept on the core it runs on: the main thread waits for
-    polars' one thread at each query, and a wait across two cores costs a wake-up of the other
-    core and the pool thread's spinning there (the seed sample's audit: 0.53-0.57 s of CPU
-    against 0.44-0.46 s on one core, its wall time as much less). Polars is imported first:
-    its allocator counts the cores as it loads, and would warn if it found fewer than the
-    machine has; its pool's threads, started with the first query, take the core on."""
-    if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2:
+    """Every thread of this process kept on the core it runs on (analyzer.cores: the seed
+    sample's audit took 0.53-0.57 s of CPU on two cores against 0.44-0.46 s on one, its wall
+    time as much less); polars imported first, its pool's threads started later take it on."""
+    if len(cores.usable()) < 2 or (core := cores.current()) is None:
         return
     import polars  # noqa: F401
 
-    try:
-        with open("/proc/self/stat", "rb") as stat:  # the 39th field: the core it last ran on
-            core = int(stat.read().rsplit(b")", 1)[1].split()[36])
-        for thread in os.listdir("/proc/self/task"):
-            os.sched_setaffinity(int(thread), {core})
-    except (OSError, ValueError, IndexError):  # no /proc, or a thread gone meanwhile
-        return
+    cores.keep_to({core})
 
 
 def _fits(path: Path, budget: list[int]) -> bool:

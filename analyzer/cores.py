@@ -1,0 +1,41 @@
+"""The cores this process's threads run on. A query on polars' pool of one thread is a wait of
+the calling thread for the pool's: across two cores each such wait wakes the other core, and the
+pool's thread spins there before it sleeps (rayon), which costs CPU time and no wall time is won
+when the pool has one thread. Kept on one core, the two threads hand over in place."""
+
+from __future__ import annotations
+
+import os
+
+
+def usable() -> list[int]:
+    """The cores this process may run on, in order; none where the system cannot say."""
+    if not hasattr(os, "sched_getaffinity"):
+        return []
+    return sorted(os.sched_getaffinity(0))
+
+
+def current() -> int | None:
+    """The core this thread last ran on (the 39th field of /proc/self/stat), or None."""
+    try:
+        with open("/proc/self/stat", "rb") as stat:
+            return int(stat.read().rsplit(b")", 1)[1].split()[36])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def keep_to(cores: set[int]) -> None:
+    """Every thread of this process, and every thread it starts from then on, kept to `cores`
+    (nothing where the system cannot). Polars must be imported first: its allocator counts
+    the cores as it loads, and warns when it finds fewer than the machine has."""
+    if not hasattr(os, "sched_setaffinity"):
+        return
+    try:
+        threads = os.listdir("/proc/self/task")
+    except OSError:
+        return
+    for thread in threads:
+        try:
+            os.sched_setaffinity(int(thread), cores)
+        except (OSError, ValueError):  # a thread that ended meanwhile
+            continue
