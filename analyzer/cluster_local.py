@@ -347,11 +347,13 @@ def _polars_threads(processes: int) -> Iterator[None]:
     of each running as many threads as there are cores: threads that wait for each other's
     core cost CPU time (8 servers of 2k runs on --workers 2, 2 cores: the command's own
     process 0.3-0.4 s of CPU less on one thread than on two, its workers' unchanged). A
-    POLARS_MAX_THREADS the user set is kept."""
+    POLARS_MAX_THREADS the user set is kept. The cores are those this process may run on, as
+    polars counts them (a container's cpuset may give it fewer than the machine has)."""
     if "POLARS_MAX_THREADS" in os.environ or processes < 2:
         yield
         return
-    os.environ["POLARS_MAX_THREADS"] = str(max(1, (os.cpu_count() or 1) // processes))
+    usable = len(cores.usable()) or os.cpu_count() or 1
+    os.environ["POLARS_MAX_THREADS"] = str(max(1, usable // processes))
     try:
         yield
     finally:

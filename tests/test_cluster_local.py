@@ -227,7 +227,7 @@ with started(1):
 """
 
 
-@pytest.mark.parametrize(("chosen", "size"), [(None, max(1, (os.cpu_count() or 1) // 2)), ("3", 3)])
+@pytest.mark.parametrize(("chosen", "size"), [(None, max(1, len(cores.usable()) // 2)), ("3", 3)])
 def test_the_command_s_own_polars_shares_the_cores_with_its_workers(chosen, size):
     """The command's process audits servers too: its polars threads and its worker's share
     the cores (one each on two), as a pool the user sized is kept."""
