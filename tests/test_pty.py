@@ -200,3 +200,79 @@ def test_sigint_while_writing_leaves_no_file(tmp_path):
     assert b"drawing the report" in screen, screen
     assert status == 130, screen
     assert list(tmp_path.iterdir()) == []
+
+
+# A command of the real group whose way out takes a while: a resource closed as it stops (as
+# the workers are, and the private folders removed), then an exit handler; each step leaves a
+# mark in the folder given.
+STOPPING = r"""
+import atexit, sys, time, click
+from pathlib import Path
+from analyzer.cli.options import AuditGroup
+
+marks = Path(sys.argv[1])
+mark = lambda name: (marks / name).touch()
+
+class SlowToClose:
+    def __enter__(self):
+        return self
+    def __exit__(self, *exc):
+        mark("closing")
+        time.sleep(1.0)
+        mark("closed")
+
+def exiting():
+    mark("exiting")
+    time.sleep(1.0)
+    mark("exited")
+
+@click.group(cls=AuditGroup)
+def main():
+    pass
+
+@main.command()
+def work():
+    click.get_current_context().with_resource(SlowToClose())
+    atexit.register(exiting)
+    mark("working")
+    time.sleep(60)
+
+main(["work"])
+"""
+
+
+@pytest.mark.parametrize(
+    ("first", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)]
+)
+def test_a_second_signal_does_not_cut_the_way_out_short(tmp_path, first, status):
+    """Once a command is stopped, a signal that follows (Ctrl-C typed again, a SIGTERM) is
+    ignored to its end: what it closes on the way out is closed whole, and it ends with its own
+    status and one line, not a traceback or the signal's default action."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", STOPPING, str(tmp_path)],
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+    def when(name: str, then: signal.Signals) -> None:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / name).exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        process.send_signal(then)
+
+    when("working", first)
+    when("closing", signal.SIGINT)  # while it closes what it holds
+    when("exiting", signal.SIGTERM)  # while Python runs its exit handlers
+    _, errors = process.communicate(timeout=30)
+    assert process.returncode == status, errors
+    assert {path.name for path in tmp_path.iterdir()} == {
+        "working",
+        "closing",
+        "closed",
+        "exiting",
+        "exited",
+    }
+    name = signal.Signals(first).name
+    said = "interrupted" if first == signal.SIGINT else f"stopped by {name}"
+    assert errors.decode() == f"dstack-audit: {said}\n"
