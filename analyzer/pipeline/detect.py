@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any
-from zoneinfo import ZoneInfo
 
 import polars as pl
 
@@ -37,7 +36,7 @@ from analyzer.dstack import (
     cascade_stop,
     own_failure,
 )
-from analyzer.model import UTC_TIME
+from analyzer.model import python_values
 from analyzer.pipeline.chain import (
     EVIDENCE_COLUMNS,
     culprit_evidence,
@@ -862,24 +861,10 @@ def _detect(
     return verdicts, findings
 
 
-def _values(column: pl.Series) -> list[Any]:
-    """The column's values as Python objects; a UTC time's from its microseconds (polars calls
-    a Python function per time, to turn UTC into UTC: twice as slow), the same datetime."""
-    if column.dtype != UTC_TIME:
-        return column.to_list()
-    return [
-        None if us is None else _EPOCH + timedelta(microseconds=us)
-        for us in column.to_physical().to_list()
-    ]
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=ZoneInfo("UTC"))
-
-
 def _rows(frame: pl.DataFrame) -> list[Row]:
     """`frame.rows(named=True)`, built column by column (its times are most of the cost)."""
     names = frame.columns
-    columns = zip(*map(_values, frame.iter_columns()), strict=True)
+    columns = zip(*map(python_values, frame.iter_columns()), strict=True)
     return [dict(zip(names, values, strict=True)) for values in columns]
 
 

@@ -8,9 +8,8 @@ never served again is "not recovered as of the end of the evidence".
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import polars as pl
 
@@ -25,7 +24,7 @@ from analyzer.contract import (
     Summary,
     VictimImpact,
 )
-from analyzer.model import PSEUDO_DATE_LIMIT, UTC_TIME
+from analyzer.model import PSEUDO_DATE_LIMIT, UTC_TIME, utc_times
 from analyzer.pipeline.counterfactual import FailedReplica, RolloutFacts, evaluate_all
 from analyzer.pipeline.states import served_by, serving_spans, stopped_by
 
@@ -586,18 +585,6 @@ def _frame(rows: list[tuple], schema: dict[str, pl.DataType]) -> pl.DataFrame:
         },
         schema=schema,
     )
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MICROSECOND = timedelta(microseconds=1)
-
-
-def utc_times(values: Iterable[datetime | None]) -> pl.Series:
-    """Aware datetimes (or None) as a UTC_TIME column, from their microseconds since the
-    epoch: polars turns each datetime object into its value six times slower."""
-    return pl.Series(
-        [None if v is None else (v - _EPOCH) // _MICROSECOND for v in values], dtype=pl.Int64
-    ).cast(UTC_TIME)
 
 
 _GROUP = ["grouping", "key"]
