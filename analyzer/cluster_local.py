@@ -423,7 +423,6 @@ def _serve(connection: Connection, preload: tuple[str, ...], core: int | None) -
         for name in preload:
             importlib.import_module(name)
         if core is not None:
-            importlib.import_module("polars")  # first: analyzer.cores.keep_to
             cores.keep_to({core})
         _served(connection)
 

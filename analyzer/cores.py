@@ -26,10 +26,12 @@ def current() -> int | None:
 
 def keep_to(cores: set[int]) -> None:
     """Every thread of this process, and every thread it starts from then on, kept to `cores`
-    (nothing where the system cannot). Polars must be imported first: its allocator counts
-    the cores as it loads, and warns when it finds fewer than the machine has."""
+    (nothing where the system cannot). Polars is imported first: its allocator counts the
+    cores as it loads, and warns when it finds fewer than the machine has."""
     if not hasattr(os, "sched_setaffinity"):
         return
+    import polars  # noqa: F401
+
     try:
         threads = os.listdir("/proc/self/task")
     except OSError:

@@ -421,11 +421,9 @@ def polars_for_small_inputs(sources: tuple[str, ...]) -> None:
 def _on_one_core() -> None:
     """Every thread of this process kept on the core it runs on (analyzer.cores: the seed
     sample's audit took 0.53-0.57 s of CPU on two cores against 0.44-0.46 s on one, its wall
-    time as much less); polars imported first, its pool's threads started later take it on."""
+    time as much less); its pool's threads, started later, take it on."""
     if len(cores.usable()) < 2 or (core := cores.current()) is None:
         return
-    import polars  # noqa: F401
-
     cores.keep_to({core})
 
 
