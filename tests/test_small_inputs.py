@@ -17,7 +17,9 @@ from analyzer.cli.options import ONE_CORE_BYTES, SMALL_INPUT_BYTES
 SEED = ROOT / "samples" / "v0.22.5" / "seed"
 # the cores: the most any thread of the process may run on, once a query has started the pool
 SIZED = (
-    "import os, sys; from analyzer.cli.options import polars_for_small_inputs as size; "
+    "import os, sys; from analyzer import collector; "
+    "from analyzer.cli.options import polars_for_small_inputs as size; "
+    "collector.ENDS_WITH_COMMAND = True; "  # as the console script's process
     "size(tuple(sys.argv[1:])); import polars; polars.LazyFrame({'a': [1]}).collect(); "
     "print(polars.thread_pool_size(), "
     "polars.Config.state(if_set=True).get('POLARS_ENGINE_AFFINITY'), "

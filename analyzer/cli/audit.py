@@ -31,7 +31,7 @@ from analyzer.cli.options import (
     width_option,
     wrote,
 )
-from analyzer.collector import paused
+from analyzer.collector import kept, paused
 from analyzer.errors import AuditInputError
 from analyzer.vocabulary import VERDICTS
 
@@ -318,6 +318,7 @@ def audit(
                 # JSON streams the runs and findings from the merge's files; the others read them
                 streamed = fmt == "json" or isinstance(merged, Report)
                 write(merged if streamed else merged.report(), clean)
+        kept(merged)
         _gate(head, fail_on_findings, allow_undecided)
         return
     rendered = None
@@ -354,6 +355,7 @@ def audit(
                 "see --quarantine FILE for the lines, or drop --strict to audit leniently",
             )
     write(report, final, rendered)
+    kept(opened, report)
     if bundle is not None:
         from analyzer.bundle import write_bundle
 
