@@ -37,17 +37,20 @@ does not grow with the partitions: 2,400 runs in 8, 16 and 32 partitions peak at
 291 MB."""
 
 
-# the audit as `dstack-audit` runs it, saying its own peak at the end: the high-water mark of
-# its memory since exec (VmHWM), not the child's ru_maxrss, which counts the pages it shared
+# the audit as `dstack-audit` runs it, saying its own peak at the end (an exit handler: the
+# console script's process ends with its command, analyzer.cli.options): the high-water mark
+# of its memory since exec (VmHWM), not the child's ru_maxrss, which counts the pages it shared
 # with this (larger) process when it was forked
 _RUN_AND_SAY_PEAK = """
-import runpy, sys
-sys.argv = ["dstack-audit", *sys.argv[1:]]
-try:
-    runpy.run_module("analyzer", run_name="__main__")
-finally:
+import atexit, runpy, sys
+
+def say_peak():
     peak = [line for line in open("/proc/self/status") if line.startswith("VmHWM:")]
     sys.stderr.write("peak " + peak[0].split()[1] + "\\n")
+
+atexit.register(say_peak)
+sys.argv = ["dstack-audit", *sys.argv[1:]]
+runpy.run_module("analyzer", run_name="__main__")
 """
 
 
