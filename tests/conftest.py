@@ -10,6 +10,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -254,13 +255,17 @@ def slower_in_a_worker(paths, label, options):
 class LateHead:
     """A task's result whose head says whether the worker's word that the task is done
     (analyzer.cluster_local.AUDITED) was waiting at the client's end of the pipe (`client`,
-    set by the test) when the head was built."""
+    set by the test) when the head was built; `built` is set then (the test reads the word
+    only after: read before, it would no longer be waiting)."""
 
     client = None
+    built = threading.Event()
 
     @property
     def head(self) -> bool:
-        return LateHead.client.poll()
+        waiting = LateHead.client.poll()
+        LateHead.built.set()
+        return waiting
 
 
 def with_late_head(paths, label, options):

@@ -141,12 +141,13 @@ def test_a_worker_says_a_task_is_done_before_it_builds_and_sends_its_head():
     """The dispatcher sends a worker its next server on that word: the worker pickles and
     sends its head while the next server waits for it in the pipe, not a round trip after."""
     client, worker = multiprocessing.Pipe()
-    LateHead.client = client
+    LateHead.client, LateHead.built = client, threading.Event()
     serving = threading.Thread(target=_served, args=(worker,))
     serving.start()
     try:
         client.send(FleetTasks(with_late_head, left_unchanged, list))
         client.send((0, (["/nowhere/0.db"], "s0", {})))
+        assert LateHead.built.wait(10)
         assert client.recv() == (True, AUDITED)
         assert client.recv() == (True, True)  # the word was waiting when the head was built
     finally:
