@@ -10,7 +10,7 @@ import sys
 from click.testing import CliRunner
 from conftest import CAPTURES, ROOT
 
-from analyzer.cli import main
+from analyzer.cli import JEMALLOC_CONF, main
 
 SEED = str(CAPTURES / "v0.22.5" / "seed" / "server.db")
 
@@ -168,7 +168,7 @@ def test_polars_allocator_gets_an_arena_per_cpu_unless_told(monkeypatch):
     monkeypatch.setenv("_RJEM_MALLOC_CONF", "")  # recorded as it was: restored after the test
     monkeypatch.delenv("_RJEM_MALLOC_CONF")
     assert run("audit", "--help").exit_code == 0
-    expected = "percpu_arena:phycpu" if sys.platform == "linux" else None
+    expected = JEMALLOC_CONF if sys.platform == "linux" else None
     assert os.environ.get("_RJEM_MALLOC_CONF") == expected
     monkeypatch.setenv("_RJEM_MALLOC_CONF", "narenas:1")
     assert run("audit", "--help").exit_code == 0
