@@ -833,15 +833,15 @@ def _detect(
     quoted = read.filter(quoted_events(_of_jobs(failed), _of_jobs(victims))).with_columns(
         quoted_columns()
     )
-    events_by_run = (
-        quoted.filter(pl.col("kind").is_in(["run_status", "run_updated"]))
-        .select(*RUN_EVENT_COLUMNS, *EVIDENCE_COLUMNS)
-        .rows_by_key(["server", "run_id"], named=True)
+    events_by_run = _rows_by_key(
+        quoted.filter(pl.col("kind").is_in(["run_status", "run_updated"])).select(
+            *RUN_EVENT_COLUMNS, *EVIDENCE_COLUMNS
+        ),
+        ["server", "run_id"],
     )
-    job_events = (
-        quoted.filter(pl.col("entity_type") == "job")
-        .select(*JOB_EVENT_COLUMNS, *EVIDENCE_COLUMNS)
-        .rows_by_key(["server", "run_id", "entity_id"], named=True)
+    job_events = _rows_by_key(
+        quoted.filter(pl.col("entity_type") == "job").select(*JOB_EVENT_COLUMNS, *EVIDENCE_COLUMNS),
+        ["server", "run_id", "entity_id"],
     )
 
     for run in candidates:
