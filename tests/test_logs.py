@@ -588,3 +588,32 @@ def test_logs_read_one_after_another_share_the_known_messages(monkeypatch):
     monkeypatch.setattr(messages, "_SHARED_KNOWN_TEXTS", 10)
     _load_file(logs[0], "default")
     assert messages._shared.known is None
+
+
+def test_a_log_is_hashed_beside_its_parse_and_the_hasher_ends_with_it(tmp_path, monkeypatch):
+    """The SHA-256 of a log is worked out on a thread while the log is parsed: it is the
+    file's, whether the log is many hand-overs long or shorter than one, and the thread ends
+    when the read does, also when the read fails."""
+    import hashlib
+    import threading
+
+    from analyzer.sources.logs import source
+
+    log = tmp_path / "server.log"
+    log.write_bytes(_log(SEED, "standard").read_bytes() * 3)
+    for batch in (1 << 12, source._Digest._BATCH):  # a hand-over every 4 KB; one for all
+        monkeypatch.setattr(source._Digest, "_BATCH", batch)
+        data = source._load_file(log, "default")
+        assert data.inputs[0].sha256 == hashlib.sha256(log.read_bytes()).hexdigest()
+        assert data.inputs[0].size == log.stat().st_size
+
+    def hashing() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == "sha256 log"]
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the parse failed")
+
+    monkeypatch.setattr(source, "_stream", broken)
+    with pytest.raises(RuntimeError, match="the parse failed"):
+        source._load_file(log, "default")
+    assert hashing() == []
