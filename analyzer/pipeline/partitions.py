@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -283,7 +284,12 @@ def spilled(folder: Path, index: int, result: PartitionResult) -> SpilledPartiti
     _write(_spill_file(folder, "findings", index), [_text(f) for f in report.findings])
     wanted = {id(f) for f in wanted_findings(report.findings)}
     return SpilledPartition(
-        report.model_copy(update={"findings": [slim_finding(f) for f in report.findings]}),
+        report.model_copy(
+            update={
+                "runs": [slim_verdict(v) for v in report.runs],
+                "findings": [slim_finding(f) for f in report.findings],
+            }
+        ),
         [i for i, f in enumerate(report.findings) if id(f) in wanted],
         result.foresight,
     )
@@ -545,6 +551,32 @@ class _Loss(NamedTuple):
     lost_seconds: float | None
     lost_cost: float | None
     lost_is_lower_bound: bool
+
+
+# What the merge reads of a run verdict (analyzer.pipeline.assemble: its place in the report,
+# its verdict and whether it is still in progress), the one set of those names every slim
+# verdict shares: a set of a verdict's own was half its size in memory.
+_MERGED_RUN_FIELDS = set(
+    ("server", "project", "run_name", "run_id", "verdict", "in_progress", "gaps")
+)
+
+
+def slim_verdict(verdict: RunVerdict) -> RunVerdict:
+    """What the merge (merge_reports) reads of a run verdict; the rest of it (why, the gaps,
+    its status) waits on disk, or in a fleet's server's rendered pieces. Its texts that
+    repeat from run to run (server, project, name, verdict) are held once. About 0.2 KB in
+    memory against a whole verdict's 1.5 KB (100k runs: some 130 MB less held for the merge).
+    Only read, never validated or written out."""
+    return RunVerdict.model_construct(
+        _MERGED_RUN_FIELDS,
+        server=sys.intern(verdict.server),
+        project=verdict.project and sys.intern(verdict.project),
+        run_name=sys.intern(verdict.run_name),
+        run_id=verdict.run_id,
+        verdict=sys.intern(verdict.verdict),
+        in_progress=verdict.in_progress,
+        gaps=[],  # given: pydantic would look at its default's signature each time (0.1 ms)
+    )
 
 
 def slim_finding(finding: Finding) -> Finding:

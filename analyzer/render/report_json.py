@@ -91,12 +91,6 @@ def _as_piece(text: str) -> str:
     return _ITEM_INDENT + text.replace("\n", "\n" + _ITEM_INDENT) + _ITEM_END
 
 
-# What the fleet's merge reads of a run verdict (analyzer.pipeline.assemble: the order, the
-# limitations and the summary; a finding: partitions.slim_finding): the rest stays in the
-# rendered pieces.
-_UNMERGED_RUN = {"why": "", "gaps": []}
-
-
 @dataclass
 class ServerJson:
     """One server's report as its task sends it: its runs and findings rendered and redacted
@@ -115,11 +109,11 @@ class ServerJson:
 
 def _merged_only(report: Report) -> Report:
     """`report` with its runs and findings cut down to what the merge reads."""
-    from analyzer.pipeline.partitions import slim_finding
+    from analyzer.pipeline.partitions import slim_finding, slim_verdict
 
     return report.model_copy(
         update={
-            "runs": [v.model_copy(update=_UNMERGED_RUN) for v in report.runs],
+            "runs": [slim_verdict(v) for v in report.runs],
             "findings": [slim_finding(f) for f in report.findings],
         }
     )
