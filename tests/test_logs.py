@@ -617,3 +617,37 @@ def test_a_log_is_hashed_beside_its_parse_and_the_hasher_ends_with_it(tmp_path, 
     with pytest.raises(RuntimeError, match="the parse failed"):
         source._load_file(log, "default")
     assert hashing() == []
+
+
+def test_a_hash_that_fails_is_raised_not_waited_for_nor_cut_short(monkeypatch):
+    """The log's hasher (source._Digest) stops hashing at its first error and keeps taking
+    blocks, so the reader never waits on a full queue, and its digest raises the error: no
+    SHA-256 of part of the bytes is ever recorded."""
+    from analyzer.sources.logs import source
+
+    class Failing:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def update(self, block: bytes) -> None:
+            self.calls += 1
+            raise MemoryError("no room to hash")
+
+    import threading
+
+    monkeypatch.setattr(source._Digest, "_BATCH", 1)  # every block a hand-over
+    digest = source._Digest()
+    failing = digest._digest = Failing()
+
+    def read() -> None:
+        for _ in range(10 * source._Digest._WAITING):  # more than the queue holds
+            digest.update(b"x" * 64)
+
+    reader = threading.Thread(target=read, daemon=True)  # a reader left waiting fails, not hangs
+    reader.start()
+    reader.join(10)
+    assert not reader.is_alive()
+    with pytest.raises(MemoryError, match="no room to hash"):
+        digest.hexdigest()
+    assert failing.calls == 1
+    assert not digest._thread.is_alive()

@@ -147,7 +147,9 @@ class _Digest:
     """The SHA-256 of the blocks read, worked out on a thread of its own while they are
     parsed (hashing releases the GIL): a 1 GB log's half second of hashing overlaps its parse
     instead of adding to it. Blocks are handed over a few MB at a time, and at most
-    `_WAITING` hand-overs wait (the hash runs several times faster than the parse)."""
+    `_WAITING` hand-overs wait (the hash runs several times faster than the parse). What
+    stopped the hash is raised by `hexdigest`, never a hash of part of the bytes; the
+    thread drains what it is given till the end, so the reader never waits on it."""
 
     _BATCH = 8 * 1024 * 1024
     _WAITING = 4
@@ -156,14 +158,21 @@ class _Digest:
         self._digest = hashlib.sha256()
         self._held: list[bytes] = []
         self._size = 0
+        self._error: BaseException | None = None
+        self._finished = False
         self._queue: queue.Queue[list[bytes] | None] = queue.Queue(self._WAITING)
         self._thread = threading.Thread(target=self._work, name="sha256 log", daemon=True)
         self._thread.start()
 
     def _work(self) -> None:
         while (blocks := self._queue.get()) is not None:
-            for block in blocks:
-                self._digest.update(block)
+            if self._error is not None:
+                continue
+            try:
+                for block in blocks:
+                    self._digest.update(block)
+            except BaseException as error:  # raised by hexdigest, in the reader's thread
+                self._error = error
 
     def update(self, block: bytes) -> None:
         self._held.append(block)
@@ -175,10 +184,13 @@ class _Digest:
     def hexdigest(self) -> str:
         """The hash of every block given (the thread ends: nothing more may be given)."""
         self._finish()
+        if self._error is not None:
+            raise self._error
         return self._digest.hexdigest()
 
     def _finish(self) -> None:
-        if self._thread.is_alive():
+        if not self._finished:
+            self._finished = True
             self._queue.put(self._held)
             self._held = []
             self._queue.put(None)
