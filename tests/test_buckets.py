@@ -229,3 +229,30 @@ def test_ctrl_c_while_the_tables_are_split_leaves_no_folder(tmp_path):
     assert not list(temporary.iterdir())
     assert not out.exists()
     assert {p.name for p in db.parent.iterdir()} == {"server.db", "truth.json", "logs"}
+
+
+def test_each_event_is_in_each_bucket_of_its_targets_once():
+    """buckets._events_by_bucket over batches of event_targets: an event goes to the bucket of
+    every run and job it targets (and of the run its targets name), each bucket once, though
+    its targets come in several batches (a bucket's rows are written in the table's order
+    whatever the order of these pairs: _split)."""
+    runs = pl.DataFrame({"id": [b"r1", b"r2"], buckets.BUCKET: [0, 1]})
+    jobs = pl.DataFrame({"id": [b"j1", b"j2"], buckets.BUCKET: [0, 1]})
+
+    def batch(rows: list[tuple]) -> pl.DataFrame:
+        names = ["event_id", "entity_type", "entity_id", "entity_run_id"]
+        return pl.DataFrame(rows, schema=dict.fromkeys(names, pl.Binary), orient="row")
+
+    targets = [
+        batch([(b"e1", b"RUN", b"r1", b"r1"), (b"e2", b"JOB", b"j2", b"r2")]),
+        batch(
+            [
+                (b"e1", b"JOB", b"j2", b"r2"),  # its second bucket, in a later batch
+                (b"e2", b"JOB", b"j2", b"r2"),  # the same bucket again: once
+                (b"e3", b"JOB", b"j9", b"r1"),  # an unknown job: the run it names
+                (b"e4", b"RUN", b"j1", None),  # a job's id as a RUN target: none
+            ]
+        ),
+    ]
+    found = buckets._events_by_bucket(iter(targets), runs, jobs, by_run_id=True)
+    assert sorted(found.iter_rows()) == [(b"e1", 0), (b"e1", 1), (b"e2", 1), (b"e3", 0)]

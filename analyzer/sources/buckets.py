@@ -212,4 +212,9 @@ def _events_by_bucket(
         found.append(pl.concat(hits).unique())
     if not found:
         return runs.clear()
-    return pl.concat(found).unique(maintain_order=True).rename({"event_id": "id"})
+    return (
+        pl.concat([part.lazy() for part in found])
+        .unique(maintain_order=True)
+        .rename({"event_id": "id"})
+        .collect()
+    )
