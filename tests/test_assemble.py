@@ -4,13 +4,17 @@ JSON round trip (Redactor.apply_model)."""
 from __future__ import annotations
 
 import json
+import tracemalloc
 
+import polars as pl
 import pytest
 from conftest import CAPTURES, plant_env_secret, plant_failure_message
+from polars.testing import assert_frame_equal
 
 from analyzer.api import audit_in_partitions, open_sources
 from analyzer.contract import Report
-from analyzer.pipeline.assemble import END_BOUND, assemble, merge_reports
+from analyzer.pipeline.assemble import END_BOUND, assemble, merge_reports, run_order
+from analyzer.pipeline.partitions import _sorted_freeing, slim_verdict
 from analyzer.redact import MASK, Redactor
 
 SECRET = "planted-secret-value-4242"
@@ -218,8 +222,6 @@ def test_a_run_of_no_project_is_in_every_chunks_facts(tmp_path):
     keys a merge finds once (foresight.row_keys): its refusal is one of no known project."""
     from dataclasses import replace
 
-    import polars as pl
-
     from analyzer.pipeline.exposure import frames_of
     from analyzer.pipeline.foresight import facts_of, row_keys, wanted_findings
     from analyzer.synth import synthesize
@@ -244,11 +246,6 @@ def test_the_merge_holds_a_run_verdict_slim_and_merges_as_with_whole_ones(seed_r
     """What the merge keeps of each run verdict (partitions.slim_verdict) until it writes the
     report: the report's order, counts and summary as with the whole verdicts, in less than half
     the memory of their copies (100k runs: the merge held 1.5 KB a run)."""
-    import tracemalloc
-
-    from analyzer.pipeline.assemble import run_order
-    from analyzer.pipeline.partitions import slim_verdict
-
     verdicts = [
         v.model_copy(update={"run_id": f"{v.run_id}-{n}", "in_progress": n % 3 == 0})
         for n in range(300)
@@ -275,11 +272,6 @@ def test_the_merge_holds_a_run_verdict_slim_and_merges_as_with_whole_ones(seed_r
 def test_the_merges_submissions_are_sorted_as_polars_sorts_them_one_column_at_a_time():
     """partitions._sorted_freeing: the order of `sort(keys, maintain_order=True)` (ties kept
     in their order, nulls first), every column moved, the unsorted frame let go."""
-    import polars as pl
-    from polars.testing import assert_frame_equal
-
-    from analyzer.pipeline.partitions import _sorted_freeing
-
     frame = pl.DataFrame(
         {
             "server": ["b", "a", "a", None, "a", "b"],

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import re
 import sqlite3
+import threading
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -26,6 +28,7 @@ from polars.testing import assert_frame_equal
 import analyzer.catalogue as catalogue
 from analyzer import open_sources
 from analyzer.cli import main
+from analyzer.sources.logs import source as log_source
 from analyzer.sources.logs.reader import read_log
 
 FORMATS = ("rich", "standard", "json")
@@ -594,16 +597,11 @@ def test_a_log_is_hashed_beside_its_parse_and_the_hasher_ends_with_it(tmp_path, 
     """The SHA-256 of a log is worked out on a thread while the log is parsed: it is the
     file's, whether the log is many hand-overs long or shorter than one, and the thread ends
     when the read does, also when the read fails."""
-    import hashlib
-    import threading
-
-    from analyzer.sources.logs import source
-
     log = tmp_path / "server.log"
     log.write_bytes(_log(SEED, "standard").read_bytes() * 3)
-    for batch in (1 << 12, source._Digest._BATCH):  # a hand-over every 4 KB; one for all
-        monkeypatch.setattr(source._Digest, "_BATCH", batch)
-        data = source._load_file(log, "default")
+    for batch in (1 << 12, log_source._Digest._BATCH):  # a hand-over every 4 KB; one for all
+        monkeypatch.setattr(log_source._Digest, "_BATCH", batch)
+        data = log_source._load_file(log, "default")
         assert data.inputs[0].sha256 == hashlib.sha256(log.read_bytes()).hexdigest()
         assert data.inputs[0].size == log.stat().st_size
 
@@ -613,17 +611,16 @@ def test_a_log_is_hashed_beside_its_parse_and_the_hasher_ends_with_it(tmp_path, 
     def broken(*args, **kwargs):
         raise RuntimeError("the parse failed")
 
-    monkeypatch.setattr(source, "_stream", broken)
+    monkeypatch.setattr(log_source, "_stream", broken)
     with pytest.raises(RuntimeError, match="the parse failed"):
-        source._load_file(log, "default")
+        log_source._load_file(log, "default")
     assert hashing() == []
 
 
 def test_a_hash_that_fails_is_raised_not_waited_for_nor_cut_short(monkeypatch):
-    """The log's hasher (source._Digest) stops hashing at its first error and keeps taking
-    blocks, so the reader never waits on a full queue, and its digest raises the error: no
-    SHA-256 of part of the bytes is ever recorded."""
-    from analyzer.sources.logs import source
+    """The log's hasher (sources.logs.source._Digest) stops hashing at its first error and
+    keeps taking blocks, so the reader never waits on a full queue, and its digest raises the
+    error: no SHA-256 of part of the bytes is ever recorded."""
 
     class Failing:
         def __init__(self) -> None:
@@ -633,14 +630,12 @@ def test_a_hash_that_fails_is_raised_not_waited_for_nor_cut_short(monkeypatch):
             self.calls += 1
             raise MemoryError("no room to hash")
 
-    import threading
-
-    monkeypatch.setattr(source._Digest, "_BATCH", 1)  # every block a hand-over
-    digest = source._Digest()
+    monkeypatch.setattr(log_source._Digest, "_BATCH", 1)  # every block a hand-over
+    digest = log_source._Digest()
     failing = digest._digest = Failing()
 
     def read() -> None:
-        for _ in range(10 * source._Digest._WAITING):  # more than the queue holds
+        for _ in range(10 * log_source._Digest._WAITING):  # more than the queue holds
             digest.update(b"x" * 64)
 
     reader = threading.Thread(target=read, daemon=True)  # a reader left waiting fails, not hangs
