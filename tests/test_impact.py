@@ -283,3 +283,64 @@ def test_summary_adds_losses_in_the_reports_order_and_counts_each_outage_once():
         0.0,
     )
     assert summarise([], [], base).outage_seconds == 0.0
+
+
+def test_summary_groups_each_finding_under_every_name_it_has():
+    """Each grouping counts a finding under each name it gives it: every fleet of its root
+    cause, "(unknown)" where it has none (no root cause, no fleet, no project, no user); its
+    day is its outage's start, else its earliest dated culprit failure or victim stop, and
+    "(date unknown)" when it has only times on the pseudo date of a rich log."""
+    finding = open_sources([CAPTURES / "v0.22.5" / "seed" / "server.db"]).report.findings[0]
+    cause = finding.root_cause
+    pseudo = datetime(1970, 1, 1, 9, 30, tzinfo=UTC)
+    findings = [
+        finding.model_copy(
+            update={
+                "run_id": "two-fleets",
+                "root_cause": cause.model_copy(update={"fleets": ["a", "b"]}),
+            }
+        ),
+        finding.model_copy(
+            update={"run_id": "nameless", "root_cause": None, "project": None, "updated_by": None}
+        ),
+        finding.model_copy(
+            update={
+                "run_id": "no-impact",
+                "impact": None,
+                "root_cause": cause.model_copy(update={"fleets": []}),
+            }
+        ),
+        finding.model_copy(
+            update={
+                "run_id": "dateless",
+                "impact": finding.impact.model_copy(update={"outage_start": pseudo}),
+                "culprits": [c.model_copy(update={"failed_at": pseudo}) for c in finding.culprits],
+                "victims": [
+                    v.model_copy(update={"terminated_at": pseudo}) for v in finding.victims
+                ],
+            }
+        ),
+    ]
+    base = Summary(runs=4, findings=4, victims=4, by_verdict={})
+    summary = summarise(findings, [], base)
+
+    def counted(groups: list) -> dict[str, int]:
+        return {g.key: g.findings for g in groups}
+
+    assert counted(summary.by_fleet) == {
+        "a": 1,
+        "b": 1,
+        "(unknown)": 2,
+        **{name: 1 for name in cause.fleets},
+    }
+    assert counted(summary.by_project) == {finding.project: 3, "(unknown)": 1}
+    assert counted(summary.by_user) == {finding.updated_by: 3, "(unknown)": 1}
+    assert counted(summary.by_failure_class) == {cause.failure_class: 3, "(unknown)": 1}
+    earliest = min(
+        *(c.failed_at for c in finding.culprits if c.failed_at),
+        *(v.terminated_at for v in finding.victims if v.terminated_at),
+    )
+    start = finding.impact.outage_start
+    days = [start.date().isoformat()] * 2 + [earliest.date().isoformat(), "(date unknown)"]
+    assert counted(summary.by_day) == {day: days.count(day) for day in days}
+    assert [g.key for g in summary.by_day] == sorted(set(days))

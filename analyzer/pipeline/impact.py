@@ -541,6 +541,24 @@ _TOTALS_SCHEMA = {
     "outage_bound": pl.Boolean,
 }
 _PARTS_SCHEMA = {"i": pl.Int64, "lost": pl.Float64, "cost": pl.Float64, "bound": pl.Boolean}
+_UNKNOWN = "(unknown)"  # a finding's name where it has none (a project, a user, a fleet)
+# the summary's groupings, in its order (`_named`), and what they read of a finding besides
+_GROUPINGS = (
+    "whole",
+    "by_server",
+    "by_project",
+    "by_fleet",
+    "by_user",
+    "by_day",
+    "by_failure_class",
+)
+_NAMES_SCHEMA = {
+    "i": pl.Int64,
+    "project": pl.String,
+    "user": pl.String,
+    "failure": pl.String,
+    "start": UTC_TIME,
+}
 
 
 def _sequential_sum(column: str) -> pl.Expr:
@@ -550,27 +568,80 @@ def _sequential_sum(column: str) -> pl.Expr:
 
 
 def _summary_frames(findings: list[Finding]) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """One row per finding (what totals read of it) and one per victim's loss (a finding
-    with no impact: each victim's loss unknown)."""
+    """What the summary reads of the findings, in one pass over them: one row per victim's
+    loss (a finding with no impact: each victim's loss unknown), and one per name each
+    grouping gives a finding, beside what totals read of it (`_named`)."""
+    server, run_id, victims, outage, outage_bound = [], [], [], [], []
+    project, user, failure, start, fleet_i, fleet = [], [], [], [], [], []
+    part_i, lost, cost, lost_bound = [], [], [], []
+    moment_i, moment = [], []
+    for i, f in enumerate(findings):
+        impact, cause = f.impact, f.root_cause
+        server.append(f.server)
+        run_id.append(f.run_id)
+        victims.append(len(f.victims))
+        project.append(f.project or _UNKNOWN)
+        user.append(f.updated_by or _UNKNOWN)
+        for name in (cause.fleets if cause else None) or [_UNKNOWN]:
+            fleet_i.append(i)
+            fleet.append(name)
+        failure.append(cause.failure_class if cause else _UNKNOWN)
+        if impact is None:
+            outage.append(None)
+            outage_bound.append(False)
+            start.append(None)
+            for _ in f.victims:
+                part_i.append(i)
+                lost.append(None)
+                cost.append(None)
+                lost_bound.append(False)
+        else:
+            outage.append(impact.outage_seconds)
+            outage_bound.append(bool(impact.outage_is_lower_bound))
+            start.append(impact.outage_start)
+            for v in impact.per_victim:
+                part_i.append(i)
+                lost.append(v.lost_seconds)
+                cost.append(v.lost_cost)
+                lost_bound.append(v.lost_is_lower_bound)
+        # the dated moments it records, for its day (`_named`)
+        for c in f.culprits:
+            if c.failed_at is not None:
+                moment_i.append(i)
+                moment.append(c.failed_at)
+        for v in f.victims:
+            if v.terminated_at is not None:
+                moment_i.append(i)
+                moment.append(v.terminated_at)
     found = pl.DataFrame(
         {
             "i": range(len(findings)),
-            "server": [f.server for f in findings],
-            "run_id": [f.run_id for f in findings],
-            "victims": [len(f.victims) for f in findings],
-            "outage": [f.impact.outage_seconds if f.impact else None for f in findings],
-            "outage_bound": [bool(f.impact and f.impact.outage_is_lower_bound) for f in findings],
+            "server": server,
+            "run_id": run_id,
+            "victims": victims,
+            "outage": outage,
+            "outage_bound": outage_bound,
         },
         schema=_TOTALS_SCHEMA,
     )
-    parts = [
-        (i, v.lost_seconds, v.lost_cost, v.lost_is_lower_bound)
-        if f.impact
-        else (i, None, None, False)
-        for i, f in enumerate(findings)
-        for v in (f.impact.per_victim if f.impact else f.victims)
-    ]
-    return found, _frame(parts, _PARTS_SCHEMA)
+    parts = pl.DataFrame(
+        {"i": part_i, "lost": lost, "cost": cost, "bound": lost_bound}, schema=_PARTS_SCHEMA
+    )
+    names = pl.DataFrame(
+        {
+            "i": range(len(findings)),
+            "project": project,
+            "user": user,
+            "failure": failure,
+            "start": utc_times(start),
+        },
+        schema=_NAMES_SCHEMA,
+    )
+    moments = pl.DataFrame(
+        {"i": moment_i, "moment": utc_times(moment)}, schema={"i": pl.Int64, "moment": UTC_TIME}
+    )
+    fleets = pl.DataFrame({"i": fleet_i, "key": fleet}, schema={"i": pl.Int64, "key": pl.String})
+    return parts, _named(found, names, moments, fleets)
 
 
 def _frame(rows: list[tuple], schema: dict[str, pl.DataType]) -> pl.DataFrame:
@@ -663,21 +734,51 @@ _NO_TOTALS = {
 }
 
 
-def _groups(
-    found: pl.DataFrame, parts: pl.DataFrame, groupings: dict[str, list[list[str]]]
-) -> dict[str, list[GroupSummary]]:
-    """Per grouping, the summary of each name it gives the findings (a finding with none:
-    "(unknown)"), worst first; all groupings in one pass."""
-    rows = [
-        (grouping, i, name)
-        for grouping, keys in groupings.items()
-        for i, names in enumerate(keys)
-        for name in names or ["(unknown)"]
+def _named(
+    found: pl.DataFrame, names: pl.DataFrame, moments: pl.DataFrame, fleets: pl.DataFrame
+) -> pl.DataFrame:
+    """Each finding once per name each grouping gives it (grouping, i, key), the groupings in
+    the summary's order and the findings in theirs (a row of `fleets` for each of its fleets),
+    beside what totals read of it. Its day (by_day) is the UTC day its incident began: its
+    outage's start, else the earliest dated moment it records (a culprit's failure, a victim's
+    stop); unknown only when none is dated (a rich log alone gives times of day, on a pseudo
+    date)."""
+    dated = [
+        pl.when(pl.col(name) >= PSEUDO_DATE_LIMIT).then(pl.col(name))
+        for name in ("start", "moment")
     ]
-    named = _frame(rows, {"grouping": pl.String, "i": pl.Int64, "key": pl.String}).join(
-        found, on="i", maintain_order="left"
+    day = pl.coalesce(dated).dt.strftime("%Y-%m-%d").fill_null("(date unknown)")
+    earliest = moments.lazy().group_by("i").agg(pl.col("moment").min())
+    keyed = (
+        names.lazy()
+        .join(found.lazy().select("i", "server"), on="i", maintain_order="left")
+        .join(earliest, on="i", how="left", maintain_order="left")
     )
-    summaries: dict[str, list[GroupSummary]] = {grouping: [] for grouping in groupings}
+
+    keys = {
+        "whole": pl.lit(""),
+        "by_server": pl.col("server"),
+        "by_project": pl.col("project"),
+        "by_user": pl.col("user"),
+        "by_day": day,
+        "by_failure_class": pl.col("failure"),
+    }
+    rows = {
+        name: keyed.select(pl.lit(name).alias("grouping"), "i", key.alias("key"))
+        for name, key in keys.items()
+    }
+    rows["by_fleet"] = fleets.lazy().select(pl.lit("by_fleet").alias("grouping"), "i", "key")
+    return (
+        pl.concat([rows[name] for name in _GROUPINGS])
+        .join(found.lazy(), on="i", maintain_order="left")
+        .collect()
+    )
+
+
+def _groups(named: pl.DataFrame, parts: pl.DataFrame) -> dict[str, list[GroupSummary]]:
+    """Per grouping, the summary of each name it gives the findings (`_named`), worst first;
+    all groupings in one pass."""
+    summaries: dict[str, list[GroupSummary]] = {grouping: [] for grouping in _GROUPINGS}
     for row in _totals_by(named, parts).iter_rows(named=True):
         summaries[row.pop("grouping")].append(GroupSummary(**row))
     return {
@@ -694,63 +795,13 @@ def _groups(
     }
 
 
-def _days(findings: list[Finding]) -> list[str]:
-    """Each finding's UTC day the incident began: its outage's start, else the earliest dated
-    moment it records (a culprit's failure, a victim's stop); unknown only when none is dated
-    (a rich log alone gives times of day, on a pseudo date)."""
-    moments = _frame(
-        [
-            (i, moment)
-            for i, f in enumerate(findings)
-            for moment in (
-                *(c.failed_at for c in f.culprits),
-                *(v.terminated_at for v in f.victims),
-            )
-            if moment is not None
-        ],
-        {"i": pl.Int64, "moment": UTC_TIME},
-    )
-    starts = pl.DataFrame(
-        {
-            "i": range(len(findings)),
-            "start": utc_times(f.impact.outage_start if f.impact else None for f in findings),
-        },
-        schema={"i": pl.Int64, "start": UTC_TIME},
-    )
-    dated = [
-        pl.when(pl.col(name) >= PSEUDO_DATE_LIMIT).then(pl.col(name))
-        for name in ("start", "moment")
-    ]
-    return (
-        starts.join(moments.group_by("i").agg(pl.col("moment").min()), on="i", how="left")
-        .sort("i")
-        .select(pl.coalesce(dated).dt.strftime("%Y-%m-%d").fill_null("(date unknown)"))
-        .to_series()
-        .to_list()
-    )
-
-
 def summarise(findings: list[Finding], verdicts: list[RunVerdict], base: Summary) -> Summary:
     """The summary's totals and its groupings: one group_by of the findings' frames."""
     in_progress = sum(v.in_progress for v in verdicts)
     if not findings:
         return base.model_copy(update={"runs_in_progress": in_progress, **_NO_TOTALS})
-    found, parts = _summary_frames(findings)
-    groups = _groups(
-        found,
-        parts,
-        {
-            "whole": [[""]] * len(findings),
-            "by_server": [[f.server] for f in findings],
-            "by_project": [[f.project or "(unknown)"] for f in findings],
-            "by_fleet": [f.root_cause.fleets if f.root_cause else [] for f in findings],
-            "by_user": [[f.updated_by or "(unknown)"] for f in findings],
-            "by_day": [[day] for day in _days(findings)],
-            "by_failure_class": [
-                [f.root_cause.failure_class] if f.root_cause else [] for f in findings
-            ],
-        },
-    )
+    parts, named = _summary_frames(findings)
+    groups = _groups(named, parts)
     [whole] = groups.pop("whole")
     groups["by_day"].sort(key=lambda g: g.key)
     return base.model_copy(
