@@ -11,7 +11,7 @@ import pytest
 from conftest import CAPTURES, plant_env_secret, plant_failure_message
 from polars.testing import assert_frame_equal
 
-from analyzer.api import audit_in_partitions, open_sources
+from analyzer.api import audit_in_partitions, audit_partition, open_sources, whole_input_facts
 from analyzer.contract import Report
 from analyzer.pipeline.assemble import END_BOUND, assemble, merge_reports, run_order
 from analyzer.pipeline.partitions import _sorted_freeing, slim_verdict
@@ -136,8 +136,6 @@ def test_partitions_read_the_whole_database_once_and_a_changed_one_again(tmp_pat
     none of it again, and a database changed since is read again, not trusted."""
     import shutil
     import sqlite3
-
-    from analyzer.api import audit_partition, whole_input_facts
 
     db = tmp_path / "server.db"
     shutil.copyfile(CAPTURES / "v0.22.5" / "multi-replica-crash" / "server.db", db)
@@ -285,3 +283,19 @@ def test_the_merges_submissions_are_sorted_as_polars_sorts_them_one_column_at_a_
     held = [frame]
     assert_frame_equal(_sorted_freeing(held, keys), frame.sort(keys, maintain_order=True))
     assert held == []
+
+
+def test_a_partition_reports_its_summary_counts_alone():
+    """A partition's summary carries its counts alone: the merge works the figures out once,
+    over every partition's findings (merge_reports), so a partition's own would be thrown
+    away."""
+    db = CAPTURES / "v0.22.5" / "seed" / "server.db"
+    parts = [audit_partition([db], index, 2, {}).report for index in range(2)]
+    with_findings = [part for part in parts if part.findings]
+    assert with_findings  # the seed's incident is in one of them
+    for part in with_findings:
+        assert part.summary.findings == len(part.findings)
+        assert part.summary.by_server == []
+        assert part.summary.healthy_replica_seconds_lost == 0.0
+    whole = open_sources([db]).report.summary
+    assert whole.by_server and whole.healthy_replica_seconds_lost > 0
