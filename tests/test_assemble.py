@@ -3,6 +3,7 @@ JSON round trip (Redactor.apply_model)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tracemalloc
 
@@ -142,8 +143,11 @@ def test_partitions_read_the_whole_database_once_and_a_changed_one_again(tmp_pat
     shared = whole_input_facts([db])
     learnt = len(shared._facts)
     assert learnt >= 4  # hash, runs by service, latest, the whole tables
+    # the hash, taken on a thread beside the tables' read, is in once the learning returns
+    assert shared.known("sha256", db) == hashlib.sha256(db.read_bytes()).hexdigest()
     first = audit_partition([db], 0, 2, {}, shared)
     assert len(shared._facts) == learnt
+    assert first.report.inputs[0].sha256 == shared.known("sha256", db)
     with sqlite3.connect(db) as connection:
         connection.execute("UPDATE projects SET name = name || '-renamed'")
     again = audit_partition([db], 0, 2, {}, shared)

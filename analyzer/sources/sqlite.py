@@ -554,10 +554,18 @@ def _learn(path: Path, shared: WholeInputFacts) -> None:
     """What every partition reads of the whole database, learnt once: its hash,
     its runs by service, its latest times and the tables read whole, and its run tables split
     by bucket (the parts `shared` learns: LEARNING_PARTS; a database with a write-ahead log
-    is read from a fresh copy each time: only its hash is shared)."""
+    is read from a fresh copy each time: only its hash is shared). The hash is taken on a
+    thread while the tables are read, as a read in one process takes it (facts_meanwhile:
+    100k runs, 4.7 GB, its 3.1 s beside the split)."""
+    hashed = facts_meanwhile(path, "sqlite", shared) if shared.learns_rest else None
+    _learn_tables(path, shared)
+    if hashed is not None:
+        hashed()
+
+
+def _learn_tables(path: Path, shared: WholeInputFacts) -> None:
+    """`_learn`'s tables."""
     rest = shared.learns_rest
-    if rest:
-        file_facts(path, "sqlite", shared)
     real = Path(os.path.realpath(path))
     if _is_wal(path) or real.with_name(real.name + "-wal").exists():
         return
