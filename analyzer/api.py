@@ -5,7 +5,7 @@ from __future__ import annotations
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime
 from functools import cache, cached_property, lru_cache, partial
@@ -45,6 +45,7 @@ from analyzer.sources import (
     sniff,
 )
 from analyzer.sources.base import LoadContext, ReadOptions, WholeInputFacts
+from analyzer.sources.buckets import emptying
 from analyzer.times import parse_time
 
 if TYPE_CHECKING:
@@ -683,7 +684,7 @@ def partitions_merged(
     from analyzer.pipeline.partitions import ReportSpill
 
     given = as_paths(paths)
-    with ReportSpill() as spill, _bucket_folder() as folder:
+    with ReportSpill() as spill, _bucket_folder() as folder, ExitStack() as meanwhile:
         # a remote cluster's workers cannot read this machine's bucket files
         shared = whole_input_facts(given, count if client is None else None, folder)
         if client is not None:
@@ -694,6 +695,7 @@ def partitions_merged(
             for index in range(count):
                 spill.add(index, audit_partition(given, index, count, options, shared))
         del shared  # the whole tables it holds are not needed by the merge
+        meanwhile.enter_context(emptying(folder))
         yield spill.merged()
 
 

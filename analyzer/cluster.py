@@ -21,8 +21,6 @@ Dask is imported only here, and only when a command asks for a cluster.
 
 from __future__ import annotations
 
-import shutil
-import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
@@ -41,6 +39,7 @@ from analyzer.pipeline.partitions import (
 )
 from analyzer.progress import stage
 from analyzer.sources.base import LEARNING_PARTS, WholeInputFacts
+from analyzer.sources.buckets import emptying
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -409,7 +408,7 @@ def audit_partitions_locally(
 
             pool.then(pieces)
             answered = tasks.then(_partitions(done), pieces(list(done)))
-            meanwhile.enter_context(_emptying(folder))
+            meanwhile.enter_context(emptying(folder))
             answered.update(_partitions(pool.finished_there()))
             pool.release()
         _same_version(part.head.generated_by for part in answered.values())
@@ -418,40 +417,6 @@ def audit_partitions_locally(
             # finished where it was audited, its piece kept for its secret values
             spill.take(index, replace(answered[index], foresight=every[index]))
         return spill.merged()
-
-
-@contextmanager
-def _emptying(folder: Path) -> Iterator[None]:
-    """`_emptied(folder)` on a thread while the workers finish and this process merges (an
-    unlink frees the GIL): at 16k runs 0.07-0.1 s for 293 MB, which this process spent
-    before it read the workers' answers; its error raised on leaving."""
-    failed: list[BaseException] = []
-
-    def work() -> None:
-        try:
-            _emptied(folder)
-        except BaseException as error:  # raised by the caller
-            failed.append(error)
-
-    thread = threading.Thread(target=work, name="emptying the bucket files", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        thread.join()
-    if failed:
-        raise failed[0]
-
-
-def _emptied(folder: Path) -> None:
-    """The run tables split by bucket into `folder` removed once every partition is audited
-    (no process reads them again), not when the command leaves the folder once the report is
-    written (`_emptying`); the folder itself is removed then."""
-    for entry in folder.iterdir():
-        if entry.is_dir():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
 
 
 def _partitions(

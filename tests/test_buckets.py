@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 import polars as pl
+import pytest
 from conftest import ROOT, execute, interrupt_partitioned_audit, plant_env_secret
 
 from analyzer.api import audit_in_partitions, open_sources, whole_input_facts
@@ -256,3 +257,17 @@ def test_each_event_is_in_each_bucket_of_its_targets_once():
     ]
     found = buckets._events_by_bucket(iter(targets), runs, jobs, by_run_id=True)
     assert sorted(found.iter_rows()) == [(b"e1", 0), (b"e1", 1), (b"e2", 1), (b"e3", 0)]
+
+
+def test_emptying_removes_the_bucket_files_meanwhile_and_keeps_the_folder(tmp_path):
+    """The bucket files go on a thread while the merge runs (buckets.emptying); the folder
+    stays for its owner to remove, and an error removing them is raised on leaving."""
+    split = tmp_path / "split-1"
+    split.mkdir()
+    (split / "jobs-0-0.arrow").write_bytes(b"x" * 1000)
+    (tmp_path / "read-0.arrow").write_bytes(b"y")
+    with buckets.emptying(tmp_path):
+        pass
+    assert tmp_path.is_dir() and not any(tmp_path.iterdir())
+    with pytest.raises(FileNotFoundError), buckets.emptying(tmp_path / "gone"):
+        pass

@@ -13,7 +13,10 @@ would have read it from the database.
 
 from __future__ import annotations
 
+import shutil
+import threading
 from collections.abc import Callable, Collection, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -218,3 +221,32 @@ def _events_by_bucket(
         .rename({"event_id": "id"})
         .collect()
     )
+
+
+@contextmanager
+def emptying(folder: Path) -> Iterator[None]:
+    """`folder`'s bucket files removed on a thread once every partition is audited (no
+    process reads them again) while the command merges and writes the report (an unlink
+    frees the GIL: at 16k runs 0.07-0.1 s for 293 MB, at 100k runs 0.9 s), not when it leaves
+    the folder after the report is written; the folder itself is removed then. Its error is
+    raised on leaving."""
+    failed: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            for entry in folder.iterdir():
+                if entry.is_dir():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+        except BaseException as error:  # raised by the caller
+            failed.append(error)
+
+    thread = threading.Thread(target=work, name="emptying the bucket files", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
+    if failed:
+        raise failed[0]
