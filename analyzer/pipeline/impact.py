@@ -554,6 +554,7 @@ _GROUPINGS = (
 )
 _NAMES_SCHEMA = {
     "i": pl.Int64,
+    "server": pl.String,
     "project": pl.String,
     "user": pl.String,
     "failure": pl.String,
@@ -630,6 +631,7 @@ def _summary_frames(findings: list[Finding]) -> tuple[pl.DataFrame, pl.DataFrame
     names = pl.DataFrame(
         {
             "i": range(len(findings)),
+            "server": server,
             "project": project,
             "user": user,
             "failure": failure,
@@ -749,12 +751,7 @@ def _named(
     ]
     day = pl.coalesce(dated).dt.strftime("%Y-%m-%d").fill_null("(date unknown)")
     earliest = moments.lazy().group_by("i").agg(pl.col("moment").min())
-    keyed = (
-        names.lazy()
-        .join(found.lazy().select("i", "server"), on="i", maintain_order="left")
-        .join(earliest, on="i", how="left", maintain_order="left")
-    )
-
+    keyed = names.lazy().join(earliest, on="i", how="left", maintain_order="left")
     keys = {
         "whole": pl.lit(""),
         "by_server": pl.col("server"),
