@@ -94,18 +94,21 @@ def _job_event_facts(events: pl.DataFrame) -> pl.DataFrame:
 
 
 def _creation_deployments(subs: pl.DataFrame, events: pl.DataFrame) -> pl.DataFrame:
-    """The run's deployment when each job was created: the last 'Run updated' before it."""
+    """The run's deployment when each job was created: the last 'Run updated' before it (one
+    query)."""
     updates = (
-        events.filter(pl.col("kind") == "run_updated")
+        events.lazy()
+        .filter(pl.col("kind") == "run_updated")
         .select("server", "run_id", pl.col("time").alias("update_at"), "deployment_num")
         .drop_nulls(["update_at", "run_id"])
         .sort("update_at")
     )
-    created = subs.select(
+    created = subs.lazy().select(
         "server", "run_id", "job_id", pl.coalesce("created_event_at", "submitted_at").alias("_c")
     )
     has_events = (
-        events.select("server", "run_id", "kind")
+        events.lazy()
+        .select("server", "run_id", "kind")
         .filter(pl.col("kind").is_in(["run_submitted", "run_updated", "job_created"]))
         .select("server", "run_id")
         .unique()
@@ -133,7 +136,11 @@ def _creation_deployments(subs: pl.DataFrame, events: pl.DataFrame) -> pl.DataFr
             .alias("created_deployment"),
         )
     )
-    return subs.join(joined, on=["server", "job_id"], how="left", maintain_order="left")
+    return (
+        subs.lazy()
+        .join(joined, on=["server", "job_id"], how="left", maintain_order="left")
+        .collect()
+    )
 
 
 def submissions(evidence: Evidence) -> pl.DataFrame:
