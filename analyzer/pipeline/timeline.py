@@ -173,25 +173,32 @@ def submissions(evidence: Evidence) -> pl.DataFrame:
 
 
 def deployments(evidence: Evidence, subs: pl.DataFrame) -> pl.DataFrame:
-    """One row per (run, deployment): when it began, what changed, who applied it."""
-    updates = evidence.events.filter(pl.col("kind") == "run_updated").select(
-        "server",
-        "run_id",
-        "deployment_num",
-        pl.col("time").alias("began_at"),
-        "changed_fields",
-        "actor",
-        pl.col("provenance").list.join("; ").alias("provenance"),
+    """One row per (run, deployment): when it began, what changed, who applied it (one
+    query)."""
+    runs = evidence.runs.lazy()
+    updates = (
+        evidence.events.lazy()
+        .filter(pl.col("kind") == "run_updated")
+        .select(
+            "server",
+            "run_id",
+            "deployment_num",
+            pl.col("time").alias("began_at"),
+            "changed_fields",
+            "actor",
+            pl.col("provenance").list.join("; ").alias("provenance"),
+        )
     )
     from_jobs = (
-        subs.group_by(["server", "run_id", "deployment_num"])
+        subs.lazy()
+        .group_by(["server", "run_id", "deployment_num"])
         .agg(
             pl.col("submitted_at").min().alias("first_job_at"),
             pl.len().alias("jobs"),
         )
         .drop_nulls("deployment_num")
     )
-    base = evidence.runs.select(
+    base = runs.select(
         "server",
         "run_id",
         pl.lit(0, pl.Int64).alias("deployment_num"),
@@ -203,7 +210,7 @@ def deployments(evidence: Evidence, subs: pl.DataFrame) -> pl.DataFrame:
             base.select("server", "run_id", "deployment_num"),
             updates.select("server", "run_id", "deployment_num"),
             from_jobs.select("server", "run_id", "deployment_num"),
-            evidence.runs.select("server", "run_id", "deployment_num"),
+            runs.select("server", "run_id", "deployment_num"),
         ],
         how="vertical_relaxed",
     ).unique()
@@ -228,6 +235,7 @@ def deployments(evidence: Evidence, subs: pl.DataFrame) -> pl.DataFrame:
         )
         .drop("run_submitted_at")
         .sort(["server", "run_id", "deployment_num"])
+        .collect()
     )
 
 
