@@ -242,32 +242,29 @@ def deployments(evidence: Evidence, subs: pl.DataFrame) -> pl.DataFrame:
 def evidence_gaps(
     runs: pl.DataFrame, jobs: pl.DataFrame, events: pl.DataFrame, events_table_servers: set[str]
 ) -> dict[tuple[str, str], list[str]]:
-    """Per run, what the evidence is missing, said out loud (never silently assumed)."""
+    """Per run, what the evidence is missing, said out loud (never silently assumed). The
+    frames of each gap are collected together (the late starts after, when any run is known
+    from a log alone)."""
     gaps: dict[tuple[str, str], list[str]] = {}
 
     def add(frame: pl.DataFrame, text) -> None:
         for row in frame.iter_rows(named=True):
             gaps.setdefault((row["server"], row["run_id"]), []).append(text(row))
 
-    from_db = runs.filter(pl.col("provenance").str.starts_with("runs:"))
-    table_servers = pl.DataFrame(
+    from_db = runs.lazy().filter(pl.col("provenance").str.starts_with("runs:"))
+    table_servers = pl.LazyFrame(
         {"server": sorted(events_table_servers)}, schema={"server": pl.String}
     )
-    add(
-        from_db.join(table_servers, on="server").join(
-            events.select("server", "run_id"), on=["server", "run_id"], how="anti"
-        ),
-        lambda _: (
-            "no events for this run in the events table (past the events TTL, 30 days by "
-            "default, or before dstack 0.20.0): order and times come from table columns only"
-        ),
+    eventless = from_db.join(table_servers, on="server").join(
+        events.lazy().select("server", "run_id"), on=["server", "run_id"], how="anti"
     )
     orphans = (
-        events.select("server", "run_id", "entity_type", "entity_id")
+        events.lazy()
+        .select("server", "run_id", "entity_type", "entity_id")
         .filter((pl.col("entity_type") == "job") & pl.col("entity_id").is_not_null())
         .drop("entity_type")
         .join(
-            jobs.select("server", pl.col("job_id").alias("entity_id")),
+            jobs.lazy().select("server", pl.col("job_id").alias("entity_id")),
             on=["server", "entity_id"],
             how="anti",
         )
@@ -276,6 +273,18 @@ def evidence_gaps(
         .group_by(["server", "run_id"])
         .agg(pl.len().alias("n"), pl.col("entity_id").sort().alias("ids"))
     )
+    log_only = runs.lazy().filter(pl.col("provenance").str.contains(r"^[^#]*:\d+$"))
+    terminating = runs.lazy().filter(pl.col("status") == "terminating")
+    eventless, orphans, log_only, terminating = pl.collect_all(
+        [eventless, orphans, log_only, terminating]
+    )
+    add(
+        eventless,
+        lambda _: (
+            "no events for this run in the events table (past the events TTL, 30 days by "
+            "default, or before dstack 0.20.0): order and times come from table columns only"
+        ),
+    )
     add(
         orphans,
         lambda row: (
@@ -283,14 +292,15 @@ def evidence_gaps(
             "dstack (superseded no-capacity submissions, 0.20.29+): " + ", ".join(row["ids"][:5])
         ),
     )
-    log_only = runs.filter(pl.col("provenance").str.contains(r"^[^#]*:\d+$"))
     if log_only.height:  # no run known from a log alone (a database): none started late
         started_late = (
-            events.filter(pl.col("origin") == "event_line")
+            events.lazy()
+            .filter(pl.col("origin") == "event_line")
             .group_by(["server", "run_id"])
             .agg((pl.col("kind") == "run_submitted").any().alias("submitted"))
             .filter(~pl.col("submitted"))
-            .join(log_only.select("server", "run_id"), on=["server", "run_id"])
+            .join(log_only.lazy().select("server", "run_id"), on=["server", "run_id"])
+            .collect()
         )
         add(
             started_late,
@@ -299,8 +309,5 @@ def evidence_gaps(
                 "health of replicas started before the log) is not in the evidence"
             ),
         )
-    add(
-        runs.filter(pl.col("status") == "terminating"),
-        lambda _: "snapshot taken mid-cascade: the run is still TERMINATING",
-    )
+    add(terminating, lambda _: "snapshot taken mid-cascade: the run is still TERMINATING")
     return gaps
