@@ -48,9 +48,10 @@ def run_failures(runs: pl.DataFrame, subs: pl.DataFrame, events: pl.DataFrame) -
 
     `stopped_during_cascade`: the run's final TERMINATED (given only for STOPPED_BY_USER and
     ABORTED_BY_USER, RunTerminationReason.to_status) or its final reason says a user stopped it
-    after the failure; `stop_at` / `stop_actor` where the stop's own event exists."""
+    after the failure; `stop_at` / `stop_actor` where the stop's own event exists. One query."""
     first = (
-        events.filter(
+        events.lazy()
+        .filter(
             (pl.col("entity_type") == "run")
             & (pl.col("kind") == "run_status")
             & (pl.col("new_status") == "terminating")
@@ -66,12 +67,17 @@ def run_failures(runs: pl.DataFrame, subs: pl.DataFrame, events: pl.DataFrame) -
             pl.col("actor").alias("_first_actor"),
         )
     )
-    per_run = subs.group_by(["server", "run_id"]).agg(
-        OWN_FAILURE_AT.filter(pl.col("own_failure")).min().alias("_own_at"),
-        pl.col("cascade_stop").any().alias("_labelled"),
+    per_run = (
+        subs.lazy()
+        .group_by(["server", "run_id"])
+        .agg(
+            OWN_FAILURE_AT.filter(pl.col("own_failure")).min().alias("_own_at"),
+            pl.col("cascade_stop").any().alias("_labelled"),
+        )
     )
     joined = (
-        runs.select("server", "run_id", "status", "termination_reason")
+        runs.lazy()
+        .select("server", "run_id", "status", "termination_reason")
         .join(first, on=["server", "run_id"], how="left", maintain_order="left")
         .join(per_run, on=["server", "run_id"], how="left", maintain_order="left")
     )
@@ -123,7 +129,7 @@ def run_failures(runs: pl.DataFrame, subs: pl.DataFrame, events: pl.DataFrame) -
         pl.when(stopped & final.is_in(USER_STOP_RUN_REASONS)).then(final).alias("stop_reason"),
         pl.when(user_first).then(pl.col("_first_at")).cast(UTC_TIME).alias("stop_at"),
         pl.when(user_first).then(pl.col("_first_actor")).alias("stop_actor"),
-    )
+    ).collect()
 
 
 def next_runs(runs: pl.DataFrame) -> pl.DataFrame:
