@@ -251,7 +251,8 @@ def _lookups(
     starts: dict[tuple[str, str], _Start],
 ) -> _Lookups:
     """One join each, for all findings at once: recovery, update time, fleets, and what the
-    update's deployment did (bumped in place; replicas available before the first failure)."""
+    update's deployment did (bumped in place; replicas available before the first failure).
+    The lookups' frames are collected together, one query."""
     keys = _frame(
         [
             (
@@ -287,7 +288,8 @@ def _lookups(
         {"i": pl.Int64, "server": pl.String, "job_id": pl.String},
     )
     healthy = (
-        subs.select(
+        subs.lazy()
+        .select(
             "server",
             "run_id",
             "health",
@@ -296,11 +298,14 @@ def _lookups(
         .filter(pl.col("health") == "healthy")
         .drop("health")
         .drop_nulls("since")
-        .join(runs.select("server", "run_id", "run_name", "project"), on=["server", "run_id"])
+        .join(
+            runs.lazy().select("server", "run_id", "run_name", "project"), on=["server", "run_id"]
+        )
         .rename({"run_id": "by_run"})
     )
     recovered = (
-        keys.drop_nulls("start")
+        keys.lazy()
+        .drop_nulls("start")
         .join(healthy, on=["server", "run_name", "project"], nulls_equal=True)
         .filter(pl.col("since") > pl.col("start"))
         .sort("since")
@@ -308,41 +313,49 @@ def _lookups(
         .first()
     )
     updates = (
-        events.filter(
-            (pl.col("kind") == "run_updated") & (pl.col("time_basis") != "time_of_day_only")
-        )
+        events.lazy()
+        .filter((pl.col("kind") == "run_updated") & (pl.col("time_basis") != "time_of_day_only"))
         .group_by("server", "run_id", "deployment_num")
         .agg(pl.col("time").min().alias("update_at"))
     )
-    update_at = keys.join(
-        updates,
-        left_on=["server", "run_id", "dep"],
-        right_on=["server", "run_id", "deployment_num"],
+    update_at = (
+        keys.lazy()
+        .join(
+            updates,
+            left_on=["server", "run_id", "dep"],
+            right_on=["server", "run_id", "deployment_num"],
+        )
+        .select("i", "update_at")
     )
     fleets = (
-        jobs.join(subs.select("server", "job_id", "fleet_name"), on=["server", "job_id"])
+        jobs.lazy()
+        .join(subs.lazy().select("server", "job_id", "fleet_name"), on=["server", "job_id"])
         .drop_nulls("fleet_name")
         .group_by("i")
         .agg(pl.col("fleet_name").unique().sort())
     )
-    of_update = keys.drop_nulls("dep").join(
-        subs.select(
-            "server",
-            "run_id",
-            "deployment_num",
-            "created_deployment",
-            "health",
-            "healthy_since",
-            "stopped_at",
-        ),
-        on=["server", "run_id"],
+    of_update = (
+        keys.lazy()
+        .drop_nulls("dep")
+        .join(
+            subs.lazy().select(
+                "server",
+                "run_id",
+                "deployment_num",
+                "created_deployment",
+                "health",
+                "healthy_since",
+                "stopped_at",
+            ),
+            on=["server", "run_id"],
+        )
     )
     older = of_update.filter(
         (pl.col("deployment_num") < pl.col("dep")) & ~stopped_by(pl.col("failed"))
-    )
+    ).select("i")
     bumped = of_update.filter(
         (pl.col("deployment_num") == pl.col("dep")) & (pl.col("created_deployment") < pl.col("dep"))
-    )
+    ).select("i")
     available = (
         of_update.filter(
             (pl.col("deployment_num") == pl.col("dep"))
@@ -352,11 +365,14 @@ def _lookups(
         .group_by("i")
         .agg(pl.col("healthy_since").sort())
     )
+    recovered, update_at, fleets, bumped, older, available = pl.collect_all(
+        [recovered, update_at, fleets, bumped, older, available]
+    )
     return _Lookups(
         recoveries={
             row["i"]: (row["since"], row["by_run"]) for row in recovered.iter_rows(named=True)
         },
-        update_times=dict(update_at.select("i", "update_at").iter_rows()),
+        update_times=dict(update_at.iter_rows()),
         fleets=dict(fleets.iter_rows()),
         in_place=set(bumped["i"].to_list()),
         older_running=set(older["i"].to_list()),
