@@ -18,8 +18,9 @@ Damaged values count as unparsed records of their input, so `--strict` refuses t
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import polars as pl
 
@@ -376,11 +377,8 @@ def _capped(
         return frame, found
     # one query for every column: its longest value, and whether a JSON column has one over
     # the limit (most tables have none: their columns are not looked at again)
-    documents = [n for n in strings if n in json]
-    sizes = frame.select(
-        *(pl.col(n).str.len_bytes().max() for n in strings),
-        *(_json_over(pl.col(n)).any().alias(f"_over_{n}") for n in documents),
-    ).row(0)
+    documents = tuple(n for n in strings if n in json)
+    sizes = frame.select(_sizes(tuple(strings), documents)).row(0)
     any_over = dict(zip(documents, sizes[len(strings) :], strict=True))
     for name, size in zip(strings, sizes[: len(strings)], strict=True):
         if size is None:
@@ -413,6 +411,15 @@ def _capped(
     if replaced:
         frame = frame.with_columns(replaced)
     return frame, found
+
+
+@lru_cache(maxsize=256)
+def _sizes(strings: tuple[str, ...], documents: tuple[str, ...]) -> tuple[pl.Expr, ...]:
+    """`_capped`'s survey of a table's shape (built once, as `_checks` are). Read only."""
+    return (
+        *(pl.col(n).str.len_bytes().max() for n in strings),
+        *(_json_over(pl.col(n)).any().alias(f"_over_{n}") for n in documents),
+    )
 
 
 def _json_over(column: pl.Expr) -> pl.Expr:
@@ -491,9 +498,31 @@ def times(frame: pl.DataFrame, names: tuple[str, ...]) -> pl.DataFrame:
 
 @dataclass(frozen=True)
 class _Check:
-    ok: pl.Expr  # whether a present value is acceptable
+    name: str  # the column checked
+    accepts: Callable[[str], pl.Expr]  # of a column: whether a present value is acceptable
     not_: str  # what it is not when it is not
     certain: str | None = None  # a regex of values certainly acceptable (not checked again)
+
+    @property
+    def ok(self) -> pl.Expr:
+        """Whether a present value is acceptable: built when asked, since a column with a
+        `certain` regex needs it only where a value is doubted (a time's is a parse, the
+        costliest expression to build)."""
+        return self.accepts(self.name)
+
+    @property
+    def bad(self) -> pl.Expr:
+        """Whether a value is present and not acceptable."""
+        return (_present(self.name) & ~self.ok.fill_null(False)).alias(self.name)
+
+    @cached_property
+    def first(self) -> pl.Expr:
+        """`_bad`'s first look: whether `certain` does not vouch for a value, or else `bad`
+        (built once: `_checks` keeps the check)."""
+        if self.certain is None:
+            return self.bad
+        text = pl.col(self.name).cast(pl.String)
+        return (~text.str.contains(self.certain).fill_null(True)).alias(self.name)
 
 
 @lru_cache(maxsize=256)
@@ -501,20 +530,29 @@ def _checks(columns: Columns, present: frozenset[str]) -> dict[str, _Check]:
     """column -> its check (built once per table's shape: a database and its exports, and a
     table checked batch by batch, ask again; building the expressions costs more than
     running them on a small table). Read only."""
-    checks: dict[str, _Check] = {}
-    for name in columns.times:
-        checks[name] = _Check(_time_ok(name), "not a time between years 1 and 9999", CERTAIN_TIME)
-    for name in columns.integers:
-        checks[name] = _Check(
-            integer(pl.col(name)).is_not_null(), "not an integer", CERTAIN_INTEGER
-        )
-    for name in columns.booleans:
-        text = pl.col(name).cast(pl.String).str.strip_chars().str.to_lowercase()
-        checks[name] = _Check(text.is_in(BOOLEAN_TEXTS), "not a boolean")
-    for name in columns.numbers:
-        number = pl.col(name).cast(pl.String).str.strip_chars().cast(pl.Float64, strict=False)
-        checks[name] = _Check(number.is_finite(), "not a finite number")
-    return {name: check for name, check in checks.items() if name in present}
+    checks = [
+        *(
+            _Check(n, _time_ok, "not a time between years 1 and 9999", CERTAIN_TIME)
+            for n in columns.times
+        ),
+        *(_Check(n, _is_integer, "not an integer", CERTAIN_INTEGER) for n in columns.integers),
+        *(_Check(n, _is_boolean, "not a boolean") for n in columns.booleans),
+        *(_Check(n, _is_finite, "not a finite number") for n in columns.numbers),
+    ]
+    return {check.name: check for check in checks if check.name in present}
+
+
+def _is_integer(name: str) -> pl.Expr:
+    return integer(pl.col(name)).is_not_null()
+
+
+def _is_boolean(name: str) -> pl.Expr:
+    return pl.col(name).cast(pl.String).str.strip_chars().str.to_lowercase().is_in(BOOLEAN_TEXTS)
+
+
+def _is_finite(name: str) -> pl.Expr:
+    number = pl.col(name).cast(pl.String).str.strip_chars().cast(pl.Float64, strict=False)
+    return number.is_finite()
 
 
 def _bad(frame: pl.DataFrame, checks: dict[str, _Check]) -> pl.DataFrame:
@@ -522,22 +560,14 @@ def _bad(frame: pl.DataFrame, checks: dict[str, _Check]) -> pl.DataFrame:
     bad: not present). One query for the whole table finds the bad values of the columns
     without a `certain` regex, and the values each regex does not vouch for; the full checks
     of those columns run over those rows only, in one more query (most tables have none)."""
-    doubt = {  # a value its regex does not vouch for
-        name: ~pl.col(name).cast(pl.String).str.contains(check.certain).fill_null(True)
-        for name, check in checks.items()
-        if check.certain
-    }
-    first = frame.select(
-        (doubt[name] if name in doubt else _present(name) & ~check.ok.fill_null(False)).alias(name)
-        for name, check in checks.items()
-    )
+    first = frame.select(check.first for check in checks.values())
     bad = {name: first[name] for name in checks}
-    doubted = [name for name in doubt if bad[name].any()]
+    doubted = [name for name, check in checks.items() if check.certain and bad[name].any()]
     if doubted:  # the full checks over those rows (a value a regex vouches for passes them)
         # of the columns found (each regex run once: an expression used twice runs twice)
         rows = first.select(pl.any_horizontal(doubted)).to_series().arg_true()
         judged = frame.select(pl.col(doubted).gather(rows)).select(
-            (_present(name) & ~checks[name].ok.fill_null(False)).alias(name) for name in doubted
+            checks[name].bad for name in doubted
         )
         nothing = pl.Series(dtype=pl.Boolean).extend_constant(False, frame.height)
         bad |= {name: nothing.clone().scatter(rows, judged[name]).alias(name) for name in doubted}
