@@ -25,6 +25,7 @@ from analyzer.contract import (
     VictimImpact,
 )
 from analyzer.model import PSEUDO_DATE_LIMIT, UTC_TIME, utc_times
+from analyzer.pipeline import ENGINE
 from analyzer.pipeline.counterfactual import FailedReplica, RolloutFacts, evaluate_all
 from analyzer.pipeline.states import served_by, serving_spans, stopped_by
 
@@ -366,7 +367,7 @@ def _lookups(
         .agg(pl.col("healthy_since").sort())
     )
     recovered, update_at, fleets, bumped, older, available = pl.collect_all(
-        [recovered, update_at, fleets, bumped, older, available]
+        [recovered, update_at, fleets, bumped, older, available], engine=ENGINE
     )
     return _Lookups(
         recoveries={

@@ -19,6 +19,7 @@ from analyzer.dstack import (
     own_failure,
 )
 from analyzer.model import UTC_TIME
+from analyzer.pipeline import ENGINE
 
 # The bases on which a user's stop may have come after the failure, during the cascade.
 CASCADE_BASES = ("run_event", "culprit_before_stop", "cascade_label")
@@ -129,7 +130,7 @@ def run_failures(runs: pl.DataFrame, subs: pl.DataFrame, events: pl.DataFrame) -
         pl.when(stopped & final.is_in(USER_STOP_RUN_REASONS)).then(final).alias("stop_reason"),
         pl.when(user_first).then(pl.col("_first_at")).cast(UTC_TIME).alias("stop_at"),
         pl.when(user_first).then(pl.col("_first_actor")).alias("stop_actor"),
-    ).collect()
+    ).collect(engine=ENGINE)
 
 
 def next_runs(runs: pl.DataFrame) -> pl.DataFrame:

@@ -10,6 +10,7 @@ import polars as pl
 
 from analyzer.dstack import FINISHED_JOB_STATUSES
 from analyzer.model import UTC_TIME
+from analyzer.pipeline import ENGINE
 from analyzer.pipeline.evidence import Evidence
 from analyzer.pipeline.states import final_health, healthy_since, probe_results
 
@@ -139,7 +140,7 @@ def _creation_deployments(subs: pl.DataFrame, events: pl.DataFrame) -> pl.DataFr
     return (
         subs.lazy()
         .join(joined, on=["server", "job_id"], how="left", maintain_order="left")
-        .collect()
+        .collect(engine=ENGINE)
     )
 
 
@@ -235,7 +236,7 @@ def deployments(evidence: Evidence, subs: pl.DataFrame) -> pl.DataFrame:
         )
         .drop("run_submitted_at")
         .sort(["server", "run_id", "deployment_num"])
-        .collect()
+        .collect(engine=ENGINE)
     )
 
 
@@ -276,7 +277,7 @@ def evidence_gaps(
     log_only = runs.lazy().filter(pl.col("provenance").str.contains(r"^[^#]*:\d+$"))
     terminating = runs.lazy().filter(pl.col("status") == "terminating")
     eventless, orphans, log_only, terminating = pl.collect_all(
-        [eventless, orphans, log_only, terminating]
+        [eventless, orphans, log_only, terminating], engine=ENGINE
     )
     add(
         eventless,
@@ -300,7 +301,7 @@ def evidence_gaps(
             .agg((pl.col("kind") == "run_submitted").any().alias("submitted"))
             .filter(~pl.col("submitted"))
             .join(log_only.lazy().select("server", "run_id"), on=["server", "run_id"])
-            .collect()
+            .collect(engine=ENGINE)
         )
         add(
             started_late,
