@@ -151,28 +151,31 @@ def _actor(users: pl.DataFrame) -> Callable[[pl.Expr], pl.Expr]:
 
 
 def per_value(column: pl.Series, *steps: Callable[[pl.Expr], pl.Expr]) -> pl.Series:
-    """`steps` (text to text, one after the other) of each value of `column`, computed once per
-    distinct value: the column is made categorical (each value hashed once, a code per row),
-    its distinct values mapped and the results gathered by code. Each step is a query of its
-    own, so that a step that reads its input several times (`id_from_hex`) reads it computed."""
+    """`steps` (text to text, value by value, one after the other) of each value of `column`,
+    computed once per distinct value: the column is made categorical (each value hashed once,
+    a code per row), its distinct values and a null mapped and the results gathered by code.
+    The steps are one query, each a select of its own over the one before, so that a step
+    that reads its input several times (`id_from_hex`) reads it computed."""
     codes = column.cast(pl.Categorical(pl.Categories.random()))
-    distinct = codes.unique().drop_nulls()
     name = column.name
-    values = distinct.cast(pl.String).to_frame(name)
-    of_null = pl.DataFrame({name: [None]}, schema={name: pl.String})
+    distinct = codes.to_frame(name).select(pl.col(name).unique().drop_nulls()).to_series()
+    mapped = (
+        pl.concat([distinct.cast(pl.String), pl.Series([None], dtype=pl.String)])
+        .to_frame(name)
+        .lazy()
+    )
     for step in steps:
-        values = values.select(step(pl.col(name)).alias(name))
-        of_null = of_null.select(step(pl.col(name)).alias(name))
+        mapped = mapped.select(step(pl.col(name)).alias(name))
+    values = mapped.collect().to_series()
+    of_null = values[-1]
     places = distinct.to_physical()
     table = pl.Series(name, [None], dtype=pl.String)
     if places.len():
-        table = table.extend_constant(None, places.max()).scatter(places, values.to_series())
+        table = table.extend_constant(None, places.max()).scatter(places, values.head(-1))
     gathered = table.gather(codes.to_physical())
-    if of_null.item() is None:
+    if of_null is None:
         return gathered
-    return pl.select(
-        pl.when(codes.is_null()).then(pl.lit(of_null.item())).otherwise(gathered)
-    ).to_series()
+    return pl.select(pl.when(codes.is_null()).then(pl.lit(of_null)).otherwise(gathered)).to_series()
 
 
 def in_order(frame: pl.DataFrame, keys: list[str]) -> pl.Series:
