@@ -547,7 +547,7 @@ def _probe_lines(frame: pl.DataFrame) -> pl.DataFrame:
         .then(pl.lit("other"))
         .otherwise(pl.lit("unrecognised"))
     )
-    return frame.select(
+    columns = [
         "seq",
         *_PLACE_COLUMNS,
         "text",
@@ -559,7 +559,10 @@ def _probe_lines(frame: pl.DataFrame) -> pl.DataFrame:
         body.alias("message"),
         pl.lit("system").alias("actor"),
         pl.lit("status_line").alias("origin"),
-    )
+    ]
+    if frame.height == 0:  # most logs: the columns alone, without compiling the regexes
+        return pl.DataFrame(schema=frame.lazy().select(columns).collect_schema())
+    return frame.select(columns)
 
 
 def _attach_probe_results(events: pl.DataFrame) -> tuple[pl.DataFrame, int]:
