@@ -24,8 +24,7 @@ from analyzer.contract import (
     Summary,
     VictimImpact,
 )
-from analyzer.model import PSEUDO_DATE_LIMIT, UTC_TIME, utc_times
-from analyzer.pipeline import ENGINE
+from analyzer.model import ENGINE, PSEUDO_DATE_LIMIT, UTC_TIME, utc_times
 from analyzer.pipeline.counterfactual import FailedReplica, RolloutFacts, evaluate_all
 from analyzer.pipeline.states import served_by, serving_spans, stopped_by
 

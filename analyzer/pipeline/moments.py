@@ -18,8 +18,7 @@ from analyzer.dstack import (
     USER_STOP_RUN_REASONS,
     own_failure,
 )
-from analyzer.model import UTC_TIME
-from analyzer.pipeline import ENGINE
+from analyzer.model import ENGINE, UTC_TIME
 
 # The bases on which a user's stop may have come after the failure, during the cascade.
 CASCADE_BASES = ("run_event", "culprit_before_stop", "cascade_label")

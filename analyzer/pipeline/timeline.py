@@ -9,8 +9,7 @@ from __future__ import annotations
 import polars as pl
 
 from analyzer.dstack import FINISHED_JOB_STATUSES
-from analyzer.model import UTC_TIME
-from analyzer.pipeline import ENGINE
+from analyzer.model import ENGINE, UTC_TIME
 from analyzer.pipeline.evidence import Evidence
 from analyzer.pipeline.states import final_health, healthy_since, probe_results
 

@@ -16,7 +16,7 @@ from datetime import datetime
 import polars as pl
 
 import analyzer.catalogue as catalogue
-from analyzer.model import id_from_hex, id_hex, normalise_enum
+from analyzer.model import ENGINE, id_from_hex, id_hex, normalise_enum
 from analyzer.sources import cells
 from analyzer.sources.adbc import release_freed
 from analyzer.sources.attach import attach_job_runs
@@ -166,7 +166,7 @@ def per_value(column: pl.Series, *steps: Callable[[pl.Expr], pl.Expr]) -> pl.Ser
     )
     for step in steps:
         mapped = mapped.select(step(pl.col(name)).alias(name))
-    values = mapped.collect().to_series()
+    values = mapped.collect(engine=ENGINE).to_series()
     of_null = values[-1]
     places = distinct.to_physical()
     table = pl.Series(name, [None], dtype=pl.String)
