@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -18,6 +17,7 @@ import analyzer.contract_frames as frames
 from analyzer.collector import paused
 from analyzer.contract import Finding, InputRecord, LimitationRecord, Report, RunVerdict
 from analyzer.errors import AuditInputError
+from analyzer.outputs import private_folder
 from analyzer.pipeline.assemble import (
     NO_RUN_EVIDENCE_RECORD,
     assemble,
@@ -60,6 +60,8 @@ if TYPE_CHECKING:
     from analyzer.pipeline.story import RunStory
 
 DEFAULT_SERVER = "default"
+
+BUCKET_FOLDER = "dstack-audit-buckets-"  # the prefix of the run tables' private folder
 
 
 @dataclass
@@ -684,7 +686,11 @@ def partitions_merged(
     from analyzer.pipeline.partitions import ReportSpill
 
     given = as_paths(paths)
-    with ReportSpill() as spill, _bucket_folder() as folder, ExitStack() as meanwhile:
+    with (
+        ReportSpill() as spill,
+        private_folder(BUCKET_FOLDER) as folder,
+        ExitStack() as meanwhile,
+    ):
         # a remote cluster's workers cannot read this machine's bucket files
         shared = whole_input_facts(given, count if client is None else None, folder)
         if client is not None:
@@ -697,15 +703,6 @@ def partitions_merged(
         del shared  # the whole tables it holds are not needed by the merge
         meanwhile.enter_context(emptying(folder))
         yield spill.merged()
-
-
-@contextmanager
-def _bucket_folder() -> Iterator[Path]:
-    """A private folder for the run tables split by bucket (analyzer.sources.buckets), made by
-    `tempfile` (never in or beside the evidence) and removed on leaving, also on an error or
-    Ctrl-C."""
-    with tempfile.TemporaryDirectory(prefix="dstack-audit-buckets-") as folder:
-        yield Path(folder)
 
 
 def whole_input_facts(
@@ -749,7 +746,7 @@ def cluster_merged(
 
     given = as_paths(paths)
     servers = None if partitions or options.get("server_labels") else one_server_each(given)
-    with ReportSpill() as spill, _bucket_folder() as folder:
+    with ReportSpill() as spill, private_folder(BUCKET_FOLDER) as folder:
         yield run_on_cluster(
             given,
             audit_partition,

@@ -26,6 +26,8 @@ import secrets
 import shutil
 import stat
 import sys
+import tempfile
+import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
@@ -37,6 +39,8 @@ from urllib.parse import unquote, urlsplit
 from analyzer.errors import NO_SPACE, AuditInputError, out_of_room
 
 STDOUT = "-"
+REMOVAL_WAIT_S = 10.0
+"""How long a private folder's removal tries again while an interrupted writer finishes."""
 Identity = tuple[int, int]  # (st_dev, st_ino): the same file or folder whatever path reaches it
 # /dev/null, /dev/zero, /dev/full; ttys, /dev/tty and /dev/console, pseudo-terminals
 _HARMLESS_DEVICES = {(1, 3), (1, 5), (1, 7)}
@@ -512,7 +516,7 @@ class Outputs:
                 raise cannot_write(output.given, full) from None
             raise
         finally:
-            shutil.rmtree(staging, ignore_errors=True)
+            remove_folder(staging)
 
 
 def plan(
@@ -557,3 +561,34 @@ def _swap_in(staging: Path, final: Path, *, remove: bool) -> None:
         retired.rename(final)
         raise
     shutil.rmtree(retired, ignore_errors=True)
+
+
+@contextmanager
+def private_folder(prefix: str) -> Iterator[Path]:
+    """A folder of our own made by `tempfile` (never in or beside the evidence), removed whole
+    on leaving, also on an error or Ctrl-C (`remove_folder`)."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield folder
+    finally:
+        remove_folder(folder)
+
+
+def remove_folder(folder: Path, wait: float = REMOVAL_WAIT_S) -> None:
+    """Remove `folder` with everything in it, tried again until it is gone, for at most `wait`
+    seconds. polars writes a file (write_ipc, write_parquet) on its streaming engine, and a
+    write that Ctrl-C interrupts raises KeyboardInterrupt at once while its sink may still
+    create the file a moment later: a removal that listed the folder before then fails with
+    'Directory not empty' (seen: a 0-byte bucket file). Once the folder itself is gone, such
+    a writer can put nothing back. Raises the last error if the folder is still there."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            shutil.rmtree(folder)
+            return
+        except OSError:
+            if not os.path.lexists(folder):
+                return  # gone, though an entry vanished under rmtree (another remover)
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)

@@ -10,6 +10,8 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,7 @@ from conftest import CAPTURES
 from analyzer.cli import audit as cli
 from analyzer.cli import main
 from analyzer.errors import AuditInputError
-from analyzer.outputs import Outputs
+from analyzer.outputs import Outputs, private_folder, remove_folder
 
 SEED = CAPTURES / "v0.22.5" / "seed"
 CRASH = CAPTURES / "v0.22.5" / "multi-replica-crash"
@@ -521,3 +523,49 @@ def test_a_full_working_folder_is_one_line_naming_it_and_left_empty(tmp_path):
         f"(under {full}): free some space, or set TMPDIR to a folder with room\n"
     )
     assert not (tmp_path / "report.json").exists()
+
+
+def test_a_private_folder_is_removed_though_a_late_writer_still_adds_files(tmp_path, monkeypatch):
+    """A writer that goes on creating files in a private folder after its removal began (as
+    polars' sink does for a moment after Ctrl-C interrupted a write_ipc: a 0-byte bucket
+    file left the folder 'not empty', and the audit ended in an internal error, not 130):
+    the folder is still removed, as soon as the writer can put nothing more in it."""
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    added: list[int] = []
+    started = threading.Event()
+
+    def late_writer(folder: Path) -> None:
+        deadline = time.monotonic() + 0.3
+        while time.monotonic() < deadline:  # then it stops, as the sink does
+            try:
+                (folder / f"late-{len(added)}.arrow").touch()
+            except FileNotFoundError:
+                return  # the folder is gone: nothing can be put back
+            added.append(len(added))
+            started.set()
+
+    with pytest.raises(KeyboardInterrupt), private_folder("dstack-audit-test-") as folder:
+        writer = threading.Thread(target=late_writer, args=(folder,))
+        writer.start()
+        started.wait(5)
+        raise KeyboardInterrupt
+    writer.join()
+    assert added and not folder.exists()
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_folder_still_filled_past_the_wait_is_an_error_not_a_hang(tmp_path, monkeypatch):
+    """A removal that cannot finish within its wait raises the file system's error."""
+    folder = tmp_path / "held"
+    folder.mkdir()
+    (folder / "a").touch()
+    calls = []
+
+    def refused(path, *args, **kwargs):
+        calls.append(path)
+        raise OSError(39, "Directory not empty", str(path))
+
+    monkeypatch.setattr("analyzer.outputs.shutil.rmtree", refused)
+    with pytest.raises(OSError, match="not empty"):
+        remove_folder(folder, wait=0.05)
+    assert len(calls) > 1 and folder.exists()

@@ -9,7 +9,6 @@ works the foresight out once over every partition's findings and pieces.
 from __future__ import annotations
 
 import io
-import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -22,6 +21,7 @@ import polars as pl
 from pydantic import BaseModel, SerializeAsAny
 
 from analyzer.contract import Finding, Report, RunVerdict
+from analyzer.outputs import remove_folder
 from analyzer.pipeline.assemble import merge_reports
 from analyzer.pipeline.exposure import Frames
 from analyzer.pipeline.foresight import (
@@ -337,7 +337,7 @@ class ReportSpill:
 
     def __exit__(self, *exc: object) -> None:
         if self._folder is not None:
-            shutil.rmtree(self._folder, ignore_errors=True)
+            remove_folder(self._folder)
             self._folder = None
 
     @property
