@@ -124,3 +124,52 @@ def test_a_runner_s_audit_of_a_small_input_leaves_its_process_cores_and_environm
     code, before, after = json.loads(done.stdout)
     assert code == 0
     assert after == before
+
+
+# `ingest` of the seed sample, stopped by Ctrl-C as its `with outputs.build(...)` block is about
+# to leave: the signal handler raises on the first line of contextlib's `__exit__`, before the
+# generator (and its `finally`, which removes the staging folder) is resumed. Seen with a real
+# Ctrl-C on a 16k-run ingest, there, every time of three.
+STOPPED_AS_THE_BLOCK_LEAVES = r"""
+import sys
+from analyzer.outputs import Outputs
+build = Outputs.build
+
+class Stopped:
+    def __init__(self, manager):
+        self.manager = manager
+    def __enter__(self):
+        return self.manager.__enter__()
+    def __exit__(self, kind, error, trace):
+        if kind is None:
+            raise KeyboardInterrupt  # where the signal handler raises it
+        return self.manager.__exit__(kind, error, trace)
+
+Outputs.build = lambda self, given, **options: Stopped(build(self, given, **options))
+sys.argv = ["dstack-audit", "ingest", sys.argv[1], "-q", "--to", sys.argv[2]]
+from analyzer.cli import main
+main()
+"""
+
+
+def test_a_signal_as_a_block_leaves_still_removes_its_staging_folder(tmp_path):
+    """The console script ends at once (os._exit) but not for a command a signal stopped:
+    then a cleanup the signal cut off before it began runs as the stopped frames are freed
+    (analyzer.cli.options._ended). Exit 130, no dataset and no staging folder beside it."""
+    target = tmp_path / "dataset"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            STOPPED_AS_THE_BLOCK_LEAVES,
+            str(CAPTURES / "v0.22.5" / "seed"),
+            str(target),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 130, done.stderr
+    assert done.stderr == "dstack-audit: interrupted\n"
+    assert list(tmp_path.iterdir()) == []

@@ -105,12 +105,19 @@ def _ended(status: SystemExit) -> NoReturn:
     """The process ended with `status` without tearing down what the command built: the exit
     handlers run and the standard streams are flushed, as at any exit, but the interpreter's
     objects are not freed one by one (a 16k-run audit's 0.06-0.09 s). Any other thread still
-    running (not a daemon), or a stream that cannot be flushed, takes Python's own way out."""
+    running (not a daemon), or a stream that cannot be flushed, takes Python's own way out; so
+    does a command a signal stopped (128 + the signal: `invoke`). A signal can land as a `with`
+    block is about to leave, on the first line of contextlib's `__exit__`, before it resumes
+    its generator: that cleanup (a private folder's removal, an output's staging folder) runs
+    only when the stopped frames are freed, which `os._exit` skips (seen: an interrupted
+    `ingest` left its staging folder beside the target)."""
     import threading
 
     code = status.code
     others = [t for t in threading.enumerate() if t is not threading.main_thread()]
     if not (code is None or isinstance(code, int)) or any(not t.daemon for t in others):
+        raise status
+    if (code or 0) >= 128:  # stopped by a signal
         raise status
     import atexit
 
