@@ -288,6 +288,15 @@ def conform(frame: pl.DataFrame | pl.LazyFrame, schema: dict[str, pl.DataType]) 
     return frame.lazy().select(_conforming(tuple(schema.items()), frozenset(present)))
 
 
+def conforms(frame: pl.DataFrame, schema: dict[str, pl.DataType]) -> bool:
+    """Whether `frame` is what `conform` would give already: the schema's columns, in order,
+    with its types, none of them a vocabulary column (whose values conform checks). A frame
+    every partition of an audit shares (a database's fleets and instances) then stays the
+    same frame in each of them."""
+    in_order = tuple(frame.schema.items()) == tuple(schema.items())  # a dict's == ignores order
+    return in_order and not VOCABULARY_COLUMNS.keys() & schema.keys()
+
+
 @lru_cache(maxsize=512)
 def _conforming(
     schema: tuple[tuple[str, pl.DataType], ...], present: frozenset[str]

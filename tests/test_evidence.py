@@ -8,7 +8,14 @@ from datetime import UTC, datetime
 import polars as pl
 
 from analyzer.api import Audit
-from analyzer.pipeline.evidence import Evidence, _all_unique, _in_order, _merge_events
+from analyzer.pipeline.evidence import (
+    _ONCE_PER_KEY,
+    Evidence,
+    _all_unique,
+    _in_order,
+    _merge_events,
+    _once_per_key,
+)
 
 
 def _at(second: int | None) -> datetime | None:
@@ -43,6 +50,27 @@ def test_keys_are_unique_only_when_no_two_rows_share_one():
     assert _all_unique(frame, ["server", "time", "seq"])
     assert not _all_unique(frame, ["server", "time"])
     assert _all_unique(frame.clear(), ["server", "time"])
+
+
+def _instances(ids: list[str]) -> pl.DataFrame:
+    return pl.DataFrame(
+        {"server": ["s"] * len(ids), "instance_id": ids, "provenance": ["db"] * len(ids)}
+    )
+
+
+def test_a_frame_found_once_per_key_is_trusted_while_it_lives_and_only_it():
+    key = ["server", "instance_id"]
+    shared = _instances(["a", "b"])
+    assert _once_per_key(shared, key)
+    assert id(shared) in _ONCE_PER_KEY  # the next partition's look is a lookup
+    assert _once_per_key(shared, key)
+    assert not _once_per_key(shared, ["server"])  # another key is looked at
+    ident = id(shared)
+    del shared
+    assert ident not in _ONCE_PER_KEY  # forgotten with the frame
+    duplicated = _instances(["a", "a"])
+    assert not _once_per_key(duplicated, key)
+    assert id(duplicated) not in _ONCE_PER_KEY
 
 
 def test_an_event_seen_twice_is_one_event_with_both_provenances():

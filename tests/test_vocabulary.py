@@ -14,9 +14,16 @@ import pytest
 from analyzer import vocabulary as vocab
 from analyzer.catalogue import EVENT_TEMPLATES, LOG_LINE_TEMPLATES
 from analyzer.contract import Finding, RunVerdict
-from analyzer.model import EVENTS_SCHEMA, JOBS_SCHEMA, VOCABULARY_COLUMNS, conform
+from analyzer.model import (
+    EVENTS_SCHEMA,
+    INSTANCES_SCHEMA,
+    JOBS_SCHEMA,
+    VOCABULARY_COLUMNS,
+    conform,
+)
 from analyzer.pipeline.rules import CATEGORY_ORDER
 from analyzer.pipeline.timeline import HEALTH_PROOFS, UNHEALTHY_PROOFS
+from analyzer.sources.base import SourceData
 
 PACKAGE = Path(__file__).resolve().parents[1] / "analyzer"
 
@@ -148,6 +155,19 @@ def test_conform_rejects_a_value_outside_the_vocabulary(schema, column):
     ]
     with pytest.raises(pl.exceptions.InvalidOperationError, match="typo_value"):
         conform(pl.DataFrame({column: [good, "typo_value"]}), schema).collect()
+
+
+def test_a_frame_in_its_schema_already_is_kept_as_it_is_unless_it_has_a_vocabulary():
+    instances = conform(pl.DataFrame({"instance_id": ["i-1"]}), INSTANCES_SCHEMA).collect()
+    reordered = instances.select(reversed(instances.columns))
+    events = conform(pl.DataFrame({"kind": ["job_status"]}), EVENTS_SCHEMA).collect()
+    data = SourceData(instances=instances, events=events).conformed()
+    assert data.instances is instances  # what every partition shares stays one frame
+    assert data.events is not events  # its vocabulary is checked again
+    assert SourceData(instances=reordered).conformed().instances.columns == instances.columns
+    typo = events.with_columns(kind=pl.lit("typo_value"))
+    with pytest.raises(pl.exceptions.InvalidOperationError, match="typo_value"):
+        SourceData(events=typo).conformed()
 
 
 def _limitation_codes(tree: ast.AST) -> list[str]:

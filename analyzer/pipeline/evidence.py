@@ -6,6 +6,7 @@ events table and the log): it becomes one row that keeps every provenance, never
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -189,8 +190,13 @@ def _first_per_key(frames: list[pl.DataFrame], schema: dict, key: list[str]) -> 
 
 
 def _once_per_key(frame: pl.DataFrame, key: list[str]) -> bool:
-    """Whether each key is on one row, none of them null, and every row has a provenance."""
+    """Whether each key is on one row, none of them null, and every row has a provenance.
+    Told once per frame and key (`_ONCE_PER_KEY`): the fleets and instances a database's
+    partitions share are the same frame in each of them."""
     if not frame.height:
+        return True
+    known = _ONCE_PER_KEY.get(id(frame))
+    if known is not None and known[0]() is frame and tuple(key) in known[1]:
         return True
     if not {*key, "provenance"} <= set(frame.columns):
         return False
@@ -199,7 +205,25 @@ def _once_per_key(frame: pl.DataFrame, key: list[str]) -> bool:
         pl.any_horizontal(pl.col(key).is_null()).any().alias("null_key"),
         pl.col("provenance").null_count().alias("no_provenance"),
     ).row(0)
-    return checked == (frame.height, False, 0)
+    once = checked == (frame.height, False, 0)
+    if once:
+        _remember_once(frame, tuple(key))
+    return once
+
+
+_ONCE_PER_KEY: dict[int, tuple[weakref.ref, set[tuple[str, ...]]]] = {}
+"""The frames `_once_per_key` found once per key, by identity, while they live: a frame is
+never changed in place here, and each partition of a 100k-run audit looked again at the same
+250k instances (3.5 s of its CPU in 64 partitions)."""
+
+
+def _remember_once(frame: pl.DataFrame, key: tuple[str, ...]) -> None:
+    known = _ONCE_PER_KEY.get(id(frame))
+    if known is not None and known[0]() is frame:
+        known[1].add(key)
+        return
+    ident, known_frames = id(frame), _ONCE_PER_KEY  # held: the callback may run at shutdown
+    _ONCE_PER_KEY[ident] = (weakref.ref(frame, lambda _: known_frames.pop(ident, None)), {key})
 
 
 def _disputed_keys(

@@ -26,6 +26,7 @@ from analyzer.model import (
     JOBS_SCHEMA,
     RUNS_SCHEMA,
     conform,
+    conforms,
     empty_frame,
 )
 from analyzer.sources.buckets import BucketFiles
@@ -211,6 +212,7 @@ class SourceData:
             name: conform(frame, schema)
             for name, schema in schemas.items()
             if (frame := getattr(self, name)) is not _EMPTY.get(name)
+            and not conforms(frame, schema)
         }
         for name, frame in zip(pending, pl.collect_all(pending.values()), strict=True):
             setattr(self, name, frame)
