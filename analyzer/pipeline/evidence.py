@@ -214,7 +214,7 @@ def _once_per_key(frame: pl.DataFrame, key: list[str]) -> bool:
 _ONCE_PER_KEY: dict[int, tuple[weakref.ref, set[tuple[str, ...]]]] = {}
 """The frames `_once_per_key` found once per key, by identity, while they live: a frame is
 never changed in place here, and each partition of a 100k-run audit looked again at the same
-250k instances (3.5 s of its CPU in 64 partitions)."""
+250k instances (33 ms a partition under the profiler, about 2 s in 64)."""
 
 
 def _remember_once(frame: pl.DataFrame, key: tuple[str, ...]) -> None:
