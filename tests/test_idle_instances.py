@@ -1,4 +1,4 @@
-"""The idle instances a surge replica's foresight lists (exposure._idle): of each shape's
+"""The idle instances a surge replica's foresight lists (placement.reachable_idle): of each shape's
 instances, only those the queued jobs placed first and the first fit can reach, and the same
 placements and the same instance as with every instance listed."""
 
@@ -10,8 +10,7 @@ from types import SimpleNamespace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analyzer.pipeline.exposure import _idle
-from analyzer.pipeline.placement import Queued, fits, place_queue, requirement
+from analyzer.pipeline.placement import Queued, fits, place_queue, reachable_idle, requirement
 
 AS_OF = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
 FLEETS = ("f1", "f2")
@@ -32,8 +31,8 @@ jobs = st.lists(st.tuples(st.sampled_from([None, *FLEETS]), st.sampled_from([1, 
 
 
 def _listed(drawn) -> tuple[list[dict], SimpleNamespace]:
-    """The fleets and the foresight's context (its shapes by fleet and moment, each with the
-    rows of its instances, and the instances' names by row) of the drawn shapes."""
+    """The fleets and what the foresight holds of them (their shapes by fleet and moment, each
+    with the rows of its instances, and the instances' names by row) of the drawn shapes."""
     by_fleet: dict[tuple, list[dict]] = {}
     names: list[str] = []
     for kind, (fleet, cpus, total, busy, count, provisioning) in enumerate(drawn):
@@ -82,6 +81,6 @@ def test_the_instances_listed_place_the_queue_and_the_surge_as_all_of_them(drawn
         if not inst["provisioning"]
         for each in inst["rows"]
     ]
-    listed = _idle(fleets, context, AS_OF, len(queue))
+    listed = reachable_idle(fleets, context.shapes, context.instance_names, AS_OF, len(queue))
     assert _placed(listed, queue, surge) == _placed(every, queue, surge)
     assert len(listed) <= len(drawn) * (len(queue) + 1)

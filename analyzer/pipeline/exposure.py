@@ -45,6 +45,7 @@ from analyzer.pipeline.placement import (
     place_queue,
     queued_at,
     queued_first,
+    reachable_idle,
     running_sum,
     spans_at,
 )
@@ -808,7 +809,7 @@ def _group_surge(
         names,
         _priority(spec),
     )
-    idle = _idle(fleets, context, as_of, len(queue))
+    idle = reachable_idle(fleets, context.shapes, context.instance_names, as_of, len(queue))
     growth = {
         r.fleet_id: _headroom(r, fleet["nodes_max"])
         for r, fleet in zip(fleet_records, fleets, strict=True)
@@ -865,24 +866,6 @@ def _group_surge(
         f"group {name}: no idle instance fits one more replica and no fleet can add a node "
         f"({full}): the surge replica would fail with 'Fleet is at capacity'"
     )
-
-
-def _idle(fleets: list[dict], context: _Context, as_of: datetime, queued: int) -> list[dict]:
-    """The idle instances of `fleets` at `as_of` that the `queued` jobs placed first and then
-    the surge replica may take, in the order dstack tries them. The instances of one shape
-    (kind and busy blocks at T) are alike but for their name, and a queued job takes at most one
-    instance (placement.place_queue), the first it fits: of a shape's instances, only the first
-    `queued + 1` can be reached, since one of them is left untaken and stands for every one
-    after it, so only those are listed (at 100k runs, a probe listed every instance of its
-    fleets again). With no queue, one a shape, named by its first."""
-    return [
-        {**inst, "fleet_name": fleet["fleet_name"], "fleet_id": fleet["fleet_id"]}
-        | ({"instance_name": context.instance_names[each]} if queued else {})
-        for fleet in fleets
-        for inst in context.shapes.get((fleet["server"], fleet["fleet_id"], as_of), [])
-        if not inst["provisioning"]
-        for each in inst["rows"][: queued + 1]
-    ]
 
 
 def _priority(spec: dict) -> int:

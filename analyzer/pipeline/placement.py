@@ -355,6 +355,31 @@ def blocks_needed(req: Requirement | None, inst: dict) -> int:
     return total + 1
 
 
+def reachable_idle(
+    fleets: list[dict],
+    shapes: dict[tuple, list[dict]],
+    names: list[str | None],
+    as_of: datetime,
+    queued: int,
+) -> list[dict]:
+    """The idle instances of `fleets` at `as_of` (`shapes`: each fleet's distinct instance
+    shapes then, each with its instances' `rows`; `names`: the instances' names by row) that
+    the `queued` jobs placed first and then a surge replica may take, in the order dstack tries
+    them. The instances of one shape (kind and busy blocks at T) are alike but for their name,
+    and a queued job takes at most one instance, the first it fits (`place_queue`): of a shape's
+    instances, only the first `queued + 1` can be reached, since one of them is left untaken
+    and stands for every one after it, so only those are listed (at 100k runs, a probe listed
+    every instance of its fleets again). With no queue, one a shape, named by its first."""
+    return [
+        {**inst, "fleet_name": fleet["fleet_name"], "fleet_id": fleet["fleet_id"]}
+        | ({"instance_name": names[each]} if queued else {})
+        for fleet in fleets
+        for inst in shapes.get((fleet["server"], fleet["fleet_id"], as_of), [])
+        if not inst["provisioning"]
+        for each in inst["rows"][: queued + 1]
+    ]
+
+
 def place_queue(
     queue: list[Queued], idle: list[dict], growth: dict[str, float], names: dict[str, str | None]
 ) -> list[str]:
