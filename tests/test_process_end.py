@@ -21,7 +21,7 @@ SEED = str(CAPTURES / "v0.22.5" / "seed" / "server.db")
 # The console script's own call (`main()`, as pip's entry point makes it), after what the test
 # sets up in that process: an exit handler and, given a second argument, a thread still running.
 CONSOLE = r"""
-import atexit, sys, threading, time
+import atexit, os, sys, threading, time
 marker = sys.argv[1]
 def note(text):
     with open(marker, "a") as handle:
@@ -35,8 +35,12 @@ class Freed:  # says when it is freed (a module's objects are, as Python tears i
 held = Freed()
 atexit.register(note, "exit handler")
 if len(sys.argv) > 2:
-    def late():
-        time.sleep(0.5)
+    def late():  # still running when the command ends, however long its audit takes
+        for _ in range(1200):
+            if os.path.exists(marker + ".json"):  # the report is written: the command ends
+                break
+            time.sleep(0.05)
+        time.sleep(0.2)
         note("thread")
     threading.Thread(target=late).start()
 sys.argv = ["dstack-audit", "audit", SEED, "--format", "json", "-q", "--fail-on-findings",
