@@ -195,8 +195,8 @@ def _once_per_key(frame: pl.DataFrame, key: list[str]) -> bool:
     partitions share are the same frame in each of them."""
     if not frame.height:
         return True
-    known = _ONCE_PER_KEY.get(id(frame))
-    if known is not None and known[0]() is frame and tuple(key) in known[1]:
+    found = _keys_found(frame)
+    if found is not None and tuple(key) in found:
         return True
     if not {*key, "provenance"} <= set(frame.columns):
         return False
@@ -207,7 +207,10 @@ def _once_per_key(frame: pl.DataFrame, key: list[str]) -> bool:
     ).row(0)
     once = checked == (frame.height, False, 0)
     if once:
-        _remember_once(frame, tuple(key))
+        if found is None:  # the dict is held by the callback: it may run at shutdown
+            ident, known, found = id(frame), _ONCE_PER_KEY, set()
+            known[ident] = (weakref.ref(frame, lambda _: known.pop(ident, None)), found)
+        found.add(tuple(key))
     return once
 
 
@@ -217,13 +220,10 @@ never changed in place here, and each partition of a 100k-run audit looked again
 250k instances (33 ms a partition under the profiler, about 2 s in 64)."""
 
 
-def _remember_once(frame: pl.DataFrame, key: tuple[str, ...]) -> None:
+def _keys_found(frame: pl.DataFrame) -> set[tuple[str, ...]] | None:
+    """The keys `frame` itself (not a dead frame whose id it took) was found once per."""
     known = _ONCE_PER_KEY.get(id(frame))
-    if known is not None and known[0]() is frame:
-        known[1].add(key)
-        return
-    ident, known_frames = id(frame), _ONCE_PER_KEY  # held: the callback may run at shutdown
-    _ONCE_PER_KEY[ident] = (weakref.ref(frame, lambda _: known_frames.pop(ident, None)), {key})
+    return known[1] if known is not None and known[0]() is frame else None
 
 
 def _disputed_keys(
