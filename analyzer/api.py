@@ -16,6 +16,7 @@ import polars as pl
 import analyzer.contract_frames as frames
 from analyzer.collector import paused
 from analyzer.contract import Finding, InputRecord, LimitationRecord, Report, RunVerdict
+from analyzer.cores import on_one_core
 from analyzer.errors import AuditInputError
 from analyzer.outputs import private_folder
 from analyzer.pipeline.assemble import (
@@ -698,6 +699,7 @@ def partitions_merged(
 
             audit_partitions(client, given, count, audit_partition, spill, shared=shared, **options)
         else:
+            meanwhile.enter_context(on_one_core())  # partitions audited one after another
             for index in range(count):
                 spill.add(index, audit_partition(given, index, count, options, shared))
         del shared  # the whole tables it holds are not needed by the merge

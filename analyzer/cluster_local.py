@@ -20,7 +20,7 @@ import signal
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
@@ -133,14 +133,13 @@ class Local:
         self._kept: dict[int, Any] = {}  # the servers this process audited
         self._stop = threading.Event()
         self._dispatcher: threading.Thread | None = None
-        self._cores: list[int] = []  # this process's before the audit, given back after
+        self._core = ExitStack()  # this process kept to its core while the audit runs
         for connection in self._connections:
             _send(connection, fleet)  # its tasks, by name
 
     def __enter__(self) -> Local:
         if self._workers.core is not None:
-            self._cores = cores.usable()
-            cores.keep_to({self._workers.core})
+            self._core.enter_context(cores.kept_to({self._workers.core}))
         return self
 
     def __exit__(self, kind: type | None, *_: object) -> None:
@@ -149,8 +148,7 @@ class Local:
         it kept) never holds this process back. On an error they are stopped and waited for
         here: none still writes into the audit's private folders as they are removed."""
         self._stop.set()
-        if self._cores:
-            cores.keep_to(set(self._cores))
+        self._core.close()
         if kind is None:
             self.release()
         else:

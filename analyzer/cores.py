@@ -6,6 +6,8 @@ when the pool has one thread. Kept on one core, the two threads hand over in pla
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 def usable() -> list[int]:
@@ -41,3 +43,27 @@ def keep_to(cores: set[int]) -> None:
             os.sched_setaffinity(int(thread), cores)
         except (OSError, ValueError):  # a thread that ended meanwhile
             continue
+
+
+@contextmanager
+def kept_to(cores: set[int]) -> Iterator[None]:
+    """`keep_to(cores)` while inside; on leaving, every thread given back the cores this process
+    had before (a notebook's process keeps its cores once an audit is done)."""
+    had = usable()
+    keep_to(cores)
+    try:
+        yield
+    finally:
+        keep_to(set(had))
+
+
+@contextmanager
+def on_one_core() -> Iterator[None]:
+    """Every thread kept on the core the calling thread runs on while inside (`kept_to`), for
+    work that is a long run of small queries; nothing on one core, or where the system cannot
+    say which."""
+    if len(usable()) < 2 or (core := current()) is None:
+        yield
+        return
+    with kept_to({core}):
+        yield
