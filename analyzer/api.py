@@ -699,7 +699,10 @@ def partitions_merged(
 
             audit_partitions(client, given, count, audit_partition, spill, shared=shared, **options)
         else:
-            meanwhile.enter_context(on_one_core())  # partitions audited one after another
+            # one partition after another, each a long run of small queries: kept on one core
+            # from here to the report's end (analyzer.cores; the 100k-run audit in 64
+            # partitions, in turn: 8-26% less CPU, the same wall time or less)
+            meanwhile.enter_context(on_one_core())
             for index in range(count):
                 spill.add(index, audit_partition(given, index, count, options, shared))
         del shared  # the whole tables it holds are not needed by the merge
