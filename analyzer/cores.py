@@ -57,13 +57,20 @@ def kept_to(cores: set[int]) -> Iterator[None]:
         keep_to(set(had))
 
 
+def one_core() -> set[int] | None:
+    """The core the calling thread runs on, to keep every thread to; None when this process
+    may run on one core only, or the system cannot say which."""
+    if len(usable()) < 2 or (core := current()) is None:
+        return None
+    return {core}
+
+
 @contextmanager
 def on_one_core() -> Iterator[None]:
-    """Every thread kept on the core the calling thread runs on while inside (`kept_to`), for
-    work that is a long run of small queries; nothing on one core, or where the system cannot
-    say which."""
-    if len(usable()) < 2 or (core := current()) is None:
+    """Every thread kept on `one_core()` while inside (`kept_to`), for work that is a long run
+    of small queries; nothing where there is none."""
+    if (core := one_core()) is None:
         yield
         return
-    with kept_to({core}):
+    with kept_to(core):
         yield

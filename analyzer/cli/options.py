@@ -467,9 +467,8 @@ def _on_one_core() -> None:
     """Every thread of this process kept on the core it runs on (analyzer.cores: the seed
     sample's audit took 0.53-0.57 s of CPU on two cores against 0.44-0.46 s on one, its wall
     time as much less); its pool's threads, started later, take it on."""
-    if len(cores.usable()) < 2 or (core := cores.current()) is None:
-        return
-    cores.keep_to({core})
+    if (core := cores.one_core()) is not None:
+        cores.keep_to(core)
 
 
 def _fits(path: Path, budget: list[int]) -> bool:
