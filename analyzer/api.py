@@ -45,6 +45,7 @@ from analyzer.sources import (
     shown,
     sniff,
 )
+from analyzer.sources.adbc import release_freed
 from analyzer.sources.base import LoadContext, ReadOptions, WholeInputFacts
 from analyzer.sources.buckets import emptying
 from analyzer.times import parse_time
@@ -706,6 +707,9 @@ def partitions_merged(
             for index in range(count):
                 spill.add(index, audit_partition(given, index, count, options, shared))
         del shared  # the whole tables it holds are not needed by the merge
+        # nor the C heap's pages the partitions' Python objects and reads freed: polars'
+        # allocator never reuses them for the merge's facts (100k runs: 160 MB given back)
+        release_freed()
         meanwhile.enter_context(emptying(folder))
         yield spill.merged()
 
