@@ -10,12 +10,11 @@ import tracemalloc
 import polars as pl
 import pytest
 from conftest import CAPTURES, plant_env_secret, plant_failure_message
-from polars.testing import assert_frame_equal
 
 from analyzer.api import audit_in_partitions, audit_partition, open_sources, whole_input_facts
 from analyzer.contract import Report
 from analyzer.pipeline.assemble import END_BOUND, assemble, merge_reports, run_order
-from analyzer.pipeline.partitions import _sorted_freeing, slim_verdict
+from analyzer.pipeline.partitions import slim_verdict
 from analyzer.redact import MASK, Redactor
 
 SECRET = "planted-secret-value-4242"
@@ -269,24 +268,6 @@ def test_the_merge_holds_a_run_verdict_slim_and_merges_as_with_whole_ones(seed_r
         run_order(v) for v in merge_reports([whole]).runs
     ]
     assert merged.summary.runs_in_progress == 100 * len(seed_report.runs)
-
-
-def test_the_merges_submissions_are_sorted_as_polars_sorts_them_one_column_at_a_time():
-    """partitions._sorted_freeing: the order of `sort(keys, maintain_order=True)` (ties kept
-    in their order, nulls first), every column moved, the unsorted frame let go."""
-    frame = pl.DataFrame(
-        {
-            "server": ["b", "a", "a", None, "a", "b"],
-            "run_id": ["r2", "r1", "r1", "r0", None, "r2"],
-            "job_num": [1, 0, 0, 3, 2, None],
-            "tie": [0, 1, 2, 3, 4, 5],
-            "texts": [["x"], [], None, ["y", "z"], ["w"], []],
-        }
-    )
-    keys = ["server", "run_id", "job_num"]
-    held = [frame]
-    assert_frame_equal(_sorted_freeing(held, keys), frame.sort(keys, maintain_order=True))
-    assert held == []
 
 
 def test_a_partition_reports_its_summary_counts_alone():

@@ -780,3 +780,36 @@ def test_spans_counted_at_a_moment_are_those_of_their_definition(small_join, spa
         for own, minute in moments
     ]
     assert counted.to_list() == expected
+
+
+def test_jobs_placed_at_once_are_in_timeline_order_when_the_merge_holds_them_unsorted():
+    """The merge of partitions holds every partition's jobs in the partitions' order
+    (partitions.foresight_frames): given the timeline's columns as `ties`, jobs placed at the
+    same moment are numbered as the timeline-sorted jobs of one process would be."""
+    at = datetime(2026, 11, 2, 9, 4, 31, tzinfo=UTC)
+    subs = pl.DataFrame(
+        {
+            "server": ["b", "a", "a"],
+            "fleet_id": ["f"] * 3,
+            "run_id": ["r", "r", "r"],
+            "job_id": ["j", "j", "k"],
+            "job_name": ["web-1-0", "web-1-0", "web-0-0"],
+            "deployment_num": [1, 1, 1],
+            "instance_id": ["i1", "i1", "i2"],
+            "instance_name": ["f-0", "f-0", "f-1"],
+            "created_at": [at] * 3,
+            "stopped_at": [None] * 3,
+            "health": ["healthy"] * 3,
+            "health_proof": ["ready_flag"] * 3,
+            "replica_num": [1, 1, 0],
+            "job_num": [0, 0, 0],
+            "submission_num": [0, 0, 0],
+        }
+    )
+    runs = pl.DataFrame({"server": ["a", "b"], "run_id": ["r", "r"], "run_name": ["web", "web"]})
+    timeline = ["server", "run_id", "replica_num", "job_num", "submission_num"]
+    unsorted = placed_jobs(subs, runs, ties=timeline)
+    one_process = placed_jobs(subs.sort(timeline, maintain_order=True), runs)
+    assert unsorted.columns == one_process.columns
+    assert unsorted.rows() == one_process.rows()
+    assert unsorted.select("server", "job_id").rows() == [("a", "j"), ("b", "j"), ("a", "k")]

@@ -176,12 +176,13 @@ def _concat(frames: list[pl.DataFrame | pl.LazyFrame]) -> pl.LazyFrame:
 
 
 def foresight_frames(pieces: list[ForesightPiece]) -> tuple[Frames, pl.DataFrame, set]:
-    """What `foresight` reads, from every partition's piece: the same facts, in the same
-    order, as one process reads (its frames, the deployments, the dateless runs)."""
+    """What `foresight` reads, from every partition's piece: the same facts as one process
+    reads (its frames, the deployments, the dateless runs), in its order but for the jobs,
+    which `foresight_answered` puts in timeline order as it narrows them."""
     # every piece that read fleets and instances: the first partition's, or each server's
     whole = [p for p in pieces if p.fleets is not None]
     updated = [p.updates for p in pieces if p.updates is not None]
-    collected = pl.collect_all(
+    submissions, runs, fleets, instances, deployments, *updates = pl.collect_all(
         [
             _concat([p.submissions for p in pieces]),
             _concat([p.runs for p in pieces]),
@@ -191,12 +192,11 @@ def foresight_frames(pieces: list[ForesightPiece]) -> tuple[Frames, pl.DataFrame
             *([_concat(updated)] if updated else []),
         ]
     )
-    submissions = collected[:1]
-    runs, fleets, instances, deployments, *updates = collected[1:]
-    del collected
     frames = Frames(
         runs=runs,
-        submissions=_sorted_freeing(submissions, _TIMELINE_ORDER),
+        # in the partitions' order: each chunk's own are sorted (foresight_answered), not
+        # every partition's at once (100k runs: 137 MB, and a copy of it at the audit's peak)
+        submissions=submissions,
         fleets=fleets,
         instances=instances,
         fleet_table_servers=set().union(*(p.fleet_table_servers for p in pieces)),
@@ -206,24 +206,9 @@ def foresight_frames(pieces: list[ForesightPiece]) -> tuple[Frames, pl.DataFrame
         updates=updates[0] if updates else None,
     )
     # who held a fleet's room is looked for among every partition's jobs, found once here
-    # (facts_of narrows the rest to each chunk's projects)
-    frames.placed = placed_jobs(frames.submissions, frames.runs)
+    # (facts_of narrows the rest to each chunk's projects), its ties in timeline order
+    frames.placed = placed_jobs(frames.submissions, frames.runs, ties=_TIMELINE_ORDER)
     return frames, deployments, set().union(*(p.dateless for p in pieces))
-
-
-def _sorted_freeing(held: list[pl.DataFrame], keys: list[str]) -> pl.DataFrame:
-    """The one frame `held` holds, taken out of it, sorted by `keys` (stably, as
-    `sort(keys, maintain_order=True)`) a column at a time, each column of the unsorted frame
-    freed once it is moved: the sort holds one copy of the frame, not two (100k runs: every
-    partition's submissions, 137 MB)."""
-    (frame,) = held
-    held.clear()
-    order = frame.select(pl.arg_sort_by(keys, maintain_order=True)).to_series()
-    moved = []
-    for name in frame.columns:
-        moved.append(frame.get_column(name).gather(order))
-        frame = frame.drop(name)
-    return pl.DataFrame(moved)
 
 
 def foresight_answered(
@@ -239,6 +224,10 @@ def foresight_answered(
     answer masked with every partition's known secrets, as the partitions masked the rest of
     their findings (`keys`: the row_keys of the facts' frames, found once for every call)."""
     narrowed = facts_of(facts[0], findings, keys)
+    if narrowed is not facts[0]:
+        # the jobs kept, in timeline order (a stable sort): the order one process reads
+        subs = narrowed.submissions.sort(_TIMELINE_ORDER, maintain_order=True)
+        narrowed = replace(narrowed, submissions=subs)
     answered = list(foresight(narrowed, findings, facts[1], facts[2], holders))
     worked = [
         i

@@ -6,6 +6,7 @@ forecast and the guard decide with.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -406,11 +407,13 @@ def place_queue(
     return taken
 
 
-def placed_jobs(subs: pl.DataFrame, runs: pl.DataFrame) -> pl.DataFrame:
+def placed_jobs(subs: pl.DataFrame, runs: pl.DataFrame, ties: Sequence[str] = ()) -> pl.DataFrame:
     """The jobs placed on an instance (`instance_id` kept after release:
     jobs.used_instance_id), in the order they were placed (`_job`), each with its fleet
     (`fleet_id`: jobs.fleet_id, else its instance's) and its run's name: who can have held a
-    fleet's room (`holders_at`)."""
+    fleet's room (`holders_at`). `ties`: columns of `subs` that order jobs placed at once as
+    `subs` sorted by them would (the merge of partitions holds its jobs unsorted)."""
+    kept = [c for c in ties if c not in ("server", "run_id")]
     return (
         subs.filter(pl.col("instance_id").is_not_null() & pl.col("created_at").is_not_null())
         .select(
@@ -425,8 +428,10 @@ def placed_jobs(subs: pl.DataFrame, runs: pl.DataFrame) -> pl.DataFrame:
             "stopped_at",
             "health",
             "health_proof",
+            *kept,
         )
-        .sort("created_at", "job_id")
+        .sort("created_at", "job_id", *ties)
+        .drop(kept)
         .with_row_index("_job")
         .join(
             runs.select("server", "run_id", "run_name"),
