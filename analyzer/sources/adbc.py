@@ -19,7 +19,9 @@ def release_freed() -> None:
     nothing). An ADBC driver allocates the Arrow buffers it hands over with the C library's
     malloc, and polars keeps them as they are; once the frames are mapped and dropped, their
     pages stay in the C heap, where polars' own allocator never reuses them. Called when a
-    database has been read: at 16k runs the audit's memory from then on is 150-250 MB lower."""
+    database has been read: at 16k runs the audit's memory from then on is 150-250 MB lower;
+    and before the merge of partitions audited in one process (api.partitions_merged), for
+    what their Python objects and reads freed."""
     try:
         trim = ctypes.CDLL(None).malloc_trim
     except (AttributeError, OSError):  # not glibc
