@@ -813,3 +813,74 @@ def test_jobs_placed_at_once_are_in_timeline_order_when_the_merge_holds_them_uns
     assert unsorted.columns == one_process.columns
     assert unsorted.rows() == one_process.rows()
     assert unsorted.select("server", "job_id").rows() == [("a", "j"), ("b", "j"), ("a", "k")]
+
+
+def test_a_chunks_jobs_made_whole_again_are_the_rows_one_process_holds():
+    """The merge holds the jobs of runs whose findings ask for the foresight whole and other
+    runs' jobs in the few columns read of them (partitions.MergedFacts): a chunk's jobs made
+    whole again are one process's rows, another run's job null in the columns never read of
+    it, in timeline order, whichever rows the chunk picks."""
+    from analyzer.pipeline import partitions
+
+    at = datetime(2026, 11, 2, 9, 4, 31, tzinfo=UTC)
+    columns = dict.fromkeys((*partitions._CROSS_RUN_COLUMNS, *placement.PLACED_COLUMNS))
+    jobs = []
+    for piece, run in ((0, "w1"), (0, "o1"), (1, "o2"), (1, "w2"), (1, "o3")):
+        for replica in (1, 0):
+            row = {name: None for name in columns}
+            row.update(
+                server="s",
+                run_id=run,
+                job_id=f"{run}-{replica}",
+                job_name=f"web-{replica}-0",
+                replica_num=replica,
+                job_num=0,
+                submission_num=0,
+                deployment_num=1,
+                instance_id=f"i-{run}-{replica}",
+                created_at=at,
+                fleet_id="f",
+                blocks=1,
+            )
+            row["resources"] = f"{replica} GPU"  # a column never read of another run's job
+            row["piece"] = piece
+            jobs.append(row)
+    one_process = pl.DataFrame(jobs).drop("piece")
+    whole_runs = pl.col("run_id").str.starts_with("w")
+    frame = pl.DataFrame(jobs)
+    runs = one_process.select("server", "run_id", run_name="run_id").unique(maintain_order=True)
+    pieces = []
+    for piece in (0, 1):
+        mine = frame.filter(pl.col("piece") == piece).drop("piece")
+        pieces.append(
+            partitions.ForesightPiece(
+                runs=runs,
+                submissions=mine.filter(whole_runs),
+                others=mine.filter(~whole_runs).select(partitions._CROSS_RUN_COLUMNS),
+                deployments=pl.DataFrame(),
+                dateless=set(),
+                updates=None,
+                fleets=pl.DataFrame({"server": ["s"], "fleet_id": ["f"]}) if piece == 0 else None,
+                instances=pl.DataFrame({"server": ["s"]}) if piece == 0 else None,
+                fleet_table_servers=set(),
+                server_versions={},
+                evidence_ends={},
+                narrowed=False,
+                secrets=set(),
+            )
+        )
+    facts = partitions.foresight_frames(pieces)
+    held = facts.frames.submissions
+    assert "resources" not in held.columns
+    expected = one_process.with_columns(
+        pl.when(whole_runs).then(pl.col(name)).otherwise(None).alias(name)
+        for name in one_process.columns
+        if name not in partitions._CROSS_RUN_COLUMNS
+    )
+    timeline = partitions._TIMELINE_ORDER
+    for picked in (pl.lit(True), pl.col("run_id").is_in(["o3", "w2", "o1"])):
+        chunk = partitions._whole_again(held.filter(picked), facts.whole_jobs)
+        assert chunk.columns == one_process.columns
+        assert chunk.sort(timeline, maintain_order=True).rows() == (
+            expected.filter(picked).sort(timeline, maintain_order=True).rows()
+        )

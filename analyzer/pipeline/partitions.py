@@ -32,7 +32,7 @@ from analyzer.pipeline.foresight import (
     row_keys,
     wanted_findings,
 )
-from analyzer.pipeline.placement import placed_jobs
+from analyzer.pipeline.placement import PLACED_COLUMNS, placed_jobs
 from analyzer.progress import stage
 from analyzer.redact import Redactor
 
@@ -78,7 +78,8 @@ class ForesightPiece:
 
     # frames, or (once written to the merge's folder: `spilled_piece`) the scans of their files
     runs: pl.DataFrame | pl.LazyFrame
-    submissions: pl.DataFrame | pl.LazyFrame
+    submissions: pl.DataFrame | pl.LazyFrame  # the jobs of its runs with a finding asking
+    others: pl.DataFrame | pl.LazyFrame  # its other runs' jobs, their _CROSS_RUN_COLUMNS
     deployments: pl.DataFrame | pl.LazyFrame
     dateless: set[tuple[str, str]]
     # the "Run updated" events of its runs (specs.run_spec_at)
@@ -124,12 +125,8 @@ def foresight_piece(
     )
     return ForesightPiece(
         runs=_own(runs),
-        submissions=_own(
-            pl.concat(
-                [subs.join(key, on=["server", "run_id"], how="semi"), others],
-                how="diagonal_relaxed",
-            )
-        ),
+        submissions=_own(subs.join(key, on=["server", "run_id"], how="semi")),
+        others=_own(others),
         deployments=_own(deployments.join(key, on=["server", "run_id"], how="semi")),
         dateless=dateless,
         updates=_own(frames.updates) if frames.updates is not None else None,
@@ -154,7 +151,7 @@ def _own(frame: pl.DataFrame) -> pl.DataFrame:
     return pl.read_ipc(buffer)
 
 
-_PIECE_FRAMES = ("runs", "submissions", "deployments", "updates", "fleets", "instances")
+_PIECE_FRAMES = ("runs", "submissions", "others", "deployments", "updates", "fleets", "instances")
 
 
 def spilled_piece(folder: Path, index: int, piece: ForesightPiece) -> ForesightPiece:
@@ -175,16 +172,33 @@ def _concat(frames: list[pl.DataFrame | pl.LazyFrame]) -> pl.LazyFrame:
     return pl.concat([frame.lazy() for frame in frames], how="diagonal_relaxed")
 
 
-def foresight_frames(pieces: list[ForesightPiece]) -> tuple[Frames, pl.DataFrame, set]:
+class MergedFacts(NamedTuple):
+    """What `foresight` reads over every partition's findings (`foresight_frames`). The jobs
+    of the runs whose findings ask are held whole (`whole_jobs`); `frames.submissions` holds
+    every job, but only the columns read of another run's jobs (_CROSS_RUN_COLUMNS) and of
+    every job before a chunk's are picked (placement.placed_jobs, foresight.row_keys,
+    foresight.capacity_holders), `_whole` naming a whole job's row: a column of another
+    run's job is null in one process's frame too, and 100k runs' 219k such jobs held it in
+    their 35 other columns (16 bytes a string, null or not: some 80 MB). A chunk's jobs are
+    made whole again as they are picked (`foresight_answered`)."""
+
+    frames: Frames
+    deployments: pl.DataFrame
+    dateless: set
+    whole_jobs: pl.DataFrame
+
+
+def foresight_frames(pieces: list[ForesightPiece]) -> MergedFacts:
     """What `foresight` reads, from every partition's piece: the same facts as one process
     reads (its frames, the deployments, the dateless runs), in its order but for the jobs,
     which `foresight_answered` puts in timeline order as it narrows them."""
     # every piece that read fleets and instances: the first partition's, or each server's
     whole = [p for p in pieces if p.fleets is not None]
     updated = [p.updates for p in pieces if p.updates is not None]
-    submissions, runs, fleets, instances, deployments, *updates = pl.collect_all(
+    whole_jobs, others, runs, fleets, instances, deployments, *updates = pl.collect_all(
         [
             _concat([p.submissions for p in pieces]),
+            _concat([p.others for p in pieces]),
             _concat([p.runs for p in pieces]),
             _concat([p.fleets for p in whole]),
             _concat([p.instances for p in whole]),
@@ -192,11 +206,14 @@ def foresight_frames(pieces: list[ForesightPiece]) -> tuple[Frames, pl.DataFrame
             *([_concat(updated)] if updated else []),
         ]
     )
+    kept = [c for c in whole_jobs.columns if c in others.columns or c in PLACED_COLUMNS]
     frames = Frames(
         runs=runs,
         # in the partitions' order: each chunk's own are sorted (foresight_answered), not
         # every partition's at once (100k runs: 137 MB, and a copy of it at the audit's peak)
-        submissions=submissions,
+        submissions=pl.concat(
+            [whole_jobs.select(kept).with_row_index("_whole"), others], how="diagonal_relaxed"
+        ),
         fleets=fleets,
         instances=instances,
         fleet_table_servers=set().union(*(p.fleet_table_servers for p in pieces)),
@@ -208,12 +225,28 @@ def foresight_frames(pieces: list[ForesightPiece]) -> tuple[Frames, pl.DataFrame
     # who held a fleet's room is looked for among every partition's jobs, found once here
     # (facts_of narrows the rest to each chunk's projects), its ties in timeline order
     frames.placed = placed_jobs(frames.submissions, frames.runs, ties=_TIMELINE_ORDER)
-    return frames, deployments, set().union(*(p.dateless for p in pieces))
+    dateless = set().union(*(p.dateless for p in pieces))
+    return MergedFacts(frames, deployments, dateless, whole_jobs)
+
+
+def _whole_again(jobs: pl.DataFrame, whole_jobs: pl.DataFrame) -> pl.DataFrame:
+    """`jobs` (rows of MergedFacts.frames.submissions) with every column of one process's
+    frame, in its order: a whole job's row taken from `whole_jobs`, another run's with nulls
+    in the columns never read of it, as one process's frame holds them (a run's jobs are all
+    whole or all another run's: their order among themselves is kept)."""
+    picked = jobs["_whole"]
+    return pl.concat(
+        [
+            whole_jobs[picked.drop_nulls()],
+            jobs.filter(picked.is_null()).drop("_whole"),
+        ],
+        how="diagonal_relaxed",
+    ).select(whole_jobs.columns)
 
 
 def foresight_answered(
     findings: list[Finding],
-    facts: tuple[Frames, pl.DataFrame, set],
+    facts: MergedFacts,
     redactor: Redactor,
     holders: dict[tuple, list[str]] | None = None,
     keys: RowKeys | None = None,
@@ -223,12 +256,12 @@ def foresight_answered(
     alone; who held the room, `holders`, found for them all at once when given), each new
     answer masked with every partition's known secrets, as the partitions masked the rest of
     their findings (`keys`: the row_keys of the facts' frames, found once for every call)."""
-    narrowed = facts_of(facts[0], findings, keys)
-    if narrowed is not facts[0]:
-        # the jobs kept, in timeline order (a stable sort): the order one process reads
-        subs = narrowed.submissions.sort(_TIMELINE_ORDER, maintain_order=True)
-        narrowed = replace(narrowed, submissions=subs)
-    answered = list(foresight(narrowed, findings, facts[1], facts[2], holders))
+    narrowed = facts_of(facts.frames, findings, keys)
+    if narrowed is not facts.frames:
+        # the jobs kept, whole, in timeline order (a stable sort): the order one process reads
+        subs = _whole_again(narrowed.submissions, facts.whole_jobs)
+        narrowed = replace(narrowed, submissions=subs.sort(_TIMELINE_ORDER, maintain_order=True))
+    answered = list(foresight(narrowed, findings, facts.deployments, facts.dateless, holders))
     worked = [
         i
         for i, (old, new) in enumerate(zip(findings, answered, strict=True))
@@ -294,7 +327,7 @@ def spilled(folder: Path, index: int, result: PartitionResult) -> SpilledPartiti
         report.model_copy(
             update={
                 "runs": [slim_verdict(v) for v in report.runs],
-                "findings": [slim_finding(f) for f in report.findings],
+                "findings": [slim_finding(f, id(f) in wanted) for f in report.findings],
             }
         ),
         [i for i, f in enumerate(report.findings) if id(f) in wanted],
@@ -465,8 +498,8 @@ def foresight_written(
         answers: dict[tuple[int, int], Finding] = {}
         # who held the room at each failure, found for every finding at once: the jobs
         # placed on instances are every partition's, whatever the chunk
-        holders = capacity_holders([heads[i].findings[k] for i, k in asked], facts[0])
-        keys = row_keys(facts[0])
+        holders = capacity_holders([heads[i].findings[k] for i, k in asked], facts.frames)
+        keys = row_keys(facts.frames)
         wanted = {i: parts[i].wanted for i in order}
         for asking in _chunks(order, heads, wanted, chunk or FORESIGHT_CHUNK):
             # the foresight reads what the slim findings keep (culprits, root cause): its
@@ -499,7 +532,7 @@ def _answer(
     for k, answer in changed.items():
         lines[k] = _answered_text(lines[k], answer, head.findings[k])
         # the answer is a slim finding's copy: slim already, but for the answer itself
-        slim[k] = answer.model_copy(update={"capacity_foresight": None})
+        slim[k] = _sharing_fields_set(answer.model_copy(update={"capacity_foresight": None}))
     _write(path, lines)
     return head.model_copy(update={"findings": slim})
 
@@ -560,6 +593,36 @@ class _Loss(NamedTuple):
     lost_is_lower_bound: bool
 
 
+class _Impact(NamedTuple):
+    """What the summary (impact.totals) and the findings' order (impact.impact_rank) read of a
+    finding's impact."""
+
+    outage_start: datetime | None
+    outage_seconds: float | None
+    outage_is_lower_bound: bool
+    healthy_replica_seconds_lost: float | None
+    lost_cost: float | None
+    per_victim: list[_Loss]
+
+
+class _Culprit(NamedTuple):
+    """What the summary (impact._days) and the capacity foresight (foresight.wanted_findings,
+    foresight, capacity_holders) read of a culprit."""
+
+    termination_reason: str | None
+    termination_reason_message: str | None
+    deployment_num: int | None
+    failed_at: datetime | None
+
+
+class _RootCause(NamedTuple):
+    """What the summary (impact.totals) reads of the root cause of a finding that does not
+    ask for the capacity foresight."""
+
+    fleets: list[str]
+    failure_class: str | None
+
+
 # What the merge reads of a run verdict (analyzer.pipeline.assemble: its place in the report,
 # its verdict and whether it is still in progress): one set of those names that every slim
 # verdict shares (a set of its own would take 0.7 KB more a verdict).
@@ -586,29 +649,55 @@ def slim_verdict(verdict: RunVerdict) -> RunVerdict:
     )
 
 
-def slim_finding(finding: Finding) -> Finding:
+_FINDING_FIELDS = set(Finding.model_fields)
+
+
+def slim_finding(finding: Finding, foresight_asked: bool) -> Finding:
     """What the merge (merge_reports) reads of a finding: its order (impact_rank), the
-    summary's figures (impact.summarise: each victim's stop and loss, as plain tuples), its
-    limitations, and what the capacity foresight reads (its culprits and root cause); the
-    rest of it (its evidence chain, what-ifs, the victims' details) waits on disk, or in a
-    fleet's server's rendered pieces. Only read, never validated or written out."""
+    summary's figures (impact.summarise: its impact's, each victim's stop and loss, its
+    culprits' failures and root cause's class and fleets, as plain tuples), its limitations,
+    what the capacity foresight reads of its culprits, and, when `foresight_asked`
+    (foresight.wanted_findings), its root cause whole (the foresight's answer may be a new one,
+    a copy of it); the rest of it (its evidence chain, what-ifs, the
+    victims' details) waits on disk, or in a fleet's server's rendered pieces. Only read, never
+    validated or written out. 16k runs: 4.1k findings held in 8 KB each when only victims and
+    losses were tuples, in 3 KB as these (100k runs, 26k findings: some 130 MB less)."""
     impact = finding.impact
     if impact is not None:
-        losses = [
-            _Loss(v.lost_seconds, v.lost_cost, v.lost_is_lower_bound) for v in impact.per_victim
-        ]
-        impact = impact.model_copy(update={"per_victim": losses, "lower_bound_reasons": []})
-    return finding.model_copy(
-        update={
-            "victims": [_Stop(v.terminated_at) for v in finding.victims],
-            "impact": impact,
-            "evidence": [],
-            "counterfactuals": [],
-            "also_stopped": [],
-            "notes": [],
-            "capacity_foresight": None,
-        }
-    )
+        impact = _Impact(
+            impact.outage_start,
+            impact.outage_seconds,
+            impact.outage_is_lower_bound,
+            impact.healthy_replica_seconds_lost,
+            impact.lost_cost,
+            [_Loss(v.lost_seconds, v.lost_cost, v.lost_is_lower_bound) for v in impact.per_victim],
+        )
+    update: dict = {
+        "victims": [_Stop(v.terminated_at) for v in finding.victims],
+        "culprits": [
+            _Culprit(
+                c.termination_reason, c.termination_reason_message, c.deployment_num, c.failed_at
+            )
+            for c in finding.culprits
+        ],
+        "impact": impact,
+        "evidence": [],
+        "counterfactuals": [],
+        "also_stopped": [],
+        "notes": [],
+        "capacity_foresight": None,
+    }
+    if not foresight_asked:  # else its answer may be a new root cause (a copy of this one)
+        cause = finding.root_cause
+        update["root_cause"] = cause and _RootCause(cause.fleets, cause.failure_class)
+    return _sharing_fields_set(finding.model_copy(update=update))
+
+
+def _sharing_fields_set(slim: Finding) -> Finding:
+    """`slim` with the one set of its fields' names that every slim finding shares (a set of
+    its own takes 2.2 KB)."""
+    object.__setattr__(slim, "__pydantic_fields_set__", _FINDING_FIELDS)
+    return slim
 
 
 def _text(item: BaseModel) -> str:

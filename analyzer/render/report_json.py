@@ -108,13 +108,14 @@ class ServerJson:
 
 
 def _merged_only(report: Report) -> Report:
-    """`report` with its runs and findings cut down to what the merge reads."""
+    """`report` with its runs and findings cut down to what the merge reads (its capacity
+    foresight answered in the server's own task)."""
     from analyzer.pipeline.partitions import slim_finding, slim_verdict
 
     return report.model_copy(
         update={
             "runs": [slim_verdict(v) for v in report.runs],
-            "findings": [slim_finding(f) for f in report.findings],
+            "findings": [slim_finding(f, False) for f in report.findings],
         }
     )
 
