@@ -8,7 +8,6 @@ works the foresight out once over every partition's findings and pieces.
 
 from __future__ import annotations
 
-import io
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -21,6 +20,7 @@ import polars as pl
 from pydantic import BaseModel, SerializeAsAny
 
 from analyzer.contract import Finding, Report, RunVerdict
+from analyzer.model import own_buffers
 from analyzer.outputs import remove_folder
 from analyzer.pipeline.assemble import merge_reports
 from analyzer.pipeline.exposure import Frames
@@ -124,12 +124,12 @@ def foresight_piece(
         how="diagonal_relaxed",
     )
     return ForesightPiece(
-        runs=_own(runs),
-        submissions=_own(subs.join(key, on=["server", "run_id"], how="semi")),
-        others=_own(others),
-        deployments=_own(deployments.join(key, on=["server", "run_id"], how="semi")),
+        runs=own_buffers(runs),
+        submissions=own_buffers(subs.join(key, on=["server", "run_id"], how="semi")),
+        others=own_buffers(others),
+        deployments=own_buffers(deployments.join(key, on=["server", "run_id"], how="semi")),
         dateless=dateless,
-        updates=_own(frames.updates) if frames.updates is not None else None,
+        updates=own_buffers(frames.updates) if frames.updates is not None else None,
         fleets=frames.fleets if whole_tables else None,
         instances=frames.instances if whole_tables else None,
         fleet_table_servers=frames.fleet_table_servers,
@@ -138,17 +138,6 @@ def foresight_piece(
         narrowed=narrowed,
         secrets=secrets,
     )
-
-
-def _own(frame: pl.DataFrame) -> pl.DataFrame:
-    """`frame` in buffers of its own. A frame selected or filtered from a larger one shares
-    the larger one's buffers (a polars string column is views into them): a piece kept for
-    the merge would keep its whole partition's texts alive (16k runs in 16 partitions:
-    +23 MB of RSS a partition, +6 MB once written out and read back)."""
-    buffer = io.BytesIO()
-    frame.write_ipc(buffer)
-    buffer.seek(0)
-    return pl.read_ipc(buffer)
 
 
 _PIECE_FRAMES = ("runs", "submissions", "others", "deployments", "updates", "fleets", "instances")

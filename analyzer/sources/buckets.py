@@ -22,6 +22,8 @@ from pathlib import Path
 
 import polars as pl
 
+from analyzer.model import own_buffers
+
 BUCKET = "_bucket"
 ROW = "_row"
 RUN_TABLES = ("runs", "jobs", "probes", "events", "event_targets")
@@ -218,7 +220,8 @@ def _events_by_bucket(
             hits.append(
                 batch.join(runs, left_on="entity_run_id", right_on="id").select("event_id", BUCKET)
             )
-        found.append(pl.concat(hits).unique())
+        # its own buffers: else the few ids kept would hold every batch's whole id column
+        found.append(own_buffers(pl.concat(hits).unique()))
     if not found:
         return runs.clear()
     return (
