@@ -495,7 +495,8 @@ def foresight_written(
             # answer is copied into the whole finding
             slim = [heads[i].findings[k] for i, k in asking]
             answered = foresight_answered(slim, facts, known, holders, keys)
-            answers.update(zip(asking, answered, strict=True))
+            # held until every chunk is answered (100k runs: 13k answers, each its own copy)
+            answers.update(zip(asking, map(_sharing_fields_set, answered), strict=True))
         del facts, keys
         return {
             i: SpilledPartition(_answer(folder, i, heads[i], wanted[i], answers), [], None)
@@ -683,8 +684,8 @@ def slim_finding(finding: Finding, foresight_asked: bool) -> Finding:
 
 
 def _sharing_fields_set(slim: Finding) -> Finding:
-    """`slim` with the one set of its fields' names that every slim finding shares (a set of
-    its own takes 2.2 KB)."""
+    """`slim` (a slim finding, or a copy of one: an answer of the foresight) with the one set
+    of its fields' names that every slim finding shares (a set of its own takes 2.2 KB)."""
     object.__setattr__(slim, "__pydantic_fields_set__", _FINDING_FIELDS)
     return slim
 
