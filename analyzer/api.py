@@ -202,7 +202,7 @@ class Audit:
 
     def _foresight_piece(self, *, whole_tables: bool) -> ForesightPiece:
         """What the merge of this partition with the others needs for the capacity foresight
-        (analyzer.pipeline.exposure.ForesightPiece)."""
+        (analyzer.pipeline.partitions.ForesightPiece)."""
         from analyzer.pipeline.partitions import foresight_piece
 
         _, findings = self._detected

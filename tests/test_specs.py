@@ -783,9 +783,10 @@ def test_spans_counted_at_a_moment_are_those_of_their_definition(small_join, spa
 
 
 def test_jobs_placed_at_once_are_in_timeline_order_when_the_merge_holds_them_unsorted():
-    """The merge of partitions holds every partition's jobs in the partitions' order
-    (partitions.foresight_frames): given the timeline's columns as `ties`, jobs placed at the
-    same moment are numbered as the timeline-sorted jobs of one process would be."""
+    """The merge of partitions holds every partition's jobs unsorted (the runs that ask, then
+    the others: partitions.foresight_frames): given the timeline's columns as `ties`, jobs
+    placed at the same moment are numbered as the timeline-sorted jobs of one process would
+    be."""
     at = datetime(2026, 11, 2, 9, 4, 31, tzinfo=UTC)
     subs = pl.DataFrame(
         {

@@ -1,7 +1,7 @@
 """Partitions of one audit, merged into the report one process gives.
 
 A partition reads whole services, but an instance is held, and a placement refused, by runs of
-every partition: the capacity foresight (analyzer.pipeline.exposure.foresight) of a finding
+every partition: the capacity foresight (analyzer.pipeline.foresight.foresight) of a finding
 needs them all. So each partition sends, beside its report, a `ForesightPiece`, and the merge
 works the foresight out once over every partition's findings and pieces.
 """
@@ -173,14 +173,16 @@ class MergedFacts(NamedTuple):
 
     frames: Frames
     deployments: pl.DataFrame
-    dateless: set
+    dateless: set[tuple[str, str]]
     whole_jobs: pl.DataFrame
 
 
 def foresight_frames(pieces: list[ForesightPiece]) -> MergedFacts:
     """What `foresight` reads, from every partition's piece: the same facts as one process
-    reads (its frames, the deployments, the dateless runs), in its order but for the jobs,
-    which `foresight_answered` puts in timeline order as it narrows them."""
+    reads (its frames, the deployments, the dateless runs), in its order but for the jobs:
+    those of the runs whose findings ask held whole apart (`whole_jobs`), every job in the
+    columns read before a chunk's, unsorted; `foresight_answered` makes a chunk's whole again
+    and puts them in timeline order as it narrows them."""
     # every piece that read fleets and instances: the first partition's, or each server's
     whole = [p for p in pieces if p.fleets is not None]
     updated = [p.updates for p in pieces if p.updates is not None]
@@ -198,8 +200,9 @@ def foresight_frames(pieces: list[ForesightPiece]) -> MergedFacts:
     kept = [c for c in whole_jobs.columns if c in others.columns or c in PLACED_COLUMNS]
     frames = Frames(
         runs=runs,
-        # in the partitions' order: each chunk's own are sorted (foresight_answered), not
-        # every partition's at once (100k runs: 137 MB, and a copy of it at the audit's peak)
+        # every partition's jobs of the runs that ask, then every partition's others: each
+        # chunk's own are sorted (foresight_answered), not every partition's at once (100k
+        # runs: 137 MB, and a copy of it at the audit's peak)
         submissions=pl.concat(
             [whole_jobs.select(kept).with_row_index("_whole"), others], how="diagonal_relaxed"
         ),
@@ -546,7 +549,7 @@ def _chunks(order: list[int], heads: dict[int, Report], wanted: dict[int, list[i
     """The findings that ask for the foresight, `size` or so at a time, a project's
     together (each chunk reads only its projects' facts: foresight.facts_of) and a run's
     together (the holders of the room named for a run are those of each of its findings,
-    foresight._capacity_holders; a run is in one partition and one project)."""
+    foresight.capacity_holders; a run is in one partition and one project)."""
     runs: dict[tuple, list[tuple[int, int]]] = {}
     for index in order:
         for k in wanted[index]:
@@ -570,13 +573,13 @@ class _Items(BaseModel):
 
 
 class _Stop(NamedTuple):
-    """What the summary reads of a victim (impact._days)."""
+    """What the summary reads of a victim (impact._summary_frames)."""
 
     terminated_at: datetime | None
 
 
 class _Loss(NamedTuple):
-    """What the summary reads of a victim's impact (impact.totals)."""
+    """What the summary reads of a victim's impact (impact._summary_frames)."""
 
     lost_seconds: float | None
     lost_cost: float | None
@@ -584,8 +587,8 @@ class _Loss(NamedTuple):
 
 
 class _Impact(NamedTuple):
-    """What the summary (impact.totals) and the findings' order (impact.impact_rank) read of a
-    finding's impact."""
+    """What the summary (impact._summary_frames) and the findings' order (impact.impact_rank)
+    read of a finding's impact."""
 
     outage_start: datetime | None
     outage_seconds: float | None
@@ -596,8 +599,8 @@ class _Impact(NamedTuple):
 
 
 class _Culprit(NamedTuple):
-    """What the summary (impact._days) and the capacity foresight (foresight.wanted_findings,
-    foresight, capacity_holders) read of a culprit."""
+    """What the summary (impact._summary_frames) and the capacity foresight
+    (foresight.wanted_findings, foresight, capacity_holders) read of a culprit."""
 
     termination_reason: str | None
     termination_reason_message: str | None
@@ -606,8 +609,8 @@ class _Culprit(NamedTuple):
 
 
 class _RootCause(NamedTuple):
-    """What the summary (impact.totals) reads of the root cause of a finding that does not
-    ask for the capacity foresight."""
+    """What the summary (impact._summary_frames) reads of the root cause of a finding that does
+    not ask for the capacity foresight."""
 
     fleets: list[str]
     failure_class: str | None
