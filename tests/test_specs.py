@@ -363,7 +363,8 @@ def test_holders_are_those_of_their_definition(small_join, jobs, failures):
     schema = {"created_at": pl.Datetime("us", "UTC"), "stopped_at": pl.Datetime("us", "UTC")}
     subs = pl.DataFrame(rows, schema_overrides=schema) if rows else None
     if subs is None:
-        subs = pl.DataFrame(schema={**dict.fromkeys(_HOLDER_COLUMNS, pl.String), **schema})
+        columns = (*placement.PLACED_COLUMNS, "instance_id")  # what placed_jobs reads
+        subs = pl.DataFrame(schema={**dict.fromkeys(columns, pl.String), **schema})
     runs = pl.DataFrame({"server": ["s"] * 3, "run_id": ["web", "chat", "api"]})
     with mock.patch.object(placement, "SMALL_JOIN", small_join):
         held = holders_at(
@@ -371,19 +372,6 @@ def test_holders_are_those_of_their_definition(small_join, jobs, failures):
         )
     assert held.select("i", "job_id", "rank", "of").rows() == _holders_by_hand(asked, rows, 3)
 
-
-_HOLDER_COLUMNS = (
-    "server",
-    "fleet_id",
-    "run_id",
-    "job_id",
-    "job_name",
-    "deployment_num",
-    "instance_id",
-    "instance_name",
-    "health",
-    "health_proof",
-)
 
 PROVIDER_REFUSAL = (
     "Failed to provision in fleet 'cpu-fleet': tried 1 of 1 offers, all failed.\n"

@@ -214,9 +214,6 @@ def foresight_frames(pieces: list[ForesightPiece]) -> MergedFacts:
         evidence_ends={k: v for p in pieces for k, v in p.evidence_ends.items()},
         updates=updates[0] if updates else None,
     )
-    # who held a fleet's room is looked for among every partition's jobs, found once here
-    # (facts_of narrows the rest to each chunk's projects), its ties in timeline order
-    frames.placed = placed_jobs(frames.submissions, frames.runs, ties=_TIMELINE_ORDER)
     dateless = set().union(*(p.dateless for p in pieces))
     return MergedFacts(frames, deployments, dateless, whole_jobs)
 
@@ -489,11 +486,14 @@ def foresight_written(
         pieces.clear()
         answers: dict[tuple[int, int], Finding] = {}
         # who held the room at each failure, found for every finding at once: the jobs
-        # placed on instances are every partition's, whatever the chunk
-        holders = capacity_holders([heads[i].findings[k] for i, k in asked], facts.frames)
-        # the jobs placed are read for that alone: let go before the chunks' work (100k runs:
+        # placed on instances are every partition's, whatever the chunk (their ties in
+        # timeline order), held for this alone, not through the chunks' work (100k runs:
         # some 70 MB)
-        facts.frames.placed = None
+        placed = placed_jobs(facts.frames.submissions, facts.frames.runs, ties=_TIMELINE_ORDER)
+        holders = capacity_holders(
+            [heads[i].findings[k] for i, k in asked], replace(facts.frames, placed=placed)
+        )
+        del placed
         keys = row_keys(facts.frames)
         wanted = {i: parts[i].wanted for i in order}
         for asking in _chunks(order, heads, wanted, chunk or FORESIGHT_CHUNK):
