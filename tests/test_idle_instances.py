@@ -1,6 +1,8 @@
 """The idle instances a surge replica's foresight lists (placement.reachable_idle): of each shape's
 instances, only those the queued jobs placed first and the first fit can reach, and the same
-placements and the same instance as with every instance listed."""
+placements and the same instance as with every instance listed, also when each shape keeps only
+the rows of its first instances that the longest queue at that moment can reach
+(exposure.assess_states)."""
 
 from __future__ import annotations
 
@@ -65,8 +67,10 @@ def _placed(idle: list[dict], queue: list[Queued], surge) -> tuple[list[str], st
 
 
 @settings(max_examples=300, deadline=None)
-@given(shapes, jobs, st.sampled_from([1, 2, 4]))
-def test_the_instances_listed_place_the_queue_and_the_surge_as_all_of_them(drawn, wanted, cpus):
+@given(shapes, jobs, st.sampled_from([1, 2, 4]), st.integers(0, 3))
+def test_the_instances_listed_place_the_queue_and_the_surge_as_all_of_them(
+    drawn, wanted, cpus, longer
+):
     fleets, context = _listed(drawn)
     queue = [
         Queued(f"r{i}", f"run{i}", f"job{i}", fleet, None, 0, requirement("0", {"cpu": c}), None)
@@ -84,3 +88,18 @@ def test_the_instances_listed_place_the_queue_and_the_surge_as_all_of_them(drawn
     listed = reachable_idle(fleets, context.shapes, context.instance_names, AS_OF, len(queue))
     assert _placed(listed, queue, surge) == _placed(every, queue, surge)
     assert len(listed) <= len(drawn) * (len(queue) + 1)
+    # each shape's rows cut to the longest queue of the moment (this one or `longer`) and one
+    kept = len(queue) + longer + 1
+    cut = {
+        key: [{**inst, "rows": inst["rows"][:kept]} for inst in insts]
+        for key, insts in context.shapes.items()
+    }
+    reached = reachable_idle(fleets, cut, context.instance_names, AS_OF, len(queue))
+    again = reachable_idle(fleets, context.shapes, context.instance_names, AS_OF, len(queue))
+    assert [_without_rows(i) for i in reached] == [_without_rows(i) for i in again]
+    assert _placed(reached, queue, surge) == _placed(again, queue, surge)
+
+
+def _without_rows(instance: dict) -> dict:
+    """An instance listed, but the rows of its shape's instances (what no placement reads)."""
+    return {name: value for name, value in instance.items() if name != "rows"}

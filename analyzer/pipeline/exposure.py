@@ -321,13 +321,17 @@ def assess_states(
             ),
         )
     )
+    # the jobs queued at each moment: a shape's instances past the longest queue's length
+    # and one more are never reached (placement.reachable_idle), nor kept
+    queued = queued_at(frames.runs, frames.submissions, probes)
+    reached = 1 + max(map(len, queued.values()), default=0)
     # the instances that place a replica alike, in order of their first one: the first that
     # fits is the first instance that fits
     shapes = (
         instances_at.group_by(
             "_moment", "provisioning", "_kind", "busy_blocks", maintain_order=True
         )
-        .agg(pl.col("_row").first().alias("_first"), pl.col("_row").alias("rows"))
+        .agg(pl.col("_row").first().alias("_first"), pl.col("_row").head(reached).alias("rows"))
         .join(kinds, on="_kind", maintain_order="left")
         .join(moments.with_row_index("_moment"), on="_moment", maintain_order="left")
         .with_columns(
@@ -379,7 +383,7 @@ def assess_states(
         latest=latest,
         refusals=refusals,
         incidents=_incidents(findings),
-        queued=queued_at(frames.runs, frames.submissions, probes),
+        queued=queued,
         specs=specs,
     )
     fleets_of = _group(
@@ -550,7 +554,8 @@ class _Context:
     frames: Frames
     # (server, fleet_id, as_of) -> instances alive then (empty unless `detail`)
     instances: dict[tuple, list[dict]]
-    # (server, fleet_id, as_of) -> their distinct SHAPEs, each with its instances' `rows`
+    # (server, fleet_id, as_of) -> their distinct SHAPEs, each with the `rows` of its first
+    # instances: as many as the longest queue of any moment can reach, and one more
     shapes: dict[tuple, list[dict]]
     instance_names: list[str | None]  # by row of the instances frame
     alive: dict[tuple, tuple[int, bool]]  # (server, fleet_id, as_of) -> (count, any remote)
