@@ -279,6 +279,11 @@ def dripping(request):
     request.stream((b"[" if i == 0 else b" " for i in range(18000)), pause=0.2)
 
 
+def silent(request):
+    """A request taken and never answered: not a byte (the server is busy for a minute)."""
+    time.sleep(60)
+
+
 def wait_for(found, seconds: float = 60) -> None:
     deadline = time.monotonic() + seconds
     while not found():
@@ -286,19 +291,23 @@ def wait_for(found, seconds: float = 60) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.parametrize("answer", [dripping, silent])
 @pytest.mark.parametrize("command", ["collect", "audit"])
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
-def test_a_killed_run_leaves_no_folder_behind(tmp_path, command, signum):
+def test_a_killed_run_leaves_no_folder_behind(tmp_path, command, signum, answer):
     """SIGTERM (and, not in the issue, SIGHUP: the terminal closed) while a page is on its
-    way: the temporary folder and the hidden staging folder are gone, exit 128 + signal."""
+    way, or not begun: the temporary folder and the hidden staging folder are gone, exit 128 +
+    signal, at once: not after the 30 s read timeout of a request still waiting (seen when
+    the connections were closed under the threads reading them). A run that hangs has its
+    threads' stacks dumped (faulthandler) into the failure."""
     temporary, out = tmp_path / "tmp", tmp_path / "out"
     temporary.mkdir()
     out.mkdir()
-    with FakeDstack({"/api/runs/list": dripping}) as server:
+    with FakeDstack({"/api/runs/list": answer}) as server:
         args = ["audit", server.url] if command == "audit" else ["collect", server.url]
         args += ["--to", str(out / "c")] if command == "collect" else []
         process = subprocess.Popen(
-            [sys.executable, "-m", "analyzer", *args],
+            [sys.executable, "-X", "faulthandler", "-m", "analyzer", *args],
             cwd=ROOT,
             env={
                 **os.environ,
@@ -315,7 +324,12 @@ def test_a_killed_run_leaves_no_folder_behind(tmp_path, command, signum):
             made = temporary if command == "audit" else out
             assert any(made.iterdir())  # dstack-audit-live-* or .c.partial-*
             process.send_signal(signum)
-            _, stderr = process.communicate(timeout=30)
+            try:
+                _, stderr = process.communicate(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.send_signal(signal.SIGABRT)  # faulthandler: every thread's stack
+                _, stderr = process.communicate(timeout=15)
+                pytest.fail(f"still running 15 s after {signum.name}:\n{stderr}")
         finally:
             if process.poll() is None:
                 process.kill()

@@ -29,12 +29,15 @@ import hashlib
 import json
 import re
 import shutil
+import signal
+import socket
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -203,13 +206,32 @@ class Server:
         self.echoed: set[str] = set()  # what was asked where the answer held the token
         self._stopped = threading.Event()
         self._lock = threading.Lock()
+        self._streams: weakref.WeakSet[Any] = weakref.WeakSet()  # every connection opened
 
     def close(self) -> None:
         self._client.close()
 
     def stop(self) -> None:
-        """No further request, and every answer being read is dropped at its next bytes."""
+        """No further request, and every request on its way ends now: its connection is shut
+        down, which wakes a thread waiting on it. Closing it would not: a read already waiting
+        on a closed socket waits out its read timeout, 30 s after a Ctrl-C (seen: a peer that
+        had not answered yet held the process that long)."""
         self._stopped.set()
+        with self._lock:
+            streams = list(self._streams)
+        for stream in streams:
+            _shut_down(stream)
+
+    def _trace(self, event: str, info: dict[str, Any]) -> None:
+        """httpcore's trace extension: each new connection's stream is kept (weakly), for
+        `stop`; one that connects after the stop is shut down at once."""
+        if event != "connection.connect_tcp.complete" or info.get("return_value") is None:
+            return
+        stream = info["return_value"]
+        with self._lock:
+            self._streams.add(stream)
+        if self.stopped:
+            _shut_down(stream)
 
     @property
     def stopped(self) -> bool:
@@ -236,6 +258,7 @@ class Server:
             self.url + path,
             json=body,
             timeout=httpx.Timeout(wait, connect=min(wait, CONNECT_TIMEOUT_S)),
+            extensions={"trace": self._trace},
         )
         response = self._client.send(request, stream=True)
         try:
@@ -253,6 +276,8 @@ class Server:
                         raise self._too_big(path)
                     if time.monotonic() > until:
                         raise self._too_slow(path)
+            if self.stopped:  # an answer the stop cut short is never taken as whole
+                raise Stopped(path)
             inflater.end()
             return Answer(response.status_code, self._unechoed(path, bytes(content)))
         except CodingError as error:
@@ -310,6 +335,8 @@ class Server:
             try:
                 response = self._read(path, body)
             except httpx.HTTPError as error:
+                if self.stopped:  # its connection was shut down by the stop
+                    raise Stopped(path) from None
                 reason = _reason(error)
                 if reason.startswith("TLS"):  # trying again will not change a certificate
                     raise AuditInputError(self.label, f"POST {path}: {reason}") from None
@@ -323,7 +350,9 @@ class Server:
             else:
                 if response.status_code not in RETRY_STATUSES or attempt + 1 == attempts:
                     return response
-            time.sleep(max(0.0, min(BACKOFF_S * 2**attempt, self.deadline - time.monotonic())))
+            self._stopped.wait(
+                max(0.0, min(BACKOFF_S * 2**attempt, self.deadline - time.monotonic()))
+            )
         raise AssertionError("unreachable")
 
     def info(self) -> tuple[str | None, Any]:
@@ -629,17 +658,35 @@ class _Collector:
         self.fetch(file, f"/api/project/{project}/runs/get", {"run_name": None, "id": run_id})
 
 
+def _shut_down(stream: Any) -> None:
+    """Shut a connection down both ways (the socket's own shutdown, under TLS too: the TLS
+    object is left to its reader), so that a read or write waiting on it returns now."""
+    sock = stream.get_extra_info("socket")
+    if sock is None:
+        return
+    with suppress(OSError):  # closed already, or never connected
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
+def _request_thread() -> None:
+    """A request thread never takes a stopping signal: the kernel gives SIGINT, SIGTERM and
+    SIGHUP to the main thread, whose wait on a page it interrupts (a signal taken by another
+    thread would leave that wait asleep)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+
+
 @contextmanager
 def _workers(collector: _Collector, concurrency: int) -> Iterator[ThreadPoolExecutor]:
     """A pool of requests that, when anything fails (a page, a signal), stops at once: queued
-    requests are dropped and nothing more is written, without waiting for an answer still
-    on its way (its thread ends at its next bytes or its read timeout)."""
-    pool = ThreadPoolExecutor(max_workers=max(1, concurrency))
+    requests are dropped, the requests on their way end (`Server.stop`) and nothing more is
+    written. Their threads are waited for before the connections are closed, so none is
+    closed under a thread still reading it."""
+    pool = ThreadPoolExecutor(max_workers=max(1, concurrency), initializer=_request_thread)
     try:
         yield pool
     except BaseException:
         collector.stop()
-        pool.shutdown(wait=False, cancel_futures=True)
+        pool.shutdown(wait=True, cancel_futures=True)
         raise
     pool.shutdown(wait=True)
 
