@@ -339,6 +339,80 @@ def test_a_killed_run_leaves_no_folder_behind(tmp_path, command, signum, answer)
     nothing_left(out)
 
 
+@pytest.mark.parametrize("tls", [False, True])
+def test_a_stop_ends_a_request_still_waiting_for_its_answer(tmp_path, monkeypatch, tls):
+    """Not in the issue: a server that took the request and sends nothing back (over TLS too,
+    where the connection's stream is replaced by its TLS stream): `Server.stop` from another
+    thread (what a signal or another page's failure does) ends the request at once, not at its
+    30 s read timeout."""
+    import functools
+    import socket
+    import ssl
+    import threading
+
+    import httpx
+
+    from analyzer.sources.collect import Server, Stopped
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    if tls:
+        key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+        made = subprocess.run(
+            [
+                *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+                *("-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"),
+                *("-keyout", str(key), "-out", str(cert)),
+            ],
+            capture_output=True,
+            check=False,
+        )
+        if made.returncode != 0:
+            pytest.skip("openssl could not make a self-signed certificate")
+        served = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        served.load_cert_chain(cert, key)
+        trusted = ssl.create_default_context(cafile=str(cert))
+        monkeypatch.setattr(httpx, "Client", functools.partial(httpx.Client, verify=trusted))
+
+    def accept() -> None:  # takes each connection (and its TLS handshake), answers nothing
+        while True:
+            try:
+                connection, _ = listener.accept()
+                held.append(served.wrap_socket(connection, server_side=True) if tls else connection)
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    scheme = "https" if tls else "http"
+    server = Server(f"{scheme}://127.0.0.1:{listener.getsockname()[1]}", TOKEN)
+    ended: list[BaseException | float] = []
+
+    def ask() -> None:
+        started = time.monotonic()
+        try:
+            server.post("/api/runs/list", {})
+        except BaseException as error:  # what the thread ended with, for the test to read
+            ended.append(error)
+        ended.append(time.monotonic() - started)
+
+    asking = threading.Thread(target=ask)
+    asking.start()
+    try:
+        wait_for(lambda: held, 10)
+        time.sleep(0.3)  # the request is sent and its thread waits for the answer
+        stopped = time.monotonic()
+        server.stop()
+        asking.join(timeout=20)
+        assert not asking.is_alive()
+        assert time.monotonic() - stopped < 5
+        assert isinstance(ended[0], Stopped), ended
+    finally:
+        server.close()
+        listener.close()
+        for connection in held:
+            connection.close()
+
+
 @pytest.mark.parametrize(
     ("endpoint", "page", "expected"),
     [

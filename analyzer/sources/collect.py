@@ -224,8 +224,9 @@ class Server:
 
     def _trace(self, event: str, info: dict[str, Any]) -> None:
         """httpcore's trace extension: each new connection's stream is kept (weakly), for
-        `stop`; one that connects after the stop is shut down at once."""
-        if event != "connection.connect_tcp.complete" or info.get("return_value") is None:
+        `stop`, and its TLS stream, which replaces it; one made after the stop is shut down at
+        once."""
+        if event not in _CONNECTED or info.get("return_value") is None:
             return
         stream = info["return_value"]
         with self._lock:
@@ -656,6 +657,9 @@ class _Collector:
         """runs/get by id: every submission of every job, deleted runs included."""
         file = f"runs_get/{self.name(project)}/{self.name(name)}-{self.name(run_id[:6])}.json"
         self.fetch(file, f"/api/project/{project}/runs/get", {"run_name": None, "id": run_id})
+
+
+_CONNECTED = ("connection.connect_tcp.complete", "connection.start_tls.complete")
 
 
 def _shut_down(stream: Any) -> None:
