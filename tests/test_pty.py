@@ -168,6 +168,50 @@ def test_ctrl_c_exits_130_and_leaves_no_partial_output(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_ctrl_c_ends_a_collect_waiting_for_its_answer(tmp_path):
+    """Not in the issue: Ctrl-C typed while `collect` waits for a page the server has not begun
+    to send. polars, once imported, puts its own SIGINT handler in Python's place, one that
+    restarts the main thread's wait (pola-rs/polars#21739): the Ctrl-C was seen only when the
+    answer came. Exit 130 at once, nothing left in the target's folder."""
+    import fake_dstack
+
+    def silent(request):
+        time.sleep(60)
+
+    with fake_dstack.FakeDstack({"/api/runs/list": silent}) as server:
+        pid, leader = pty.fork()
+        if pid == 0:  # the child: a shell's foreground job
+            os.chdir(ROOT)
+            os.execve(
+                sys.executable,
+                [
+                    sys.executable,
+                    "-m",
+                    "analyzer",
+                    "collect",
+                    server.url,
+                    "--to",
+                    str(tmp_path / "c"),
+                ],
+                {**_env(), "DSTACK_TOKEN": "5f0c3f6e-8d7a-4c1b-9e2f-0a1b2c3d4e5f"},
+            )
+        deadline = time.monotonic() + 60
+        while "/api/runs/list" not in server.paths() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert "/api/runs/list" in server.paths()
+        time.sleep(0.3)  # the main thread waits for the page
+        typed = time.monotonic()
+        os.write(leader, b"\x03")  # Ctrl-C, as typed
+        screen = read_until_closed(leader, wait=20)
+        _, status = os.waitpid(pid, 0)
+        waited = time.monotonic() - typed
+        os.close(leader)
+    assert os.waitstatus_to_exitcode(status) == 130, screen
+    assert b"interrupted" in screen and b"Traceback" not in screen
+    assert waited < 10, waited
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_sigint_while_writing_leaves_no_file(tmp_path):
     """SIGINT however it comes (kill -INT), sent once the report is being drawn (the terminal
     shows that stage): exit 130 and no file, not even a temporary one."""
