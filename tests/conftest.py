@@ -22,6 +22,24 @@ CAPTURES = DATA / "captures"
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def self_signed(folder: Path) -> tuple[Path, Path]:
+    """A key and a self-signed certificate for 127.0.0.1 (a day's), made by openssl in
+    `folder`; the test is skipped when openssl cannot make one."""
+    key, cert = folder / "key.pem", folder / "cert.pem"
+    made = subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"),
+            *("-keyout", str(key), "-out", str(cert)),
+        ],
+        capture_output=True,
+        check=False,
+    )
+    if made.returncode != 0:
+        pytest.skip("openssl could not make a self-signed certificate")
+    return key, cert
+
+
 def read_until_closed(leader: int, wait: float = 30) -> bytes:
     """What a child forked on a pseudo-terminal (pty.fork) shows from now until the terminal
     closes, or until it shows nothing for `wait` seconds."""

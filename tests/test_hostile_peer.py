@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import one_line_error
+from conftest import one_line_error, self_signed
 from fake_dstack import FakeDstack, run
 
 from analyzer.cli import main
@@ -357,18 +357,7 @@ def test_a_stop_ends_a_request_still_waiting_for_its_answer(tmp_path, monkeypatc
     listener = socket.create_server(("127.0.0.1", 0))
     held: list[socket.socket] = []
     if tls:
-        key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-        made = subprocess.run(
-            [
-                *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
-                *("-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"),
-                *("-keyout", str(key), "-out", str(cert)),
-            ],
-            capture_output=True,
-            check=False,
-        )
-        if made.returncode != 0:
-            pytest.skip("openssl could not make a self-signed certificate")
+        key, cert = self_signed(tmp_path)
         served = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         served.load_cert_chain(cert, key)
         trusted = ssl.create_default_context(cafile=str(cert))

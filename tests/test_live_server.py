@@ -32,6 +32,7 @@ from conftest import (
     found_victims,
     load_truth,
     one_line_error,
+    self_signed,
     truth_files,
 )
 
@@ -395,17 +396,7 @@ def test_unreachable_server(tmp_path):
 
 def test_tls_failure(tmp_path):
     """A TLS server with a self-signed certificate: the certificate is refused in one line."""
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    made = subprocess.run(
-        [
-            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
-            *("-subj", "/CN=127.0.0.1", "-keyout", str(key), "-out", str(cert)),
-        ],
-        capture_output=True,
-        check=False,
-    )
-    if made.returncode != 0:
-        pytest.skip("openssl could not make a self-signed certificate")
+    key, cert = self_signed(tmp_path)
     port = free_port()
     serve = (
         "import http.server, ssl, sys\n"
