@@ -30,6 +30,7 @@ from typing import Any
 from analyzer import cores
 from analyzer.collector import paused
 from analyzer.errors import AuditInputError
+from analyzer.interrupts import handlers_kept_after_polars
 from analyzer.progress import quiet_stages
 
 SIGNAL_SECONDS = 0.2  # how soon a local --workers audit sees Ctrl-C while it waits
@@ -417,6 +418,7 @@ def _serve(connection: Connection, preload: tuple[str, ...], core: int | None) -
     one (`_cores_each`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the client stops us
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    handlers_kept_after_polars([signal.SIGINT])  # ignored still once polars is imported
     with paused():
         for name in preload:
             importlib.import_module(name)

@@ -71,6 +71,29 @@ def test_workers_started_beforehand_audit_the_fleet_and_are_stopped_after():
     assert worker.exitcode is not None
 
 
+def test_a_worker_still_ignores_ctrl_c_once_polars_is_imported():
+    """Not in the issue: a worker ignores Ctrl-C (the client stops it), and polars' import
+    put a SIGINT handler of its own in place of the ignoring (pola-rs/polars#21739), one that
+    would abort the query in hand and print the worker's traceback on the terminal. Read from
+    the worker's /proc status once polars' runtime is loaded there."""
+
+    def flags(pid: int, name: str) -> int:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+        return int(next(line for line in lines if line.startswith(name)).split()[1], 16)
+
+    with started(1, preload=("polars",)) as workers:
+        [worker] = workers.processes
+        maps = Path(f"/proc/{worker.pid}/maps")
+        deadline = time.monotonic() + 60
+        while "_polars_runtime" not in maps.read_text():
+            assert time.monotonic() < deadline, "polars never loaded in the worker"
+            time.sleep(0.05)
+        time.sleep(0.5)  # its import ends: the handler is put back right after
+        sigint = 1 << (2 - 1)
+        assert flags(worker.pid, "SigIgn") & sigint
+        assert not flags(worker.pid, "SigCgt") & sigint
+
+
 @pytest.mark.skipif(len(cores.usable()) < 2, reason="one core: nothing to share out")
 def test_as_many_processes_as_cores_each_keep_to_a_core_of_their_own():
     """Each process runs polars on one thread then: its threads kept on one core, its own, so

@@ -20,6 +20,7 @@ import click
 
 from analyzer import collector, cores
 from analyzer.errors import AuditInputError, Terminated, out_of_room
+from analyzer.interrupts import handlers_kept_after_polars
 from analyzer.terminal import SETTINGS, reporting
 from analyzer.times import EXAMPLES, parse_time
 
@@ -60,46 +61,6 @@ def _stopped(signum: int, frame: Any) -> None:
     raise Terminated(signum)
 
 
-class _AfterPolars:
-    """Puts Python's own handler of the stopping signals back once polars is imported.
-
-    polars' runtime replaces Python's SIGINT handler with its own at import (signal-hook's,
-    pola-rs/polars#21739): it calls Python's, but with SA_RESTART, so a main thread waiting on a
-    lock (a page on its way, a thread joined) is put back to sleep and a Ctrl-C typed in a
-    terminal was seen only when the wait ended (a `collect` from a server that had not answered:
-    never). A meta-path finder that only watches for `polars` (the pattern of post-import hooks):
-    once polars' module has run, each handler is installed again, which restores Python's."""
-
-    def __init__(self, signals: list[int]) -> None:
-        self.signals = signals
-
-    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != "polars":
-            return None
-        import importlib.util
-
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        if spec is not None and spec.loader is not None:
-            run = spec.loader.exec_module
-
-            def exec_module(module: Any) -> None:
-                run(module)
-                self.restore()
-
-            spec.loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
-
-    def restore(self) -> None:
-        import signal
-        import threading
-
-        if threading.current_thread() is not threading.main_thread():
-            return  # only the main thread may set a handler (polars first imported elsewhere)
-        for signum in self.signals:
-            signal.signal(signum, signal.getsignal(signum))
-
-
 class AuditGroup(click.Group):
     """The `dstack-audit` group: Ctrl-C exits 130 on every command (click's own handling says
     "Aborted!" and exits 1, which a CI gate would read as findings), SIGTERM and SIGHUP 128 +
@@ -126,9 +87,7 @@ class AuditGroup(click.Group):
         main_thread = threading.current_thread() is threading.main_thread()
         signals = [getattr(signal, name) for name in _STOPS] if main_thread else []
         before = {signum: signal.signal(signum, _stopped) for signum in signals}
-        watch = _AfterPolars(signals) if signals and "polars" not in sys.modules else None
-        if watch is not None:
-            sys.meta_path.insert(0, watch)
+        watch = handlers_kept_after_polars(signals)
         try:
             return super().invoke(ctx)
         except Terminated as stopped:
@@ -139,8 +98,7 @@ class AuditGroup(click.Group):
             click.echo("dstack-audit: interrupted", err=True)
             sys.exit(INTERRUPTED)
         finally:
-            if watch in sys.meta_path:
-                sys.meta_path.remove(watch)
+            watch.forget()
             for signum, handler in before.items():
                 if signal.getsignal(signum) is _stopped:  # not once stopped (`_stopped`)
                     signal.signal(signum, handler)
