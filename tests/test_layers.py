@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "analyzer.catalogue",
             "analyzer.collector",
             "analyzer.cores",
+            "analyzer.interrupts",
             "analyzer.gitleaks",
             "analyzer.redact",
             "analyzer.times",
