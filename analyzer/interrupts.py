@@ -16,6 +16,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+STOPS = ("SIGINT", "SIGTERM", "SIGHUP")  # the signals that stop a command, by name
+
 
 class _AfterPolars:
     """A meta-path finder that only watches for `polars` (the pattern of post-import hooks):

@@ -20,7 +20,7 @@ import click
 
 from analyzer import collector, cores
 from analyzer.errors import AuditInputError, Terminated, out_of_room
-from analyzer.interrupts import handlers_kept_after_polars
+from analyzer.interrupts import STOPS, handlers_kept_after_polars
 from analyzer.terminal import SETTINGS, reporting
 from analyzer.times import EXAMPLES, parse_time
 
@@ -42,9 +42,6 @@ class IsoTime(click.ParamType):
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it; 1 means findings
 
 
-_STOPS = ("SIGINT", "SIGTERM", "SIGHUP")  # the signals that stop a command, by name
-
-
 def _stopped(signum: int, frame: Any) -> None:
     """The first Ctrl-C, SIGTERM or SIGHUP raised where the program is; any of them that comes
     after is ignored, to the process's end: its way out (the workers stopped and waited for,
@@ -54,7 +51,7 @@ def _stopped(signum: int, frame: Any) -> None:
     of --workers now and then)."""
     import signal
 
-    for name in _STOPS:
+    for name in STOPS:
         signal.signal(getattr(signal, name), signal.SIG_IGN)
     if signum == signal.SIGINT:
         raise KeyboardInterrupt
@@ -85,7 +82,7 @@ class AuditGroup(click.Group):
         import threading
 
         main_thread = threading.current_thread() is threading.main_thread()
-        signals = [getattr(signal, name) for name in _STOPS] if main_thread else []
+        signals = [getattr(signal, name) for name in STOPS] if main_thread else []
         before = {signum: signal.signal(signum, _stopped) for signum in signals}
         watch = handlers_kept_after_polars(signals)
         try:

@@ -46,6 +46,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from analyzer._version import __version__
 from analyzer.errors import AuditInputError
+from analyzer.interrupts import STOPS
 from analyzer.sources.inflate import ACCEPTED, CodingError, Inflater
 
 MANIFEST = "manifest.json"
@@ -673,10 +674,10 @@ def _shut_down(stream: Any) -> None:
 
 
 def _request_thread() -> None:
-    """A request thread never takes a stopping signal: the kernel gives SIGINT, SIGTERM and
-    SIGHUP to the main thread, whose wait on a page it interrupts (a signal taken by another
-    thread would leave that wait asleep)."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+    """A request thread never takes a stopping signal (`STOPS`): the kernel gives them to the
+    main thread, whose wait on a page it interrupts (a signal taken by another thread would
+    leave that wait asleep)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {getattr(signal, name) for name in STOPS})
 
 
 @contextmanager
