@@ -160,4 +160,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # Ctrl-C reaches perf and the audit too: each stops on its own
+        print("where_time_goes: interrupted", file=sys.stderr)
+        sys.exit(130)
