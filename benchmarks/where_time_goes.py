@@ -1,7 +1,7 @@
 """Where an audit's CPU goes, by library, beside its floor's (Linux `perf`; not part of the test
 suite).
 
-    python benchmarks/where_time_goes.py SOURCE [--floor db|seed|log] [--repeat N]
+    python benchmarks/where_time_goes.py SOURCE [--floor db|seed|log|keywords] [--repeat N]
 
 The issue that set the speed targets (38) asks that a target not met be shown so by a profile in
 which what is left is the floor's own work. A whole process is sampled with `perf record` (every
@@ -12,7 +12,8 @@ SQLite through ADBC (the floor's own read), libcrypto (the evidence's SHA-256, w
 takes) and pydantic's core. Each share times the process's CPU time (its rusage) gives seconds.
 The floor is the one `run_benchmarks.py` measures the source against: `db` (ADBC reading every
 table and column the audit reads), `seed` (polars imported, every byte read) or `log` (the event
-fields extracted, by the layout of its first line), found from the source when not given.
+fields extracted, by the layout of its first line), found from the source when not given;
+`keywords` (the lifecycle lines found by keyword) is the 1 GB log's.
 
 `perf` must be installed and allowed to sample this user's processes
 (`/proc/sys/kernel/perf_event_paranoid` at most 2); the script says so and exits 2 otherwise.
@@ -52,6 +53,8 @@ def floor_argv(source: Path, kind: str) -> list[str]:
         return [sys.executable, "-c", bench.DB_TABLES, str(source), str(bench.ROOT)]
     if kind == "seed":
         return [sys.executable, "-c", bench.READ_FOLDER, str(source)]
+    if kind == "keywords":
+        return [sys.executable, "-c", bench.LIFECYCLE_LINES, str(source)]
     return [sys.executable, "-c", bench.EVENT_FIELDS, str(source), _log_format(source)]
 
 
@@ -129,7 +132,7 @@ def usable() -> str | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("source", type=Path)
-    parser.add_argument("--floor", choices=("db", "seed", "log"))
+    parser.add_argument("--floor", choices=("db", "seed", "log", "keywords"))
     parser.add_argument("--repeat", type=int, default=3, help="runs each; the least CPU is kept")
     args = parser.parse_args()
     if (why := usable()) is not None:
