@@ -9,7 +9,8 @@ thread, Python's and polars' alike) and its samples summed by the library they r
 Python interpreter (our code, polars' and pydantic's Python layers, every import), polars' native
 code, the kernel (page faults, thread hand-offs, reads), the C library (copies, allocation),
 SQLite through ADBC (the floor's own read), libcrypto (the evidence's SHA-256, which no floor
-takes) and pydantic's core. Each share times the process's CPU time (its rusage) gives seconds.
+takes) and pydantic's core. Each share times the process's own CPU time (GNU time's, so not
+perf's) gives seconds.
 The floor is the one `run_benchmarks.py` measures the source against: `db` (ADBC reading every
 table and column the audit reads), `seed` (polars imported, every byte read) or `log` (the event
 fields extracted, by the layout of its first line), found from the source when not given;
