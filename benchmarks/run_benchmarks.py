@@ -145,13 +145,20 @@ print(rows)
 """
 
 
-def measure(argv: list[str], *, code: Path = ROOT, allowed: tuple[int, ...] = (0,)) -> dict:
+def measure(
+    argv: list[str],
+    *,
+    code: Path = ROOT,
+    allowed: tuple[int, ...] = (0,),
+    around: tuple[str, ...] = (),
+) -> dict:
     """One command in a fresh process under GNU time: its wall time, CPU time (user + system:
     what a loaded, shared machine disturbs least) and its own peak RSS. Measured by a tiny
     parent: a child's maximum RSS starts at its parent's size when it was forked (Linux keeps
     the high-water mark across exec), so a child of this Python process would count this
     process's pages too. `code`: the checkout to run; `allowed`: its exit statuses that are not
-    a failure (an audit exits 1 when it reports findings; a floor process must exit 0)."""
+    a failure (an audit exits 1 when it reports findings; a floor process must exit 0);
+    `around`: a command GNU time runs under (`perf record ... --`: its own work not counted)."""
     # Bytecode is kept, as `pip install` compiles it: PYTHONDONTWRITEBYTECODE would make every
     # process compile the package from source again (about 0.25 s of each start-up here).
     env = {**os.environ, "PYTHONPATH": str(code)}
@@ -159,7 +166,7 @@ def measure(argv: list[str], *, code: Path = ROOT, allowed: tuple[int, ...] = (0
     with tempfile.NamedTemporaryFile("r", suffix=".time") as usage:
         started = time.perf_counter()
         done = subprocess.run(
-            ["/usr/bin/time", "-q", "-f", "%U %S %M %x", "-o", usage.name, *argv],
+            [*around, "/usr/bin/time", "-q", "-f", "%U %S %M %x", "-o", usage.name, *argv],
             cwd=code,
             env=env,
             stdout=subprocess.DEVNULL,

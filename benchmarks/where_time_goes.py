@@ -34,6 +34,8 @@ from pathlib import Path
 
 import run_benchmarks as bench
 
+from analyzer.cluster_local import SQLITE_MAGIC
+
 # The libraries a sample's shared object is summed into, in the order printed: a pattern on the
 # object's name (perf's `dso` column), first match wins.
 GROUPS = (
@@ -75,36 +77,27 @@ def floor_kind(source: Path) -> str:
     if source.is_dir():
         return "seed"
     with source.open("rb") as handle:
-        return "db" if handle.read(16) == b"SQLite format 3\x00" else "log"
+        return "db" if handle.read(len(SQLITE_MAGIC)) == SQLITE_MAGIC else "log"
 
 
 def sampled(argv: list[str], allowed: tuple[int, ...]) -> tuple[float, dict[str, float]]:
-    """`argv` run once under `perf record`: its CPU seconds and each group's share of them."""
-    env = {**os.environ, "PYTHONPATH": str(bench.ROOT)}
-    env.pop("PYTHONDONTWRITEBYTECODE", None)  # bytecode kept, as an installed package has it
+    """`argv` run once under `perf record`: its CPU seconds (GNU time's, as the benchmarks
+    measure them: not perf's writing of its samples) and each group's share of them."""
     with tempfile.TemporaryDirectory(prefix="where-time-goes-") as folder:
-        data, usage = Path(folder) / "perf.data", Path(folder) / "usage"
-        # the command's own CPU time (GNU time's), not perf's writing of its samples
-        timed = ["/usr/bin/time", "-q", "-f", "%U %S %x", "-o", str(usage), *argv]
-        run = subprocess.run(
-            ["perf", "record", "-q", "-F", "999", "-o", str(data), "--", *timed],
-            cwd=bench.ROOT,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            check=False,
-        )
-        measured = usage.read_text().split()[-3:] if usage.exists() else []
-        if len(measured) != 3 or int(measured[2]) not in allowed:
-            sys.exit(f"where_time_goes: {argv[:3]}... failed: {run.stderr.decode()[-500:]}")
-        user, system, _ = measured
+        data = Path(folder) / "perf.data"
+        record = ("perf", "record", "-q", "-F", "999", "-o", str(data), "--")
+        try:
+            cpu = bench.measure(argv, allowed=allowed, around=record)["cpu_seconds"]
+        except RuntimeError as failed:  # the command's exit status
+            sys.exit(f"where_time_goes: {str(failed)[-600:]}")
+        except ValueError:  # no usage written: GNU time never ran under perf
+            sys.exit(f"where_time_goes: perf record could not run {argv[:3]}...")
         report = subprocess.run(
             ["perf", "report", "-i", str(data), "--stdio", "--sort", "dso", "--no-children"],
             capture_output=True,
             text=True,
             check=True,
         ).stdout
-    cpu = float(user) + float(system)
     shares: dict[str, float] = {}
     for line in report.splitlines():
         match = re.match(r"\s*([\d.]+)%\s+(\S.*?)\s*$", line)
