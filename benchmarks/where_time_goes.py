@@ -23,6 +23,7 @@ fields extracted, by the layout of its first line), found from the source when n
 from __future__ import annotations
 
 import argparse
+import gzip
 import os
 import re
 import shutil
@@ -62,9 +63,12 @@ def floor_argv(source: Path, kind: str) -> list[str]:
 
 
 def _log_format(source: Path) -> str:
-    """A log's layout by its first line, as the floor's extraction needs it: json (an object),
-    rich (a time column in brackets, or its blank), else standard."""
+    """A log's layout by its first line (a gzipped log's, decompressed), as the floor's
+    extraction needs it: json (an object), rich (a time column in brackets, or its blank),
+    else standard."""
     with source.open("rb") as handle:
+        gzipped = handle.read(2) == b"\x1f\x8b"  # a rotated log: its text's first line
+    with (gzip.open if gzipped else open)(source, "rb") as handle:
         first = handle.readline()
     if first.startswith(b"{"):
         return "json"
