@@ -31,12 +31,10 @@ from analyzer import cores
 from analyzer.collector import paused
 from analyzer.errors import AuditInputError
 from analyzer.interrupts import handlers_kept_after_polars
+from analyzer.magic import SQLITE_MAGIC
 from analyzer.progress import quiet_stages
 
 SIGNAL_SECONDS = 0.2  # how soon a local --workers audit sees Ctrl-C while it waits
-SQLITE_MAGIC = b"SQLite format 3\x00"
-"""A SQLite database file's first 16 bytes (analyzer.sources.sqlite.SQLITE_MAGIC, which cannot
-be imported here without the pipeline's imports)."""
 
 THEN = "then"  # a message to a worker: the second step of the tasks it finished
 AUDITED = "audited"  # a worker's word that a task is done, before its head (pickled meanwhile)

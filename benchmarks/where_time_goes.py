@@ -35,7 +35,7 @@ from pathlib import Path
 
 import run_benchmarks as bench
 
-from analyzer.cluster_local import SQLITE_MAGIC
+from analyzer.magic import GZIP_MAGIC, SQLITE_MAGIC
 
 # The libraries a sample's shared object is summed into, in the order printed: a pattern on the
 # object's name (perf's `dso` column), first match wins.
@@ -67,7 +67,7 @@ def _log_format(source: Path) -> str:
     extraction needs it: json (an object), rich (a time column in brackets, or its blank),
     else standard."""
     with source.open("rb") as handle:
-        gzipped = handle.read(2) == b"\x1f\x8b"  # a rotated log: its text's first line
+        gzipped = handle.read(len(GZIP_MAGIC)) == GZIP_MAGIC  # a rotated log: its text's first line
     with (gzip.open if gzipped else open)(source, "rb") as handle:
         first = handle.readline()
     if first.startswith(b"{"):

@@ -35,17 +35,12 @@ from conftest import (
 from analyzer import cores
 from analyzer.api import audit_server, finish_server, look_ahead
 from analyzer.cluster import FleetTasks, audit_servers_locally
-from analyzer.cluster_local import AUDITED, SQLITE_MAGIC, _served, may_be_a_fleet, started
+from analyzer.cluster_local import AUDITED, _served, may_be_a_fleet, started
 from analyzer.collector import paused
 from analyzer.errors import AuditInputError
-from analyzer.sources.sqlite import SQLITE_MAGIC as READ_AS_SQLITE
 
 SEED = CAPTURES / "v0.22.5" / "seed"
 CRASH = CAPTURES / "v0.22.5" / "multi-replica-crash"
-
-
-def test_a_fleet_is_told_by_the_bytes_the_sqlite_source_reads():
-    assert SQLITE_MAGIC == READ_AS_SQLITE
 
 
 def test_only_two_or_more_distinct_databases_may_be_a_fleet(tmp_path):

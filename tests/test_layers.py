@@ -19,6 +19,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "analyzer._version",
             "analyzer.errors",
+            "analyzer.magic",
             "analyzer.vocabulary",
             "analyzer.contract",
             "analyzer.contract_frames",
@@ -46,7 +47,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "analyzer.dataset",
             "analyzer.ingest",
             "analyzer.cluster",
-            "analyzer.cluster_local",
             "analyzer.cluster_local",
             "analyzer.synth",
         ),

@@ -22,6 +22,7 @@ from urllib.parse import quote
 import polars as pl
 
 from analyzer.errors import AuditInputError
+from analyzer.magic import SQLITE_MAGIC
 from analyzer.model import CLOSED_TEXT, parse_db_time
 from analyzer.redact import Redactor
 from analyzer.sources import cells
@@ -52,7 +53,6 @@ from analyzer.sources.dstack_tables import (
 )
 from analyzer.sources.partition import service_hashes
 
-SQLITE_MAGIC = b"SQLite format 3\x00"
 FETCH_ROWS = 50_000
 ARROW_BATCH_ROWS = 65_536
 """Rows per Arrow batch the ADBC driver hands over (its default: 1,024). Polars keeps each
@@ -87,7 +87,7 @@ def _slim_json(column: str, paths: tuple[str, ...]) -> str:
 
 def _sniff(path: Path) -> bool:
     head = file_head(path)
-    return head is not None and head[:16] == SQLITE_MAGIC
+    return head is not None and head.startswith(SQLITE_MAGIC)
 
 
 class SqliteReader:

@@ -14,6 +14,8 @@ from typing import BinaryIO
 
 import polars as pl
 
+from analyzer.magic import GZIP_MAGIC
+
 SNIFF_BYTES = 64 * 1024
 
 
@@ -76,7 +78,7 @@ def decoded(blocks: Iterable[bytes], problems: list[str]) -> Iterator[bytes]:
         first += block
         if len(first) >= 2:
             break
-    if not first.startswith(b"\x1f\x8b"):
+    if not first.startswith(GZIP_MAGIC):
         if first:
             yield first
         yield from blocks
@@ -112,7 +114,7 @@ def _gunzip(blocks: Iterator[bytes], problems: list[str]) -> Iterator[bytes]:
     for block in blocks:
         data = block
         while data:
-            if junk or (between and len(data) >= 2 and not data.startswith(b"\x1f\x8b")):
+            if junk or (between and len(data) >= 2 and not data.startswith(GZIP_MAGIC)):
                 junk += len(data)
                 nul_only = nul_only and not data.strip(b"\x00")
                 break

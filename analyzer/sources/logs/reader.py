@@ -34,6 +34,7 @@ from pathlib import Path
 
 import polars as pl
 
+from analyzer.magic import GZIP_MAGIC
 from analyzer.model import LOG_RECORDS_SCHEMA
 from analyzer.sources.logs import lines
 from analyzer.sources.logs.layouts import (
@@ -194,7 +195,7 @@ def _whole_lines(head: bytes) -> bytes:
     """The part of a file's first bytes that is sniffed: up to SNIFF_BYTES (of a gzip file,
     decompressed), without a partial last line."""
     head = head[:SNIFF_BYTES]
-    if head.startswith(b"\x1f\x8b"):
+    if head.startswith(GZIP_MAGIC):
         head = gunzip_prefix(head)
     cut = head.rfind(b"\n")
     if 0 <= cut < len(head) - 1:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import polars as pl
 
+from analyzer.magic import GZIP_MAGIC
 from analyzer.sources import cells
 from analyzer.sources.base import (
     InputInfo,
@@ -58,7 +59,7 @@ def _sniff_file(path: Path, size: int, mtime_ns: int) -> bool:
     if head is None:
         return False
     head = head[:SNIFF_BYTES]
-    if head.startswith(b"\x1f\x8b"):
+    if head.startswith(GZIP_MAGIC):
         try:
             with gzip.open(path, "rb") as handle:
                 head = handle.read(SNIFF_BYTES)
