@@ -5,6 +5,7 @@ chosen before polars is imported, so each case runs in a fresh interpreter."""
 
 from __future__ import annotations
 
+import gzip
 import os
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import sys
 import pytest
 from conftest import ROOT
 
-from analyzer.cli.options import ONE_CORE_BYTES, SMALL_INPUT_BYTES
+from analyzer.cli.options import ONE_CORE_BYTES, SMALL_INPUT_BYTES, SQLITE_WORK_SHARE
 
 SEED = ROOT / "samples" / "v0.22.5" / "seed"
 # the cores: the most any thread of the process may run on, once a query has started the pool
@@ -188,6 +189,40 @@ def test_a_middling_input_keeps_one_core_and_polars_own_engine(tmp_path):
     log = _sparse(tmp_path / "server.log", SMALL_INPUT_BYTES)
     assert _sized(log) == (1, "None", 1)
     assert _sized(_sparse(tmp_path / "bigger.log", ONE_CORE_BYTES - 1)) == (1, "None", 1)
+
+
+def _headed(path, head: bytes, size: int, tail: bytes = b"") -> str:
+    """A file of `size` bytes that opens with `head` and ends with `tail`, mostly unwritten."""
+    with path.open("wb") as handle:
+        handle.write(head)
+        handle.truncate(size - len(tail))
+        handle.seek(0, os.SEEK_END)
+        handle.write(tail)
+    return str(path)
+
+
+def test_a_database_counts_a_quarter_of_its_size(tmp_path):
+    """Its audit's work per byte is a fraction of a log's (cli.options.SQLITE_WORK_SHARE): a
+    2k-4k-run database (93-185 MB) on one core, a larger one on every core; a file that only
+    bears the name is counted whole."""
+    default = _threads()
+    magic = b"SQLite format 3\x00"
+    within = _headed(tmp_path / "server.db", magic, ONE_CORE_BYTES * SQLITE_WORK_SHARE - 1)
+    assert _sized(within) == (1, "None", 1)
+    beyond = _headed(tmp_path / "bigger.db", magic, ONE_CORE_BYTES * SQLITE_WORK_SHARE)
+    assert _sized(beyond) == (default, "None", CORES)
+    assert _sized(_sparse(tmp_path / "named.db", ONE_CORE_BYTES)) == (default, "None", CORES)
+
+
+def test_a_gzip_log_counts_what_it_decompresses_to(tmp_path):
+    """As its trailer says it: the audit works on those bytes (a 16k-run log is 8 MB gzipped)."""
+    default = _threads()
+    small = tmp_path / "small.log.gz"
+    small.write_bytes(gzip.compress((SEED / "logs" / "server-info.json.log").read_bytes()))
+    assert _sized(str(small)) == (1, "in-memory", 1)
+    isize = ONE_CORE_BYTES.to_bytes(4, "little")
+    big = _headed(tmp_path / "big.log.gz", b"\x1f\x8b\x08", 1 << 20, isize)
+    assert _sized(big) == (default, "None", CORES)
 
 
 def test_what_cannot_be_sized_keeps_every_core(tmp_path):

@@ -21,6 +21,7 @@ import click
 from analyzer import collector, cores
 from analyzer.errors import AuditInputError, Terminated, out_of_room
 from analyzer.interrupts import STOPS, handlers_kept_after_polars
+from analyzer.magic import GZIP_MAGIC, SQLITE_MAGIC
 from analyzer.terminal import SETTINGS, reporting
 from analyzer.times import EXAMPLES, parse_time
 
@@ -429,13 +430,21 @@ engine: their audit is a couple of thousand queries of a few rows each, and pola
 of engine (`auto`) runs each as the streaming engine does, at several times the cost of the
 in-memory one (a query of 10 rows, measured: 50-275 us in memory, 130-600 us on `auto`; the
 seed sample's audit, warm: 0.31 s against 0.35 s)."""
-ONE_CORE_BYTES = 32 << 20
-"""Inputs smaller than this in all (up to a server log of 2k-3k runs) are audited on one polars
-thread, on one core (`_on_one_core`): their queries are too small for the pool's threads to
-share out, and waking a thread for each costs CPU time (the seed sample: 8%, 0.70 s against
-0.76 s, best of 7, at one thread; 2k runs' standard and json logs, 16-20 MB: 0.84-0.93 s
-against 0.97-1.07 s on one core, the same wall time). Larger inputs keep every core and
-polars' own choice of engine: a 2k-run database (93 MB) took 5% more wall time on one core."""
+ONE_CORE_BYTES = 48 << 20
+"""Inputs smaller than this in all, as their audit's work counts them (`_work`: up to a server
+log of 5k-6k runs, a database of about 4k), are audited on one polars thread, on one core
+(`_on_one_core`): their queries are too small for the pool's threads to share out, and waking
+a thread for each costs CPU time. Measured in turn on two cores, CPU and wall time, one core
+against every core (medians): the seed sample 8% less CPU; a 4k-run json log (40 MB) 19% less
+CPU and 6% less wall time, an 8k-run standard log (63 MB) 13% less CPU but 6% more wall time; a
+2k-run database (93 MB) 12% less CPU, a 4k-run one (185 MB) 16% less, both the same wall time,
+an 8k-run one (371 MB) 6% less CPU but 13% more wall time. Larger inputs keep every core and
+polars' own choice of engine."""
+SQLITE_WORK_SHARE = 4
+"""A SQLite database counts a quarter of its size (`_work`): its pages hold indexes, free space
+and JSON documents the audit's SQL reduces before polars sees them, so each of its bytes is 3-5
+times less of the audit's work than a log's (2k runs: 93 MB, 1.8 s of CPU, against the 16 MB
+standard log's 0.9 s; 16k runs: 748 MB, 7.7 s, against 127 MB, 6.7 s)."""
 _SMALL_INPUT_ENTRIES = 1_000  # a folder of more files than this is not looked through first
 _ONE_THREAD = {"POLARS_MAX_THREADS": "1"}
 _SMALL_INPUT_POLARS = {**_ONE_THREAD, "POLARS_ENGINE_AFFINITY": "in-memory"}
@@ -477,7 +486,7 @@ def _fits(path: Path, budget: list[int]) -> bool:
     looked at."""
     try:
         if path.is_file():
-            budget[0] -= path.stat().st_size
+            budget[0] -= _work(path, path.stat().st_size)
             return budget[0] > 0
         if not path.is_dir():
             return False
@@ -489,3 +498,19 @@ def _fits(path: Path, budget: list[int]) -> bool:
     except OSError:
         return False
     return True
+
+
+def _work(path: Path, size: int) -> int:
+    """The bytes a file of `size` counts in the budget, by its first bytes: a SQLite database
+    its size over SQLITE_WORK_SHARE; a gzip file the size it decompresses to, as its trailer
+    says it (ISIZE: of its last member, modulo 4 GiB; at least its own size), since the audit
+    works on those bytes (a 16k-run standard log, 127 MB, is 8 MB gzipped: on one core it took
+    14% more wall time); any other file its size."""
+    with path.open("rb") as file:
+        head = file.read(len(SQLITE_MAGIC))
+        if head == SQLITE_MAGIC:
+            return size // SQLITE_WORK_SHARE
+        if head.startswith(GZIP_MAGIC) and size >= 18:  # a header and a trailer at least
+            file.seek(-4, os.SEEK_END)
+            return max(size, int.from_bytes(file.read(4), "little"))
+    return size
