@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 
+from analyzer.magic import MATTER_WORDS
 from analyzer.model import LOG_RECORDS_SCHEMA
 from analyzer.sources.logs import layouts, reader
 from analyzer.sources.logs import lines as log_lines
@@ -24,7 +25,6 @@ from analyzer.sources.logs.lines import rotated_set, split_text, split_with_csv_
 from analyzer.sources.logs.messages import (
     MATTER_LOGGER_PATTERNS,
     MATTER_TEXT_PATTERNS,
-    MATTER_WORDS,
     EventCollector,
     records_to_events,
 )
@@ -1177,8 +1177,6 @@ CAPTURE_LOGS = sorted(CAPTURES.glob("*/*/logs/*.log")) if CAPTURES.is_dir() else
 def test_recognising_with_the_matter_words_answers_as_sniff_log(path: Path) -> None:
     """The load's reading (its matter words set lone standard records aside) recognises what
     sniff_log recognises: whole, cut short, and of documents that are no log."""
-    from analyzer.sources.logs.messages import MATTER_WORDS
-
     head = path.read_bytes()
     for piece in (head, head[:3000], head[:400], b"# notes\n" * 30 + head[:300]):
         found = reader.recognise_log(piece, str(path), MATTER_WORDS)

@@ -12,9 +12,10 @@ from datetime import time
 
 import polars as pl
 
+from analyzer.magic import LEVEL_NAMES
 from analyzer.model import LOG_RECORDS_SCHEMA, UTC_TIME, conform
 
-LEVELS = "DEBUG|INFO|WARNING|ERROR|CRITICAL"
+LEVELS = "|".join(LEVEL_NAMES)
 
 
 # standard: %(levelname)s %(asctime)s.%(msecs)03d %(name)s %(message)s (reference 9.2); the

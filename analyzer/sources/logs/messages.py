@@ -51,14 +51,9 @@ LOGGER_MARKERS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-# What can make a one-line record more to the audit than its level and time (by
-# ``EventCollector.add``'s rules): an event or run/job line, a line of a dstack logger (known,
-# or counted as unrecognised), a version marker in its text or logger, the admin token (a secret
-# to redact). Every line any of these patterns matches (the text ones on the stripped message,
-# the logger ones on the logger) holds one of MATTER_WORDS (tests/test_log_reader.py generates
-# lines of every pattern): a line that holds none of them is irrelevant, provably, and is counted
-# without being classified or folded (``LogStream``'s prefilter). The others take the full path.
-# (Words of four characters or more: a search for a shorter one is several times slower.)
+# What can make a one-line record more to the audit than its level and time: every line these
+# match holds one of MATTER_WORDS (analyzer.magic, where the command sizing polars reads them
+# too; tests/test_log_reader.py generates lines of every pattern).
 MATTER_TEXT_PATTERNS: tuple[str, ...] = (
     EVENT_START,
     r"^(?:run|job)\([0-9a-f]{6}\)",
@@ -69,21 +64,6 @@ MATTER_TEXT_PATTERNS: tuple[str, ...] = (
 MATTER_LOGGER_PATTERNS: tuple[str, ...] = (
     r"^dstack",
     *(pattern for pattern, _, _ in LOGGER_MARKERS),
-)
-MATTER_WORDS: tuple[str, ...] = (
-    "Emitting",
-    "run(",
-    "job(",
-    "The dstack server",
-    "The admin token is",
-    "run status has changed",
-    "now is ",
-    "job status is ",
-    "updated",  # Run updated
-    "created",  # Job created
-    "Service",
-    "dstack",
-    ".background.",
 )
 
 

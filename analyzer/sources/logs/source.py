@@ -16,7 +16,7 @@ from pathlib import Path
 
 import polars as pl
 
-from analyzer.magic import GZIP_MAGIC
+from analyzer.magic import GZIP_MAGIC, MATTER_WORDS
 from analyzer.sources import cells
 from analyzer.sources.base import (
     InputInfo,
@@ -28,7 +28,7 @@ from analyzer.sources.base import (
     file_version,
 )
 from analyzer.sources.logs.layouts import SetAside
-from analyzer.sources.logs.messages import ADMIN_TOKEN, MATTER_WORDS, EventCollector
+from analyzer.sources.logs.messages import ADMIN_TOKEN, EventCollector
 from analyzer.sources.logs.reader import (
     SNIFF_BYTES,
     LogStream,
