@@ -225,6 +225,44 @@ def test_a_gzip_log_counts_what_it_decompresses_to(tmp_path):
     assert _sized(big) == (default, "None", CORES)
 
 
+ACCESS = b'INFO 2026-10-01T00:00:00.000 uvicorn.access 10.0.0.1:41000 - "POST /api/x" 200\n'
+LIFECYCLE = (
+    b"INFO 2026-10-01T00:00:00.000 dstack._internal.server.services.events Emitting event: "
+    b"Job created on new replica submission. Event targets: job(1a2b3c)web-0-0-0\n"
+)
+
+
+def _log(path, lines: bytes, size: int, every: int = 0) -> str:
+    """A log of `size` bytes or a little more, of `lines` over and over, a LIFECYCLE line
+    after every `every` of them (0: none)."""
+    block = lines * (every or 1000) + (LIFECYCLE if every else b"")
+    with path.open("wb") as handle:
+        for _ in range(size // len(block) + 1):
+            handle.write(block)
+    return str(path)
+
+
+def test_a_busy_log_s_quiet_lines_do_not_count(tmp_path):
+    """The standard records holding none of the words that can matter (a busy server's access
+    lines), which its reader sets aside by the thousand, do not count (cli.options._quiet): such
+    a log past ONE_CORE_BYTES keeps one core; the same log of lifecycle lines, or of rich
+    access lines (read line by line), or of quiet lines among more bytes of lifecycle lines
+    than the budget holds, keeps every core."""
+    default = _threads()
+    size = ONE_CORE_BYTES + (1 << 20)
+    busy = _log(tmp_path / "busy.log", ACCESS, size, every=100)
+    assert _sized(busy) == (1, "None", 1)
+    assert _sized(_log(tmp_path / "dense.log", LIFECYCLE, size)) == (default, "None", CORES)
+    rich = b'[00:00:00] INFO     uvicorn.access 10.0.0.1:41000 - "POST /api/x" 200\n'
+    assert _sized(_log(tmp_path / "rich.log", rich, size)) == (default, "None", CORES)
+    mixed = _log(tmp_path / "mixed.log", ACCESS, 2 * ONE_CORE_BYTES, every=1)
+    assert _sized(mixed) == (default, "None", CORES)  # half its lines quiet, 62 MiB not
+    gzipped = tmp_path / "busy.log.gz"
+    with gzip.open(gzipped, "wb", compresslevel=1) as handle:
+        handle.write((ACCESS * 99 + LIFECYCLE) * (size // (100 * len(ACCESS)) + 1))
+    assert _sized(str(gzipped)) == (1, "None", 1)
+
+
 def test_what_cannot_be_sized_keeps_every_core(tmp_path):
     default = _threads()
     many = tmp_path / "many"
