@@ -92,6 +92,30 @@ def test_a_symlink_loop_given_alone_is_named_as_one(tmp_path):
     _one_line_error(_audit(str(tmp_path / "a")), "a: symlink loop")
 
 
+# --- a compressed log damaged from its start -----------------------------------------------
+
+
+def _damaged_gzip(path: Path) -> Path:
+    """A gzip member's header, then bytes that are no deflate stream, then a trailer."""
+    path.write_bytes(gzip.compress(b"")[:10] + b"\xde\xad\xbe\xef" * 100 + bytes(8))
+    return path
+
+
+def test_a_gzip_file_that_does_not_decompress_is_named_so(tmp_path):
+    """Given alone: one line saying why, never an internal error; in a folder: listed with the
+    same words and the rest audited (its magic bytes are gzip's, so the log source's sniff
+    opened it as gzip and met zlib's error)."""
+    damaged = _damaged_gzip(_evidence(tmp_path) / "server.log.gz")
+    _one_line_error(_audit(str(damaged)), "server.log.gz: a gzip file whose data does not decomp")
+    shutil.copyfile(SEED / "server.db", damaged.parent / "server.db")
+    result = _audit(str(damaged.parent), "--format", "json", "-o", str(_outputs(tmp_path) / "r"))
+    assert result.exit_code == 0, result.output
+    inputs = json.loads((tmp_path / "out" / "r").read_text())["inputs"]
+    listed = next(i for i in inputs if i["path"] == str(damaged))
+    assert listed["kind"] == "unrecognised"
+    assert listed["notes"][0].startswith("a gzip file whose data does not decompress (")
+
+
 # --- folders of many files -----------------------------------------------------------------------
 
 

@@ -9,11 +9,14 @@ changes. The types every source shares are in analyzer.sources.base.
 from __future__ import annotations
 
 import errno
+import gzip
 import os
+import zlib
 from functools import cache
 from pathlib import Path
 
 from analyzer.errors import AuditInputError
+from analyzer.magic import GZIP_MAGIC
 from analyzer.progress import current_step
 from analyzer.sources.base import InputInfo, LoadContext, Source, SourceData, WholeInputFacts
 
@@ -98,10 +101,26 @@ def _pg_dump(path: Path) -> bool:
         return False
 
 
+def _broken_gzip(path: Path) -> str | None:
+    """Why a file that opens as gzip (its magic bytes) does not read as one, or None: a log
+    compressed and then damaged is named so, not only as unrecognised."""
+    try:
+        with path.open("rb") as handle:
+            if handle.read(len(GZIP_MAGIC)) != GZIP_MAGIC:
+                return None
+        with gzip.open(path, "rb") as handle:
+            handle.read(1)
+    except (OSError, EOFError, zlib.error) as error:
+        return f"a gzip file whose data does not decompress ({error})"
+    return None
+
+
 def _unrecognised(path: Path) -> SourceData:
     info = InputInfo(path=str(path), kind="unrecognised", sha256=None, size=None, mtime=None)
     if path.is_file() and _pg_dump(path):
         info.notes.append(PG_DUMP_RECIPE)
+    if path.is_file() and (broken := _broken_gzip(path)):
+        info.notes.append(broken)
     info.notes.append("not a dstack database, table export or server log; not audited")
     return SourceData(inputs=[info])
 
@@ -214,6 +233,8 @@ def _load_entry(
     if inside_folder:
         current_step()(count=1)
         return [_unrecognised(path)]
+    if broken := _broken_gzip(path):
+        raise AuditInputError(str(path), broken, "is the file complete, as it was written?")
     raise AuditInputError(
         str(path),
         "not a recognised input",

@@ -9,6 +9,7 @@ import os
 import queue
 import sys
 import threading
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
@@ -63,7 +64,7 @@ def _sniff_file(path: Path, size: int, mtime_ns: int) -> bool:
         try:
             with gzip.open(path, "rb") as handle:
                 head = handle.read(SNIFF_BYTES)
-        except (OSError, EOFError):
+        except (OSError, EOFError, zlib.error):  # read raw, as the reader reads it then
             pass
     if not head.strip():
         return _empty_log_name(path)
