@@ -13,7 +13,7 @@ import sys
 import zlib
 from collections.abc import Callable, Iterator
 from datetime import datetime
-from functools import wraps
+from functools import cache, wraps
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -456,8 +456,6 @@ QUIET_SAMPLED_FILES = 8
 _SMALL_INPUT_ENTRIES = 1_000  # a folder of more files than this is not looked through first
 _ONE_THREAD = {"POLARS_MAX_THREADS": "1"}
 _SMALL_INPUT_POLARS = {**_ONE_THREAD, "POLARS_ENGINE_AFFINITY": "in-memory"}
-_STANDARD_START = re.compile(rb"(?:%s) \d" % "|".join(LEVEL_NAMES).encode())
-_STANDARD_LINE = re.compile(rb"^" + _STANDARD_START.pattern + rb"[^\n]*\n", re.MULTILINE)
 _WORDS = tuple(word.encode() for word in MATTER_WORDS)
 
 
@@ -478,17 +476,23 @@ def polars_for_small_inputs(sources: tuple[str, ...]) -> None:
     entries = [_SMALL_INPUT_ENTRIES]
     if not all(_walked(Path(source), files, entries) for source in sources):
         return
-    works = [(path, _work(path, size)) for path, size in files]
-    total = sum(work for _, work in works)
+    works = [(path, *_work(path, size)) for path, size in files]
+    total = sum(work for _, work, _ in works)
     left = ONE_CORE_BYTES - total
-    logs = sorted((work, path) for path, work in works if work >= QUIET_WINDOW_BYTES)
-    logs = logs[::-1][:QUIET_SAMPLED_FILES]  # the largest first
-    unsampled = sum(work for work, _ in logs)
-    for work, path in logs:
+    logs = sorted(
+        (
+            (work, path, kind == "gzip")
+            for path, work, kind in works
+            if kind != "sqlite" and work >= QUIET_WINDOW_BYTES
+        ),
+        reverse=True,  # the largest first
+    )[:QUIET_SAMPLED_FILES]
+    unsampled = sum(work for work, _, _ in logs)
+    for work, path, gzipped in logs:
         if left > 0 or left + unsampled <= 0:  # fits, or cannot fit were the rest all quiet
             break
         unsampled -= work
-        left += _quiet(path, work)
+        left += _quiet(path, work, gzipped)
     if left <= 0:
         return
     small = total < SMALL_INPUT_BYTES  # the quiet lines too: what is read
@@ -529,29 +533,30 @@ def _walked(path: Path, files: list[tuple[Path, int]], entries: list[int]) -> bo
     return True
 
 
-def _work(path: Path, size: int) -> int:
-    """The bytes a file of `size` counts in the budget, by its first bytes: a SQLite database
-    its size over SQLITE_WORK_SHARE; a gzip file the size it decompresses to, as its trailer
-    says it (ISIZE: of its last member, modulo 4 GiB; at least its own size), since the audit
-    works on those bytes (a 16k-run standard log, 127 MB, is 8 MB gzipped: on one core it took
-    14% more wall time); any other file its size. A file shorter than SQLITE_MAGIC can be
-    neither and is not opened (a folder of many empty files costs their stat alone)."""
+def _work(path: Path, size: int) -> tuple[int, str]:
+    """The bytes a file of `size` counts in the budget, and what its first bytes say it is
+    ("sqlite", "gzip" or "plain"): a SQLite database its size over SQLITE_WORK_SHARE; a gzip
+    file the size it decompresses to, as its trailer says it (ISIZE: of its last member, modulo
+    4 GiB; at least its own size), since the audit works on those bytes (a 16k-run standard
+    log, 127 MB, is 8 MB gzipped: on one core it took 14% more wall time); any other file its
+    size. A file shorter than SQLITE_MAGIC can be neither and is not opened (a folder of many
+    empty files costs their stat alone)."""
     if size < len(SQLITE_MAGIC):
-        return size
+        return size, "plain"
     try:
         with path.open("rb") as file:
             head = file.read(len(SQLITE_MAGIC))
             if head == SQLITE_MAGIC:
-                return size // SQLITE_WORK_SHARE
+                return size // SQLITE_WORK_SHARE, "sqlite"
             if head.startswith(GZIP_MAGIC) and size >= 18:  # a header and a trailer at least
                 file.seek(-4, os.SEEK_END)
-                return max(size, int.from_bytes(file.read(4), "little"))
+                return max(size, int.from_bytes(file.read(4), "little")), "gzip"
     except OSError:
-        return size
-    return size
+        pass
+    return size, "plain"
 
 
-def _quiet(path: Path, work: int) -> int:
+def _quiet(path: Path, work: int, gzipped: bool) -> int:
     """How many of a log's `work` bytes are quiet lines, estimated from samples of its lines
     (QUIET_SAMPLES windows): a standard record's start that holds none of MATTER_WORDS and no
     escape byte, the lines the log's reader sets aside by the thousand, counted and not
@@ -562,11 +567,11 @@ def _quiet(path: Path, work: int) -> int:
     padded to 1 GB with them, 16 MB of lifecycle lines, 15% less CPU and 3% less wall time than
     on every core; padded to 300 MB, 13% and 2%); a log of more lifecycle lines than the budget
     does not, however many quiet lines are around them (the 8k-run log, 63 MB of them, padded
-    to 890 MB: on one core 11% less CPU but 3% more wall time). 0 for a database, a file of no
-    lines, or one that cannot be read."""
+    to 890 MB: on one core 11% less CPU but 3% more wall time). 0 for a file of no lines, or
+    one that cannot be read."""
     whole = quiet = 0
     try:
-        for window, first in _windows(path):
+        for window, first in _windows(path, gzipped):
             start = 0 if first else window.find(b"\n") + 1
             end = window.rfind(b"\n") + 1
             if end > start:
@@ -581,7 +586,8 @@ def _quiet_bytes(text: bytes) -> int:
     """The bytes of the quiet lines of `text` (whole lines): every line that opens as a
     standard record, less those that hold a word or an escape byte (found by searching for
     each, not by looking at every line)."""
-    quiet = sum(map(len, _STANDARD_LINE.findall(text)))
+    start_of, line_of = _standard_patterns()
+    quiet = sum(map(len, line_of.findall(text)))
     if not quiet:
         return 0
     noisy = set()
@@ -591,21 +597,24 @@ def _quiet_bytes(text: bytes) -> int:
             noisy.add(text.rfind(b"\n", 0, at) + 1)
             at = text.find(word, text.index(b"\n", at) + 1)
     for start in noisy:
-        if _STANDARD_START.match(text, start):
+        if start_of.match(text, start):
             quiet -= text.find(b"\n", start) + 1 - start
     return quiet
 
 
-def _windows(path: Path) -> Iterator[tuple[bytes, bool]]:
+@cache
+def _standard_patterns() -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
+    """A standard record's start (its level, a space, a digit), and a whole line opening so:
+    compiled when a log is sampled, not at every command's start."""
+    start = rb"(?:%s) \d" % "|".join(LEVEL_NAMES).encode()
+    return re.compile(start), re.compile(rb"^" + start + rb"[^\n]*\n", re.MULTILINE)
+
+
+def _windows(path: Path, gzipped: bool) -> Iterator[tuple[bytes, bool]]:
     """QUIET_SAMPLES windows of a log's text, each with whether it opens at a line's start: a
-    plain file's spread over it, a gzip file's the first it decompresses to; none of a
-    SQLite database."""
+    plain file's spread over it, a gzip file's the first it decompresses to."""
     with path.open("rb") as file:
-        head = file.read(len(SQLITE_MAGIC))
-        if head == SQLITE_MAGIC:
-            return
-        if head.startswith(GZIP_MAGIC):
-            file.seek(0)
+        if gzipped:
             decoder = zlib.decompressobj(wbits=31)
             text = b""
             wanted = QUIET_SAMPLES * QUIET_WINDOW_BYTES
