@@ -18,7 +18,14 @@ from pathlib import Path
 from analyzer.errors import AuditInputError
 from analyzer.magic import GZIP_MAGIC
 from analyzer.progress import current_step
-from analyzer.sources.base import InputInfo, LoadContext, Source, SourceData, WholeInputFacts
+from analyzer.sources.base import (
+    InputInfo,
+    LoadContext,
+    Source,
+    SourceData,
+    WholeInputFacts,
+    file_head,
+)
 
 
 @cache
@@ -103,11 +110,12 @@ def _pg_dump(path: Path) -> bool:
 
 def _broken_gzip(path: Path) -> str | None:
     """Why a file that opens as gzip (its magic bytes) does not read as one, or None: a log
-    compressed and then damaged is named so, not only as unrecognised."""
+    compressed and then damaged is named so, not only as unrecognised. Its head is the one
+    every source sniffed (file_head)."""
+    head = file_head(path)
+    if head is None or not head.startswith(GZIP_MAGIC):
+        return None
     try:
-        with path.open("rb") as handle:
-            if handle.read(len(GZIP_MAGIC)) != GZIP_MAGIC:
-                return None
         with gzip.open(path, "rb") as handle:
             handle.read(1)
     except (OSError, EOFError, zlib.error) as error:
@@ -119,7 +127,7 @@ def _unrecognised(path: Path) -> SourceData:
     info = InputInfo(path=str(path), kind="unrecognised", sha256=None, size=None, mtime=None)
     if path.is_file() and _pg_dump(path):
         info.notes.append(PG_DUMP_RECIPE)
-    if path.is_file() and (broken := _broken_gzip(path)):
+    if broken := _broken_gzip(path):
         info.notes.append(broken)
     info.notes.append("not a dstack database, table export or server log; not audited")
     return SourceData(inputs=[info])
