@@ -991,6 +991,98 @@ def test_setting_irrelevant_lines_aside_changes_no_count_event_or_place(
         assert getattr(read, name) == getattr(full, name), name
 
 
+# The same in dstack's json layout (python-json-logger): uvicorn's access line JSON-escapes the
+# quotes around its request, and the neighbours a json line may be.
+_JSON_LINE = '{{"timestamp": "{t}", "logger": "{logger}", "level": "{level}", "message": "{m}"}}'
+# (lines with "{t}" and "{i}" left in, put in by str.replace: the json braces stay as they are)
+_JSON_ACCESS = _JSON_LINE.format(
+    t="{t}", logger="uvicorn.access", level="INFO", m=r"10.0.0.{i}:4100{i} - \"GET /api/x\" 200"
+)
+_JSON_KEPT_NEIGHBOURS = (
+    *(
+        _JSON_LINE.format(t=t, logger=logger, level=level, m=m)
+        for t, logger, level, m in (
+            ("{t}", "uvicorn.access", "INFO", "The admin token is 0a1b2c3d-planted"),
+            ("{t}", "uvicorn.access", "INFO", "run(abc123)web: now is RUNNING"),
+            ("{t}", "uvicorn.access", "INFO", r"\u0072un(abc123)web: now is RUNNING"),  # escaped
+            ("{t}", "", "INFO", "GET /health 200"),  # no logger: counted as dstack's own
+            ("{t}", "dstack.web", "WARNING", "something new"),  # dstack's: unrecognised
+            ("{t}", "uvicorn.access", "INFO", "GET /api/Service/list 200"),  # a word
+            ("{t}", "uvicorn.access", "INFO", r"two\nlines"),  # an escaped line break
+            ("{t}", "uvicorn.access", "INFO", r"bad \q escape"),  # no JSON: unparsed
+            ("{t}", "uvicorn.access", "NOTICE", r"C:\\logs\/x \"y\""),  # set aside
+            ("{t}", "uvicorn.access", "", "no level"),  # set aside, of level ""
+            ("2026-13-40 09:00:00,000", "uvicorn.access", "INFO", "no such time"),
+            ("2024-02-29 09:00:00,000", "uvicorn.access", "INFO", "a leap day"),
+            ("2026-02-29 09:00:00,000", "uvicorn.access", "INFO", "no such day"),
+            ("2026-11-02 09:00:00.000", "uvicorn.access", "INFO", "a dot for the comma"),
+        )
+    ),
+    '{"timestamp": "{t}", "logger": "uvicorn.access", "level": "INFO", "message": "x", '
+    '"exc_info": "Traceback (most recent call last):"}',
+    "INFO 2026-11-02T09:00:00.000 uvicorn.access a standard line among them",
+    "    continuation of the record above",
+    "",
+)
+
+
+def test_what_the_json_set_aside_reasons_on_holds() -> None:
+    """A json line is set aside by the words of its text as written: none of MATTER_WORDS
+    holds a character whose escape (a quote, a backslash, a slash) the line may hold."""
+    assert not any(set(word) & set('"\\/') for word in MATTER_WORDS)
+
+
+@needs_captures
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    every=st.integers(min_value=1, max_value=6),
+    neighbours=st.lists(
+        st.integers(min_value=0, max_value=len(_JSON_KEPT_NEIGHBOURS) - 1), max_size=8
+    ),
+    chunk=st.integers(min_value=1_000, max_value=20_000),
+    gathered=st.sampled_from([1, 50, 20_000]),
+    docker=st.booleans(),
+)
+def test_setting_irrelevant_json_lines_aside_changes_no_count_event_or_place(
+    monkeypatch, every, neighbours, chunk, gathered, docker
+):
+    """The real json log with access lines after every few lines (and lines that must stay
+    beside them), in generated chunk sizes, with docker's timestamps or without: the json
+    lines set aside leave every count (per level, the latest time), event and unparsed place
+    as a full read gives."""
+    seed_log = CAPTURES / "v0.22.5" / "seed" / "logs" / "server-info.json.log"
+    real = seed_log.read_text().splitlines()
+    padded: list[str] = []
+    for n, line in enumerate(real):
+        padded.append(line)
+        if n % every == 0:
+            t = json.loads(line)["timestamp"]
+            padded += [_JSON_ACCESS.replace("{t}", t).replace("{i}", str(i)) for i in range(3)]
+            if neighbours:
+                neighbour = _JSON_KEPT_NEIGHBOURS[neighbours[n % len(neighbours)]]
+                padded.append(neighbour.replace("{t}", t))
+    if docker:  # written at other times than the local ones
+        padded = [
+            f"2026-11-03T00:{n // 60 % 60:02d}:{n % 60:02d}.000000000Z {line}"
+            for n, line in enumerate(padded)
+        ]
+    data = ("\n".join(padded) + "\n").encode()
+    full, full_events, full_facts, none_aside = _collected(
+        data, chunk, monkeypatch, set_aside=False
+    )
+    read, events, facts, aside = _collected(
+        data, chunk, monkeypatch, set_aside=True, gathered=gathered
+    )
+    assert none_aside == 0 and aside >= len(real) // every
+    assert facts == full_facts
+    assert_frame_equal(events, full_events)
+    assert_frame_equal(read.unparsed, full.unparsed)
+    for name in ("lines_total", "lines_irrelevant", "record_count", "format", "damage"):
+        assert getattr(read, name) == getattr(full, name), name
+
+
 @pytest.mark.parametrize("gathered", [1, 20_000])
 def test_a_record_open_at_a_chunk_end_after_set_aside_lines_goes_on(monkeypatch, gathered):
     """A traceback that a chunk's end cuts, after access lines set aside in that chunk, is held
@@ -1059,8 +1151,9 @@ def test_set_aside_lines_are_counted_and_timed_as_if_each_were_parsed(
     if docker:  # written at other times than the local ones
         raw = [f"2026-01-01T00:00:{n % 60:02d}.000000000Z {line}" for n, line in enumerate(raw)]
     frame = unwrap(pl.Series("raw", raw), "docker" if docker else None, 1)
-    kept, aside = layouts.quiet_standard_records(frame, MATTER_WORDS, spaces=spaces)
+    kept, aside, layout = layouts.quiet_records(frame, MATTER_WORDS, spaces=spaces)
     assert frame["wrapper_time"].is_not_null().all() == docker
+    assert layout == "standard" or aside.height == 0
 
     valid = [(when.month, when.day) != (2, 29) for _, when in lines] + [True]
     lone = [valid[n] and valid[n + 1] for n in range(len(lines))]

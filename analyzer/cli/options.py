@@ -558,9 +558,9 @@ def _work(path: Path, size: int) -> tuple[int, str]:
 
 def _quiet(path: Path, work: int, gzipped: bool) -> int:
     """How many of a log's `work` bytes are quiet lines, estimated from samples of its lines
-    (QUIET_SAMPLES windows): a standard record's start that holds none of MATTER_WORDS and no
-    escape byte, the lines the log's reader sets aside by the thousand, counted and not
-    classified (analyzer.sources.logs.layouts.quiet_standard_records). They do not count in
+    (QUIET_SAMPLES windows): a standard or json record's start that holds none of
+    MATTER_WORDS and no escape byte, the lines the log's reader sets aside by the thousand,
+    counted and not classified (analyzer.sources.logs.layouts.quiet_records). They do not count in
     the budget: a chunk of them is a few small queries one after the other, which a pool of
     threads cannot share out and only pays for by waking its threads. A busy server's log of
     access lines keeps one core (measured in turn on two cores, medians of 8: the 2k-run log
@@ -584,9 +584,9 @@ def _quiet(path: Path, work: int, gzipped: bool) -> int:
 
 def _quiet_bytes(text: bytes) -> int:
     """The bytes of the quiet lines of `text` (whole lines): every line that opens as a
-    standard record, less those that hold a word or an escape byte (found by searching for
-    each, not by looking at every line)."""
-    start_of, line_of = _standard_patterns()
+    standard or json record, less those that hold a word or an escape byte (found by
+    searching for each, not by looking at every line)."""
+    start_of, line_of = _record_patterns()
     quiet = sum(map(len, line_of.findall(text)))
     if not quiet:
         return 0
@@ -603,10 +603,11 @@ def _quiet_bytes(text: bytes) -> int:
 
 
 @cache
-def _standard_patterns() -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
-    """A standard record's start (its level, a space, a digit), and a whole line opening so:
-    compiled when a log is sampled, not at every command's start."""
-    start = rb"(?:%s) \d" % "|".join(LEVEL_NAMES).encode()
+def _record_patterns() -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
+    """A standard record's start (its level, a space, a digit) or a json one's (its time's key
+    and a digit), and a whole line opening so: compiled when a log is sampled, not at every
+    command's start."""
+    start = rb'(?:(?:%s) |\{"timestamp": ")\d' % "|".join(LEVEL_NAMES).encode()
     return re.compile(start), re.compile(rb"^" + start + rb"[^\n]*\n", re.MULTILINE)
 
 

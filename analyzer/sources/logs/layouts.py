@@ -133,24 +133,42 @@ _JSON_HEAD_RE = (
 # quote, backslash or control character in the message): its message is then the text
 # between these, as a JSON parser would read it, so it is sliced without one.
 _JSON_MESSAGE = '"message": "'
-_JSON_PLAIN_REST_RE = "^" + re.escape(_JSON_MESSAGE) + r'[^"\\\x00-\x1f]*"\}$'
+_JSON_PLAIN_TEXT = r'[^"\\\x00-\x1f]*'  # a message's text JSON escapes nothing in
+_JSON_PLAIN_REST_RE = "^" + re.escape(_JSON_MESSAGE) + _JSON_PLAIN_TEXT + r'"\}$'
 # Such a line whole, and where its level's value ends: before its message's key.
 _JSON_PLAIN_LINE_RE = _JSON_HEAD_RE + _JSON_PLAIN_REST_RE.removeprefix("^")
 _JSON_LEVEL_END = '", ' + _JSON_MESSAGE
 
 
-# A whole line of dstack's own json layout with a real time and a message JSON escapes nothing
-# in: ``_json_fields`` reads it as a json record (its head, its plain message, its time).
-_JSON_VALID_LINE_RE = (
-    "^"
-    + re.escape(_JSON_TIMESTAMP)
-    + rf"{_VALID_DATE} {_VALID_CLOCK},[0-9]{{3}}"
-    + re.escape(_JSON_LOGGER)
-    + _JSON_VALUE
-    + re.escape(_JSON_LEVEL)
-    + _JSON_VALUE
-    + re.escape('", ')
-    + _JSON_PLAIN_REST_RE.removeprefix("^")
+def _json_valid_line(logger: str, message: str) -> str:
+    """A whole line of dstack's own json layout with a real time, a logger's name as `logger`
+    matches it and a message's text (JSON, no quotes) as `message` does."""
+    return (
+        "^"
+        + re.escape(_JSON_TIMESTAMP)
+        + rf"{_VALID_DATE} {_VALID_CLOCK},[0-9]{{3}}"
+        + re.escape(_JSON_LOGGER)
+        + logger
+        + re.escape(_JSON_LEVEL)
+        + _JSON_VALUE
+        + re.escape('", ' + _JSON_MESSAGE)
+        + message
+        + re.escape('"}')
+        + "$"
+    )
+
+
+# ``_json_fields`` reads such a line with a plain message as a json record (its head, its
+# message, its time).
+_JSON_VALID_LINE_RE = _json_valid_line(_JSON_VALUE, _JSON_PLAIN_TEXT)
+
+# A line ``quiet_records`` may set aside: one of a named logger (``EventCollector`` counts a
+# record of none as dstack's own, unrecognised, whatever words it holds) whose message escapes
+# only a quote, a backslash or a slash (an access line's quoted request): valid JSON, and
+# the words a decoded message holds are those its text holds (none holds one of these three),
+# so they are found in the line as written.
+_JSON_QUIET_LINE_RE = _json_valid_line(
+    _JSON_VALUE.removesuffix("*") + "+", r'(?:[^"\\\x00-\x1f]|\\["\\/])*'
 )
 
 # A line that is a record of its own by its first characters alone (``classify_lines`` makes
@@ -322,6 +340,7 @@ def classify_lines(frame: pl.DataFrame) -> pl.DataFrame:
 # other writers' times may put a dot for the comma
 _JSON_TIME_FORMAT = "%Y-%m-%d %H:%M:%S,%3f"
 _JSON_TIME_DOT_FORMAT = "%Y-%m-%d %H:%M:%S%.3f"
+_STAMP = "0001-01-01 00:00:00,000"  # the width of a time _JSON_TIME_FORMAT reads
 
 
 def _json_time(stamps: pl.Series) -> pl.Series:
@@ -354,57 +373,64 @@ def _groups(pattern: str, names: tuple[str, ...], match: bool) -> pl.Expr:
     return pl.struct([pl.lit(None, pl.String).alias(name) for name in names])
 
 
-def quiet_standard_records(
+def quiet_records(
     frame: pl.DataFrame, words: tuple[str, ...], *, escapes: bool = True, spaces: bool = True
-) -> tuple[pl.DataFrame, SetAside]:
+) -> tuple[pl.DataFrame, SetAside, str | None]:
     """Split off the lines of unwrapped lines (``unwrap``'s columns) that are each a whole
-    standard record holding none of ``words``: a standard record start followed by another
-    one. Taking such a line out changes how no other line is classified (a start ends the
-    record before it, and the line after it starts its own), so these are the only lines a
-    pre-filter may set aside unfolded. Lines with wrapper damage or escape sequences are left
-    in (their notes and cleaning are made in ``classify_lines``), and so are the lines before
-    one; the last line never goes (its record may go on in the next chunk).
+    one-line record of dstack's standard or json layout holding none of ``words``, followed by
+    another one: a standard record start, or a whole plain json record of a named logger.
+    Taking such a line out changes how no other line is classified (a start ends the record
+    before it, and the line after it starts its own), so these are the only lines a pre-filter
+    may set aside unfolded. Lines with wrapper damage or escape sequences are left in (their
+    notes and cleaning are made in ``classify_lines``), and so are the lines before one; the
+    last line never goes (its record may go on in the next chunk).
 
-    A sample of the lines (``SAMPLE_LINES``, spread over the chunk) is matched first: a
-    chunk of few standard record starts (a rich or a json log), or of few lines holding none
-    of the words (dstack's own lines, nearly all kept), is not looked at further. Then the
-    words are looked for, in the whole line (one search for literals, no field parsed):
-    only when a good share of the chunk holds none of them (a busy server's access log) are
-    the record starts matched, and only when a good share of those are standard record
-    starts is anything more done. (Which chunks are looked at changes no result, only its
-    cost.) A start is proven by one match of
-    ``_STD_VALID_HEAD_RE`` (its time a real one, so no line's time is parsed); a start it
-    leaves to ``classify_lines`` (a 29 February, a leap second) only keeps its neighbours.
-    ``escapes=False`` says no line holds an escape byte (the caller saw none in the bytes),
-    ``spaces=False`` that none holds whitespace but the space (none of ``OTHER_SPACES``): a
-    start is then proven by ``_STD_VALID_HEAD_SHORT_RE``. Returns the lines kept, in order,
-    and what was set aside."""
+    A sample of the lines (``SAMPLE_LINES``, spread over the chunk) is matched first, against
+    each layout: the one of more starts there is looked for (a chunk of a log whose format
+    changed at a restart: its lines of that layout), and a chunk of few starts of either (a rich
+    log), or of few lines holding none of the words (dstack's own lines, nearly all kept), is
+    not looked at further. Then the words are looked for, in the whole line (one search for
+    literals, no field parsed): only when a good share of the chunk holds none of them (a busy
+    server's access log) are the record starts matched, and only when a good share of those are
+    starts is anything more done. (Which chunks are looked at changes no result, only its cost.)
+    A start is proven by one match (``_STD_VALID_HEAD_RE``, ``_JSON_QUIET_LINE_RE``: its time a
+    real one, so no line's time is parsed); a start it leaves to ``classify_lines`` (a 29
+    February, a leap second) only keeps its neighbours. ``escapes=False`` says no line holds an
+    escape byte (the caller saw none in the bytes), ``spaces=False`` that none holds whitespace
+    but the space (none of ``OTHER_SPACES``): a standard start is then proven by
+    ``_STD_VALID_HEAD_SHORT_RE``. Returns the lines kept, in order, what was set aside, and the
+    layout of its records (None: nothing)."""
     content = frame["content"]
-    head = _STD_VALID_HEAD_RE if spaces else _STD_VALID_HEAD_SHORT_RE
     sample = content.gather_every(max(1, frame.height // SAMPLE_LINES))
-    if sample.str.contains(head).sum() * QUIET_SHARE < sample.len():
-        return frame, SetAside.none()
+    standard = _STD_VALID_HEAD_RE if spaces else _STD_VALID_HEAD_SHORT_RE
+    layouts = (("standard", standard), ("json", _JSON_QUIET_LINE_RE))
+    counted = [(int(sample.str.contains(head).sum()), layout, head) for layout, head in layouts]
+    starts, layout, head = max(counted, key=lambda count: count[0])  # a tie: the first
+    if starts * QUIET_SHARE < sample.len():
+        return frame, SetAside.none(), None
     matter = "|".join(map(re.escape, words))
     if (~sample.str.contains(matter)).sum() * QUIET_SHARE < sample.len():
-        return frame, SetAside.none()
+        return frame, SetAside.none(), None
     quiet = ~content.str.contains(matter)
     if escapes:
         plain = ~content.str.contains("\x1b", literal=True)
         quiet &= plain
     if quiet.sum() * QUIET_SHARE < frame.height:
-        return frame, SetAside.none()
+        return frame, SetAside.none(), None
     start = content.str.contains(head)
     if escapes:
         start &= plain
     if (start & quiet).sum() * QUIET_SHARE < frame.height:  # few lines to set aside
-        return frame, SetAside.none()
+        return frame, SetAside.none(), None
     lone = start & start.shift(-1, fill_value=False) & quiet & frame["flag"].is_null()
     times = frame["wrapper_time"]
-    if times.null_count() == times.len():  # no wrapper time: the text alone times a line
+    if layout == "json":
+        levels = _json_levels(frame.select("content", "wrapper_time").filter(lone))
+    elif times.null_count() == times.len():  # no wrapper time: the text alone times a line
         levels = _unwrapped_levels(content.filter(lone))
     else:
         levels = _levels(frame.select("content", "wrapper_time").filter(lone))
-    return frame.filter(~lone), SetAside(frame["line"].filter(lone), levels)
+    return frame.filter(~lone), SetAside(frame["line"].filter(lone), levels), layout
 
 
 def _unwrapped_levels(texts: pl.Series) -> pl.DataFrame:
@@ -446,6 +472,53 @@ def _levels(aside: pl.DataFrame) -> pl.DataFrame:
     else:
         per_level = aside.group_by(content.str.head(1), maintain_order=True).agg(columns)
     return _level_rows(per_level)
+
+
+def _json_levels(aside: pl.DataFrame) -> pl.DataFrame:
+    """``_levels`` of set-aside json records (``_JSON_QUIET_LINE_RE``): the level is cut at the
+    literal separators around it (no quote before it but theirs, and none in the message but
+    an escaped one), the time is the fixed-width text after ``_JSON_TIMESTAMP``, whose text
+    order is its time order: the greatest per level is the latest, parsed alone (as
+    ``_json_time`` parses every record's). When every line is of the first line's level (a busy
+    log's access lines: its level and message keys, found once in each line), the greatest
+    line holds the latest time: no line is cut and nothing grouped."""
+    content = pl.col("content")
+    stamp = content.str.slice(len(_JSON_TIMESTAMP), len(_STAMP))
+    columns = [
+        pl.len().cast(pl.Int64).alias("lines"),
+        stamp.filter(pl.col("wrapper_time").is_null()).max().alias("_last"),
+        pl.col("wrapper_time").max().alias("_wrapper"),
+    ]
+    texts = aside["content"]
+    first = texts[0] if aside.height else ""
+    at = first.find(_JSON_LEVEL) + len(_JSON_LEVEL)
+    level = first[at : first.find(_JSON_LEVEL_END, at)]
+    one_level = bool(aside.height) and bool(
+        texts.str.contains(_JSON_LEVEL + level + _JSON_LEVEL_END, literal=True).all()
+    )
+    if one_level and aside["wrapper_time"].null_count() == aside.height:
+        last = texts.max()[len(_JSON_TIMESTAMP) : len(_JSON_TIMESTAMP) + len(_STAMP)]
+        per_level = pl.DataFrame(
+            {"level": [level], "lines": [aside.height], "_last": [last], "_wrapper": [None]},
+            schema_overrides={"lines": pl.Int64, "_wrapper": UTC_TIME},
+        )
+    elif one_level:
+        per_level = aside.select(pl.lit(level).alias("level"), *columns)
+    else:
+        level_at = content.str.find(_JSON_LEVEL, literal=True) + len(_JSON_LEVEL)
+        level_end = content.str.find(_JSON_LEVEL_END, literal=True)
+        per_level = aside.group_by(
+            content.str.slice(level_at, level_end - level_at).alias("level"), maintain_order=True
+        ).agg(columns)
+    local = (
+        pl.col("_last")
+        .str.to_datetime(_JSON_TIME_FORMAT, time_unit="ms", strict=False)
+        .cast(pl.Datetime("us"))
+        .dt.replace_time_zone("UTC")
+    )
+    return per_level.select(
+        "level", "lines", pl.max_horizontal(pl.col("_wrapper"), local).alias("latest")
+    )
 
 
 def _level_rows(per_level: pl.DataFrame) -> pl.DataFrame:

@@ -49,7 +49,7 @@ from analyzer.sources.logs.layouts import (
     classify_lines,
     fold_records,
     other_spaces_in,
-    quiet_standard_records,
+    quiet_records,
 )
 from analyzer.sources.logs.lines import (
     MAX_LINE_BYTES,
@@ -306,10 +306,10 @@ class LogStream:
     a record; a record longer than a chunk is cut there (its further lines are then unparsed).
 
     With ``matter_words`` (literals one of which every line that can matter holds),
-    ``chunks`` sets aside the one-line standard records that hold none of them before they are
-    classified (most of a busy server's lines: access logs, heartbeats): they are counted as
-    records of their format and handed over beside the chunk's records as their line numbers
-    and their levels' counts and latest times (``SetAside``)."""
+    ``chunks`` sets aside the one-line standard or json records that hold none of them before
+    they are classified (most of a busy server's lines: access logs, heartbeats): they are
+    counted as records of their format and handed over beside the chunk's records as their
+    line numbers and their levels' counts and latest times (``SetAside``)."""
 
     def __init__(self, display_path: str, *, matter_words: tuple[str, ...] = ()) -> None:
         self.display_path = display_path
@@ -396,18 +396,18 @@ class LogStream:
     def _set_aside(
         self, frame: pl.DataFrame, escapes: bool, spaces: bool
     ) -> tuple[pl.DataFrame, SetAside]:
-        """Split off the lone standard records that hold none of ``matter_words``
+        """Split off the lone standard or json records that hold none of ``matter_words``
         (``escapes``, ``spaces``: whether any line may hold an escape byte, whitespace but
         the space)."""
         if not self.matter_words:
             return frame, SetAside.none()
-        kept, aside = quiet_standard_records(
+        kept, aside, layout = quiet_records(
             frame, self.matter_words, escapes=escapes, spaces=spaces
         )
-        if aside.height:
+        if layout is not None and aside.height:
             self.record_count += aside.height
             self.non_blank_lines += aside.height
-            self.formats["standard"] = self.formats.get("standard", 0) + aside.height
+            self.formats[layout] = self.formats.get(layout, 0) + aside.height
         return kept, aside
 
     def _count_raw(self, raw: pl.Series, invalid: bool, chunk: bytes) -> None:
