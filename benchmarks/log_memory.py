@@ -55,29 +55,46 @@ def padded(log: Path, factor: int, out: Path) -> Path:
     return target
 
 
-def padded_to_size(log: Path, gigabytes: float, out: Path) -> Path:
-    """The log padded as `padded` does to about `gigabytes` GB, written as a stream (a 10 GB
-    log never fits in this machine's memory): one block of fillers, stamped per line."""
-    target = out / f"padded-{log.parent.parent.name}-{gigabytes:g}gb.log"
+# A busy server's access line in each layout dstack writes (uvicorn's, through logging; json
+# escapes the quotes around the request): "\x00" is its time, "{}" its client's address.
+ACCESS_LINES = {
+    "standard": ('INFO \x00 uvicorn.access {} - "POST /api/x" 200\n', "1970-01-01T00:00:00.000"),
+    "json": (
+        '{{"timestamp": "\x00", "logger": "uvicorn.access", "level": "INFO", '
+        '"message": "{} - \\"POST /api/x\\" 200"}}\n',
+        "1970-01-01 00:00:00,000",
+    ),
+}
+_JSON_TIME = '{"timestamp": "'
+
+
+def padded_to_size(log: Path, gigabytes: float, out: Path, layout: str = "standard") -> Path:
+    """The log (of `layout`) padded as `padded` does to about `gigabytes` GB, written as a
+    stream (a 10 GB log never fits in this machine's memory): one block of fillers, stamped
+    per line with the time of the line before them."""
+    suffix = "" if layout == "standard" else f".{layout}"
+    target = out / f"padded-{log.parent.parent.name}-{gigabytes:g}gb{suffix}.log"
     if target.exists():
         return target
     with log.open("rb") as source:
         lines = sum(1 for _ in source)
-    filler = 'INFO 2026-01-01T00:00:00.000 uvicorn.access 10.0.0.0:41000 - "POST /api/x" 200\n'
-    fillers = max(0, round((gigabytes * 1e9 - log.stat().st_size) / lines / len(filler)))
+    filler, stamp = ACCESS_LINES[layout]
+    width = len(filler.replace("\x00", stamp).format("10.0.0.0:41000"))
+    fillers = max(0, round((gigabytes * 1e9 - log.stat().st_size) / lines / width))
     block = "".join(
-        f"INFO \x00 uvicorn.access 10.0.{index % 250}.{index // 250 % 250}:4{1000 + index % 9000}"
-        ' - "POST /api/x" 200\n'
+        filler.format(f"10.0.{index % 250}.{index // 250 % 250}:4{1000 + index % 9000}")
         for index in range(fillers)
     )
-    stamp = "1970-01-01T00:00:00.000"
     partial = target.with_name(target.name + ".partial")
     with log.open() as source, partial.open("w", buffering=1 << 22) as sink:
         for line in source:
             sink.write(line)
-            fields = line.split(" ", 2)
-            if len(fields) > 2 and fields[1][:4].isdigit():
-                stamp = fields[1]
+            if line.startswith(_JSON_TIME):
+                stamp = line[len(_JSON_TIME) : len(_JSON_TIME) + len(stamp)]
+            else:
+                fields = line.split(" ", 2)
+                if len(fields) > 2 and fields[1][:4].isdigit():
+                    stamp = fields[1]
             sink.write(block.replace("\x00", stamp))
     partial.rename(target)
     return target
