@@ -949,6 +949,36 @@ def _collected(data: bytes, chunk: int, monkeypatch, *, set_aside: bool, gathere
     return stream.result(), events, facts, aside_lines
 
 
+def _padded(name: str, every: int, after) -> tuple[list[str], int]:
+    """The seed's log `name` with `after(n, line)`'s lines after every `every`-th line, and how
+    many times they were put in."""
+    real = (CAPTURES / "v0.22.5" / "seed" / "logs" / name).read_text().splitlines()
+    padded: list[str] = []
+    for n, line in enumerate(real):
+        padded.append(line)
+        if n % every == 0:
+            padded += after(n, line)
+    return padded, len(real) // every
+
+
+def _assert_set_aside_changes_nothing(padded, chunk, monkeypatch, gathered, at_least) -> None:
+    """At least `at_least` of the lines set aside, and every count, event (with its sequence
+    number) and unparsed place as a full read of them gives."""
+    data = ("\n".join(padded) + "\n").encode()
+    full, full_events, full_facts, none_aside = _collected(
+        data, chunk, monkeypatch, set_aside=False
+    )
+    read, events, facts, aside = _collected(
+        data, chunk, monkeypatch, set_aside=True, gathered=gathered
+    )
+    assert none_aside == 0 and aside >= at_least
+    assert facts == full_facts
+    assert_frame_equal(events, full_events)
+    assert_frame_equal(read.unparsed, full.unparsed)
+    for name in ("lines_total", "lines_irrelevant", "record_count", "format", "damage"):
+        assert getattr(read, name) == getattr(full, name), name
+
+
 @needs_captures
 @settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -966,29 +996,16 @@ def test_setting_irrelevant_lines_aside_changes_no_count_event_or_place(
     beside them), in generated chunk sizes: the lines set aside before classification (the
     kept lines of several chunks classified together, or not) leave every count, event (with
     its sequence number) and unparsed place as a full read gives."""
-    seed_log = CAPTURES / "v0.22.5" / "seed" / "logs" / "server-info.standard.log"
-    real = seed_log.read_text().splitlines()
-    padded: list[str] = []
-    for n, line in enumerate(real):
-        padded.append(line)
-        if n % every == 0:
-            t = line.split(" ")[1] if line.startswith("INFO ") else "2026-11-02T09:00:00.000"
-            padded += [_ACCESS.format(t=t, i=i) for i in range(3)]
-            if neighbours:
-                padded.append(_KEPT_NEIGHBOURS[neighbours[n % len(neighbours)]].format(t=t))
-    data = ("\n".join(padded) + "\n").encode()
-    full, full_events, full_facts, none_aside = _collected(
-        data, chunk, monkeypatch, set_aside=False
-    )
-    read, events, facts, aside = _collected(
-        data, chunk, monkeypatch, set_aside=True, gathered=gathered
-    )
-    assert none_aside == 0 and aside >= len(real) // every
-    assert facts == full_facts
-    assert_frame_equal(events, full_events)
-    assert_frame_equal(read.unparsed, full.unparsed)
-    for name in ("lines_total", "lines_irrelevant", "record_count", "format", "damage"):
-        assert getattr(read, name) == getattr(full, name), name
+
+    def after(n: int, line: str) -> list[str]:
+        t = line.split(" ")[1] if line.startswith("INFO ") else "2026-11-02T09:00:00.000"
+        lines = [_ACCESS.format(t=t, i=i) for i in range(3)]
+        if neighbours:
+            lines.append(_KEPT_NEIGHBOURS[neighbours[n % len(neighbours)]].format(t=t))
+        return lines
+
+    padded, at_least = _padded("server-info.standard.log", every, after)
+    _assert_set_aside_changes_nothing(padded, chunk, monkeypatch, gathered, at_least)
 
 
 # The same in dstack's json layout (python-json-logger): uvicorn's access line JSON-escapes the
@@ -1052,35 +1069,21 @@ def test_setting_irrelevant_json_lines_aside_changes_no_count_event_or_place(
     beside them), in generated chunk sizes, with docker's timestamps or without: the json
     lines set aside leave every count (per level, the latest time), event and unparsed place
     as a full read gives."""
-    seed_log = CAPTURES / "v0.22.5" / "seed" / "logs" / "server-info.json.log"
-    real = seed_log.read_text().splitlines()
-    padded: list[str] = []
-    for n, line in enumerate(real):
-        padded.append(line)
-        if n % every == 0:
-            t = json.loads(line)["timestamp"]
-            padded += [_JSON_ACCESS.replace("{t}", t).replace("{i}", str(i)) for i in range(3)]
-            if neighbours:
-                neighbour = _JSON_KEPT_NEIGHBOURS[neighbours[n % len(neighbours)]]
-                padded.append(neighbour.replace("{t}", t))
+
+    def after(n: int, line: str) -> list[str]:
+        t = json.loads(line)["timestamp"]
+        lines = [_JSON_ACCESS.replace("{t}", t).replace("{i}", str(i)) for i in range(3)]
+        if neighbours:
+            lines.append(_JSON_KEPT_NEIGHBOURS[neighbours[n % len(neighbours)]].replace("{t}", t))
+        return lines
+
+    padded, at_least = _padded("server-info.json.log", every, after)
     if docker:  # written at other times than the local ones
         padded = [
             f"2026-11-03T00:{n // 60 % 60:02d}:{n % 60:02d}.000000000Z {line}"
             for n, line in enumerate(padded)
         ]
-    data = ("\n".join(padded) + "\n").encode()
-    full, full_events, full_facts, none_aside = _collected(
-        data, chunk, monkeypatch, set_aside=False
-    )
-    read, events, facts, aside = _collected(
-        data, chunk, monkeypatch, set_aside=True, gathered=gathered
-    )
-    assert none_aside == 0 and aside >= len(real) // every
-    assert facts == full_facts
-    assert_frame_equal(events, full_events)
-    assert_frame_equal(read.unparsed, full.unparsed)
-    for name in ("lines_total", "lines_irrelevant", "record_count", "format", "damage"):
-        assert getattr(read, name) == getattr(full, name), name
+    _assert_set_aside_changes_nothing(padded, chunk, monkeypatch, gathered, at_least)
 
 
 @pytest.mark.parametrize("gathered", [1, 20_000])
