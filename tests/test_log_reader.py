@@ -19,7 +19,7 @@ from polars.testing import assert_frame_equal
 
 from analyzer.magic import MATTER_WORDS
 from analyzer.model import LOG_RECORDS_SCHEMA
-from analyzer.sources.logs import layouts, reader
+from analyzer.sources.logs import layouts, quiet, reader
 from analyzer.sources.logs import lines as log_lines
 from analyzer.sources.logs.lines import rotated_set, split_text, split_with_csv_reader
 from analyzer.sources.logs.messages import (
@@ -933,11 +933,15 @@ _KEPT_NEIGHBOURS = (
 )
 
 
-def _collected(data: bytes, chunk: int, monkeypatch, *, set_aside: bool, gathered: int = 1):
+def _collected(
+    data: bytes, chunk: int, monkeypatch, *, set_aside: bool, gathered: int = 1, width: int = 0
+):
     with monkeypatch.context() as patch:
         patch.setattr(log_lines, "CHUNK_BYTES", chunk)
         patch.setattr(reader, "GATHERED_ROWS", gathered)
-        patch.setattr(layouts, "QUIET_SHARE", 1 << 30)  # every chunk, whatever its share
+        if width:  # the lines a rich log's console width is measured on
+            patch.setattr(reader, "WIDTH_SAMPLE_LINES", width)
+        patch.setattr(quiet, "QUIET_SHARE", 1 << 30)  # every chunk, whatever its share
         stream = LogStream("x.log", matter_words=MATTER_WORDS if set_aside else ())
         collector = EventCollector("x.log", "server")
         aside_lines = 0
@@ -949,27 +953,53 @@ def _collected(data: bytes, chunk: int, monkeypatch, *, set_aside: bool, gathere
     return stream.result(), events, facts, aside_lines
 
 
-def _padded(name: str, every: int, after) -> tuple[list[str], int]:
-    """The seed's log `name` with `after(n, line)`'s lines after every `every`-th line, and how
-    many times they were put in."""
+# How the set-aside properties pad a real log: after every few lines, in chunks of a generated
+# size (no record longer: none is cut), the kept lines of several chunks classified together
+# or not.
+_PADDED_LOG = {
+    "every": st.integers(min_value=1, max_value=6),
+    "chunk": st.integers(min_value=1_000, max_value=20_000),
+    "gathered": st.sampled_from([1, 50, 20_000]),
+}
+_PADDED_SETTINGS = settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+
+
+def _neighbours(kinds: tuple[str, ...]):
+    """Which of the lines that must stay go beside the padding, in turn."""
+    return st.lists(st.integers(min_value=0, max_value=len(kinds) - 1), max_size=8)
+
+
+def _padded(name: str, every: int, after, *, docker: bool = False) -> tuple[list[str], int]:
+    """The seed's log `name` with `after(n, line)`'s lines after every `every`-th line (with
+    `docker`: each line behind docker's timestamp, written at other times than the local ones),
+    and how many times they were put in."""
     real = (CAPTURES / "v0.22.5" / "seed" / "logs" / name).read_text().splitlines()
     padded: list[str] = []
     for n, line in enumerate(real):
         padded.append(line)
         if n % every == 0:
             padded += after(n, line)
+    if docker:
+        padded = [
+            f"2026-11-03T00:{n // 60 % 60:02d}:{n % 60:02d}.000000000Z {line}"
+            for n, line in enumerate(padded)
+        ]
     return padded, len(real) // every
 
 
-def _assert_set_aside_changes_nothing(padded, chunk, monkeypatch, gathered, at_least) -> None:
+def _assert_set_aside_changes_nothing(
+    padded, chunk, monkeypatch, gathered, at_least, width: int = 0
+) -> None:
     """At least `at_least` of the lines set aside, and every count, event (with its sequence
     number) and unparsed place as a full read of them gives."""
     data = ("\n".join(padded) + "\n").encode()
     full, full_events, full_facts, none_aside = _collected(
-        data, chunk, monkeypatch, set_aside=False
+        data, chunk, monkeypatch, set_aside=False, width=width
     )
     read, events, facts, aside = _collected(
-        data, chunk, monkeypatch, set_aside=True, gathered=gathered
+        data, chunk, monkeypatch, set_aside=True, gathered=gathered, width=width
     )
     assert none_aside == 0 and aside >= at_least
     assert facts == full_facts
@@ -980,15 +1010,8 @@ def _assert_set_aside_changes_nothing(padded, chunk, monkeypatch, gathered, at_l
 
 
 @needs_captures
-@settings(
-    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-@given(
-    every=st.integers(min_value=1, max_value=6),
-    neighbours=st.lists(st.integers(min_value=0, max_value=len(_KEPT_NEIGHBOURS) - 1), max_size=8),
-    chunk=st.integers(min_value=1_000, max_value=20_000),  # no record longer: none is cut
-    gathered=st.sampled_from([1, 50, 20_000]),
-)
+@_PADDED_SETTINGS
+@given(neighbours=_neighbours(_KEPT_NEIGHBOURS), **_PADDED_LOG)
 def test_setting_irrelevant_lines_aside_changes_no_count_event_or_place(
     monkeypatch, every, neighbours, chunk, gathered
 ):
@@ -1050,18 +1073,8 @@ def test_what_the_json_set_aside_reasons_on_holds() -> None:
 
 
 @needs_captures
-@settings(
-    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-@given(
-    every=st.integers(min_value=1, max_value=6),
-    neighbours=st.lists(
-        st.integers(min_value=0, max_value=len(_JSON_KEPT_NEIGHBOURS) - 1), max_size=8
-    ),
-    chunk=st.integers(min_value=1_000, max_value=20_000),
-    gathered=st.sampled_from([1, 50, 20_000]),
-    docker=st.booleans(),
-)
+@_PADDED_SETTINGS
+@given(neighbours=_neighbours(_JSON_KEPT_NEIGHBOURS), docker=st.booleans(), **_PADDED_LOG)
 def test_setting_irrelevant_json_lines_aside_changes_no_count_event_or_place(
     monkeypatch, every, neighbours, chunk, gathered, docker
 ):
@@ -1077,13 +1090,66 @@ def test_setting_irrelevant_json_lines_aside_changes_no_count_event_or_place(
             lines.append(_JSON_KEPT_NEIGHBOURS[neighbours[n % len(neighbours)]].replace("{t}", t))
         return lines
 
-    padded, at_least = _padded("server-info.json.log", every, after)
-    if docker:  # written at other times than the local ones
-        padded = [
-            f"2026-11-03T00:{n // 60 % 60:02d}:{n % 60:02d}.000000000Z {line}"
-            for n, line in enumerate(padded)
-        ]
+    padded, at_least = _padded("server-info.json.log", every, after, docker=docker)
     _assert_set_aside_changes_nothing(padded, chunk, monkeypatch, gathered, at_least)
+
+
+# The same in the rich layout (dstack's default): a record's time printed only when it changes,
+# every line padded to the console's width (the seed's: 120), long messages folded onto lines
+# indented to the message column.
+_RICH_WIDTH = 120
+_RICH_ACCESS = '           INFO     uvicorn.access:476 10.0.0.{i}:4100{i} - "GET /api/x" 200'
+_RICH_KEPT_NEIGHBOURS = (
+    "           INFO     uvicorn.access:476 GET /api/Service/list 200",  # a word
+    "           INFO     uvicorn.access:476 run(abc123)web: now is RUNNING",  # a run line
+    "[09:30:00] INFO     uvicorn.access:476 GET /health 200",  # a printed time: the clock's
+    "[08:00:00] INFO     uvicorn.access:476 GET /health 200",  # back more than an hour
+    "[09:29:59] INFO     uvicorn.access:476 GET /health 200",  # back a second: a note
+    "[25:00:00] INFO     uvicorn.access:476 no such time",  # no record's start
+    "           INFO     GET /health 200",  # no logger:lineno, so no logger: dstack's own
+    "           WARNING  dstack.web:12 something new",  # dstack's: unrecognised
+    "           CRITICAL uvicorn.error:3 another level",  # set aside, of its level
+    "           INFO     uvicorn.access:476 \x1b[31mcoloured\x1b[0m",  # cleaned first
+    "           INFO     uvicorn.access:476\tGET /health 200",  # a tab after the logger
+    "                    continued text of the record above",
+    "INFO 2026-11-02T09:00:00.000 uvicorn.access a standard line among them",
+    '{"timestamp": "2026-11-02 09:00:00,000", "logger": "uvicorn.access", "level": "INFO", '
+    '"message": "a json line among them"}',
+    "",
+)
+
+
+@needs_captures
+@_PADDED_SETTINGS
+@given(
+    neighbours=_neighbours(_RICH_KEPT_NEIGHBOURS),
+    width=st.sampled_from([1, 7, 40]),
+    wide=st.booleans(),
+    docker=st.booleans(),
+    **_PADDED_LOG,
+)
+def test_setting_irrelevant_rich_lines_aside_changes_no_count_event_or_place(
+    monkeypatch, every, neighbours, chunk, gathered, width, wide, docker
+):
+    """The real rich log with access lines of no printed time after every few lines (inside a
+    record's folded lines too) and lines that must stay beside them, in generated chunk sizes
+    and console-width samples, with docker's timestamps or without: the rich lines set aside
+    leave every count, level, latest time, clock note, event and unparsed place as a full read
+    gives; none of the lines the console's width is measured on is set aside (`wide`: the
+    access lines are wider than the rest, so the width measured with them is theirs)."""
+
+    def after(n: int, line: str) -> list[str]:
+        access = _RICH_WIDTH + 10 if wide else _RICH_WIDTH
+        lines = [_RICH_ACCESS.format(i=i).ljust(access) for i in range(3)]
+        if neighbours:
+            neighbour = _RICH_KEPT_NEIGHBOURS[neighbours[n % len(neighbours)]]
+            lines.append(neighbour.ljust(_RICH_WIDTH) if neighbour[:1] in " [" else neighbour)
+        return lines
+
+    padded, at_least = _padded("server-info.rich.log", every, after, docker=docker)
+    # the lines past the width's sample, less the last
+    at_least = min(at_least, sum(1 for n in range(width, len(padded) - 1) if "4100" in padded[n]))
+    _assert_set_aside_changes_nothing(padded, chunk, monkeypatch, gathered, at_least, width)
 
 
 @pytest.mark.parametrize("gathered", [1, 20_000])
@@ -1154,7 +1220,7 @@ def test_set_aside_lines_are_counted_and_timed_as_if_each_were_parsed(
     if docker:  # written at other times than the local ones
         raw = [f"2026-01-01T00:00:{n % 60:02d}.000000000Z {line}" for n, line in enumerate(raw)]
     frame = unwrap(pl.Series("raw", raw), "docker" if docker else None, 1)
-    kept, aside, layout = layouts.quiet_records(frame, MATTER_WORDS, spaces=spaces)
+    kept, aside, layout = quiet.quiet_records(frame, MATTER_WORDS, spaces=spaces)
     assert frame["wrapper_time"].is_not_null().all() == docker
     assert layout == "standard" or aside.height == 0
 

@@ -243,11 +243,12 @@ def _log(path, lines: bytes, size: int, every: int = 0) -> str:
 
 
 def test_a_busy_log_s_quiet_lines_do_not_count(tmp_path):
-    """The standard or json records holding none of the words that can matter (a busy server's
-    access lines), which its reader sets aside by the thousand, do not count
-    (cli.options._quiet): such a log past ONE_CORE_BYTES keeps one core; the same log of
-    lifecycle lines, or of rich access lines (read line by line), or of quiet lines among more
-    bytes of lifecycle lines than the budget holds, keeps every core."""
+    """The records holding none of the words that can matter (a busy server's access lines),
+    which its reader sets aside by the thousand, do not count (cli.options._quiet): such a log
+    past ONE_CORE_BYTES keeps one core, in each layout (a rich one's lines of no printed time);
+    the same log of lifecycle lines, or of rich access lines that each print their time (read
+    line by line: each moves the clock), or of quiet lines among more bytes of lifecycle lines
+    than the budget holds, keeps every core."""
     default = _threads()
     size = ONE_CORE_BYTES + (1 << 20)
     busy = _log(tmp_path / "busy.log", ACCESS, size, every=100)
@@ -255,6 +256,9 @@ def test_a_busy_log_s_quiet_lines_do_not_count(tmp_path):
     assert _sized(_log(tmp_path / "dense.log", LIFECYCLE, size)) == (default, "None", CORES)
     rich = b'[00:00:00] INFO     uvicorn.access 10.0.0.1:41000 - "POST /api/x" 200\n'
     assert _sized(_log(tmp_path / "rich.log", rich, size)) == (default, "None", CORES)
+    rich_untimed = b'           INFO     uvicorn.access:476 10.0.0.1:41000 - "POST /api/x" 200\n'
+    busy_rich = _log(tmp_path / "busy.rich.log", rich_untimed, size, every=100)
+    assert _sized(busy_rich) == (1, "None", 1)
     json_access = (
         b'{"timestamp": "2026-10-01 00:00:00,000", "logger": "uvicorn.access", "level": "INFO", '
         b'"message": "10.0.0.1:41000 - \\"POST /api/x\\" 200"}\n'

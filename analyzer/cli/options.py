@@ -558,9 +558,9 @@ def _work(path: Path, size: int) -> tuple[int, str]:
 
 def _quiet(path: Path, work: int, gzipped: bool) -> int:
     """How many of a log's `work` bytes are quiet lines, estimated from samples of its lines
-    (QUIET_SAMPLES windows): a standard or json record's start that holds none of
+    (QUIET_SAMPLES windows): a standard, json or rich record's start that holds none of
     MATTER_WORDS and no escape byte, the lines the log's reader sets aside by the thousand,
-    counted and not classified (analyzer.sources.logs.layouts.quiet_records). They do not count in
+    counted and not classified (analyzer.sources.logs.quiet.quiet_records). They do not count in
     the budget: a chunk of them is a few small queries one after the other, which a pool of
     threads cannot share out and only pays for by waking its threads. A busy server's log of
     access lines keeps one core (measured in turn on two cores, medians of 8: the 2k-run log
@@ -584,7 +584,7 @@ def _quiet(path: Path, work: int, gzipped: bool) -> int:
 
 def _quiet_bytes(text: bytes) -> int:
     """The bytes of the quiet lines of `text` (whole lines): every line that opens as a
-    standard or json record, less those that hold a word or an escape byte (found by
+    standard, json or rich record, less those that hold a word or an escape byte (found by
     searching for each, not by looking at every line)."""
     start_of, line_of = _record_patterns()
     quiet = sum(map(len, line_of.findall(text)))
@@ -604,10 +604,13 @@ def _quiet_bytes(text: bytes) -> int:
 
 @cache
 def _record_patterns() -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
-    """A standard record's start (its level, a space, a digit) or a json one's (its time's key
-    and a digit), and a whole line opening so: compiled when a log is sampled, not at every
-    command's start."""
-    start = rb'(?:(?:%s) |\{"timestamp": ")\d' % "|".join(LEVEL_NAMES).encode()
+    """A standard record's start (its level, a space, a digit), a json one's (its time's key
+    and a digit) or a rich one's of no printed time (ten spaces, its level as wide as the
+    column, a logger's first letter), and a whole line opening so: compiled when a log is
+    sampled, not at every command's start."""
+    levels = "|".join(LEVEL_NAMES).encode()
+    columns = b"|".join(name.encode().ljust(8) for name in LEVEL_NAMES)
+    start = rb'(?:(?:%s) \d|\{"timestamp": "\d| {10} (?:%s) [A-Za-z_])' % (levels, columns)
     return re.compile(start), re.compile(rb"^" + start + rb"[^\n]*\n", re.MULTILINE)
 
 

@@ -17,8 +17,8 @@ import polars as pl
 
 import analyzer.catalogue as catalogue
 from analyzer.model import EVENTS_SCHEMA, UTC_TIME
-from analyzer.sources.logs.layouts import SetAside
 from analyzer.sources.logs.masking import RecordRun, redact_record_run
+from analyzer.sources.logs.quiet import SetAside
 from analyzer.sources.logs.reader import detached
 
 EVENT_LINE = (

@@ -45,11 +45,9 @@ from analyzer.sources.logs.layouts import (
     LOGO_LINES,
     STARTUP_RE,
     RichClock,
-    SetAside,
     classify_lines,
     fold_records,
     other_spaces_in,
-    quiet_records,
 )
 from analyzer.sources.logs.lines import (
     MAX_LINE_BYTES,
@@ -61,6 +59,7 @@ from analyzer.sources.logs.lines import (
     line_chunks,
     split_lines,
 )
+from analyzer.sources.logs.quiet import SetAside, quiet_records
 from analyzer.sources.logs.wrappers import WRAPPER_DAMAGE, detect_wrapper, unwrap
 
 UNPARSED_SCHEMA: dict[str, pl.DataType] = {
@@ -306,7 +305,7 @@ class LogStream:
     a record; a record longer than a chunk is cut there (its further lines are then unparsed).
 
     With ``matter_words`` (literals one of which every line that can matter holds),
-    ``chunks`` sets aside the one-line standard or json records that hold none of them before
+    ``chunks`` sets aside the one-line standard, json or rich records that hold none of them before
     they are classified (most of a busy server's lines: access logs, heartbeats): they are
     counted as records of their format and handed over beside the chunk's records as their
     line numbers and their levels' counts and latest times (``SetAside``)."""
@@ -396,13 +395,17 @@ class LogStream:
     def _set_aside(
         self, frame: pl.DataFrame, escapes: bool, spaces: bool
     ) -> tuple[pl.DataFrame, SetAside]:
-        """Split off the lone standard or json records that hold none of ``matter_words``
+        """Split off the lone standard, json or rich records that hold none of ``matter_words``
         (``escapes``, ``spaces``: whether any line may hold an escape byte, whitespace but
         the space)."""
         if not self.matter_words:
             return frame, SetAside.none()
         kept, aside, layout = quiet_records(
-            frame, self.matter_words, escapes=escapes, spaces=spaces
+            frame,
+            self.matter_words,
+            escapes=escapes,
+            spaces=spaces,
+            width_lines=WIDTH_SAMPLE_LINES,
         )
         if layout is not None and aside.height:
             self.record_count += aside.height

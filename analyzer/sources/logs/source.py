@@ -28,8 +28,8 @@ from analyzer.sources.base import (
     file_head,
     file_version,
 )
-from analyzer.sources.logs.layouts import SetAside
 from analyzer.sources.logs.messages import ADMIN_TOKEN, EventCollector
+from analyzer.sources.logs.quiet import SetAside
 from analyzer.sources.logs.reader import (
     SNIFF_BYTES,
     LogStream,
