@@ -56,7 +56,9 @@ def padded(log: Path, factor: int, out: Path) -> Path:
 
 
 # A busy server's access line in each layout dstack writes (uvicorn's, through logging; json
-# escapes the quotes around the request): "\x00" is its time, "{}" its client's address.
+# escapes the quotes around the request; rich prints a time only when it changes, so most of a
+# busy log's lines print none, and pads every line to the console's width): "\x00" is its
+# time, "{}" its client's address.
 ACCESS_LINES = {
     "standard": ('INFO \x00 uvicorn.access {} - "POST /api/x" 200\n', "1970-01-01T00:00:00.000"),
     "json": (
@@ -64,6 +66,7 @@ ACCESS_LINES = {
         '"message": "{} - \\"POST /api/x\\" 200"}}\n',
         "1970-01-01 00:00:00,000",
     ),
+    "rich": ('           INFO     uvicorn.access:476 {} - "POST /api/x" 200\n', ""),
 }
 _JSON_TIME = '{"timestamp": "'
 
@@ -79,10 +82,15 @@ def padded_to_size(log: Path, gigabytes: float, out: Path, layout: str = "standa
     with log.open("rb") as source:
         lines = sum(1 for _ in source)
     filler, stamp = ACCESS_LINES[layout]
+    with log.open() as source:  # a rich log's console width: its first line's
+        columns = len(source.readline().rstrip("\n")) if layout == "rich" else 0
     width = len(filler.replace("\x00", stamp).format("10.0.0.0:41000"))
-    fillers = max(0, round((gigabytes * 1e9 - log.stat().st_size) / lines / width))
+    fillers = max(0, round((gigabytes * 1e9 - log.stat().st_size) / lines / max(width, columns)))
     block = "".join(
         filler.format(f"10.0.{index % 250}.{index // 250 % 250}:4{1000 + index % 9000}")
+        .rstrip("\n")
+        .ljust(columns)
+        + "\n"
         for index in range(fillers)
     )
     partial = target.with_name(target.name + ".partial")

@@ -12,9 +12,9 @@ part of the test suite).
 - seed: the audit of samples/v0.22.5/seed vs a process that imports polars and reads every
   file of the sample (its floor; target <= 3x).
 - biglog (only when asked): a 1 GB standard log (the 2k-run log with access lines between its
-  lines, written once into --out; --quick: 0.2 GB), and the same in the json layout, each vs
-  a polars process that filters its lines for the lifecycle keywords (its floor; target <= 2x
-  the floor's CPU and <= 500 MB).
+  lines, written once into --out; --quick: 0.2 GB), and the same in the json and rich
+  layouts, each vs a polars process that filters its lines for the lifecycle keywords (its
+  floor; target <= 2x the floor's CPU and <= 500 MB).
 - scaling: the database audit at 2k, 4k, 8k, 16k runs (`synth --runs N --seed 7`; --quick:
   1k, 2k, 4k): time and peak RSS per doubling.
 - memory: the standard log grown 1x, 4x, 16x with real-shaped irrelevant lines (the kept
@@ -270,13 +270,13 @@ def bench_logs(ctx: argparse.Namespace) -> list[dict]:
 
 def bench_biglog(ctx: argparse.Namespace) -> list[dict]:
     """A busy server's log: the 2k-run standard log padded with access lines to 1 GB, and the
-    same in the json layout (its access lines JSON-escape the request's quotes)."""
+    same in the json and rich layouts (as each writes an access line)."""
     from log_memory import padded_to_size
 
     folder = fleet(ctx.out, ctx.runs)
     gigabytes = 0.2 if ctx.quick else 1
     rows = []
-    for layout in ("standard", "json"):
+    for layout in ("standard", "json", "rich"):
         log = padded_to_size(folder / "logs" / f"server.{layout}.log", gigabytes, ctx.out, layout)
         # the least of two runs each: one run of the floor read 0.78 s or 1.35 s of CPU by chance
         floor = best_of(2, [sys.executable, "-c", LIFECYCLE_LINES, str(log)])
