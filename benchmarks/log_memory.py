@@ -79,11 +79,11 @@ def padded_to_size(log: Path, gigabytes: float, out: Path, layout: str = "standa
     target = out / f"padded-{log.parent.parent.name}-{gigabytes:g}gb{suffix}.log"
     if target.exists():
         return target
-    with log.open("rb") as source:
-        lines = sum(1 for _ in source)
     filler, stamp = ACCESS_LINES[layout]
     with log.open() as source:  # a rich log's console width: its first line's
         columns = len(source.readline().rstrip("\n")) if layout == "rich" else 0
+    with log.open() as source:  # where a block goes (rich: before a record's start)
+        lines = sum(1 for line in source if not (columns and line.startswith(" " * 20)))
     width = len(filler.replace("\x00", stamp).format("10.0.0.0:41000"))
     fillers = max(0, round((gigabytes * 1e9 - log.stat().st_size) / lines / max(width, columns)))
     block = "".join(
@@ -95,7 +95,12 @@ def padded_to_size(log: Path, gigabytes: float, out: Path, layout: str = "standa
     )
     partial = target.with_name(target.name + ".partial")
     with log.open() as source, partial.open("w", buffering=1 << 22) as sink:
-        for line in source:
+        for number, line in enumerate(source):
+            if columns:  # rich folds a record's message: the block goes before a record's start
+                if number and not line.startswith(" " * 20):
+                    sink.write(block)
+                sink.write(line)
+                continue
             sink.write(line)
             if line.startswith(_JSON_TIME):
                 stamp = line[len(_JSON_TIME) : len(_JSON_TIME) + len(stamp)]
