@@ -61,28 +61,28 @@ def quiet_records(
     one-line record of one of dstack's layouts holding none of ``words``, followed by another
     record's start: a standard record start, a whole plain json record of a named logger, or a
     rich record of no printed time opening with its logger (past the first ``width_lines``
-    lines, on which the reader measures the console's width).
-    Taking such a line out changes how no other line is classified (a start ends the record
-    before it, and the line after it starts its own), so these are the only lines a pre-filter
-    may set aside unfolded. Lines with wrapper damage or escape sequences are left in (their
-    notes and cleaning are made in ``classify_lines``), and so are the lines before one; the
-    last line never goes (its record may go on in the next chunk).
+    lines, on which the reader measures the console's width). Taking such a line out changes how
+    no other line is classified (a start ends the record before it, and the line after it starts
+    its own) nor, a rich line of no printed time, any line's time, so these are the only lines a
+    pre-filter may set aside unfolded. Lines with wrapper damage or escape sequences are left in
+    (their notes and cleaning are made in ``classify_lines``), and so are the lines before one;
+    the last line never goes (its record may go on in the next chunk).
 
     A sample of the lines (``SAMPLE_LINES``, spread over the chunk) is matched first, against
     each layout: the one of more starts there is looked for (a chunk of a log whose format
-    changed at a restart: its lines of that layout), and a chunk of few starts of either (a rich
-    log), or of few lines holding none of the words (dstack's own lines, nearly all kept), is
-    not looked at further. Then the words are looked for, in the whole line (one search for
-    literals, no field parsed): only when a good share of the chunk holds none of them (a busy
-    server's access log) are the record starts matched, and only when a good share of those are
-    starts is anything more done. (Which chunks are looked at changes no result, only its cost.)
-    A start is proven by one match (``_STD_VALID_HEAD_RE``, ``_JSON_QUIET_LINE_RE``: its time a
-    real one, so no line's time is parsed); a start it leaves to ``classify_lines`` (a 29
-    February, a leap second) only keeps its neighbours. ``escapes=False`` says no line holds an
-    escape byte (the caller saw none in the bytes), ``spaces=False`` that none holds whitespace
-    but the space (none of ``OTHER_SPACES``): a standard start is then proven by
-    ``_STD_VALID_HEAD_SHORT_RE``. Returns the lines kept, in order, what was set aside, and the
-    layout of its records (None: nothing)."""
+    changed at a restart: its lines of that layout), and a chunk of few starts of any, or of few
+    lines holding none of the words (dstack's own lines, nearly all kept), is not looked at
+    further. Then the words are looked for, in the whole line (one search for literals, no field
+    parsed): only when a good share of the chunk holds none of them (a busy server's access log)
+    are the record starts matched, and only when a good share of those are starts is anything
+    more done. (Which chunks are looked at changes no result, only its cost.) A start is proven
+    by one match (``_STD_VALID_HEAD_RE``, ``_JSON_QUIET_LINE_RE``, ``_RICH_QUIET_LINE_RE``: its
+    time a real one or none, so no line's time is parsed); a start it leaves to
+    ``classify_lines`` (a 29 February, a leap second) only keeps its neighbours.
+    ``escapes=False`` says no line holds an escape byte (the caller saw none in the bytes),
+    ``spaces=False`` that none holds whitespace but the space (none of ``OTHER_SPACES``): a
+    standard start is then proven by ``_STD_VALID_HEAD_SHORT_RE``. Returns the lines kept, in
+    order, what was set aside, and the layout of its records (None: nothing)."""
     content = frame["content"]
     sample = content.gather_every(max(1, frame.height // SAMPLE_LINES))
     standard = _STD_VALID_HEAD_RE if spaces else _STD_VALID_HEAD_SHORT_RE
