@@ -64,10 +64,8 @@ def other_spaces_in(data: bytes) -> bool:
 _STD_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%3f"
 
 # rich: 10-char time column (or 10 spaces when the time repeats), space, 8-char level, space.
-_RICH_RE = (
-    r"^(?:\[(?P<r_time>\d\d:\d\d:\d\d)\]| {10}) "
-    r"(?P<r_level>DEBUG   |INFO    |WARNING |ERROR   |CRITICAL)(?: |$)"
-)
+_RICH_LEVELS = "|".join(name.ljust(8) for name in LEVEL_NAMES)  # each as wide as the column
+_RICH_RE = rf"^(?:\[(?P<r_time>\d\d:\d\d:\d\d)\]| {{10}}) (?P<r_level>{_RICH_LEVELS})(?: |$)"
 
 
 # ``logger:lineno`` and the one whitespace after it (or the end): the message is what follows,
@@ -82,7 +80,6 @@ _RICH_INDENT = 20  # time (10) + space + level (8) + space
 # logger is read off its message), with a real time of day or none, then the lines that go on
 # with it (indented to the message column, not blank): each line of it is a recognised line of
 # a record, whatever the console's width (``certainly_log`` counts them without a parse).
-_RICH_LEVELS = "DEBUG   |INFO    |WARNING |ERROR   |CRITICAL"  # each as wide as the column
 CERTAIN_RICH_RE = (
     rf"^(?:\[{_VALID_CLOCK}\]| {{10}}) (?:{_RICH_LEVELS}) "
     r"[A-Za-z_][A-Za-z0-9_.]*:[0-9]+ [^\n]*[^\s][^\n]*\n"

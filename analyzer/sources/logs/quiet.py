@@ -261,7 +261,7 @@ SET_ASIDE_LEVELS = {"level": pl.String(), "lines": pl.Int64(), "latest": UTC_TIM
 
 @dataclass
 class SetAside:
-    """The one-line standard records set aside from some lines, as their account needs them:
+    """The one-line records set aside from some lines, as their account needs them:
     their line numbers (their places in the sequence of records) and, per level, how many
     and the latest time (``SET_ASIDE_LEVELS``)."""
 
