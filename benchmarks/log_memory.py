@@ -80,10 +80,10 @@ def padded_to_size(log: Path, gigabytes: float, out: Path, layout: str = "standa
     if target.exists():
         return target
     filler, stamp = ACCESS_LINES[layout]
-    with log.open() as source:  # a rich log's console width: its first line's
-        columns = len(source.readline().rstrip("\n")) if layout == "rich" else 0
-    with log.open() as source:  # where a block goes (rich: before a record's start)
-        lines = sum(1 for line in source if not (columns and line.startswith(" " * 20)))
+    with log.open() as source:  # a rich log's console width (its first line's), and where a
+        first = source.readline()  # block goes (rich: before each record's start)
+        columns = len(first.rstrip("\n")) if layout == "rich" else 0
+        lines = 1 + sum(1 for line in source if not (columns and line.startswith(" " * 20)))
     width = len(filler.replace("\x00", stamp).format("10.0.0.0:41000"))
     fillers = max(0, round((gigabytes * 1e9 - log.stat().st_size) / lines / max(width, columns)))
     block = "".join(
