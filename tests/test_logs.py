@@ -7,6 +7,8 @@ import hashlib
 import json
 import re
 import sqlite3
+import subprocess
+import sys
 import threading
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -247,6 +249,30 @@ def test_gzip_and_rotated_set(tmp_path):
     report = open_sources([folder]).report
     assert found_victims(report) == {("collateral_termination", "699fe8")}
     assert len(report.inputs) == 3
+
+
+def test_a_rotated_set_s_limitations_come_in_its_order_in_every_process(tmp_path):
+    """Each file of a rotated set of local times says it cannot be aligned, oldest first, in
+    every process: the files were once listed in a hash set's order, which changed from one
+    run of the command to the next."""
+    lines = _log(SEED, "standard").read_text().splitlines(keepends=True)
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    with gzip.open(folder / "server.log.2.gz", "wt") as handle:
+        handle.writelines(lines[:12])
+    (folder / "server.log.1").write_text("".join(lines[12:22]))
+    (folder / "server.log").write_text("".join(lines[22:]))
+    command = [sys.executable, "-m", "analyzer", "audit", str(folder), "--format", "json", "-q"]
+    for _ in range(6):
+        report = json.loads(subprocess.run(command, capture_output=True, check=True).stdout)
+        sources = [
+            limitation["source"]
+            for limitation in report["limitations"]
+            if limitation["code"] == "log_time_zone_unknown"
+        ]
+        assert sources == [
+            str(folder / name) for name in ("server.log.2.gz", "server.log.1", "server.log")
+        ]
 
 
 def test_damaged_lines_are_counted_quarantined_and_do_not_stop_the_audit(

@@ -402,7 +402,8 @@ def _apply_options(events: pl.DataFrame, options: TimeOptions, evidence: Evidenc
             .otherwise(pl.col("time_basis"))
             .alias("time_basis"),
         )
-    for source in events.filter(unaligned)["source"].unique().to_list():
+    # each source once, in the events' order (a hash set's order changed from run to run)
+    for source in events.filter(unaligned)["source"].unique(maintain_order=True).to_list():
         evidence.limitations.append(
             Limitation(
                 "log_time_zone_unknown",
@@ -412,7 +413,9 @@ def _apply_options(events: pl.DataFrame, options: TimeOptions, evidence: Evidenc
             )
         )
     for source in (
-        events.filter(pl.col("time_basis") == "time_of_day_only")["source"].unique().to_list()
+        events.filter(pl.col("time_basis") == "time_of_day_only")["source"]
+        .unique(maintain_order=True)
+        .to_list()
     ):
         evidence.limitations.append(
             Limitation(
