@@ -259,6 +259,42 @@ def test_each_event_is_in_each_bucket_of_its_targets_once():
     assert sorted(found.iter_rows()) == [(b"e1", 0), (b"e1", 1), (b"e2", 1), (b"e3", 0)]
 
 
+def test_a_batch_of_several_chunks_is_written_as_the_whole_batch_would_be(tmp_path):
+    """A batch as the driver hands it over (several Arrow batches: a frame of several chunks):
+    each bucket's file holds that bucket's rows of the whole batch, in the batch's order, a row
+    of two buckets in both, a bucket whose rows lie in several chunks too; a bucket of no row
+    has no file."""
+    parts = [(0, 4), (4, 7), (7, 12)]
+    batch = pl.concat(
+        [
+            pl.DataFrame(
+                {
+                    "id": [f"r{i}".encode() for i in range(low, high)],
+                    "body": [f"{i}" * i for i in range(low, high)],
+                }
+            )
+            for low, high in parts
+        ],
+        rechunk=False,
+    )
+    assert batch.n_chunks() == len(parts)
+    listed = [(0, 2), (1, 0), (3, 2), (3, 0), (4, 1), (4, 0), (4, 2), (6, 2), (7, 0), (7, 2)]
+    listed += [(8, 0), (8, 2), (11, 1)]  # each chunk's first row in several buckets
+    rows = pl.DataFrame(
+        listed, schema={buckets.ROW: pl.UInt32, buckets.BUCKET: pl.Int64}, orient="row"
+    )
+    store = buckets.BucketFiles(tmp_path, 4, {"runs": batch.columns}, {"runs": {}})
+    store._write("runs", batch, rows, 7)
+    whole = batch.rechunk()
+    assert sorted(store.files["runs"]) == [0, 1, 2]
+    for bucket in range(4):
+        mine = [row for row, of in listed if of == bucket]
+        if not mine:
+            assert bucket not in store.files["runs"]
+            continue
+        assert store.read("runs", bucket).equals(whole[mine]), bucket
+
+
 def test_emptying_removes_the_bucket_files_meanwhile_and_keeps_the_folder(tmp_path):
     """The bucket files go on a thread while the merge runs (buckets.emptying); the folder
     stays for its owner to remove, and an error removing them is raised on leaving."""

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import accumulate, pairwise
 from pathlib import Path
 
 import polars as pl
@@ -88,11 +89,38 @@ class BucketFiles:
     def _write(self, table: str, batch: pl.DataFrame, rows: pl.DataFrame, number: int) -> None:
         """One batch's rows, each to the file of its bucket: `rows` (ROW, BUCKET) says which
         row goes where, in the batch's order; a row is taken out of the batch one bucket at a
-        time, so no second copy of the whole batch is made."""
-        for (bucket,), where in rows.partition_by(BUCKET, as_dict=True).items():
+        time, so no second copy of the whole batch is made. A bucket's rows are gathered out
+        of each of the batch's chunks (the driver's Arrow batches) apart, and written as that
+        many record batches: a gather across a frame's chunks costs several times one inside
+        a chunk (a 240k-row batch of event_targets in 4 chunks into 64 buckets: 104 ms
+        against 25 ms)."""
+        pieces = _chunk_pieces(batch, rows)
+        for bucket, parts in pieces.items():
             path = self.folder / f"{table}-{bucket}-{number}.arrow"
-            batch[where[ROW]].write_ipc(path, compression="uncompressed", compat_level=FILE_LEVEL)
+            frame = pl.concat([chunk[where] for chunk, where in parts], rechunk=False)
+            frame.write_ipc(path, compression="uncompressed", compat_level=FILE_LEVEL)
             self.files.setdefault(table, {}).setdefault(bucket, []).append(path)
+
+
+def _chunk_pieces(
+    batch: pl.DataFrame, rows: pl.DataFrame
+) -> dict[int, list[tuple[pl.DataFrame, pl.Series]]]:
+    """Per bucket, in the order its first row comes, each chunk of `batch` holding some of its
+    rows and their places in that chunk, in order. `rows` (ROW, BUCKET) is in ROW order (a
+    row of several buckets is listed once for each). A chunk is a zero-copy slice of the
+    batch where its first column's chunks lie (a column chunked otherwise is only gathered
+    the slower way, not wrongly)."""
+    starts = [0, *accumulate(batch.to_series(0).chunk_lengths())] if batch.width else [0]
+    bounds = rows[ROW].search_sorted(pl.Series(starts, dtype=rows.schema[ROW]), side="left")
+    pieces: dict[int, list[tuple[pl.DataFrame, pl.Series]]] = {}
+    for index, (start, end) in enumerate(pairwise(starts)):
+        listed = rows.slice(bounds[index], bounds[index + 1] - bounds[index])
+        if listed.is_empty():
+            continue
+        chunk = batch.slice(start, end - start)
+        for (bucket,), where in listed.partition_by(BUCKET, as_dict=True).items():
+            pieces.setdefault(bucket, []).append((chunk, where[ROW] - start))
+    return pieces
 
 
 def split_by_bucket(
