@@ -161,3 +161,38 @@ def _command(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "analyzer", *args], capture_output=True, text=True, check=False
     )
+
+
+def test_a_partitions_own_secret_in_a_text_built_after_masking_is_masked_by_the_merge(
+    tmp_path, monkeypatch
+):
+    """A partition's texts are masked at the source with its own secret values; a text built
+    from them after that (a name and a message joined) can hold one again. The merge's guard,
+    with every partition's values (its own among them), masks it in what is written, as one
+    process's guard does: a partition does not guard its report alone first."""
+    from analyzer import api
+
+    secret = "hf_PlantedInEveryPartition_4242"
+    synthesize(tmp_path / "server", 60, seed=7, log_formats=(), mix=MIX)
+    db = tmp_path / "server" / "server.db"
+    plant_env_secret(db, secret)
+    assemble = api.Audit._assemble
+
+    def built_after_masking(self, *, figures=True):
+        report = assemble(self, figures=figures)
+        if not report.findings:
+            return report
+        finding = report.findings[0]
+        victim = finding.victims[0].model_copy(
+            update={"job_name": f"web-{secret[:9]}" + secret[9:]}
+        )
+        findings = [finding.model_copy(update={"victims": [victim]}), *report.findings[1:]]
+        return report.model_copy(update={"findings": findings})
+
+    monkeypatch.setattr(api.Audit, "_assemble", built_after_masking)
+    for count in (1, 2):
+        report = (
+            api.open_sources([db]).report if count == 1 else api.audit_in_partitions([db], count)
+        )
+        text = report.model_dump_json()
+        assert f"web-{secret}" not in text and "web-***" in text, count
