@@ -92,8 +92,8 @@ class BucketFiles:
         time, so no second copy of the whole batch is made. A bucket's rows are gathered out
         of each of the batch's chunks (the driver's Arrow batches) apart, and written as that
         many record batches: a gather across a frame's chunks costs several times one inside
-        a chunk (a 240k-row batch of event_targets in 4 chunks into 64 buckets: 104 ms
-        against 25 ms)."""
+        a chunk (a 240k-row batch of event_targets in 4 chunks into 64 buckets: 104 ms,
+        against 22 ms chunk by chunk)."""
         pieces = _chunk_pieces(batch, rows)
         for bucket, parts in pieces.items():
             path = self.folder / f"{table}-{bucket}-{number}.arrow"
