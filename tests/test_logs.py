@@ -238,7 +238,9 @@ def test_journald_export(tmp_path):
     assert found_victims(report) == {("collateral_termination", "699fe8")}
 
 
-def test_gzip_and_rotated_set(tmp_path):
+def _rotated_seed_set(tmp_path: Path) -> Path:
+    """The seed's standard log as a rotated set in a folder: `server.log.2.gz` (oldest),
+    `server.log.1`, `server.log`."""
     lines = _log(SEED, "standard").read_text().splitlines(keepends=True)
     folder = tmp_path / "logs"
     folder.mkdir()
@@ -246,6 +248,11 @@ def test_gzip_and_rotated_set(tmp_path):
         handle.writelines(lines[:12])
     (folder / "server.log.1").write_text("".join(lines[12:22]))
     (folder / "server.log").write_text("".join(lines[22:]))
+    return folder
+
+
+def test_gzip_and_rotated_set(tmp_path):
+    folder = _rotated_seed_set(tmp_path)
     report = open_sources([folder]).report
     assert found_victims(report) == {("collateral_termination", "699fe8")}
     assert len(report.inputs) == 3
@@ -255,13 +262,7 @@ def test_a_rotated_set_s_limitations_come_in_its_order_in_every_process(tmp_path
     """Each file of a rotated set of local times says it cannot be aligned, oldest first, in
     every process: the files were once listed in a hash set's order, which changed from one
     run of the command to the next."""
-    lines = _log(SEED, "standard").read_text().splitlines(keepends=True)
-    folder = tmp_path / "logs"
-    folder.mkdir()
-    with gzip.open(folder / "server.log.2.gz", "wt") as handle:
-        handle.writelines(lines[:12])
-    (folder / "server.log.1").write_text("".join(lines[12:22]))
-    (folder / "server.log").write_text("".join(lines[22:]))
+    folder = _rotated_seed_set(tmp_path)
     command = [sys.executable, "-m", "analyzer", "audit", str(folder), "--format", "json", "-q"]
     for _ in range(6):
         report = json.loads(subprocess.run(command, capture_output=True, check=True).stdout)
