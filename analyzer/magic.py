@@ -8,6 +8,8 @@ GZIP_MAGIC = b"\x1f\x8b"  # a gzip member's first two bytes (RFC 1952)
 
 # The levels python logging names (reference 9.2): a standard record opens with one of them.
 LEVEL_NAMES = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+# rich writes the level in a column of 8 characters: each name padded to that width (9.2).
+RICH_LEVEL_COLUMNS = tuple(name.ljust(8) for name in LEVEL_NAMES)
 
 # What can make a one-line record more to the audit than its level and time (by
 # ``EventCollector.add``'s rules): an event or run/job line, a line of a dstack logger (known,

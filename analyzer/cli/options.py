@@ -22,7 +22,7 @@ import click
 from analyzer import collector, cores
 from analyzer.errors import AuditInputError, Terminated, out_of_room
 from analyzer.interrupts import STOPS, handlers_kept_after_polars
-from analyzer.magic import GZIP_MAGIC, LEVEL_NAMES, MATTER_WORDS, SQLITE_MAGIC
+from analyzer.magic import GZIP_MAGIC, LEVEL_NAMES, MATTER_WORDS, RICH_LEVEL_COLUMNS, SQLITE_MAGIC
 from analyzer.terminal import SETTINGS, reporting
 from analyzer.times import EXAMPLES, parse_time
 
@@ -609,7 +609,7 @@ def _record_patterns() -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
     column, a logger's first letter), and a whole line opening so: compiled when a log is
     sampled, not at every command's start."""
     levels = "|".join(LEVEL_NAMES).encode()
-    columns = b"|".join(name.encode().ljust(8) for name in LEVEL_NAMES)
+    columns = "|".join(RICH_LEVEL_COLUMNS).encode()
     start = rb'(?:(?:%s) \d|\{"timestamp": "\d| {10} (?:%s) [A-Za-z_])' % (levels, columns)
     return re.compile(start), re.compile(rb"^" + start + rb"[^\n]*\n", re.MULTILINE)
 

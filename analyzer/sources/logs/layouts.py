@@ -12,7 +12,7 @@ from datetime import time
 
 import polars as pl
 
-from analyzer.magic import LEVEL_NAMES
+from analyzer.magic import LEVEL_NAMES, RICH_LEVEL_COLUMNS
 from analyzer.model import LOG_RECORDS_SCHEMA, conform
 
 LEVELS = "|".join(LEVEL_NAMES)
@@ -64,7 +64,7 @@ def other_spaces_in(data: bytes) -> bool:
 _STD_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%3f"
 
 # rich: 10-char time column (or 10 spaces when the time repeats), space, 8-char level, space.
-_RICH_LEVELS = "|".join(name.ljust(8) for name in LEVEL_NAMES)  # each as wide as the column
+_RICH_LEVELS = "|".join(RICH_LEVEL_COLUMNS)  # each as wide as the column
 _RICH_RE = rf"^(?:\[(?P<r_time>\d\d:\d\d:\d\d)\]| {{10}}) (?P<r_level>{_RICH_LEVELS})(?: |$)"
 
 
