@@ -219,33 +219,30 @@ def _json_levels(aside: pl.DataFrame) -> pl.DataFrame:
         per_level = aside.group_by(
             content.str.slice(level_at, level_end - level_at).alias("level"), maintain_order=True
         ).agg(columns)
-    local = (
-        pl.col("_last")
-        .str.to_datetime(_JSON_TIME_FORMAT, time_unit="ms", strict=False)
-        .cast(pl.Datetime("us"))
-        .dt.replace_time_zone("UTC")
-    )
-    return per_level.select(
-        "level", "lines", pl.max_horizontal(pl.col("_wrapper"), local).alias("latest")
-    )
+    return per_level.select("level", "lines", _latest(pl.col("_last"), _JSON_TIME_FORMAT))
 
 
 def _level_rows(per_level: pl.DataFrame) -> pl.DataFrame:
     """Each level's name, count and latest time from its first line (``_first``), count,
     greatest line without a wrapper's time (``_last``) and latest wrapper time."""
     level_end = pl.col("_first").str.find(" ", literal=True)
-    local = (
-        pl.col("_last")
-        .str.slice(level_end + 1, 23)
-        .str.to_datetime(_STD_TIME_FORMAT, time_unit="ms", strict=False)
-        .cast(pl.Datetime("us"))
-        .dt.replace_time_zone("UTC")
-    )
     return per_level.select(
         pl.col("_first").str.slice(0, level_end).alias("level"),
         "lines",
-        pl.max_horizontal(pl.col("_wrapper"), local).alias("latest"),
+        _latest(pl.col("_last").str.slice(level_end + 1, 23), _STD_TIME_FORMAT),
     )
+
+
+def _latest(stamp: pl.Expr, time_format: str) -> pl.Expr:
+    """A level's latest time: its latest wrapper time (``_wrapper``) or its greatest line's
+    time text `stamp` read by `time_format` as a local time taken for UTC (as
+    ``EventCollector`` times a record), whichever is later."""
+    local = (
+        stamp.str.to_datetime(time_format, time_unit="ms", strict=False)
+        .cast(pl.Datetime("us"))
+        .dt.replace_time_zone("UTC")
+    )
+    return pl.max_horizontal(pl.col("_wrapper"), local).alias("latest")
 
 
 # Lines are set aside in a chunk only when at least one in QUIET_SHARE of about SAMPLE_LINES of
