@@ -69,6 +69,7 @@ ACCESS_LINES = {
     "rich": ('           INFO     uvicorn.access:476 {} - "POST /api/x" 200\n', ""),
 }
 _JSON_TIME = '{"timestamp": "'
+_FOLDED = " " * 20  # a rich record's folded line opens at its message column, past its level
 
 
 def padded_to_size(log: Path, gigabytes: float, out: Path, layout: str = "standard") -> Path:
@@ -83,7 +84,7 @@ def padded_to_size(log: Path, gigabytes: float, out: Path, layout: str = "standa
     with log.open() as source:  # a rich log's console width (its first line's), and where a
         first = source.readline()  # block goes (rich: before each record's start)
         columns = len(first.rstrip("\n")) if layout == "rich" else 0
-        lines = 1 + sum(1 for line in source if not (columns and line.startswith(" " * 20)))
+        lines = 1 + sum(1 for line in source if not (columns and line.startswith(_FOLDED)))
     width = len(filler.replace("\x00", stamp).format("10.0.0.0:41000"))
     fillers = max(0, round((gigabytes * 1e9 - log.stat().st_size) / lines / max(width, columns)))
     block = "".join(
@@ -97,7 +98,7 @@ def padded_to_size(log: Path, gigabytes: float, out: Path, layout: str = "standa
     with log.open() as source, partial.open("w", buffering=1 << 22) as sink:
         for number, line in enumerate(source):
             if columns:  # rich folds a record's message: the block goes before a record's start
-                if number and not line.startswith(" " * 20):
+                if number and not line.startswith(_FOLDED):
                     sink.write(block)
                 sink.write(line)
                 continue
