@@ -487,11 +487,14 @@ class LearntPart:
     options: dict
     facts: WholeInputFacts
 
-    @property
+    @cached_property
     def head(self) -> WholeInputFacts:
         """What the other processes are sent: its facts but the fleets and instances tables
-        as read, once what the mapping makes of them is learnt (RAW_FLEET_TABLES)."""
-        return self.facts.without(RAW_FLEET_TABLES, "fleets and instances")
+        as read, once what the mapping makes of them is learnt (RAW_FLEET_TABLES), those it
+        made sent through files in the audit's private folder (WholeInputFacts.through_files:
+        the other processes see it)."""
+        facts = self.facts.without(RAW_FLEET_TABLES, "fleets and instances")
+        return facts.through_files(Path(self.learning.folder), f"sent-{self.learning.index}")
 
 
 RAW_FLEET_TABLES = ("table fleets:", "table instances:")

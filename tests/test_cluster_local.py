@@ -397,3 +397,25 @@ def test_a_learnt_part_sends_the_fleet_tables_mapped_not_as_read(tmp_path):
     assert len(kept - sent) == 2
     assert learnt.head.known("fleets and instances", db) is not None
     assert learnt.head.known("latest", db) == learnt.facts.known("latest", db) is not None
+
+
+def test_a_learnt_part_sends_the_mapped_fleet_tables_through_files(tmp_path):
+    """What the mapping made of the fleets and instances goes to the other process as files
+    in the audit's private folder, pickled as their paths (not their frames through the
+    pipe); unpickled there, it is the same tables."""
+    import pickle
+
+    from analyzer.api import learn_part
+    from analyzer.cluster import Learning
+
+    db = CRASH / "server.db"
+    learnt = learn_part([str(db)], Learning(1, 2, 2, str(tmp_path), str(tmp_path)), {})
+    kept = learnt.facts.known("fleets and instances", db)
+    sent = pickle.dumps(learnt.head.known("fleets and instances", db))
+    assert len(sent) * 4 < len(pickle.dumps(kept))
+    assert any(tmp_path.glob("sent-*.arrow"))
+    back = pickle.loads(sent)
+    for name in ("fleets", "instances", "fleet_names", "instance_names", "alive"):
+        mine, theirs = getattr(kept, name), getattr(back, name)
+        assert (mine is None and theirs is None) or mine.equals(theirs), name
+    assert back.damage.found.keys() == kept.damage.found.keys()

@@ -99,6 +99,19 @@ class WholeInputFacts:
         }
         return kept
 
+    def through_files(self, folder: Path, stem: str) -> WholeInputFacts:
+        """A copy of these facts for another process on this machine, which sees `folder`:
+        each fact that can be sent through files there (a `through_files` of its own, as
+        the mapped fleets and instances have) so sent, the rest as it is."""
+        sent = WholeInputFacts(self.split, self.part)
+        sent._facts = {
+            key: fact.through_files(folder, f"{stem}-{number}")
+            if hasattr(fact, "through_files")
+            else fact
+            for number, (key, fact) in enumerate(self._facts.items())
+        }
+        return sent
+
     def get(self, name: str, path: Path, compute: Callable[[], object]) -> object:
         key = self._key(name, path)
         if key not in self._facts:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Protocol
 
 import polars as pl
@@ -637,6 +638,39 @@ class _FleetTables:
             frame.with_columns(pl.lit(server).alias("server")) if frame.width else frame
             for frame in (self.fleets, self.instances)
         )
+
+    def through_files(self, folder: Path, stem: str) -> _FleetTablesFiles:
+        """These tables as another process on this machine is sent them: their frames
+        written to `folder` (Arrow IPC files named from `stem`), read back where they are
+        unpickled (`_FleetTablesFiles`), not pickled through the pipe between the two (16k
+        runs: 20 MB, pickled in 0.06 s and unpickled in 0.03 s)."""
+        paths = {}
+        for name in _FLEET_FRAMES:
+            if (frame := getattr(self, name)) is not None:
+                paths[name] = str(folder / f"{stem}-{name}.arrow")
+                frame.write_ipc(paths[name], compression="uncompressed")
+        return _FleetTablesFiles(paths, self.damage)
+
+
+_FLEET_FRAMES = ("fleets", "instances", "fleet_names", "instance_names", "alive")
+
+
+@dataclass(frozen=True)
+class _FleetTablesFiles:
+    """`_FleetTables` written to files (`_FleetTables.through_files`), pickled as their
+    paths: unpickled, the tables themselves, read from those files (in the audit's private
+    folder, written once and removed with it)."""
+
+    paths: dict[str, str]
+    damage: cells.Ledger
+
+    def __reduce__(self) -> tuple:
+        return _fleet_tables_read, (self.paths, self.damage)
+
+
+def _fleet_tables_read(paths: dict[str, str], damage: cells.Ledger) -> _FleetTables:
+    frames = {name: pl.read_ipc(paths[name]) if name in paths else None for name in _FLEET_FRAMES}
+    return _FleetTables(**frames, damage=damage)
 
 
 def learn_fleet_tables(reader: TableReader, projects: pl.DataFrame) -> _FleetTables:
