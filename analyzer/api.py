@@ -492,8 +492,10 @@ class LearntPart:
         """What the other processes are sent: its facts but the fleets and instances tables
         as read, once what the mapping makes of them is learnt (RAW_FLEET_TABLES), those it
         made sent through files in the audit's private folder (WholeInputFacts.through_files:
-        the other processes see it)."""
+        the other processes see it; a process alone sends nothing: none written)."""
         facts = self.facts.without(RAW_FLEET_TABLES, "fleets and instances")
+        if self.learning.parts == 1:
+            return facts
         return facts.through_files(Path(self.learning.folder), f"sent-{self.learning.index}")
 
 

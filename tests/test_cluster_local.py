@@ -402,7 +402,8 @@ def test_a_learnt_part_sends_the_fleet_tables_mapped_not_as_read(tmp_path):
 def test_a_learnt_part_sends_the_mapped_fleet_tables_through_files(tmp_path):
     """What the mapping made of the fleets and instances goes to the other process as files
     in the audit's private folder, pickled as their paths (not their frames through the
-    pipe); unpickled there, it is the same tables."""
+    pipe); unpickled there, it is the same tables. A process learning alone (`--workers 1`)
+    has no other to send them to, and writes none."""
     import pickle
 
     from analyzer.api import learn_part
@@ -419,3 +420,10 @@ def test_a_learnt_part_sends_the_mapped_fleet_tables_through_files(tmp_path):
         mine, theirs = getattr(kept, name), getattr(back, name)
         assert (mine is None and theirs is None) or mine.equals(theirs), name
     assert back.damage.found.keys() == kept.damage.found.keys()
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    learnt = learn_part([str(db)], Learning(0, 1, 2, str(alone), str(alone)), {})
+    assert learnt.head.known("fleets and instances", db) is learnt.facts.known(
+        "fleets and instances", db
+    )
+    assert not any(alone.glob("sent-*"))
