@@ -82,9 +82,9 @@ def test_each_partition_reads_from_its_files_the_rows_it_selects_in_the_database
 
 
 def test_event_targets_are_asked_of_the_database_once(tmp_path, monkeypatch):
-    """The split reads event_targets from SQLite once: its batches are kept in files while
-    every event's buckets are found, split from there, and gone after (only the bucket files
-    are left in the split's folder)."""
+    """The split reads event_targets from SQLite once: its batches are kept (in memory, or in
+    files when they are many) while every event's buckets are found, split from there, and
+    gone after (only the bucket files are left in the split's folder)."""
     db = _fleet(tmp_path)
     asked = []
     original = SqliteReader.batches
@@ -100,6 +100,41 @@ def test_event_targets_are_asked_of_the_database_once(tmp_path, monkeypatch):
             path for table in split.files.values() for paths in table.values() for path in paths
         }
         assert set(split.folder.iterdir()) == written
+
+
+def test_event_targets_kept_in_files_are_split_as_those_kept_in_memory(tmp_path, monkeypatch):
+    """Past buckets.KEPT_BYTES the batches of event_targets wait in files between the split's
+    two passes, from the batch that crossed it on: each bucket's rows are the same as when
+    every batch is held, in the same order, and no file of them is left."""
+    db = _fleet(tmp_path)
+    monkeypatch.setattr("analyzer.sources.sqlite.BATCH_ROWS", 400)  # several batches
+
+    def split(kept_bytes: int, name: str) -> tuple[buckets.BucketFiles, list[Path]]:
+        monkeypatch.setattr(buckets, "KEPT_BYTES", kept_bytes)
+        written: list[Path] = []
+        original = pl.DataFrame.write_ipc
+
+        def write_ipc(frame, file, **options):
+            if isinstance(file, str | Path):
+                written.append(Path(file))
+            return original(frame, file, **options)
+
+        monkeypatch.setattr(pl.DataFrame, "write_ipc", write_ipc)
+        folder = tmp_path / name
+        folder.mkdir()
+        facts = whole_input_facts([db], COUNT, folder)
+        monkeypatch.setattr(pl.DataFrame, "write_ipc", original)
+        return facts.known(f"buckets of {COUNT}", db), written
+
+    held, written = split(1 << 40, "held")
+    assert not [path for path in written if path.name.startswith("read-")]
+    spilled, written = split(30_000, "spilled")  # crossed after the first batch or two
+    read = [path for path in written if path.name.startswith("read-")]
+    assert len(read) >= 3 and not any(path.exists() for path in read)
+    for bucket in range(COUNT):
+        for table in ("event_targets", "events"):
+            assert spilled.read(table, bucket).equals(held.read(table, bucket)), (table, bucket)
+    assert sum(spilled.read("event_targets", b).height for b in range(COUNT)) > 1000
 
 
 def test_partitions_read_the_files_and_leave_no_folder(tmp_path, monkeypatch):
