@@ -421,21 +421,28 @@ class Outputs:
         """Write `text` (UTF-8) to a planned file output, or standard output for None or `-`."""
         self.write_pieces(given, [text])
 
-    def write_pieces(self, given: str | Path | None, pieces: Iterable[str]) -> None:
-        """Write consecutive texts (UTF-8) as one output, each encoded and written as it comes:
-        a large report is never held whole. A file still takes its name only once complete."""
+    def write_pieces(
+        self, given: str | Path | None, pieces: Iterable[str] | Iterable[bytes]
+    ) -> None:
+        """Write consecutive texts (written as UTF-8) or UTF-8 bytes as one output, each
+        written as it comes: a large report is never held whole. A file still takes its name
+        only once complete."""
         if given is None or str(given) == STDOUT:
             try:
                 with _whole_or_nothing_on_stdout():
                     for piece in pieces:
-                        sys.stdout.write(piece)
+                        if isinstance(piece, bytes):
+                            sys.stdout.flush()  # the text written before it goes first
+                            sys.stdout.buffer.write(piece)
+                        else:
+                            sys.stdout.write(piece)
                     sys.stdout.flush()
             except OSError as error:
                 raise cannot_write("standard output", error.strerror or str(error)) from None
             return
         with self.open(given) as handle:
             for piece in pieces:
-                handle.write(piece.encode("utf-8"))
+                handle.write(piece if isinstance(piece, bytes) else piece.encode("utf-8"))
 
     def write_bytes(self, given: str | Path | None, data: bytes) -> None:
         """Write `data` to a planned file output, or standard output for None or `-`."""

@@ -5,6 +5,9 @@ rendered and redacted at once, and no secret through, wherever the chunks end.""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import polars as pl
@@ -16,7 +19,14 @@ from analyzer.api import audit_in_partitions, open_sources
 from analyzer.cli import main
 from analyzer.outputs import plan
 from analyzer.redact import MASK, Redactor, redact_pieces, without_controls
-from analyzer.render.report_json import _as_piece, _passed_texts, item_piece, json_pieces
+from analyzer.render.report_json import (
+    _as_piece,
+    _as_piece_bytes,
+    _last_of_list,
+    _passed_texts,
+    item_piece,
+    json_pieces,
+)
 
 FLEET = Path(__file__).resolve().parents[1] / "samples" / "fleet"
 
@@ -141,6 +151,33 @@ def test_the_cli_writes_the_whole_json_report(tmp_path, partitions):
     assert result.exit_code == 0, result.output
     report = audit_in_partitions([FLEET], 3) if partitions else open_sources([FLEET]).report
     assert target.read_bytes() == (report.model_dump_json(indent=2) + "\n").encode("utf-8")
+
+
+def test_the_cli_writes_the_report_of_local_workers_to_standard_output():
+    """`--workers` piped: the items as the bytes their spill files hold after the head, a
+    real process's standard output (buffered, as a pipe has it): the bytes of the report
+    rendered whole."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    command = [sys.executable, "-m", "analyzer", "audit", str(FLEET), "-q", "--format", "json"]
+    done = subprocess.run([*command, "--workers", "2"], capture_output=True, env=env, check=False)
+    assert done.returncode == 0, done.stderr
+    report = audit_in_partitions([FLEET], 3)
+    assert done.stdout == (report.model_dump_json(indent=2) + "\n").encode("utf-8")
+
+
+@pytest.mark.parametrize(
+    "text", ['{\n  "run_name": "web"\n}', '{\n  "why": "r\u00e9plica \u2014 \u0434\u0430"\n}', "{}"]
+)
+def test_an_item_s_bytes_are_its_text_s_piece_encoded(text):
+    """An item written from its spill file's bytes (a report passed where it was audited) is
+    its text's piece encoded, the last of its list too (non-ASCII text: UTF-8 as it lies)."""
+    piece = _as_piece(text)
+    assert _as_piece_bytes(text.encode("utf-8")) == piece.encode("utf-8")
+    assert _last_of_list(piece) == piece.removesuffix(",\n") + "\n"
+    assert _last_of_list(piece.encode("utf-8")) == (piece.removesuffix(",\n") + "\n").encode()
+    masked = piece.removesuffix(",\n") + "[MASKED]"  # a mask to the end of its piece
+    assert _last_of_list(masked) == masked + "\n"
+    assert _last_of_list(masked.encode()) == (masked + "\n").encode()
 
 
 def test_the_report_is_rendered_once_and_guarded_on_that_text():

@@ -416,7 +416,7 @@ def _guard(folder: Path, index: int, known: Redactor) -> None:
     texts first, the items read only then."""
     for name, model in (("runs", RunVerdict), ("findings", Finding)):
         path = _spill_file(folder, name, index)
-        if not known.holds_known_or_hidden(path.read_text()):
+        if not known.holds_known_or_hidden(path.read_text(encoding="utf-8")):
             continue
         items = [model.model_validate_json(text) for text in _read(path)]
         _write(path, [_text(item) for item in known.guard_model(_Items(items=items)).items])
@@ -709,7 +709,7 @@ _END = "\n\n"
 
 
 def _write(path: Path, texts: list[str]) -> None:
-    with path.open("w") as handle:
+    with path.open("w", encoding="utf-8") as handle:
         handle.writelines(text + _END for text in texts)
 
 
@@ -719,10 +719,20 @@ def _read(path: Path) -> list[str]:
 
 def _records(path: Path) -> Iterator[str]:
     """The texts of a spill file in order, read a block at a time."""
-    with path.open() as handle:
+    with path.open(encoding="utf-8") as handle:
         rest = ""
         while block := handle.read(1 << 20):
             *whole, rest = (rest + block).split(_END)
+            yield from whole
+
+
+def _records_bytes(path: Path) -> Iterator[bytes]:
+    """`_records`, each text as its UTF-8 bytes, never decoded."""
+    end = _END.encode()
+    with path.open("rb") as handle:
+        rest = b""
+        while block := handle.read(1 << 20):
+            *whole, rest = (rest + block).split(end)
             yield from whole
 
 
@@ -744,6 +754,13 @@ class MergedReport:
     def texts(self, name: str) -> Iterator[str]:
         """Each item of the list `name` as `model_dump_json(indent=2)` gives it, in order."""
         files = [_records(path) for path in self.files[name]]
+        return (next(files[source]) for source in self.sources[name])
+
+    def texts_bytes(self, name: str) -> Iterator[bytes]:
+        """`texts`, as their UTF-8 bytes: a report written from texts that passed the final
+        pass already takes them as they lie in the files (16k runs: 0.10 s against 0.16 s to
+        decode, indent and encode its 20k items again)."""
+        files = [_records_bytes(path) for path in self.files[name]]
         return (next(files[source]) for source in self.sources[name])
 
     def report(self) -> Report:

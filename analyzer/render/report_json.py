@@ -15,11 +15,11 @@ their processes, in the merge's spill files (`json_partitions`): the command pas
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, AnyStr, NamedTuple
 
 from pydantic import BaseModel
 
@@ -64,8 +64,10 @@ def json_pieces(
 
 
 def _pieces(
-    report: Report, counts: dict[str, int], pieces: Callable[[str], Iterator[str]]
-) -> Iterator[str]:
+    report: Report, counts: dict[str, int], pieces: Callable[[str], Iterator[Any]]
+) -> Iterator[Any]:
+    """The report's JSON: its head, then each list's `pieces` (text, or UTF-8 bytes already
+    ended as `_as_piece_bytes` ends them) between brackets; the head and brackets as text."""
     head = report.model_dump_json(indent=2, exclude=set(STREAMED))
     yield head.removesuffix("\n}") + ",\n"
     for number, name in enumerate(STREAMED):
@@ -76,9 +78,16 @@ def _pieces(
         yield f'  "{name}": [\n'
         last = counts[name] - 1
         for index, text in enumerate(pieces(name)):
-            yield text if index < last else text.removesuffix(_ITEM_END) + "\n"
+            yield text if index < last else _last_of_list(text)
         yield f"  ]{closing}"
     yield "}\n"
+
+
+def _last_of_list(piece: AnyStr) -> AnyStr:
+    """An item's piece (`_as_piece`, text or bytes) as the last of its list: its `_ITEM_END`
+    (",\n") cut to its newline (a newline added to a piece the final pass left without it)."""
+    end = _ITEM_END if isinstance(piece, str) else _ITEM_END.encode()
+    return piece.removesuffix(end) + end[-1:]  # type: ignore[operator, arg-type]
 
 
 def item_piece(item: BaseModel) -> str:
@@ -89,6 +98,14 @@ def item_piece(item: BaseModel) -> str:
 def _as_piece(text: str) -> str:
     """An item's `indent=2` JSON text as the report's list holds it (followed by another)."""
     return _ITEM_INDENT + text.replace("\n", "\n" + _ITEM_INDENT) + _ITEM_END
+
+
+_BYTES_INDENT = b"\n" + _ITEM_INDENT.encode()
+
+
+def _as_piece_bytes(text: bytes) -> bytes:
+    """`_as_piece` of an item's text as UTF-8 bytes."""
+    return _BYTES_INDENT[1:] + text.replace(b"\n", _BYTES_INDENT) + _ITEM_END.encode()
 
 
 @dataclass
@@ -187,16 +204,16 @@ class FleetJson:
         yield from _head_passed(json_pieces(self.report, lambda item: rendered[id(item)]))
 
 
-def _head_passed(lines: Iterator[str]) -> Iterator[str]:
+def _head_passed(lines: Iterator[AnyStr]) -> Iterator[AnyStr]:
     """The JSON report's pieces, their runs and findings through the final pass already: the
     head passed here, the rest as it is (brackets)."""
     from analyzer.redact import Redactor, without_controls
 
-    yield Redactor().apply(without_controls(next(lines)))
+    yield Redactor().apply(without_controls(next(lines)))  # type: ignore[arg-type, misc]
     yield from lines
 
 
-def finished_json(merged: Any) -> tuple[Report, Iterator[str]] | None:
+def finished_json(merged: Any) -> tuple[Report, Iterator[str] | Iterator[bytes]] | None:
     """The merged report's head and its JSON text ready to write (in chunks: a write a
     piece is 20k writes at 16k runs), when its runs and findings were rendered and passed the
     final pass in their tasks (a fleet's servers: FleetJson; partitions on local workers:
@@ -207,8 +224,28 @@ def finished_json(merged: Any) -> tuple[Report, Iterator[str]] | None:
     if isinstance(merged, FleetJson):
         return merged.report, chunked(merged.pieces())
     if isinstance(merged, MergedReport) and merged.passed:
-        return merged.head, chunked(_head_passed(json_pieces(merged)))
+
+        def passed(name: str) -> Iterator[bytes]:
+            return (_as_piece_bytes(text) for text in merged.texts_bytes(name))
+
+        pieces = _pieces(merged.head, merged.counts, passed)  # the head and brackets: text
+        return merged.head, _byte_chunks(_head_passed(pieces))
     return None
+
+
+def _byte_chunks(pieces: Iterable[str | bytes], size: int = 1 << 22) -> Iterator[bytes]:
+    """Consecutive pieces, text or UTF-8 bytes, as bytes joined into writes of about `size`."""
+    held: list[bytes] = []
+    total = 0
+    for piece in pieces:
+        data = piece.encode("utf-8") if isinstance(piece, str) else piece
+        held.append(data)
+        total += len(data)
+        if total >= size:
+            yield b"".join(held)
+            held, total = [], 0
+    if held:
+        yield b"".join(held)
 
 
 def fleet_json(parts: list[ServerJson]) -> FleetJson:
