@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 STREAMED = ("runs", "findings")  # Report's last fields, in order: its lists of many items
 _ITEM_INDENT = "    "  # a top-level field's list items, at `indent=2`
 _ITEM_END = ",\n"  # an item's piece ends so; the last of its list with "\n" alone
+_ITEM_INDENT_BYTES = _ITEM_INDENT.encode()
+_ITEM_END_BYTES = _ITEM_END.encode()
 
 
 def json_pieces(
@@ -86,8 +88,9 @@ def _pieces(
 def _last_of_list(piece: AnyStr) -> AnyStr:
     """An item's piece (`_as_piece`, text or bytes) as the last of its list: its `_ITEM_END`
     (",\n") cut to its newline (a newline added to a piece the final pass left without it)."""
-    end = _ITEM_END if isinstance(piece, str) else _ITEM_END.encode()
-    return piece.removesuffix(end) + end[-1:]  # type: ignore[operator, arg-type]
+    if isinstance(piece, bytes):
+        return piece.removesuffix(_ITEM_END_BYTES) + b"\n"
+    return piece.removesuffix(_ITEM_END) + "\n"
 
 
 def item_piece(item: BaseModel) -> str:
@@ -100,12 +103,10 @@ def _as_piece(text: str) -> str:
     return _ITEM_INDENT + text.replace("\n", "\n" + _ITEM_INDENT) + _ITEM_END
 
 
-_BYTES_INDENT = b"\n" + _ITEM_INDENT.encode()
-
-
 def _as_piece_bytes(text: bytes) -> bytes:
     """`_as_piece` of an item's text as UTF-8 bytes."""
-    return _BYTES_INDENT[1:] + text.replace(b"\n", _BYTES_INDENT) + _ITEM_END.encode()
+    indented = text.replace(b"\n", b"\n" + _ITEM_INDENT_BYTES)
+    return _ITEM_INDENT_BYTES + indented + _ITEM_END_BYTES
 
 
 @dataclass
@@ -204,12 +205,12 @@ class FleetJson:
         yield from _head_passed(json_pieces(self.report, lambda item: rendered[id(item)]))
 
 
-def _head_passed(lines: Iterator[AnyStr]) -> Iterator[AnyStr]:
+def _head_passed(lines: Iterator[Any]) -> Iterator[Any]:
     """The JSON report's pieces, their runs and findings through the final pass already: the
-    head passed here, the rest as it is (brackets)."""
+    head (text) passed here, the rest as it is (brackets, and items as text or bytes)."""
     from analyzer.redact import Redactor, without_controls
 
-    yield Redactor().apply(without_controls(next(lines)))  # type: ignore[arg-type, misc]
+    yield Redactor().apply(without_controls(next(lines)))
     yield from lines
 
 
