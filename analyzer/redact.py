@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from functools import cache, cached_property
 from itertools import groupby
 from operator import itemgetter
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, AnyStr, TypeVar
 
 import polars as pl
 
@@ -962,19 +962,20 @@ def redact_pieces(
     return (redact(text) for text in chunked(pieces, chunk))
 
 
-def chunked(pieces: Iterable[str], chunk: int = CHUNK_CHARS) -> Iterator[str]:
-    """Consecutive pieces joined into texts of about `chunk` characters (the last shorter):
-    the texts `redact_pieces` passes, and given them, passes as they are."""
-    held: list[str] = []
+def chunked(pieces: Iterable[AnyStr], chunk: int = CHUNK_CHARS) -> Iterator[AnyStr]:
+    """Consecutive pieces (all texts, or all bytes) joined into pieces of about `chunk`
+    characters or bytes (the last shorter): the texts `redact_pieces` passes, and given them,
+    passes as they are."""
+    held: list[AnyStr] = []
     size = 0
     for piece in pieces:
         held.append(piece)
         size += len(piece)
         if size >= chunk:
-            yield "".join(held)
+            yield held[0][:0].join(held)  # "" or b"", as the pieces are
             held, size = [], 0
     if held:
-        yield "".join(held)
+        yield held[0][:0].join(held)
 
 
 def shapes_only(text: str) -> str:

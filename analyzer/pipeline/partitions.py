@@ -709,8 +709,8 @@ _END = "\n\n"
 
 
 def _write(path: Path, texts: list[str]) -> None:
-    with path.open("w", encoding="utf-8") as handle:
-        handle.writelines(text + _END for text in texts)
+    with path.open("wb") as handle:  # UTF-8, its newlines as they are, on any system
+        handle.writelines((text + _END).encode("utf-8") for text in texts)
 
 
 def _read(path: Path) -> list[str]:
@@ -719,15 +719,12 @@ def _read(path: Path) -> list[str]:
 
 def _records(path: Path) -> Iterator[str]:
     """The texts of a spill file in order, read a block at a time."""
-    with path.open(encoding="utf-8") as handle:
-        rest = ""
-        while block := handle.read(1 << 20):
-            *whole, rest = (rest + block).split(_END)
-            yield from whole
+    return (text.decode("utf-8") for text in _records_bytes(path))
 
 
 def _records_bytes(path: Path) -> Iterator[bytes]:
-    """`_records`, each text as its UTF-8 bytes, never decoded."""
+    """`_records`, each text as its UTF-8 bytes (an ASCII separator: no character of UTF-8
+    holds its bytes), never decoded."""
     end = _END.encode()
     with path.open("rb") as handle:
         rest = b""
@@ -753,8 +750,7 @@ class MergedReport:
 
     def texts(self, name: str) -> Iterator[str]:
         """Each item of the list `name` as `model_dump_json(indent=2)` gives it, in order."""
-        files = [_records(path) for path in self.files[name]]
-        return (next(files[source]) for source in self.sources[name])
+        return (text.decode("utf-8") for text in self.texts_bytes(name))
 
     def texts_bytes(self, name: str) -> Iterator[bytes]:
         """`texts`, as their UTF-8 bytes: a report written from texts that passed the final

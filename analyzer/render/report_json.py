@@ -15,7 +15,7 @@ their processes, in the merge's spill files (`json_partitions`): the command pas
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
@@ -229,24 +229,11 @@ def finished_json(merged: Any) -> tuple[Report, Iterator[str] | Iterator[bytes]]
         def passed(name: str) -> Iterator[bytes]:
             return (_as_piece_bytes(text) for text in merged.texts_bytes(name))
 
-        pieces = _pieces(merged.head, merged.counts, passed)  # the head and brackets: text
-        return merged.head, _byte_chunks(_head_passed(pieces))
+        pieces = _head_passed(_pieces(merged.head, merged.counts, passed))
+        # the head and the brackets are text: encoded, every piece is bytes
+        encoded = (p.encode("utf-8") if isinstance(p, str) else p for p in pieces)
+        return merged.head, chunked(encoded)
     return None
-
-
-def _byte_chunks(pieces: Iterable[str | bytes], size: int = 1 << 22) -> Iterator[bytes]:
-    """Consecutive pieces, text or UTF-8 bytes, as bytes joined into writes of about `size`."""
-    held: list[bytes] = []
-    total = 0
-    for piece in pieces:
-        data = piece.encode("utf-8") if isinstance(piece, str) else piece
-        held.append(data)
-        total += len(data)
-        if total >= size:
-            yield b"".join(held)
-            held, total = [], 0
-    if held:
-        yield b"".join(held)
 
 
 def fleet_json(parts: list[ServerJson]) -> FleetJson:

@@ -8,7 +8,7 @@ all-text columns; this module is the one place that knows dstack's schema and it
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from pathlib import Path
 from typing import Protocol
@@ -652,7 +652,7 @@ class _FleetTables:
         return _FleetTablesFiles(paths, self.damage)
 
 
-_FLEET_FRAMES = ("fleets", "instances", "fleet_names", "instance_names", "alive")
+_FLEET_FRAMES = tuple(f.name for f in fields(_FleetTables) if f.name != "damage")
 
 
 @dataclass(frozen=True)
