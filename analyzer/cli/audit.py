@@ -13,7 +13,10 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from analyzer.cli.options import (
+    PARTITION_BYTES,
+    PARTITIONED_BYTES,
     clean_errors,
+    default_partitions,
     format_option,
     log_options,
     open_audit,
@@ -37,6 +40,7 @@ from analyzer.vocabulary import VERDICTS
 
 if TYPE_CHECKING:
     from analyzer.cluster_local import Workers
+    from analyzer.contract import InputRecord
 
 AUDIT_FORMATS = ("table", "markdown", "json", "csv", "jsonl")
 ROWS = ("findings", "victims")  # what csv and jsonl hold: one row a finding, or a victim
@@ -121,7 +125,9 @@ RENDERERS: dict[str, Callable[[Any], Iterable[str]]] = {  # besides "table", the
     "--partitions",
     type=click.IntRange(min=1),
     help="Audit N partitions one after the other and merge them: memory bounded by the "
-    "largest partition instead of the whole input.",
+    "largest partition instead of the whole input. Default: local SQLite databases over "
+    f"{PARTITIONED_BYTES >> 30} GiB in all, one per {PARTITION_BYTES >> 20} MiB of them; "
+    "anything else, one process (as --partitions 1).",
 )
 @click.option(
     "--workers",
@@ -274,6 +280,8 @@ def audit(
         "until": until,
     }
     styled = fmt == "table" and (output is None or str(output) == "-")  # colour on a terminal
+    if partitions is None and not (workers or cluster or partition or quarantine or bundle):
+        partitions = default_partitions(sources)  # a large database: in partitions
     if (partitions and partitions > 1) or workers or cluster:
         if partition or quarantine or bundle:
             raise AuditInputError(
@@ -309,11 +317,13 @@ def audit(
             # rendered and redacted in the servers' or the partitions' tasks, but the head
             if (finished := finished_json(merged)) is not None:
                 head, pieces = finished
+                _refused_if_damaged(head.inputs, strict)
                 outputs.add_inputs(i.path for i in head.inputs)
                 outputs.write_pieces(output, pieces)
                 wrote(output)
             else:
                 head = merged if isinstance(merged, Report) else merged.head
+                _refused_if_damaged(head.inputs, strict)
                 outputs.add_inputs(i.path for i in head.inputs)
                 # JSON streams the runs and findings from the merge's files; the others read them
                 streamed = fmt == "json" or isinstance(merged, Report)
@@ -337,23 +347,7 @@ def audit(
         else:
             report = opened.report
     outputs.add_inputs(i.path for i in report.inputs)
-    if strict:
-        damaged = [i for i in report.inputs if i.unparsed or any("truncated" in n for n in i.notes)]
-        if damaged:
-            first = damaged[0]
-            values = [n for n in first.notes if "damaged value(s)" in n]
-            more = f", and {len(damaged) - 1} more damaged input(s)" if len(damaged) > 1 else ""
-            if values:  # a table's values: the first place is named
-                raise AuditInputError(
-                    first.path,
-                    f"damaged input under --strict: {'; '.join(values)}{more}",
-                    "the damaged_values limitation lists them; drop --strict to audit leniently",
-                )
-            raise AuditInputError(
-                first.path,
-                f"damaged input under --strict: {first.unparsed} unparsed line(s){more}",
-                "see --quarantine FILE for the lines, or drop --strict to audit leniently",
-            )
+    _refused_if_damaged(report.inputs, strict)
     write(report, final, rendered)
     kept(opened, report)
     if bundle is not None:
@@ -384,6 +378,31 @@ def audit(
         ]
         outputs.write_text(quarantine, opened.redact("".join(line + "\n" for line in lines)))
     _gate(report, fail_on_findings, allow_undecided)
+
+
+def _refused_if_damaged(inputs: list[InputRecord], strict: bool) -> None:
+    """--strict: exit 2 before anything is written when an input is damaged (an unparsed line,
+    a truncated file, a damaged table value), naming the first; in partitions too, whose merged
+    inputs count what one process counts."""
+    if not strict:
+        return
+    damaged = [i for i in inputs if i.unparsed or any("truncated" in n for n in i.notes)]
+    if not damaged:
+        return
+    first = damaged[0]
+    values = [n for n in first.notes if "damaged value(s)" in n]
+    more = f", and {len(damaged) - 1} more damaged input(s)" if len(damaged) > 1 else ""
+    if values:  # a table's values: the first place is named
+        raise AuditInputError(
+            first.path,
+            f"damaged input under --strict: {'; '.join(values)}{more}",
+            "the damaged_values limitation lists them; drop --strict to audit leniently",
+        )
+    raise AuditInputError(
+        first.path,
+        f"damaged input under --strict: {first.unparsed} unparsed line(s){more}",
+        "see --quarantine FILE for the lines, or drop --strict to audit leniently",
+    )
 
 
 def _local_workers(
