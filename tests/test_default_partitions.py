@@ -64,8 +64,13 @@ def test_what_partitions_cannot_split_stays_in_one_process(copy_db, tmp_path, la
     large_from(db)
     assert default_partitions((str(db),)) == 3
     assert default_partitions((str(db.parent),)) == 3  # a folder of it alone
+    other = copy_db("v0.22.5/multi-replica-crash", "other.db")
+    # several databases: a partition's share names them as servers (servers.assign_servers)
+    assert default_partitions((str(db), str(other))) is None
+    assert default_partitions((str(tmp_path),)) is None  # a folder holding both
+    other.unlink()
     log = tmp_path / "server.log.gz"  # beside the database
-    with (SEED / "logs").iterdir().__next__().open("rb") as source, gzip.open(log, "wb") as out:
+    with next((SEED / "logs").iterdir()).open("rb") as source, gzip.open(log, "wb") as out:
         shutil.copyfileobj(source, out)
     assert default_partitions((str(db), str(log))) is None  # a log's runs: read whole
     assert default_partitions((str(tmp_path),)) is None  # a folder holding both

@@ -125,8 +125,8 @@ RENDERERS: dict[str, Callable[[Any], Iterable[str]]] = {  # besides "table", the
     "--partitions",
     type=click.IntRange(min=1),
     help="Audit N partitions one after the other and merge them: memory bounded by the "
-    "largest partition instead of the whole input. Default: local SQLite databases over "
-    f"{PARTITIONED_BYTES >> 30} GiB in all, one per {PARTITION_BYTES >> 20} MiB of them; "
+    "largest partition instead of the whole input. Default: a local SQLite database over "
+    f"{PARTITIONED_BYTES >> 30} GiB alone, one per {PARTITION_BYTES >> 20} MiB of it; "
     "anything else, one process (as --partitions 1).",
 )
 @click.option(

@@ -510,7 +510,7 @@ def _on_one_core() -> None:
 
 
 PARTITIONED_BYTES = 1 << 30
-"""SQLite databases larger than this in all are audited in partitions unless told otherwise
+"""A SQLite database larger than this is audited in partitions unless told otherwise
 (`default_partitions`): one process holds a whole database's mapped tables, about as much
 memory as the file's size (16k runs: 750 MB, 700 MB peak; 100k runs: 4.7 GB, 4.5 GB peak)."""
 PARTITION_BYTES = 200 << 20
@@ -524,14 +524,19 @@ and 967-984 MB, in 64 84-89 s and 939-947 MB; one run each, at a busier moment, 
 
 def default_partitions(sources: tuple[str, ...]) -> int | None:
     """How many partitions an audit of `sources` given no --partitions, --workers or --cluster
-    takes: one for every PARTITION_BYTES when they are local SQLite databases alone, over
-    PARTITIONED_BYTES in all; None (one process) for anything else: a log, an export, a URL or
-    standard input holds runs every partition would read whole (assemble.refuse_unsplit)."""
+    takes: one for every PARTITION_BYTES when they are one local SQLite database alone, over
+    PARTITIONED_BYTES; None (one process) for anything else. A log, an export, a URL or
+    standard input holds runs every partition would read whole (assemble.refuse_unsplit);
+    several databases are named as servers apart by the runs each partition holds of them
+    (servers.assign_servers: one that holds none there joins another of its folder), so their
+    partitions may not name them as one process does."""
     files = _local_files(sources)
-    if not files or any(_work(path, size)[1] != "sqlite" for path, size in files):
+    if files is None or len(files) != 1:
         return None
-    total = sum(size for _, size in files)
-    return -(-total // PARTITION_BYTES) if total > PARTITIONED_BYTES else None
+    [(path, size)] = files
+    if size <= PARTITIONED_BYTES or _work(path, size)[1] != "sqlite":
+        return None
+    return -(-size // PARTITION_BYTES)
 
 
 def _local_files(sources: tuple[str, ...]) -> list[tuple[Path, int]] | None:
